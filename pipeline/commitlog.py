@@ -1,0 +1,222 @@
+"""The CommitLog: every message of every topic, appended in one log of fixed-size segments.
+
+Segments are ``commitlog/<20-digit base offset>``, ``mappedFileSizeCommitLog`` bytes each. The
+record layout is documented in :mod:`pipeline.record`. A record never spans two segments: when
+``size + 8 > remaining``, an 8-byte END_OF_FILE blank is written and the record starts the next
+segment (RocketMQ's rule, which its loader relies on).
+
+This class owns placement and raw bytes only; building records is :mod:`pipeline.encode`'s job,
+and deriving ConsumeQueue/index entries is :mod:`pipeline.dispatch`'s.
+
+Thread-safety: none; the store's single writer calls the write methods. Reads may run from other
+processes that map the files read-only; they must stop at the offset the writer reports.
+
+Crash behaviour: bytes reach the page cache on write and the disk on :meth:`flush`. A crash can
+leave a torn last record or zeros; recovery finds the last record whose magic, size and CRC hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline import record
+from pipeline.errors import CorruptRecordError, OffsetOutOfRangeError, StoreError
+from pipeline.mapped_file import MappedFile
+from pipeline.segments import SegmentQueue
+
+
+class CommitLog:
+    def __init__(self, directory: Path, segment_size: int, *, read_only: bool) -> None:
+        self.directory = directory
+        self.segment_size = segment_size
+        self.segments = SegmentQueue(directory, segment_size, read_only=read_only)
+
+    def load(self) -> None:
+        self.segments.load()
+
+    def close(self) -> None:
+        self.segments.close()
+
+    # -- bounds -----------------------------------------------------------------------------
+    @property
+    def min_offset(self) -> int:
+        """Physical offset of the first byte still held (RocketMQ's ``getMinOffset``)."""
+        return self.segments.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        """Physical offset where the next record will be written."""
+        return self.segments.max_offset
+
+    def set_end(self, end: int) -> None:
+        """Set the write position from a recovered end offset (segments past it are empty)."""
+        for mf in self.segments.files:
+            if mf.base + mf.size <= end:
+                mf.wrote_position = mf.flushed_position = mf.size
+            elif mf.base <= end:
+                mf.wrote_position = mf.flushed_position = end - mf.base
+            else:
+                mf.wrote_position = mf.flushed_position = 0
+
+    # -- placement --------------------------------------------------------------------------
+    def plan(self, sizes: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], list[int]]:
+        """Physical offsets for records of ``sizes`` appended in order, and the offsets of the
+        END_OF_FILE blanks needed between them. Nothing is written."""
+        n = len(sizes)
+        phys = np.empty(n, dtype=np.int64)
+        blanks: list[int] = []
+        pos = self.max_offset
+        seg = self.segment_size
+        too_big = np.flatnonzero(sizes + record.BLANK_SIZE > seg)
+        if len(too_big):
+            i = int(too_big[0])
+            raise StoreError(
+                f"message {i} needs {int(sizes[i])} bytes; a CommitLog segment holds at most "
+                f"{seg - record.BLANK_SIZE} (mappedFileSizeCommitLog={seg})"
+            )
+        ends = np.cumsum(sizes)
+        done = 0
+        while done < n:
+            file_end = (pos // seg + 1) * seg
+            base = int(ends[done - 1]) if done else 0
+            # Record k fits while pos + (ends[k] - base) + 8 <= file_end.
+            fit = int(
+                np.searchsorted(
+                    ends[done:], file_end - record.BLANK_SIZE - pos + base, side="right"
+                )
+            )
+            if fit:
+                phys[done : done + fit] = pos + np.concatenate(
+                    ([0], ends[done : done + fit - 1] - base)
+                )
+                pos += int(ends[done + fit - 1]) - base
+                done += fit
+            if done < n:
+                if pos % seg:
+                    blanks.append(pos)
+                pos = file_end
+        return phys, blanks
+
+    # -- writing ----------------------------------------------------------------------------
+    def write(self, phys: int, data: bytes | bytearray | memoryview) -> None:
+        """Write encoded records that start at ``phys`` and lie in one segment."""
+        mf = self.segments.segment_for_write(phys)
+        rel = phys - mf.base
+        if rel + len(data) > mf.size:
+            raise StoreError(f"{mf.path}: {len(data)} bytes at {rel} cross the segment end")
+        mf.write_at(rel, data)
+
+    def write_blank(self, phys: int) -> None:
+        mf = self.segments.segment_for_write(phys)
+        rel = phys - mf.base
+        remaining = mf.size - rel
+        mf.write_at(rel, record.SIZE_MAGIC.pack(remaining, record.BLANK_MAGIC))
+        mf.wrote_position = mf.size
+
+    def flush(self) -> None:
+        self.segments.flush()
+
+    def has_data_after(self, end: int, probe: int = 4096) -> bool:
+        """Whether anything follows ``end``: a later segment file, or non-zero bytes in the
+        ``probe`` bytes after it (a writer leaves zeros past its last record)."""
+        files = self.segments.files
+        if any(mf.base > end for mf in files):
+            return True
+        for mf in files:
+            if mf.base <= end < mf.base + mf.size:
+                rel = end - mf.base
+                return any(mf.buffer[rel : min(mf.size, rel + probe)])
+        return False
+
+    def cut(self, end: int) -> int:
+        """Drop everything from ``end`` on: zero the rest of its segment, delete later segments.
+        Returns the number of bytes cleared or removed."""
+        cleared = 0
+        for mf in self.segments.files:
+            if mf.base > end:
+                cleared += mf.size
+            elif mf.base <= end < mf.base + mf.size:
+                cleared += mf.size - (end - mf.base)
+                mf.wrote_position = mf.size
+        self.segments.truncate(end)
+        return cleared
+
+    # -- reading ----------------------------------------------------------------------------
+    def _locate(self, phys: int) -> tuple[MappedFile, int]:
+        if phys < self.min_offset or phys >= self.max_offset:
+            raise OffsetOutOfRangeError(
+                f"CommitLog offset {phys} outside [{self.min_offset}, {self.max_offset})"
+            )
+        mf = self.segments.find(phys)
+        return mf, phys - mf.base
+
+    def read(self, phys: int, *, check_crc: bool = True) -> record.MessageExt:
+        """The message at ``phys``; :class:`CorruptRecordError` if it fails its checks."""
+        mf, rel = self._locate(phys)
+        return record.decode_record(
+            mf.buffer,
+            rel,
+            path=str(mf.path),
+            phys=phys,
+            limit=mf.wrote_position,
+            check_crc=check_crc,
+        )
+
+    def raw(self, phys: int, size: int) -> memoryview:
+        """Zero-copy view of ``size`` bytes at ``phys`` (valid until the store closes)."""
+        mf, rel = self._locate(phys)
+        if rel + size > mf.wrote_position:
+            raise CorruptRecordError(
+                str(mf.path), phys, f"record of {size} bytes runs past the data"
+            )
+        return mf.buffer[rel : rel + size]
+
+    def store_timestamp(self, phys: int, size: int) -> int:
+        """STORETIMESTAMP of the record at ``phys``, or -1 if it is not there."""
+        try:
+            mf, rel = self._locate(phys)
+        except OffsetOutOfRangeError:
+            return -1
+        if rel + size > mf.wrote_position or size < record.FIXED_SIZE_V4:
+            return -1
+        return record.store_timestamp_at(mf.buffer, rel)
+
+    def walk(self, start: int, *, check_crc: bool) -> Iterator[tuple[int, int]]:
+        """(physical offset, size) of each record from ``start`` to the first invalid one.
+
+        Blanks move on to the next segment. Stops (without raising) at zeros, a bad magic, a
+        bad size or a CRC mismatch: this is the scan recovery uses to find the end of the log.
+        The caller learns where it stopped from the last yielded record.
+        """
+        for mf in self.segments.segments_from(start):
+            rel = max(0, start - mf.base)
+            buf = mf.buffer
+            limit = mf.size
+            while rel + 8 <= limit:
+                size, magic = record.SIZE_MAGIC.unpack_from(buf, rel)
+                if magic == record.BLANK_MAGIC and size == limit - rel:
+                    break
+                if magic != record.MAGIC or size < record.FIXED_SIZE_V4 or rel + size > limit:
+                    return
+                try:
+                    record.decode_record(
+                        buf,
+                        rel,
+                        path=str(mf.path),
+                        phys=mf.base + rel,
+                        limit=limit,
+                        check_crc=check_crc,
+                        with_body=False,
+                    )
+                except CorruptRecordError:
+                    return
+                yield mf.base + rel, size
+                rel += size
+            else:
+                # Ran off the end without a blank: the segment is complete only if exactly full.
+                if rel != limit:
+                    return

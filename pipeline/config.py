@@ -1,0 +1,274 @@
+"""Store configuration, named as Apache RocketMQ's ``MessageStoreConfig`` names it.
+
+Settings are read from a TOML file (``conf/store.toml`` is the documented default) or from a
+RocketMQ ``broker.conf`` style properties file, so an operator's existing values carry over.
+Keys are RocketMQ's camelCase names in both formats.
+
+* In TOML, an unknown key is an error: the file is ours, so a typo should not pass silently.
+* In a properties file, keys this store does not use (``brokerClusterName``, ``namesrvAddr``, …)
+  are ignored, as RocketMQ itself ignores them when it maps properties onto its config objects;
+  they are listed in :attr:`StoreConfig.ignored_keys` so tools can show them.
+
+:class:`StoreConfig` is immutable and picklable; it is safe to share between threads and to ship
+to Spark executors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import ConfigError
+
+ASYNC_FLUSH = "ASYNC_FLUSH"
+SYNC_FLUSH = "SYNC_FLUSH"
+CQ_UNIT_SIZE = 20
+
+# RocketMQ name -> (attribute, type). The order is the order `rocketstore config` prints.
+_FIELDS: dict[str, tuple[str, type]] = {
+    "mappedFileSizeCommitLog": ("mapped_file_size_commitlog", int),
+    "mappedFileSizeConsumeQueue": ("mapped_file_size_consume_queue", int),
+    "maxHashSlotNum": ("max_hash_slot_num", int),
+    "maxIndexNum": ("max_index_num", int),
+    "messageIndexEnable": ("message_index_enable", bool),
+    "flushDiskType": ("flush_disk_type", str),
+    "flushIntervalCommitLog": ("flush_interval_commitlog", int),
+    "maxMessageSize": ("max_message_size", int),
+    "maxMsgsNumBatch": ("max_msgs_num_batch", int),
+    "fileReservedTime": ("file_reserved_time", int),
+    "deleteWhen": ("delete_when", str),
+    "diskMaxUsedSpaceRatio": ("disk_max_used_space_ratio", int),
+    "checkCRCOnRecover": ("check_crc_on_recover", bool),
+    "brokerIP1": ("broker_ip1", str),
+    "listenPort": ("listen_port", int),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreConfig:
+    """Settings of one broker store directory. Defaults are RocketMQ 4.9.x's."""
+
+    mapped_file_size_commitlog: int = 1024 * 1024 * 1024
+    mapped_file_size_consume_queue: int = 300_000 * CQ_UNIT_SIZE
+    max_hash_slot_num: int = 5_000_000
+    max_index_num: int = 5_000_000 * 4
+    message_index_enable: bool = True
+    flush_disk_type: str = ASYNC_FLUSH
+    flush_interval_commitlog: int = 500
+    max_message_size: int = 1024 * 1024 * 4
+    max_msgs_num_batch: int = 64
+    file_reserved_time: int = 72
+    delete_when: str = "04"
+    disk_max_used_space_ratio: int = 75
+    check_crc_on_recover: bool = True
+    broker_ip1: str = "127.0.0.1"
+    listen_port: int = 10911
+    ignored_keys: tuple[str, ...] = dataclasses.field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        self._check()
+
+    # -- validation -------------------------------------------------------------------------
+    def _check(self) -> None:
+        def need(cond: bool, name: str, what: str) -> None:
+            if not cond:
+                value = getattr(self, _FIELDS[name][0])
+                raise ConfigError(f"{name}={value!r}: {what}")
+
+        need(self.mapped_file_size_commitlog >= 4096, "mappedFileSizeCommitLog", "must be >= 4096")
+        need(
+            self.mapped_file_size_commitlog <= 2**31 - 1,
+            "mappedFileSizeCommitLog",
+            "must fit in a Java int (RocketMQ maps each file as one buffer)",
+        )
+        need(
+            self.mapped_file_size_consume_queue >= CQ_UNIT_SIZE,
+            "mappedFileSizeConsumeQueue",
+            f"must be >= {CQ_UNIT_SIZE}",
+        )
+        need(self.max_hash_slot_num >= 1, "maxHashSlotNum", "must be >= 1")
+        need(self.max_index_num >= 2, "maxIndexNum", "must be >= 2 (entry 0 is never used)")
+        need(
+            40 + 4 * self.max_hash_slot_num + 20 * self.max_index_num <= 2**31 - 1,
+            "maxIndexNum",
+            "index file (40 + 4*maxHashSlotNum + 20*maxIndexNum bytes) must fit in a Java int",
+        )
+        need(
+            self.flush_disk_type in (ASYNC_FLUSH, SYNC_FLUSH),
+            "flushDiskType",
+            f"must be {ASYNC_FLUSH} or {SYNC_FLUSH}",
+        )
+        need(self.flush_interval_commitlog >= 1, "flushIntervalCommitLog", "must be >= 1 ms")
+        need(self.max_message_size >= 1, "maxMessageSize", "must be >= 1")
+        need(self.max_msgs_num_batch >= 1, "maxMsgsNumBatch", "must be >= 1")
+        need(self.file_reserved_time >= 0, "fileReservedTime", "must be >= 0 hours")
+        need(
+            all(_is_hour(h) for h in self.delete_when.split(";")),
+            "deleteWhen",
+            'must be hours 00-23 separated by \';\' (e.g. "04" or "04;16")',
+        )
+        need(
+            10 <= self.disk_max_used_space_ratio <= 95,
+            "diskMaxUsedSpaceRatio",
+            "must be between 10 and 95 (RocketMQ's bounds)",
+        )
+        need(0 < self.listen_port < 65536, "listenPort", "must be a TCP port (1-65535)")
+        try:
+            ipaddress.ip_address(self.broker_ip1)
+        except ValueError:
+            need(False, "brokerIP1", "must be an IPv4 or IPv6 address")
+        # RocketMQ rounds the ConsumeQueue file size up to whole units; so do we, but say so
+        # loudly rather than silently changing the geometry of an existing store.
+        need(
+            self.mapped_file_size_consume_queue % CQ_UNIT_SIZE == 0,
+            "mappedFileSizeConsumeQueue",
+            f"must be a multiple of {CQ_UNIT_SIZE} (one ConsumeQueue unit)",
+        )
+
+    # -- derived values ---------------------------------------------------------------------
+    @property
+    def store_host(self) -> str:
+        """``ip:port`` of this broker, as written into every record's STOREHOST."""
+        return format_host(self.broker_ip1, self.listen_port)
+
+    @property
+    def index_file_size(self) -> int:
+        return 40 + 4 * self.max_hash_slot_num + 20 * self.max_index_num
+
+    @property
+    def sync_flush(self) -> bool:
+        return self.flush_disk_type == SYNC_FLUSH
+
+    # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def names(cls) -> list[str]:
+        """The RocketMQ names of every setting, in documentation order."""
+        return list(_FIELDS)
+
+    def to_rocketmq(self) -> dict[str, Any]:
+        """Settings keyed by their RocketMQ names."""
+        return {name: getattr(self, attr) for name, (attr, _) in _FIELDS.items()}
+
+    def with_overrides(self, values: Mapping[str, Any], *, strict: bool = True) -> StoreConfig:
+        """A copy with the given settings (RocketMQ names) replaced.
+
+        Values may be strings (as from a properties file or a Spark option) or already typed.
+        With ``strict``, an unknown name raises :class:`ConfigError`; otherwise it is recorded in
+        :attr:`ignored_keys`.
+        """
+        changes: dict[str, Any] = {}
+        ignored = list(self.ignored_keys)
+        lowered = {k.lower(): k for k in _FIELDS}
+        for key, raw in values.items():
+            # Spark hands options over lower-cased; accept any case, as RocketMQ's names are unique
+            # case-insensitively.
+            name = lowered.get(key.lower())
+            if name is None:
+                if strict:
+                    raise ConfigError(
+                        f"unknown store setting {key!r}; known settings: {', '.join(_FIELDS)}"
+                    )
+                ignored.append(key)
+                continue
+            attr, typ = _FIELDS[name]
+            changes[attr] = _coerce(name, typ, raw)
+        changes["ignored_keys"] = tuple(ignored)
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, **overrides: Any) -> StoreConfig:
+        """Read a ``.toml`` or broker.conf properties file (or the defaults, for ``None``)."""
+        config = cls()
+        if path is not None:
+            values, strict = _read_file(Path(path))
+            config = config.with_overrides(values, strict=strict)
+        if overrides:
+            config = config.with_overrides(overrides)
+        return config
+
+
+def _read_file(path: Path) -> tuple[dict[str, Any], bool]:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read store configuration {path}: {exc.strerror}") from exc
+    if path.suffix == ".toml":
+        try:
+            data = tomllib.loads(raw.decode("utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+        # Accept both a flat file and one with a [store] table, so the file can grow sections.
+        if isinstance(data.get("store"), dict):
+            data = data["store"]
+        return data, True
+    return parse_properties(raw.decode("utf-8", errors="replace"), str(path)), False
+
+
+def parse_properties(text: str, origin: str = "<properties>") -> dict[str, str]:
+    """Parse the subset of Java ``.properties`` syntax broker.conf files use.
+
+    ``key=value`` or ``key: value`` or ``key value``, ``#`` and ``!`` comments, surrounding blanks
+    trimmed, backslash line continuations.
+    """
+    result: dict[str, str] = {}
+    logical: list[str] = []
+    for raw_line in text.splitlines():
+        line = raw_line.strip()
+        if not logical and (not line or line[0] in "#!"):
+            continue
+        if line.endswith("\\") and not line.endswith("\\\\"):
+            logical.append(line[:-1])
+            continue
+        logical.append(line)
+        entry = "".join(logical)
+        logical = []
+        cut = min((i for i in (entry.find("="), entry.find(":")) if i >= 0), default=-1)
+        if cut < 0:
+            parts = entry.split(None, 1)
+            key, value = parts[0], parts[1] if len(parts) > 1 else ""
+        else:
+            key, value = entry[:cut], entry[cut + 1 :]
+        result[key.strip()] = value.strip()
+    if logical:
+        raise ConfigError(f"{origin}: file ends inside a continued line")
+    return result
+
+
+def _coerce(name: str, typ: type, raw: Any) -> Any:
+    if typ is bool:
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("true", "1", "yes"):
+            return True
+        if text in ("false", "0", "no"):
+            return False
+        raise ConfigError(f"{name}={raw!r}: expected true or false")
+    if typ is int:
+        if isinstance(raw, bool):
+            raise ConfigError(f"{name}={raw!r}: expected an integer")
+        if isinstance(raw, int):
+            return raw
+        try:
+            return int(str(raw).strip())
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r}: expected an integer") from None
+    if not isinstance(raw, str | int):
+        raise ConfigError(f"{name}={raw!r}: expected a string")
+    return str(raw).strip()
+
+
+def _is_hour(text: str) -> bool:
+    return text.strip().isdigit() and 0 <= int(text) <= 23
+
+
+def format_host(ip: str, port: int) -> str:
+    """``ip:port``, with IPv6 addresses in brackets (``[::1]:5006``)."""
+    addr = ipaddress.ip_address(ip)
+    if addr.version == 6:
+        return f"[{addr.compressed}]:{port}"
+    return f"{addr}:{port}"

@@ -1,0 +1,66 @@
+"""The exceptions the store raises.
+
+Every error the engine raises on purpose is a :class:`StoreError`, so a caller can catch one type.
+Messages name the file, offset, option or value at fault, because an operator reading a log line
+must be able to find the problem without a debugger.
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base class of every error raised by rocketstore."""
+
+
+class ConfigError(StoreError, ValueError):
+    """A configuration value is unknown, malformed or out of range."""
+
+
+class NotAStoreError(StoreError):
+    """A path that should be a broker store directory is not one (or is damaged beyond use)."""
+
+
+class StoreLockedError(StoreError):
+    """Another process (or another open in this process) holds the store's exclusive lock."""
+
+
+class StoreClosedError(StoreError):
+    """The store was used after :meth:`MessageStore.close`."""
+
+
+class ReadOnlyStoreError(StoreError):
+    """A write was attempted on a store opened read-only."""
+
+
+class InvalidMessageError(StoreError, ValueError):
+    """A message was refused before anything was written for it.
+
+    ``index`` is the position of the offending message within its batch (0 for a single put).
+    """
+
+    def __init__(self, reason: str, index: int = 0) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.index = index
+
+
+class MessageTooLargeError(InvalidMessageError):
+    """A body (or whole record) is larger than ``maxMessageSize``."""
+
+
+class CorruptRecordError(StoreError):
+    """A record failed its magic, length or CRC check.
+
+    ``path`` is the segment file and ``offset`` the byte offset in the whole log (for a CommitLog,
+    the physical offset; for a ConsumeQueue or IndexFile, the position inside that file).
+    """
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        super().__init__(f"{path} @ offset {offset}: {reason}")
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+
+
+class OffsetOutOfRangeError(StoreError, IndexError):
+    """A CommitLog offset or queue offset outside what the store holds."""

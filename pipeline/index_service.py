@@ -1,0 +1,142 @@
+"""The ``index/`` directory: a run of IndexFiles, the newest one written, looked up newest first.
+
+Only the last file takes new entries; when it is full a new one is created, named by the local
+time of its creation (``yyyyMMddHHmmssSSS``) and starting where the previous one ended (RocketMQ's
+``IndexService``).
+
+Thread-safety: none (one writer per store).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.indexfile import IndexFile
+from pipeline.javahash import index_key_hash
+
+NAME_LENGTH = 17
+
+
+def index_file_name(ms: int) -> str:
+    """``yyyyMMddHHmmssSSS`` in local time, as RocketMQ's ``timeMillisToHumanString``."""
+    t = time.localtime(ms // 1000)
+    return time.strftime("%Y%m%d%H%M%S", t) + f"{ms % 1000:03d}"
+
+
+class IndexService:
+    def __init__(
+        self,
+        directory: Path,
+        slot_num: int,
+        index_num: int,
+        *,
+        read_only: bool,
+        clock_ms: Callable[[], int],
+    ) -> None:
+        self.directory = directory
+        self.slot_num = slot_num
+        self.index_num = index_num
+        self.read_only = read_only
+        self.clock_ms = clock_ms
+        self.files: list[IndexFile] = []
+
+    def load(self) -> None:
+        if not self.directory.is_dir():
+            return
+        names = sorted(
+            p
+            for p in self.directory.iterdir()
+            if p.is_file() and len(p.name) == NAME_LENGTH and p.name.isdigit()
+        )
+        for path in names:
+            self.files.append(
+                IndexFile(path, self.slot_num, self.index_num, read_only=self.read_only)
+            )
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+        self.files = []
+
+    @property
+    def end_phy_offset(self) -> int:
+        """CommitLog offset of the newest indexed message (0 when nothing is indexed)."""
+        return self.files[-1].end_phy_offset if self.files else 0
+
+    @property
+    def end_timestamp(self) -> int:
+        return self.files[-1].end_timestamp if self.files else 0
+
+    def _new_file(self) -> IndexFile:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        ms = self.clock_ms()
+        name = index_file_name(ms)
+        # Two files created in one millisecond would collide; names must also sort in order.
+        while self.files and name <= self.files[-1].path.name or (self.directory / name).exists():
+            ms += 1
+            name = index_file_name(ms)
+        prev = self.files[-1] if self.files else None
+        f = IndexFile(
+            self.directory / name,
+            self.slot_num,
+            self.index_num,
+            read_only=False,
+            create=True,
+            prev_end_phy=prev.end_phy_offset if prev else 0,
+            prev_end_ts=prev.end_timestamp if prev else 0,
+        )
+        if prev is not None:
+            prev.flush()
+        self.files.append(f)
+        return f
+
+    def put(
+        self,
+        key_hashes: npt.NDArray[np.int32],
+        phy_offsets: npt.NDArray[np.int64],
+        store_timestamps: npt.NDArray[np.int64],
+    ) -> int:
+        """Index entries in order, rolling files as they fill.
+
+        Entries of messages before the newest indexed one are skipped, as RocketMQ skips them,
+        so re-dispatching a range already indexed adds nothing (entries of the newest indexed
+        message itself may be added again, as in RocketMQ; look-ups de-duplicate them).
+        Returns the number of entries added.
+        """
+        if not len(key_hashes):
+            return 0
+        keep = phy_offsets >= self.end_phy_offset
+        if not keep.all():
+            key_hashes, phy_offsets, store_timestamps = (
+                key_hashes[keep],
+                phy_offsets[keep],
+                store_timestamps[keep],
+            )
+        added = 0
+        while added < len(key_hashes):
+            f = self.files[-1] if self.files and not self.files[-1].is_full else self._new_file()
+            added += f.put(key_hashes[added:], phy_offsets[added:], store_timestamps[added:])
+        return added
+
+    def candidates(self, topic: str, key: str, begin: int, end: int) -> Iterator[int]:
+        """CommitLog offsets whose entry hash matches ``topic#key`` within ``[begin, end]``,
+        newest first, each at most once. Collisions included: the caller checks the message."""
+        key_hash = index_key_hash(topic, key)
+        seen: set[int] = set()
+        for f in reversed(self.files):
+            if f.is_time_matched(begin, end):
+                for phy, _ in f.candidates(key_hash, begin, end):
+                    if phy not in seen:
+                        seen.add(phy)
+                        yield phy
+            if f.begin_timestamp < begin:
+                break
+
+    def flush(self) -> None:
+        if self.files:
+            self.files[-1].flush()

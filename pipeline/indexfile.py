@@ -1,0 +1,218 @@
+"""One IndexFile: a hash index from ``topic#key`` to CommitLog offsets.
+
+Files live at ``index/<yyyyMMddHHmmssSSS>`` (creation time, local time) and have a fixed size of
+``40 + 4 * maxHashSlotNum + 20 * maxIndexNum`` bytes::
+
+    header (40 bytes)
+     0               8               16              24              32      36      40
+    +---------------+---------------+---------------+---------------+-------+-------+
+    |beginTimestamp |endTimestamp   |beginPhyOffset |endPhyOffset   |hash   |index  |
+    |(long)         |(long)         |(long)         |(long)         |SlotCnt|Count  |
+    +---------------+---------------+---------------+---------------+-------+-------+
+    slots: maxHashSlotNum ints, each the number of the newest entry in that slot (0 = empty)
+    entries: maxIndexNum entries of 20 bytes
+     0       4                       12      16      20
+    +-------+-----------------------+-------+-------+
+    |keyHash| phyOffset (long)      |time   |prev   |
+    |       |                       |Diff(s)|Index  |
+    +-------+-----------------------+-------+-------+
+
+``keyHash`` is ``abs(("topic#key").hashCode())``; its slot is ``keyHash % maxHashSlotNum``.
+Entries chain newest to oldest through ``prevIndex`` (0 ends the chain). ``timeDiff`` is the
+store time minus ``beginTimestamp``, in whole seconds. Entry 0 is never used, so
+``indexCount`` starts at 1 and a file is full when it reaches ``maxIndexNum``.
+
+Hashes collide, so a look-up returns candidates; the caller must re-check the real key (RocketMQ
+does not, and we do).
+
+Thread-safety: none (one writer per store). Crash behaviour: entries are derived data. The
+header is updated after the entries and slots it describes, so a torn write leaves at worst
+entries the header does not count, which are ignored.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.mapped_file import MappedFile
+
+HEADER = struct.Struct(">qqqqii")
+HEADER_SIZE = HEADER.size  # 40
+SLOT_SIZE = 4
+ENTRY_DTYPE = np.dtype(
+    [("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"), ("prev_index", ">i4")]
+)
+ENTRY_SIZE = ENTRY_DTYPE.itemsize  # 20
+INT_MAX = 0x7FFFFFFF
+
+
+class IndexFile:
+    def __init__(
+        self,
+        path: Path,
+        slot_num: int,
+        index_num: int,
+        *,
+        read_only: bool,
+        create: bool = False,
+        prev_end_phy: int = 0,
+        prev_end_ts: int = 0,
+    ) -> None:
+        self.path = path
+        self.slot_num = slot_num
+        self.index_num = index_num
+        size = HEADER_SIZE + SLOT_SIZE * slot_num + ENTRY_SIZE * index_num
+        self._mf = MappedFile(path, 0, size, read_only=read_only, create=create)
+        buf = self._mf.buffer
+        self._slots = np.frombuffer(buf, dtype=">i4", count=slot_num, offset=HEADER_SIZE)
+        self._entries = np.frombuffer(
+            buf, dtype=ENTRY_DTYPE, count=index_num, offset=HEADER_SIZE + SLOT_SIZE * slot_num
+        )
+        (
+            self.begin_timestamp,
+            self.end_timestamp,
+            self.begin_phy_offset,
+            self.end_phy_offset,
+            self.hash_slot_count,
+            self.index_count,
+        ) = HEADER.unpack_from(buf, 0)
+        if create:
+            # A new file continues where the previous one ended, until its first entry.
+            self.begin_phy_offset = self.end_phy_offset = prev_end_phy
+            self.begin_timestamp = self.end_timestamp = prev_end_ts
+        if self.index_count <= 0:
+            self.index_count = 1
+        self._mf.wrote_position = self._mf.size
+
+    @property
+    def is_full(self) -> bool:
+        return self.index_count >= self.index_num
+
+    @property
+    def entry_count(self) -> int:
+        return self.index_count - 1
+
+    def _write_header(self) -> None:
+        HEADER.pack_into(
+            self._mf.buffer,
+            0,
+            self.begin_timestamp,
+            self.end_timestamp,
+            self.begin_phy_offset,
+            self.end_phy_offset,
+            self.hash_slot_count,
+            self.index_count,
+        )
+
+    # -- writing ----------------------------------------------------------------------------
+    def put(
+        self,
+        key_hashes: npt.NDArray[np.int32],
+        phy_offsets: npt.NDArray[np.int64],
+        store_timestamps: npt.NDArray[np.int64],
+    ) -> int:
+        """Add entries in order until the file is full; returns how many were added.
+
+        Equivalent to RocketMQ's ``putKey`` called once per entry, done for the whole batch.
+        """
+        take = min(len(key_hashes), self.index_num - self.index_count)
+        if take <= 0:
+            return 0
+        hashes = key_hashes[:take].astype(np.int64)
+        phys = phy_offsets[:take]
+        times = store_timestamps[:take]
+        if self.index_count <= 1:
+            self.begin_phy_offset = int(phys[0])
+            self.begin_timestamp = int(times[0])
+        numbers = self.index_count + np.arange(take, dtype=np.int64)
+        slots = hashes % self.slot_num
+        old = self._slots[slots].astype(np.int64)
+        old[(old <= 0) | (old > self.index_count)] = 0
+        # Within the batch, an entry's predecessor is the previous batch entry in its slot, or
+        # what the slot held before the batch for the first one.
+        order = np.argsort(slots, kind="stable")
+        s_sorted = slots[order]
+        first_of_slot = np.ones(take, dtype=bool)
+        first_of_slot[1:] = s_sorted[1:] != s_sorted[:-1]
+        prev_sorted = np.empty(take, dtype=np.int64)
+        prev_sorted[first_of_slot] = old[order][first_of_slot]
+        prev_sorted[~first_of_slot] = numbers[order][:-1][~first_of_slot[1:]]
+        prev = np.empty(take, dtype=np.int64)
+        prev[order] = prev_sorted
+        if self.begin_timestamp <= 0:
+            diffs = np.zeros(take, dtype=np.int64)
+        else:
+            # Java's long division truncates toward zero; differences below 0 are clamped anyway.
+            diffs = np.clip((times - self.begin_timestamp) // 1000, 0, INT_MAX)
+        start = self.index_count
+        block = self._entries[start : start + take]
+        block["key_hash"] = hashes
+        block["phy_offset"] = phys
+        block["time_diff"] = diffs
+        block["prev_index"] = prev
+        last_of_slot = np.ones(take, dtype=bool)
+        last_of_slot[:-1] = s_sorted[1:] != s_sorted[:-1]
+        self._slots[s_sorted[last_of_slot]] = numbers[order][last_of_slot]
+        self.hash_slot_count += int(np.count_nonzero(old[order][first_of_slot] == 0))
+        self.index_count += take
+        self.end_phy_offset = int(phys[-1])
+        self.end_timestamp = int(times[-1])
+        self._write_header()
+        return take
+
+    # -- reading ----------------------------------------------------------------------------
+    def is_time_matched(self, begin: int, end: int) -> bool:
+        return (
+            (begin < self.begin_timestamp and end > self.end_timestamp)
+            or (self.begin_timestamp <= begin <= self.end_timestamp)
+            or (self.begin_timestamp <= end <= self.end_timestamp)
+        )
+
+    def candidates(self, key_hash: int, begin: int, end: int) -> Iterator[tuple[int, int]]:
+        """(phyOffset, approximate store time) of entries with ``key_hash`` stored in
+        ``[begin, end]``, newest first, following the slot's chain.
+
+        The stored time is rounded down to the second, so a message up to 999 ms after
+        ``begin`` may look earlier: entries are only excluded, and the walk only stopped, when
+        they are certainly outside the range. Callers re-check the exact store time.
+        """
+        if self.index_count <= 1:
+            return
+        count = self.index_count
+        slot = key_hash % self.slot_num
+        current = int(self._slots[slot])
+        seen = 0
+        while 0 < current < count and seen < count:
+            seen += 1
+            entry = self._entries[current]
+            diff = int(entry["time_diff"])
+            if diff < 0:
+                break
+            approx = self.begin_timestamp + diff * 1000
+            if int(entry["key_hash"]) == key_hash and approx <= end and approx + 999 >= begin:
+                yield int(entry["phy_offset"]), approx
+            prev = int(entry["prev_index"])
+            if prev <= 0 or prev >= current or approx + 999 < begin:
+                break
+            current = prev
+
+    def entries(self) -> npt.NDArray[np.void]:
+        """A copy of the used entries (1 .. indexCount-1)."""
+        return self._entries[1 : self.index_count].copy()
+
+    def slots(self) -> npt.NDArray[np.int32]:
+        return self._slots.copy()
+
+    def flush(self) -> None:
+        self._mf.flushed_position = 0
+        self._mf.flush()
+
+    def close(self) -> None:
+        del self._slots
+        del self._entries
+        self._mf.close()

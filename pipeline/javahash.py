@@ -1,0 +1,172 @@
+"""Java's ``String.hashCode`` and the two hashes RocketMQ derives from it.
+
+RocketMQ keys its on-disk structures by Java string hashes:
+
+* ConsumeQueue ``tagsCode`` is ``TAGS.hashCode()`` widened to a long (so it may be negative);
+* an IndexFile slot is chosen by ``abs((topic + "#" + key).hashCode())`` (``MIN_VALUE`` -> 0).
+
+Java hashes the UTF-16 code units of the string: ``h = 31*h + unit`` in 32-bit arithmetic.
+The scalar functions are for single values; :func:`java_hash_array` hashes a whole batch with
+numpy, with no per-string Python work for ASCII strings (which is what keys and tags nearly
+always are).
+
+Pure functions; thread-safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+_MASK32 = 0xFFFFFFFF
+
+
+def java_hash(text: str) -> int:
+    """``String.hashCode()`` as a signed 32-bit int."""
+    h = 0
+    units = text.encode("utf-16-be")
+    for i in range(0, len(units), 2):
+        h = (31 * h + ((units[i] << 8) | units[i + 1])) & _MASK32
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def tags_code(tags: str | None) -> int:
+    """ConsumeQueue tagsCode of a message's TAGS property (0 when it has none)."""
+    if not tags:
+        return 0
+    return java_hash(tags)
+
+
+def index_key_hash(topic: str, key: str) -> int:
+    """IndexFile key hash of ``topic#key``: ``abs(hashCode)``, with ``MIN_VALUE`` mapped to 0."""
+    h = java_hash(f"{topic}#{key}")
+    return 0 if h == -(1 << 31) else abs(h)
+
+
+def _pow31(n: int) -> npt.NDArray[np.uint32]:
+    """31**i mod 2**32 for i in [0, n)."""
+    out = np.empty(max(n, 1), dtype=np.uint32)
+    out[0] = 1
+    # Doubling keeps this O(log n) numpy calls rather than a Python loop of n steps.
+    filled = 1
+    while filled < n:
+        step = min(filled, n - filled)
+        factor = np.uint32(pow(31, filled, 1 << 32))
+        out[filled : filled + step] = out[:step] * factor
+        filled += step
+    return out
+
+
+def java_hash_array(strings: pa.Array | pa.ChunkedArray | Sequence[str]) -> npt.NDArray[np.int32]:
+    """``String.hashCode()`` of every string, as int32. Nulls hash as the empty string (0)."""
+    arr = (
+        strings
+        if isinstance(strings, pa.Array | pa.ChunkedArray)
+        else pa.array(strings, pa.string())
+    )
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    if pa.types.is_dictionary(arr.type):
+        codes = arr.indices.to_numpy(zero_copy_only=False)
+        return java_hash_array(arr.dictionary)[codes]
+    if pa.types.is_large_string(arr.type):
+        arr = arr.cast(pa.string())
+    n = len(arr)
+    if n == 0:
+        return np.zeros(0, dtype=np.int32)
+    arr = pc.fill_null(arr, "")
+    ascii_ok = pc.all(pc.string_is_ascii(arr)).as_py()
+    if not ascii_ok:
+        return _java_hash_utf16(arr)
+    offsets = binary_offsets(arr)
+    data_buf = arr.buffers()[2]
+    base = offsets[0]
+    units = (
+        np.frombuffer(data_buf, dtype=np.uint8)[base : offsets[-1]].astype(np.uint32)
+        if data_buf is not None
+        else np.zeros(0, np.uint32)
+    )
+    return _segment_hash(units, offsets - base)
+
+
+def binary_offsets(arr: pa.Array) -> npt.NDArray[np.int64]:
+    """The ``n + 1`` value offsets of a (sliced) string or binary array, as int64."""
+    dtype = (
+        np.int64
+        if pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+        else np.int32
+    )
+    raw = np.frombuffer(arr.buffers()[1], dtype=dtype)
+    return raw[arr.offset : arr.offset + len(arr) + 1].astype(np.int64)
+
+
+def utf16_lengths(arr: pa.Array) -> npt.NDArray[np.int64]:
+    """Length of each string in UTF-16 code units (what Java's ``length()`` returns)."""
+    if pc.all(pc.string_is_ascii(pc.fill_null(arr, ""))).as_py() is not False:
+        return np.diff(binary_offsets(arr))
+    return np.fromiter(
+        (len(v.encode("utf-16-be")) // 2 if v is not None else 0 for v in arr.to_pylist()),
+        dtype=np.int64,
+        count=len(arr),
+    )
+
+
+def _java_hash_utf16(arr: pa.Array) -> npt.NDArray[np.int32]:
+    values = arr.to_pylist()
+    encoded = [v.encode("utf-16-be") for v in values]
+    lengths = np.fromiter((len(e) // 2 for e in encoded), dtype=np.int64, count=len(encoded))
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    units = np.frombuffer(b"".join(encoded), dtype=">u2").astype(np.uint32)
+    return _segment_hash(units, offsets)
+
+
+def _segment_hash(
+    units: npt.NDArray[np.uint32], offsets: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int32]:
+    """Hash each ``units[offsets[i]:offsets[i+1]]`` with Java's polynomial."""
+    n = len(offsets) - 1
+    lengths = np.diff(offsets)
+    total = int(offsets[-1])
+    out = np.zeros(n, dtype=np.uint32)
+    if total == 0:
+        return out.view(np.int32)
+    # Unit j of string i is multiplied by 31**(end_i - 1 - j); uint32 arithmetic wraps exactly
+    # as Java's int does, so the sum of the products mod 2**32 is the hash.
+    ends = np.repeat(offsets[1:], lengths)
+    exponents = ends - 1 - np.arange(total, dtype=np.int64)
+    powers = _pow31(int(lengths.max()))
+    terms = units * powers[exponents]
+    nonempty = lengths > 0
+    starts = offsets[:-1][nonempty]
+    out[nonempty] = np.add.reduceat(terms, starts, dtype=np.uint32)
+    return out.view(np.int32)
+
+
+def combine_prefix(
+    prefix_hash: int | npt.NDArray[np.int64],
+    suffix_hash: npt.NDArray[np.int32],
+    suffix_unit_len: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int32]:
+    """Hash of ``prefix + suffix`` from the hashes of both parts (no re-hashing of the prefix).
+
+    ``hash(p + s) = hash(p) * 31**len(s) + hash(s)`` in 32-bit arithmetic, lengths in UTF-16
+    units. ``prefix_hash`` is one value or one per suffix.
+    """
+    max_len = int(suffix_unit_len.max()) + 1 if len(suffix_unit_len) else 1
+    powers = _pow31(max_len)
+    prefix = (np.asarray(prefix_hash, dtype=np.int64) & _MASK32).astype(np.uint32)
+    mixed = prefix * powers[suffix_unit_len] + suffix_hash.view(np.uint32)
+    return mixed.astype(np.uint32).view(np.int32)
+
+
+def abs_index_hash(hashes: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
+    """RocketMQ's ``indexKeyHashMethod``: abs, with ``Integer.MIN_VALUE`` mapped to 0."""
+    h = hashes.astype(np.int64)
+    out = np.abs(h)
+    out[h == -(1 << 31)] = 0
+    return out.astype(np.int32)

@@ -1,0 +1,171 @@
+"""An ordered run of equal-size segment files forming one log (RocketMQ's ``MappedFileQueue``).
+
+Used by the CommitLog (variable-size records) and by each ConsumeQueue (20-byte units). The
+queue maps a log offset to the segment that holds it by arithmetic on the segment size, creates
+the next segment when the last one is full, and truncates or drops segments past an offset.
+
+Files whose names are not 20-digit offsets are ignored (RocketMQ ignores them too). Segments
+must be contiguous; a gap is reported as :class:`NotAStoreError` naming the missing file.
+
+Thread-safety: none; one writer per store. Read-only queues never create or change files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from pipeline.errors import NotAStoreError, OffsetOutOfRangeError
+from pipeline.mapped_file import MappedFile, parse_segment_name, segment_name
+
+
+class SegmentQueue:
+    def __init__(self, directory: Path, segment_size: int, *, read_only: bool) -> None:
+        self.directory = directory
+        self.segment_size = segment_size
+        self.read_only = read_only
+        self.files: list[MappedFile] = []
+
+    # -- loading ----------------------------------------------------------------------------
+    def load(self) -> None:
+        """Map every segment in the directory, in offset order. Write positions start at full;
+        the owner sets the last segments' positions after scanning them."""
+        if not self.directory.is_dir():
+            return
+        found: list[tuple[int, Path]] = []
+        for entry in self.directory.iterdir():
+            base = parse_segment_name(entry)
+            if base is not None and entry.is_file():
+                found.append((base, entry))
+        found.sort()
+        expected: int | None = None
+        for base, path in found:
+            if base % self.segment_size != 0:
+                raise NotAStoreError(
+                    f"{path}: segment offset {base} is not a multiple of the segment size "
+                    f"{self.segment_size} (check mappedFileSize* settings)"
+                )
+            if expected is not None and base != expected:
+                raise NotAStoreError(
+                    f"{self.directory}: segment {segment_name(expected)} is missing "
+                    f"(found {path.name} after it)"
+                )
+            mf = MappedFile(path, base, self.segment_size, read_only=self.read_only)
+            mf.wrote_position = mf.flushed_position = self.segment_size
+            self.files.append(mf)
+            expected = base + self.segment_size
+
+    def close(self) -> None:
+        for mf in self.files:
+            mf.close()
+        self.files = []
+
+    # -- lookup -----------------------------------------------------------------------------
+    @property
+    def first(self) -> MappedFile | None:
+        return self.files[0] if self.files else None
+
+    @property
+    def last(self) -> MappedFile | None:
+        return self.files[-1] if self.files else None
+
+    @property
+    def min_offset(self) -> int:
+        """Offset of the first byte held (0 for an empty queue)."""
+        return self.files[0].base if self.files else 0
+
+    @property
+    def max_offset(self) -> int:
+        """Offset one past the last written byte (0 for an empty queue).
+
+        Trailing segments with nothing written (pre-allocated ones) do not move the end."""
+        for mf in reversed(self.files):
+            if mf.wrote_position:
+                return mf.end
+        return self.files[0].base if self.files else 0
+
+    def find(self, offset: int) -> MappedFile:
+        """The segment holding ``offset``; raises :class:`OffsetOutOfRangeError` outside them."""
+        if not self.files:
+            raise OffsetOutOfRangeError(f"{self.directory}: offset {offset}: no segments")
+        first = self.files[0].base
+        idx = (offset - first) // self.segment_size
+        if offset < first or idx >= len(self.files):
+            raise OffsetOutOfRangeError(
+                f"{self.directory}: offset {offset} outside [{first}, "
+                f"{self.files[-1].base + self.segment_size})"
+            )
+        return self.files[idx]
+
+    def segments_from(self, offset: int) -> Iterator[MappedFile]:
+        if not self.files:
+            return
+        start = max(0, (offset - self.files[0].base) // self.segment_size)
+        yield from self.files[start:]
+
+    # -- writing ----------------------------------------------------------------------------
+    def segment_for_write(self, offset: int) -> MappedFile:
+        """The segment ``offset`` falls in, creating it (and only it) when it is the next one."""
+        base = offset - offset % self.segment_size
+        last = self.last
+        if last is not None and last.base == base:
+            return last
+        if last is not None and base != last.base + self.segment_size:
+            raise OffsetOutOfRangeError(
+                f"{self.directory}: cannot write at {offset}: last segment is {last.path.name}"
+            )
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if last is not None:
+            last.wrote_position = self.segment_size
+        mf = MappedFile(
+            self.directory / segment_name(base),
+            base,
+            self.segment_size,
+            read_only=self.read_only,
+            create=True,
+        )
+        self.files.append(mf)
+        return mf
+
+    def flush(self) -> None:
+        for mf in reversed(self.files):
+            if mf.flushed_position >= mf.wrote_position:
+                break
+            mf.flush()
+
+    def truncate(self, offset: int) -> int:
+        """Forget everything at or after ``offset``: later segments are deleted, the one holding
+        ``offset`` is zeroed from there on. Returns the number of bytes dropped."""
+        dropped = 0
+        keep: list[MappedFile] = []
+        for mf in self.files:
+            if mf.base >= offset:
+                dropped += mf.wrote_position
+                mf.close()
+                if not self.read_only:
+                    os.unlink(mf.path)
+            else:
+                keep.append(mf)
+        self.files = keep
+        last = self.last
+        if last is not None and last.end > offset:
+            pos = offset - last.base
+            dropped += last.wrote_position - pos
+            if not self.read_only:
+                zero_range(last, pos, last.wrote_position)
+            last.wrote_position = pos
+            last.flushed_position = min(last.flushed_position, pos)
+        return dropped
+
+
+_ZEROS = bytes(1 << 20)
+
+
+def zero_range(mf: MappedFile, start: int, end: int) -> None:
+    """Zero ``[start, end)`` of a segment in 1 MiB steps (no allocation the size of the range)."""
+    view = mf.buffer
+    while start < end:
+        n = min(end - start, len(_ZEROS))
+        view[start : start + n] = _ZEROS[:n]
+        start += n

@@ -1,0 +1,575 @@
+"""``MessageStore``: one broker store directory, laid out exactly as RocketMQ's.
+
+::
+
+    STORE/
+      commitlog/<20-digit offset>            every message (pipeline.commitlog)
+      consumequeue/<topic>/<queueId>/<off>   per-queue units (pipeline.consumequeue)
+      index/<yyyyMMddHHmmssSSS>              key index (pipeline.indexfile)
+      config/                                broker metadata (RocketMQ keeps JSON files here)
+      checkpoint                             flush timestamps (pipeline.checkpoint)
+      abort                                  present while a writer has the store open
+      lock                                   locked while a writer has the store open
+
+Contract:
+
+* One writer per directory. Opening for writing takes the ``lock`` file's lock; a second
+  writable open, from this or any other process (a RocketMQ broker included), fails at once
+  with :class:`StoreLockedError`. Read-only opens take no lock and write nothing.
+* Not thread-safe: use one ``MessageStore`` from one thread at a time.
+* A put or batch put returns after its records are in the CommitLog (flushed first under
+  ``SYNC_FLUSH``, once per batch) and dispatched to the ConsumeQueues and index. A batch is all
+  or nothing with respect to validation: a bad message refuses the whole batch before anything
+  is written.
+* :meth:`close` flushes everything, writes the checkpoint, removes ``abort`` and unlocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from pipeline import dispatch, encode, record
+from pipeline.checkpoint import StoreCheckpoint
+from pipeline.commitlog import CommitLog
+from pipeline.config import StoreConfig
+from pipeline.consumequeue import ConsumeQueue
+from pipeline.errors import (
+    InvalidMessageError,
+    NotAStoreError,
+    OffsetOutOfRangeError,
+    ReadOnlyStoreError,
+    StoreClosedError,
+)
+from pipeline.index_service import IndexService
+from pipeline.lock import DirectoryLock
+from pipeline.message import Message
+from pipeline.recovery import RecoveryReport, dispatched_end, find_end, third_last_start
+from pipeline.subscription import Subscription
+
+STORE_ENTRIES = ("commitlog", "consumequeue", "index", "config", "checkpoint", "abort", "lock")
+MAX_CHUNK_BYTES = 64 * 1024 * 1024
+MAX_CHUNK_RECORDS = 1 << 16
+MAX_TIMESTAMP = 2**63 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class PutResult:
+    """Outcome of one message of a put (``status`` named as RocketMQ's PutMessageStatus)."""
+
+    status: str
+    msg_id: str
+    commit_log_offset: int
+    queue_offset: int
+    store_size: int
+    store_timestamp: int
+    uniq_key: str
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPutResult:
+    """Outcome of a batch put, column by column (index ``i`` is the batch's message ``i``)."""
+
+    commit_log_offsets: npt.NDArray[np.int64]
+    queue_offsets: npt.NDArray[np.int64]
+    sizes: npt.NDArray[np.int64]
+    store_timestamp: int
+    uniq_keys: pa.StringArray
+    store_host: bytes
+    flushed: bool
+
+    def __len__(self) -> int:
+        return len(self.commit_log_offsets)
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.sizes.sum())
+
+    def msg_ids(self) -> list[str]:
+        prefix = self.store_host.hex().upper()
+        return [f"{prefix}{off:016X}" for off in self.commit_log_offsets.tolist()]
+
+    def results(self) -> Iterator[PutResult]:
+        uniq = self.uniq_keys.to_pylist()
+        for i, msg_id in enumerate(self.msg_ids()):
+            yield PutResult(
+                "PUT_OK",
+                msg_id,
+                int(self.commit_log_offsets[i]),
+                int(self.queue_offsets[i]),
+                int(self.sizes[i]),
+                self.store_timestamp,
+                uniq[i],
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueInfo:
+    topic: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    max_physic_offset: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GetResult:
+    """Outcome of :meth:`MessageStore.get_messages` (``status`` as RocketMQ's GetMessageStatus)."""
+
+    status: str
+    messages: list[record.MessageExt]
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class MessageStore:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        config: StoreConfig | None = None,
+        *,
+        read_only: bool = False,
+        create: bool = True,
+        clock_ms: Callable[[], int] = _wall_clock_ms,
+    ) -> None:
+        self.path = Path(path)
+        self.config = config or StoreConfig()
+        self.read_only = read_only
+        self.clock_ms = clock_ms
+        self._closed = True
+        self._lock: DirectoryLock | None = None
+        self._check_directory(create)
+        if not read_only:
+            self._lock = DirectoryLock(self.path)
+            self._lock.acquire()
+        try:
+            self._open()
+        except BaseException:
+            if self._lock is not None:
+                self._lock.release()
+            raise
+        self._closed = False
+
+    # -- opening ----------------------------------------------------------------------------
+    def _check_directory(self, create: bool) -> None:
+        p = self.path
+        if p.exists() and not p.is_dir():
+            raise NotAStoreError(f"{p} is a file, not a store directory")
+        if not p.exists():
+            if self.read_only or not create:
+                raise NotAStoreError(f"{p}: no such store directory")
+            p.mkdir(parents=True)
+            return
+        entries = {e.name for e in p.iterdir()}
+        if entries and not entries & set(STORE_ENTRIES):
+            raise NotAStoreError(
+                f"{p} is not a RocketMQ store directory (it has none of "
+                f"{', '.join(STORE_ENTRIES)}) and is not empty; refusing to write into it"
+            )
+        if self.read_only and "commitlog" not in entries:
+            raise NotAStoreError(f"{p} is not a RocketMQ store directory (no commitlog/)")
+
+    def _open(self) -> None:
+        cfg = self.config
+        self.abort_file_found = (self.path / "abort").exists()
+        if not self.read_only:
+            for sub in ("commitlog", "consumequeue", "index", "config"):
+                (self.path / sub).mkdir(exist_ok=True)
+            (self.path / "abort").touch()
+        self.checkpoint = StoreCheckpoint.read(self.path / "checkpoint")
+        self.commitlog = CommitLog(
+            self.path / "commitlog", cfg.mapped_file_size_commitlog, read_only=self.read_only
+        )
+        self.commitlog.load()
+        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        cq_root = self.path / "consumequeue"
+        if cq_root.is_dir():
+            for topic_dir in sorted(cq_root.iterdir()):
+                if not topic_dir.is_dir():
+                    continue
+                for qdir in sorted(topic_dir.iterdir()):
+                    if qdir.is_dir() and qdir.name.isdigit():
+                        cq = ConsumeQueue(
+                            cq_root,
+                            topic_dir.name,
+                            int(qdir.name),
+                            cfg.mapped_file_size_consume_queue,
+                            read_only=self.read_only,
+                        )
+                        cq.load()
+                        self.queues[(topic_dir.name, int(qdir.name))] = cq
+        self.index: IndexService | None = None
+        if cfg.message_index_enable:
+            self.index = IndexService(
+                self.path / "index",
+                cfg.max_hash_slot_num,
+                cfg.max_index_num,
+                read_only=self.read_only,
+                clock_ms=self.clock_ms,
+            )
+            self.index.load()
+        self.recovery = self._recover()
+        self._store_host_field = record.encode_host(cfg.store_host)[0]
+        self._uniq = encode.UniqKeyGenerator()
+
+    def _recover(self) -> RecoveryReport:
+        report = RecoveryReport(abort_file_found=self.abort_file_found)
+        log = self.commitlog
+        queues = list(self.queues.values())
+        start = dispatched_end(log, queues, self.index)
+        if start == log.min_offset and log.segments.files:
+            start = third_last_start(log)
+        report.scan_start = start
+        end = find_end(log, start, check_crc=self.config.check_crc_on_recover)
+        report.commitlog_end = end
+        if not self.read_only and log.has_data_after(end):
+            report.bytes_truncated = log.cut(end)
+        log.set_end(end)
+        if not self.read_only:
+            for cq in queues:
+                report.units_dropped += cq.truncate_after_physical(end)
+        for cq in queues:
+            cq.correct_min_offset(log.min_offset)
+        # Dispatch what the derived files miss (a writer stopped between append and dispatch).
+        redispatch_from = dispatched_end(log, queues, self.index)
+        report.redispatch_from = redispatch_from
+        if redispatch_from < end and not self.read_only:
+            batch = dispatch.from_commitlog(log, redispatch_from, end)
+            dispatch.apply(batch, self._queue, self.index)
+            report.records_redispatched = len(batch)
+        self._next_queue_offset = {key: cq.max_offset for key, cq in self.queues.items()}
+        return report
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def __enter__(self) -> MessageStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self, write: bool = False) -> None:
+        if self._closed:
+            raise StoreClosedError(f"{self.path}: store is closed")
+        if write and self.read_only:
+            raise ReadOnlyStoreError(f"{self.path}: store was opened read-only")
+
+    def flush(self) -> None:
+        """Flush CommitLog, ConsumeQueues and index, then record it in the checkpoint."""
+        self._check_open(write=True)
+        self.commitlog.flush()
+        for cq in self.queues.values():
+            cq.flush()
+        if self.index is not None:
+            self.index.flush()
+        self._write_checkpoint()
+
+    def _write_checkpoint(self) -> None:
+        last_ts = self._last_store_timestamp()
+        if last_ts > 0:
+            self.checkpoint.physic_msg_timestamp = last_ts
+            self.checkpoint.logics_msg_timestamp = last_ts
+        if self.index is not None and self.index.end_timestamp > 0:
+            self.checkpoint.index_msg_timestamp = self.index.end_timestamp
+        self.checkpoint.write(self.path / "checkpoint", sync=True)
+
+    def _last_store_timestamp(self) -> int:
+        best = 0
+        for cq in self.queues.values():
+            if cq.max_offset > cq.min_offset:
+                u = cq.read(cq.max_offset - 1, 1)[0]
+                best = max(best, self.commitlog.store_timestamp(int(u["offset"]), int(u["size"])))
+        return best
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            if not self.read_only:
+                self.flush()
+        finally:
+            self._closed = True
+            self.commitlog.close()
+            for cq in self.queues.values():
+                cq.close()
+            if self.index is not None:
+                self.index.close()
+            if not self.read_only:
+                (self.path / "abort").unlink(missing_ok=True)
+            if self._lock is not None:
+                self._lock.release()
+
+    # -- writing ----------------------------------------------------------------------------
+    def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = self.queues.get((topic, queue_id))
+        if cq is None:
+            cq = ConsumeQueue(
+                self.path / "consumequeue",
+                topic,
+                queue_id,
+                self.config.mapped_file_size_consume_queue,
+                read_only=self.read_only,
+            )
+            self.queues[(topic, queue_id)] = cq
+        return cq
+
+    def put(self, message: Message) -> PutResult:
+        """Store one message (a batch of one)."""
+        return next(self.put_batch([message]).results())
+
+    def put_batch(self, batch: pa.Table | pa.RecordBatch | Sequence[Message]) -> BatchPutResult:
+        """Store a batch of messages (see :mod:`pipeline.message` for the columns).
+
+        Validates everything first; on :class:`InvalidMessageError` nothing is written.
+        """
+        self._check_open(write=True)
+        now = self.clock_ms()
+        b = encode.prepare(batch, self.config, self._uniq, now)
+        if b.n == 0:
+            return BatchPutResult(
+                np.zeros(0, np.int64),
+                np.zeros(0, np.int64),
+                np.zeros(0, np.int64),
+                now,
+                pa.array([], pa.string()),
+                self._store_host_field,
+                False,
+            )
+        queue_offsets = self._assign_queue_offsets(b)
+        phys, blanks = self.commitlog.plan(b.sizes)
+        crcs = encode.body_crcs(b.bodies)
+        self._write_records(b, phys, blanks, queue_offsets, now, crcs)
+        if self.config.sync_flush:
+            self.commitlog.flush()
+        dispatch.apply(dispatch.from_prepared(b, phys, queue_offsets, now), self._queue, self.index)
+        return BatchPutResult(
+            phys,
+            queue_offsets,
+            b.sizes,
+            now,
+            b.uniq_keys,
+            self._store_host_field,
+            self.config.sync_flush,
+        )
+
+    def _assign_queue_offsets(self, b: encode.PreparedBatch) -> npt.NDArray[np.int64]:
+        offsets = np.zeros(b.n, dtype=np.int64)
+        rows = np.flatnonzero(dispatch.consume_queue_mask(b.sys_flags))
+        if not len(rows):
+            return offsets
+        group = b.topic_codes[rows].astype(np.int64) << 32 | b.queue_ids[rows].astype(np.int64)
+        order = np.argsort(group, kind="stable")
+        sorted_rows = rows[order]
+        sorted_group = group[order]
+        starts = np.flatnonzero(np.r_[True, sorted_group[1:] != sorted_group[:-1]])
+        counts = np.diff(np.r_[starts, len(sorted_group)])
+        rank = np.arange(len(sorted_group)) - np.repeat(starts, counts)
+        base = np.empty(len(starts), dtype=np.int64)
+        for i, s in enumerate(starts.tolist()):
+            key = (b.topics[int(b.topic_codes[sorted_rows[s]])], int(b.queue_ids[sorted_rows[s]]))
+            base[i] = self._next_queue_offset.get(key, 0)
+            self._next_queue_offset[key] = int(base[i] + counts[i])
+        offsets[sorted_rows] = np.repeat(base, counts) + rank
+        return offsets
+
+    def _write_records(
+        self,
+        b: encode.PreparedBatch,
+        phys: npt.NDArray[np.int64],
+        blanks: list[int],
+        queue_offsets: npt.NDArray[np.int64],
+        now: int,
+        crcs: npt.NDArray[np.int32],
+    ) -> None:
+        seg = self.config.mapped_file_size_commitlog
+        segment_of = phys // seg
+        ends = np.cumsum(b.sizes)
+        blank_iter = iter(blanks)
+        next_blank = next(blank_iter, None)
+        lo = 0
+        while lo < b.n:
+            # A run stays inside one segment and within the chunk limits.
+            seg_end = int(np.searchsorted(segment_of, segment_of[lo], side="right"))
+            base = int(ends[lo - 1]) if lo else 0
+            byte_cap = int(np.searchsorted(ends, base + MAX_CHUNK_BYTES, side="right"))
+            hi = min(seg_end, lo + MAX_CHUNK_RECORDS, max(byte_cap, lo + 1))
+            while next_blank is not None and next_blank < int(phys[lo]):
+                self.commitlog.write_blank(next_blank)
+                next_blank = next(blank_iter, None)
+            data = encode.encode_records(
+                b,
+                lo,
+                hi,
+                phys=phys,
+                queue_offsets=queue_offsets,
+                store_ts=now,
+                crcs=crcs,
+                store_host=self._store_host_field,
+            )
+            self.commitlog.write(int(phys[lo]), memoryview(data))
+            lo = hi
+
+    # -- reading ----------------------------------------------------------------------------
+    def topics(self) -> list[str]:
+        return sorted({t for t, _ in self.queues})
+
+    def queue_infos(self, topic: str | None = None) -> list[QueueInfo]:
+        self._check_open()
+        return [
+            QueueInfo(t, q, cq.min_offset, cq.max_offset, cq.max_physic_offset)
+            for (t, q), cq in sorted(self.queues.items())
+            if topic is None or t == topic
+        ]
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.queues.get((topic, queue_id))
+        return cq.min_offset if cq else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.queues.get((topic, queue_id))
+        return cq.max_offset if cq else 0
+
+    @property
+    def min_phy_offset(self) -> int:
+        return self.commitlog.min_offset
+
+    @property
+    def max_phy_offset(self) -> int:
+        return self.commitlog.max_offset
+
+    def read_units(
+        self, topic: str, queue_id: int, offset: int, count: int
+    ) -> npt.NDArray[np.void]:
+        """Raw ConsumeQueue units ``[offset, offset + count)`` (clipped to the queue)."""
+        self._check_open()
+        cq = self.queues.get((topic, queue_id))
+        if cq is None:
+            return np.empty(0, dtype=dispatch.make_units([], [], []).dtype)
+        return cq.read(offset, count)
+
+    def get_message(self, commit_log_offset: int) -> record.MessageExt:
+        """The message at a CommitLog offset (RocketMQ's ``lookMessageByOffset``)."""
+        self._check_open()
+        return self.commitlog.read(commit_log_offset)
+
+    def get_by_msg_id(self, msg_id: str) -> record.MessageExt:
+        """The message an offset msgId names; refuses an id whose host does not match."""
+        _, offset = record.parse_msg_id(msg_id)
+        msg = self.get_message(offset)
+        if msg.msg_id != msg_id.strip().upper():
+            raise OffsetOutOfRangeError(
+                f"msgId {msg_id}: the message at offset {offset} has id {msg.msg_id}"
+            )
+        return msg
+
+    def get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        subscription: str | Subscription | None = None,
+    ) -> GetResult:
+        """Up to ``max_count`` messages from a queue, starting at queue offset ``offset``.
+
+        With a subscription, units are filtered by tag hash first and then by the real tag;
+        like RocketMQ, at most ``max(16000, 20 * max_count)`` units are scanned per call and
+        ``next_begin_offset`` says where to continue.
+        """
+        self._check_open()
+        sub = (
+            subscription
+            if isinstance(subscription, Subscription)
+            else Subscription.parse(subscription)
+        )
+        cq = self.queues.get((topic, queue_id))
+        if cq is None:
+            return GetResult("NO_MATCHED_LOGIC_QUEUE", [], 0, 0, 0)
+        lo, hi = cq.min_offset, cq.max_offset
+        if hi == 0:
+            return GetResult("NO_MESSAGE_IN_QUEUE", [], 0, lo, hi)
+        if offset < lo:
+            return GetResult("OFFSET_TOO_SMALL", [], lo, lo, hi)
+        if offset == hi:
+            return GetResult("OFFSET_OVERFLOW_ONE", [], offset, lo, hi)
+        if offset > hi:
+            return GetResult("OFFSET_OVERFLOW_BADLY", [], hi, lo, hi)
+        budget = max(16000, 20 * max_count)
+        messages: list[record.MessageExt] = []
+        pos = offset
+        while pos < hi and len(messages) < max_count and pos - offset < budget:
+            units = cq.read(pos, min(1024, budget - (pos - offset)))
+            passed = sub.hash_filter(units["tags_code"])
+            for i in range(len(units)):
+                if not passed[i]:
+                    continue
+                msg = self.commitlog.read(int(units[i]["offset"]))
+                if sub.matches_tag(msg.tags):
+                    messages.append(msg)
+                    if len(messages) >= max_count:
+                        pos += i + 1
+                        break
+            else:
+                pos += len(units)
+        status = "FOUND" if messages else "NO_MATCHED_MESSAGE"
+        return GetResult(status, messages, pos, lo, hi)
+
+    def offset_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
+        """RocketMQ's ``getOffsetInQueueByTime`` (see :meth:`ConsumeQueue.offset_by_time`)."""
+        self._check_open()
+        cq = self.queues.get((topic, queue_id))
+        if cq is None:
+            return 0
+        return cq.offset_by_time(
+            timestamp, self.commitlog.min_offset, self.commitlog.store_timestamp
+        )
+
+    def query_by_key(
+        self,
+        topic: str,
+        key: str,
+        *,
+        begin: int = 0,
+        end: int = MAX_TIMESTAMP,
+        max_count: int | None = None,
+    ) -> list[record.MessageExt]:
+        """Messages of ``topic`` with ``key`` (a KEYS token or the UNIQ_KEY) stored in
+        ``[begin, end]``, newest first, at most ``max_count`` (capped by maxMsgsNumBatch).
+
+        Unlike RocketMQ, every candidate is checked against the real message, so a hash
+        collision is never returned.
+        """
+        self._check_open()
+        if self.index is None:
+            raise InvalidMessageError("messageIndexEnable=false: this store keeps no key index")
+        limit = min(max_count or self.config.max_msgs_num_batch, self.config.max_msgs_num_batch)
+        found: list[record.MessageExt] = []
+        for phys in self.index.candidates(topic, key, begin, end):
+            if phys < self.commitlog.min_offset or phys >= self.commitlog.max_offset:
+                continue
+            msg = self.commitlog.read(phys)
+            if (
+                msg.topic == topic
+                and begin <= msg.store_timestamp <= end
+                and (key == msg.uniq_key or key in msg.keys)
+                and record.transaction_type(msg.sys_flag) != record.TRANSACTION_ROLLBACK_TYPE
+            ):
+                found.append(msg)
+                if len(found) >= limit:
+                    break
+        return found

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import StoreConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT.parent / "shared" / "fixtures" / "rocketmq-4.9.4"
+
+# The geometry the fixture stores were written with (their README).
+FIXTURE_CONFIG = StoreConfig(
+    mapped_file_size_commitlog=1_048_576,
+    mapped_file_size_consume_queue=6000,
+    max_hash_slot_num=1000,
+    max_index_num=4000,
+)
+SMALL_CONFIG = FIXTURE_CONFIG
+
+
+def fixture_dir(name: str) -> Path:
+    path = FIXTURES / name
+    if not (path / "store").is_dir():
+        pytest.skip(
+            f"RocketMQ 4.9.4 fixture '{name}' not found at {path}: these tests need ../shared "
+            "beside the clone (as CI has it)"
+        )
+    return path
+
+
+@pytest.fixture
+def fixture_copy(tmp_path: Path):
+    """Copy a fixture store to tmp_path (opening it writable may recover and write)."""
+
+    def make(name: str) -> Path:
+        src = fixture_dir(name) / "store"
+        dst = tmp_path / name
+        shutil.copytree(src, dst)
+        for p in dst.rglob("*"):
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        return dst
+
+    return make
