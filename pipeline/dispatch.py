@@ -146,6 +146,25 @@ def from_commitlog(
     )
 
 
+def group_rows(
+    topic_codes: npt.NDArray[np.int32], queue_ids: npt.NDArray[np.int32],
+    rows: npt.NDArray[np.int64],
+) -> list[npt.NDArray[np.int64]]:
+    """``rows`` split by (topic, queueId), each group keeping the rows' original order."""
+    if not len(rows):
+        return []
+    t = topic_codes[rows].astype(np.int64)
+    q = queue_ids[rows].astype(np.int64)
+    dense = t * (int(q.max()) + 1) + q
+    # Small group ids sort by radix (linear time) as uint16; stability keeps message order.
+    key = dense.astype(np.uint16) if int(dense.max()) < 1 << 16 else dense
+    order = np.argsort(key, kind="stable")
+    sorted_rows = rows[order]
+    sorted_key = dense[order]
+    bounds = np.flatnonzero(sorted_key[1:] != sorted_key[:-1]) + 1
+    return np.split(sorted_rows, bounds)
+
+
 def consume_queue_mask(sys_flags: npt.NDArray[np.int32]) -> npt.NDArray[np.bool_]:
     tx = sys_flags & record.TRANSACTION_MASK
     return (tx == record.TRANSACTION_NOT_TYPE) | (tx == record.TRANSACTION_COMMIT_TYPE)
@@ -159,18 +178,10 @@ def apply(
     if not len(batch):
         return
     rows = np.flatnonzero(consume_queue_mask(batch.sys_flags))
-    if len(rows):
-        group = batch.topic_codes[rows].astype(np.int64) << 32 | batch.queue_ids[rows].astype(
-            np.int64
-        )
-        order = np.argsort(group, kind="stable")
-        rows = rows[order]
-        group = group[order]
-        bounds = np.flatnonzero(np.diff(group)) + 1
-        for part in np.split(rows, bounds):
-            first = int(part[0])
-            cq = queue(batch.topics[int(batch.topic_codes[first])], int(batch.queue_ids[first]))
-            units = make_units(batch.phys[part], batch.sizes[part], batch.tags_codes[part])
-            cq.append(int(batch.queue_offsets[first]), units)
+    for part in group_rows(batch.topic_codes, batch.queue_ids, rows):
+        first = int(part[0])
+        cq = queue(batch.topics[int(batch.topic_codes[first])], int(batch.queue_ids[first]))
+        units = make_units(batch.phys[part], batch.sizes[part], batch.tags_codes[part])
+        cq.append(int(batch.queue_offsets[first]), units)
     if index is not None and len(batch.key_rows):
         index.put(batch.key_hashes, batch.phys[batch.key_rows], batch.store_ts[batch.key_rows])

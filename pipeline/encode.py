@@ -91,7 +91,7 @@ class PreparedBatch:
     born_ts: npt.NDArray[np.int64]  # -1: use the store timestamp
     born_codes: npt.NDArray[np.int32]
     born_hosts: list[bytes]  # distinct BORNHOST field bytes (address + port)
-    props: pa.BinaryArray
+    props_pieces: list[pa.Array | pa.Scalar]  # joined element-wise, they give PROPERTIES
     props_lens: npt.NDArray[np.int64]
     tags_codes: npt.NDArray[np.int64]
     uniq_keys: pa.StringArray
@@ -138,20 +138,20 @@ class UniqKeyGenerator:
         self._seq = start + n
         raw = np.empty((n, 16), dtype=np.uint8)
         raw[:, :10] = self._prefix
-        for i in range(6):
-            raw[:, 10 + i] = (seqs >> np.uint64(8 * (5 - i))) & np.uint64(0xFF)
+        raw[:, 10:] = seqs.astype(">u8").view(np.uint8).reshape(n, 8)[:, 2:]
         return hex_fixed(raw)
 
 
-_HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
+# Two ASCII hex digits of every byte value, as one little-endian uint16 each.
+_HEX_PAIRS = np.frombuffer(
+    b"".join(f"{i:02X}".encode() for i in range(256)), dtype="<u2"
+).copy()
 
 
 def hex_fixed(raw: npt.NDArray[np.uint8]) -> pa.StringArray:
     """Uppercase hex of each row of a 2-D uint8 array, as an Arrow string array."""
     n, width = raw.shape
-    out = np.empty((n, width * 2), dtype=np.uint8)
-    out[:, 0::2] = _HEX[raw >> 4]
-    out[:, 1::2] = _HEX[raw & 0x0F]
+    out = _HEX_PAIRS[raw].view(np.uint8)
     offsets = np.arange(n + 1, dtype=np.int32) * (width * 2)
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(out)])
 
@@ -328,8 +328,7 @@ def prepare(
         filled[~missing_uniq] = uniq_keys.filter(pa.array(~missing_uniq)).to_pylist()
         filled[missing_uniq] = fresh.to_pylist()
         uniq_keys = pa.array(filled, pa.string()) if not missing_uniq.all() else fresh
-    props = _encode_props(keys_str, tags, uniq_keys, user_props)
-    props_lens = np.diff(binary_offsets(props))
+    props_pieces, props_lens = _props_pieces(keys_str, tags, uniq_keys, user_props)
     _fail(
         InvalidMessageError,
         "properties",
@@ -371,7 +370,7 @@ def prepare(
         born_ts=born_ts,
         born_codes=born_codes,
         born_hosts=born_hosts,
-        props=props,
+        props_pieces=props_pieces,
         props_lens=props_lens,
         tags_codes=tags_codes,
         uniq_keys=uniq_keys,
@@ -467,38 +466,93 @@ def _lift_reserved(
     )
 
 
-def _encode_props(
-    keys: pa.StringArray, tags: pa.StringArray, uniq: pa.StringArray, user: pa.Array | None
-) -> pa.BinaryArray:
-    """The PROPERTIES field of every message: KEYS, TAGS, UNIQ_KEY, then user properties."""
+def _check_separators(values: pa.Array, what: str) -> None:
+    """Refuse \\x01 / \\x02 inside a value: they would split the PROPERTIES field."""
+    data = values.buffers()[2] if values.null_count < len(values) else None
+    if data is None:
+        return
+    offs = binary_offsets(values)
+    raw = np.frombuffer(data, dtype=np.uint8)[offs[0] : offs[-1]]
+    if not np.any(raw <= 2):
+        return
+    bad = pc.fill_null(pc.match_substring_regex(values, "[\x01\x02]"), False)
+    _fail(InvalidMessageError, what, bad.to_numpy(zero_copy_only=False),
+          "contains a reserved separator character (\\x01 or \\x02)")
 
-    def part(name: str, values: pa.StringArray) -> pa.Array:
-        return pc.fill_null(pc.binary_join_element_wise(f"{name}\x01", values, "\x02", ""), "")
 
-    parts = [
-        part(record.PROPERTY_KEYS, keys),
-        part(record.PROPERTY_TAGS, tags),
-        part(record.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq),
-    ]
+def _props_pieces(keys: pa.StringArray, tags: pa.StringArray, uniq: pa.StringArray,
+                  user: pa.Array | None
+                  ) -> tuple[list[pa.Array | pa.Scalar], npt.NDArray[np.int64]]:
+    """The PROPERTIES field of every message (KEYS, TAGS, UNIQ_KEY, then user properties) as
+    pieces to join element-wise, and each message's field length.
+
+    When every part is present in all rows or in none (the usual case), the field is literal
+    names and separators around the value columns, so it is never built on its own: the
+    pieces go straight into the record join. Otherwise it is built per row here.
+    """
+    named = [(record.PROPERTY_KEYS, keys, "keys"), (record.PROPERTY_TAGS, tags, "tags"),
+             (record.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq, "uniqKey")]
+    for _, values, what in named:
+        _check_separators(values, what)
+    n = len(keys)
+    user_part = None
     if user is not None and user.null_count < len(user):
-        parts.append(_encode_user_props(user))
-    for values, what in ((keys, "keys"), (tags, "tags"), (uniq, "uniqKey")):
-        bad = pc.fill_null(pc.match_substring_regex(values, "[\x01\x02]"), False)
-        _fail(
-            InvalidMessageError,
-            what,
-            bad.to_numpy(zero_copy_only=False),
-            "contains a reserved separator character (\\x01 or \\x02)",
+        user_part = _encode_user_props(user)
+    parts: list[tuple[str, pa.Array]] = [(f"{name}\x01", values.view(pa.binary()))
+                                         for name, values, _ in named]
+    uniform = all(v.null_count in (0, n) for _, v in parts) and (
+        user_part is None or user_part.null_count == 0
+    )
+    if uniform:
+        pieces: list[pa.Array | pa.Scalar] = []
+        lens = np.zeros(n, dtype=np.int64)
+        literal = b""
+        for prefix, values in parts:
+            if values.null_count == n:
+                continue
+            literal += (b"\x02" if pieces or literal else b"") + prefix.encode()
+            pieces.append(pa.scalar(literal, pa.binary()))
+            lens += len(literal) + np.diff(binary_offsets(values))
+            pieces.append(values)
+            literal = b""
+        if user_part is not None:
+            # user_part ends with \x02 per pair; rows with no user properties are empty.
+            up = user_part.view(pa.binary())
+            up_lens = np.diff(binary_offsets(up))
+            if pieces and np.all(up_lens > 0):
+                pieces.append(pa.scalar(b"\x02", pa.binary()))
+                lens += 1
+            if np.all(up_lens > 0) or not pieces:
+                pieces.append(pc.binary_slice(up, 0, -1) if len(up) else up)
+                lens += np.maximum(up_lens - 1, 0)
+            else:
+                uniform = False
+        if uniform:
+            return pieces, lens
+    # General case: some rows lack a part; build each row's field.
+    def part(prefix: str, values: pa.Array) -> pa.Array:
+        return pc.fill_null(
+            pc.binary_join_element_wise(pa.scalar(prefix.encode(), pa.binary()), values,
+                                        pa.scalar(b"\x02", pa.binary()),
+                                        pa.scalar(b"", pa.binary())),
+            pa.scalar(b"", pa.binary()),
         )
-    joined = pc.binary_join_element_wise(*parts, "").cast(pa.binary())
+
+    joined_parts = [part(prefix, values) for prefix, values in parts]
+    if user_part is not None:
+        joined_parts.append(pc.fill_null(user_part.view(pa.binary()), pa.scalar(b"", pa.binary())))
+    joined = pc.binary_join_element_wise(*joined_parts, pa.scalar(b"", pa.binary()))
     # Every present part ends with \x02; RocketMQ writes no trailing separator.
-    return pc.binary_slice(joined, 0, -1) if len(joined) else joined
+    props = pc.binary_slice(joined, 0, -1) if len(joined) else joined
+    return [props], np.diff(binary_offsets(props))
 
 
 def _encode_user_props(user: pa.Array) -> pa.Array:
     user = _unsliced(user)
     names = user.keys
     values = user.items
+    if values.null_count:
+        raise InvalidMessageError("column 'properties': a property value is null")
     for arr, what in ((names, "name"), (values, "value")):
         bad = pc.fill_null(pc.match_substring_regex(arr, "[\x01\x02]"), False)
         if pc.any(bad).as_py():
@@ -506,8 +560,6 @@ def _encode_user_props(user: pa.Array) -> pa.Array:
                 f"column 'properties': a property {what} contains a reserved separator "
                 "character (\\x01 or \\x02)"
             )
-    if values.null_count:
-        raise InvalidMessageError("column 'properties': a property value is null")
     _fail(
         InvalidMessageError,
         "properties",
@@ -517,6 +569,7 @@ def _encode_user_props(user: pa.Array) -> pa.Array:
     pairs = pc.binary_join_element_wise(names, "\x01", values, "\x02", "")
     offsets = binary_offsets_of_list(user)
     per_row = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pairs)
+    # Each pair ends with \x02 here; the caller drops the final one.
     return pc.fill_null(pc.binary_join(per_row, ""), "")
 
 
@@ -627,7 +680,7 @@ def encode_records(
         b.bodies.slice(lo, n),
         topic_pieces,
         _fixed(plen.view(np.dtype([("len", ">i2")]))),
-        b.props.slice(lo, n),
+        *(p.slice(lo, n) if isinstance(p, pa.Array) else p for p in b.props_pieces),
         _EMPTY,
     )
     start = binary_offsets(joined)

@@ -134,9 +134,11 @@ class IndexFile:
         old = self._slots[slots].astype(np.int64)
         old[(old <= 0) | (old > self.index_count)] = 0
         # Within the batch, an entry's predecessor is the previous batch entry in its slot, or
-        # what the slot held before the batch for the first one.
-        order = np.argsort(slots, kind="stable")
-        s_sorted = slots[order]
+        # what the slot held before the batch for the first one. Sorting (slot, position) as
+        # one int64 orders entries by slot and keeps batch order inside a slot.
+        packed = np.sort(slots << 32 | np.arange(take, dtype=np.int64))
+        order = packed & 0xFFFFFFFF
+        s_sorted = packed >> 32
         first_of_slot = np.ones(take, dtype=bool)
         first_of_slot[1:] = s_sorted[1:] != s_sorted[:-1]
         prev_sorted = np.empty(take, dtype=np.int64)

@@ -47,18 +47,30 @@ def index_key_hash(topic: str, key: str) -> int:
     return 0 if h == -(1 << 31) else abs(h)
 
 
+_INV31 = pow(31, -1, 1 << 32)  # 31 is odd, so it is invertible modulo 2**32
+_CHUNK_UNITS = 1 << 22
+_power_tables: dict[int, npt.NDArray[np.uint32]] = {}
+
+
+def _powers(base: int, n: int) -> npt.NDArray[np.uint32]:
+    """``base**i mod 2**32`` for i in [0, n), cached and grown by doubling."""
+    table = _power_tables.get(base)
+    if table is None or len(table) < n:
+        size = max(n, 1024, 2 * len(table) if table is not None else 0)
+        table = np.empty(size, dtype=np.uint32)
+        table[0] = 1
+        filled = 1
+        while filled < size:
+            step = min(filled, size - filled)
+            table[filled : filled + step] = table[:step] * np.uint32(pow(base, filled, 1 << 32))
+            filled += step
+        _power_tables[base] = table
+    return table
+
+
 def _pow31(n: int) -> npt.NDArray[np.uint32]:
     """31**i mod 2**32 for i in [0, n)."""
-    out = np.empty(max(n, 1), dtype=np.uint32)
-    out[0] = 1
-    # Doubling keeps this O(log n) numpy calls rather than a Python loop of n steps.
-    filled = 1
-    while filled < n:
-        step = min(filled, n - filled)
-        factor = np.uint32(pow(31, filled, 1 << 32))
-        out[filled : filled + step] = out[:step] * factor
-        filled += step
-    return out
+    return _powers(31, n)[:n]
 
 
 def java_hash_array(strings: pa.Array | pa.ChunkedArray | Sequence[str]) -> npt.NDArray[np.int32]:
@@ -126,24 +138,36 @@ def _java_hash_utf16(arr: pa.Array) -> npt.NDArray[np.int32]:
 
 
 def _segment_hash(
-    units: npt.NDArray[np.uint32], offsets: npt.NDArray[np.int64]
+    units: npt.NDArray[np.unsignedinteger], offsets: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.int32]:
-    """Hash each ``units[offsets[i]:offsets[i+1]]`` with Java's polynomial."""
+    """Hash each ``units[offsets[i]:offsets[i+1]]`` with Java's polynomial.
+
+    31 is invertible mod 2**32, so the hash of ``u[a:b]`` is
+    ``31**(b-1) * sum(u[k] * 31**-k for k in [a, b))``: one multiply over all units, one
+    segmented sum, then one multiply per string. Strings are taken in chunks of about 4M units so the power
+    tables stay small.
+    """
     n = len(offsets) - 1
-    lengths = np.diff(offsets)
-    total = int(offsets[-1])
     out = np.zeros(n, dtype=np.uint32)
-    if total == 0:
-        return out.view(np.int32)
-    # Unit j of string i is multiplied by 31**(end_i - 1 - j); uint32 arithmetic wraps exactly
-    # as Java's int does, so the sum of the products mod 2**32 is the hash.
-    ends = np.repeat(offsets[1:], lengths)
-    exponents = ends - 1 - np.arange(total, dtype=np.int64)
-    powers = _pow31(int(lengths.max()))
-    terms = units * powers[exponents]
-    nonempty = lengths > 0
-    starts = offsets[:-1][nonempty]
-    out[nonempty] = np.add.reduceat(terms, starts, dtype=np.uint32)
+    i = 0
+    while i < n:
+        a = int(offsets[i])
+        j = int(np.searchsorted(offsets, a + _CHUNK_UNITS, side="right")) - 1
+        j = min(max(j, i + 1), n)
+        b = int(offsets[j])
+        count = b - a
+        if count:
+            weighted = np.multiply(
+                units[a:b], _powers(_INV31, count)[:count], dtype=np.uint32, casting="unsafe"
+            )
+            starts = offsets[i:j] - a
+            ends = offsets[i + 1 : j + 1] - a
+            nonempty = np.flatnonzero(ends > starts)
+            # Empty strings hash to 0; leaving them out makes each reduceat segment end where
+            # the next non-empty string starts, which is exactly its own end.
+            sums = np.add.reduceat(weighted, starts[nonempty], dtype=np.uint32)
+            out[i + nonempty] = _powers(31, count)[ends[nonempty] - 1] * sums
+        i = j
     return out.view(np.int32)
 
 

@@ -368,23 +368,16 @@ class MessageStore:
         )
 
     def _assign_queue_offsets(self, b: encode.PreparedBatch) -> npt.NDArray[np.int64]:
+        """Next queue offsets per (topic, queueId), in batch order; 0 for messages that get no
+        ConsumeQueue unit (PREPARED / ROLLBACK), which do not consume an offset."""
         offsets = np.zeros(b.n, dtype=np.int64)
         rows = np.flatnonzero(dispatch.consume_queue_mask(b.sys_flags))
-        if not len(rows):
-            return offsets
-        group = b.topic_codes[rows].astype(np.int64) << 32 | b.queue_ids[rows].astype(np.int64)
-        order = np.argsort(group, kind="stable")
-        sorted_rows = rows[order]
-        sorted_group = group[order]
-        starts = np.flatnonzero(np.r_[True, sorted_group[1:] != sorted_group[:-1]])
-        counts = np.diff(np.r_[starts, len(sorted_group)])
-        rank = np.arange(len(sorted_group)) - np.repeat(starts, counts)
-        base = np.empty(len(starts), dtype=np.int64)
-        for i, s in enumerate(starts.tolist()):
-            key = (b.topics[int(b.topic_codes[sorted_rows[s]])], int(b.queue_ids[sorted_rows[s]]))
-            base[i] = self._next_queue_offset.get(key, 0)
-            self._next_queue_offset[key] = int(base[i] + counts[i])
-        offsets[sorted_rows] = np.repeat(base, counts) + rank
+        for part in dispatch.group_rows(b.topic_codes, b.queue_ids, rows):
+            first = int(part[0])
+            key = (b.topics[int(b.topic_codes[first])], int(b.queue_ids[first]))
+            base = self._next_queue_offset.get(key, 0)
+            offsets[part] = base + np.arange(len(part), dtype=np.int64)
+            self._next_queue_offset[key] = base + len(part)
         return offsets
 
     def _write_records(

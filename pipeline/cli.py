@@ -1,0 +1,684 @@
+"""``rocketstore``: read and feed a RocketMQ-format store directory from the shell.
+
+Commands (``rocketstore COMMAND --help`` for each)::
+
+    dump STORE [--topic T]                      every message, one JSON object per line
+    queues STORE [--topic T]                    ConsumeQueue bounds per topic and queue
+    get STORE --topic T --queue Q --offset N    messages of one queue (tag filter: --tags)
+    query-key STORE --topic T --key K           messages by KEYS token or UNIQ_KEY
+    query-time STORE --topic T --queue Q --timestamp MS
+    query-offset STORE OFFSET                   the message at a CommitLog offset
+    query-msgid STORE MSGID                     the message an offset msgId names
+    produce STORE [FILE|-]                      store JSON lines, print one result per line
+    config                                      the effective store settings
+
+Contract:
+
+* Every command that takes STORE also takes ``--config FILE`` (``.toml`` or a broker.conf
+  properties file); the store must be opened with the geometry it was written with.
+* Reading commands open the store read-only: they take no lock and write nothing, so they work
+  on a store a writer has open and on read-only directories. ``produce`` opens it for writing
+  and fails at once when another writer holds the lock.
+* ``dump`` and ``produce`` write JSON lines. The other commands print an aligned table for
+  people, or JSON lines with ``--json``.
+* Exit status: 0 on success; 1 when ``produce`` refused at least one line; 2 for a usage,
+  configuration or store error, reported as one line ``rocketstore: error: ...`` on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import contextlib
+import json
+import os
+import queue
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, Any
+
+from pipeline import record
+from pipeline.config import StoreConfig
+from pipeline.errors import InvalidMessageError, StoreError
+from pipeline.message import Message
+from pipeline.record import MessageExt
+from pipeline.store import MAX_TIMESTAMP, MessageStore
+
+PROG = "rocketstore"
+DUMP_PAGE = 1000
+INT32_MAX = 2**31 - 1
+PRODUCE_FIELDS = ("topic", "body", "bodyBase64", "queueId", "keys", "tags", "properties", "flag")
+RESERVED_CHARS = re.compile("[\x01\x02]")
+# A generated UNIQ_KEY is 32 hex characters (see pipeline.encode.UniqKeyGenerator).
+UNIQ_KEY_LEN = 32
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+def _json_line(obj: object) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _emit(obj: object) -> None:
+    sys.stdout.write(_json_line(obj) + "\n")
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Columns padded to their widest cell; all-integer columns right-aligned."""
+    cells = [list(header)] + [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    numeric = [
+        bool(rows) and all(isinstance(r[i], int) and not isinstance(r[i], bool) for r in rows)
+        for i in range(len(header))
+    ]
+    for r in cells:
+        parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric)]
+        sys.stdout.write("  ".join(parts).rstrip() + "\n")
+
+
+def _preview(body: bytes, limit: int = 40) -> str:
+    """Body as printable text (control characters escaped), cut at ``limit`` characters."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"<{len(body)} bytes, not UTF-8>"
+    shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+
+
+MESSAGE_COLUMNS = (
+    "topic",
+    "queueId",
+    "queueOffset",
+    "commitLogOffset",
+    "storeTimestamp",
+    "tags",
+    "keys",
+    "msgId",
+    "body",
+)
+
+
+def _message_row(m: MessageExt) -> list[object]:
+    return [
+        m.topic,
+        m.queue_id,
+        m.queue_offset,
+        m.commit_log_offset,
+        m.store_timestamp,
+        m.tags,
+        " ".join(m.keys),
+        m.msg_id,
+        _preview(m.body),
+    ]
+
+
+def _print_messages(messages: Sequence[MessageExt], as_json: bool) -> None:
+    if as_json:
+        for m in messages:
+            _emit(m.to_json())
+    elif messages:
+        _print_table(MESSAGE_COLUMNS, [_message_row(m) for m in messages])
+
+
+def _print_message_detail(m: MessageExt, as_json: bool) -> None:
+    """One message: every field, one per line (or one JSON line)."""
+    if as_json:
+        _emit(m.to_json())
+        return
+    fields = m.to_json()
+    fields["body"] = f"{_preview(m.body, 200)} ({len(m.body)} bytes)"
+    props = fields.pop("properties")
+    rows: list[list[object]] = [[name + ":", value] for name, value in fields.items()]
+    rows.append(["properties:", ""])
+    rows.extend([f"  {name}:", value] for name, value in props.items())
+    _print_table(("field", "value"), rows)
+
+
+def _note(text: str) -> None:
+    sys.stderr.write(f"{PROG}: {text}\n")
+
+
+# -- reading commands ---------------------------------------------------------------------------
+
+
+def _open(args: argparse.Namespace, *, write: bool = False) -> MessageStore:
+    return MessageStore(args.store, StoreConfig.load(args.config), read_only=not write)
+
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        infos = store.queue_infos(args.topic)
+        if args.topic is not None and not infos:
+            _note(f"note: no queue of topic {args.topic!r} in {args.store}")
+        for info in infos:
+            offset = info.min_offset
+            while offset < info.max_offset:
+                result = store.get_messages(info.topic, info.queue_id, offset, DUMP_PAGE)
+                for m in result.messages:
+                    _emit(m.to_json())
+                if result.next_begin_offset <= offset:
+                    break
+                offset = result.next_begin_offset
+    return 0
+
+
+def cmd_queues(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        infos = store.queue_infos(args.topic)
+    if args.topic is not None and not infos:
+        _note(f"note: no queue of topic {args.topic!r} in {args.store}")
+    header = ("topic", "queueId", "minOffset", "maxOffset", "maxPhysicOffset")
+    rows = [[i.topic, i.queue_id, i.min_offset, i.max_offset, i.max_physic_offset] for i in infos]
+    if args.json:
+        for row in rows:
+            _emit(dict(zip(header, row)))
+    elif rows:
+        _print_table(header, rows)
+    return 0
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        r = store.get_messages(args.topic, args.queue, args.offset, args.max, args.tags)
+    summary = {
+        "status": r.status,
+        "nextBeginOffset": r.next_begin_offset,
+        "minOffset": r.min_offset,
+        "maxOffset": r.max_offset,
+    }
+    if args.json:
+        _emit({**summary, "messages": [m.to_json() for m in r.messages]})
+    else:
+        sys.stdout.write("   ".join(f"{k}: {v}" for k, v in summary.items()) + "\n")
+        _print_messages(r.messages, False)
+    return 0
+
+
+def cmd_query_key(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        found = store.query_by_key(
+            args.topic, args.key, begin=args.begin, end=args.end, max_count=args.max
+        )
+    _print_messages(found, args.json)
+    return 0
+
+
+def cmd_query_time(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        offset = store.offset_by_time(args.topic, args.queue, args.timestamp)
+    header = ("topic", "queueId", "timestamp", "offset")
+    row = [args.topic, args.queue, args.timestamp, offset]
+    if args.json:
+        _emit(dict(zip(header, row)))
+    else:
+        _print_table(header, [row])
+    return 0
+
+
+def cmd_query_offset(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        m = store.get_message(args.offset)
+    _print_message_detail(m, args.json)
+    return 0
+
+
+def cmd_query_msgid(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        m = store.get_by_msg_id(args.msgid)
+    _print_message_detail(m, args.json)
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    config = StoreConfig.load(args.config)
+    settings = config.to_rocketmq()
+    if args.json:
+        _emit({"settings": settings, "ignoredKeys": list(config.ignored_keys)})
+        return 0
+    _print_table(("setting", "value"), [[k, _cell(v)] for k, v in settings.items()])
+    if config.ignored_keys:
+        sys.stdout.write(f"ignored (not store settings): {', '.join(config.ignored_keys)}\n")
+    return 0
+
+
+# -- produce ------------------------------------------------------------------------------------
+
+
+class Refused(Exception):
+    """One input line that cannot be stored; ``status`` is a PutMessageStatus name."""
+
+    def __init__(self, reason: str, status: str = "MESSAGE_ILLEGAL") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+
+
+def _text(value: object, field: str) -> str:
+    if not isinstance(value, str):
+        raise Refused(f"{field!r} must be a string, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Refused(f"{field!r} is not valid Unicode (a lone surrogate escape)") from None
+    if RESERVED_CHARS.search(value):
+        raise Refused(f"{field!r} contains a reserved character (\\u0001 or \\u0002)")
+    return value
+
+
+def _int(obj: dict[str, Any], field: str, low: int, high: int) -> int:
+    value = obj.get(field)
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise Refused(f"{field!r} must be an integer, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise Refused(f"{field!r}={value} is outside {low}..{high}")
+    return value
+
+
+def _properties_length(keys: str, tags: str, props: dict[str, str]) -> int:
+    """Bytes of the PROPERTIES field the store will write (KEYS, TAGS, UNIQ_KEY, user's)."""
+    reserved = {record.PROPERTY_KEYS: keys, record.PROPERTY_TAGS: tags}
+    pairs = {k: v for k, v in props.items() if k not in reserved or v}
+    pairs.update({k: v for k, v in reserved.items() if v})
+    if not pairs.get(record.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX):
+        pairs[record.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = "0" * UNIQ_KEY_LEN
+    sizes = [len(k.encode()) + 1 + len(v.encode()) for k, v in pairs.items()]
+    return sum(sizes) + len(sizes) - 1
+
+
+def parse_line(raw: bytes) -> Message:
+    """The message one input line describes; :class:`Refused` says why it cannot be one.
+
+    Checks what the store cannot report precisely per message (JSON, types, ranges, reserved
+    characters, the properties size); the store's own validation still runs on the batch.
+    """
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise Refused(f"not UTF-8 (byte {exc.start}: {exc.reason})") from None
+    except json.JSONDecodeError as exc:
+        raise Refused(f"not valid JSON: {exc.msg} (column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise Refused(f"expected a JSON object, got {type(obj).__name__}")
+    unknown = [k for k in obj if k not in PRODUCE_FIELDS]
+    if unknown:
+        raise Refused(f"unknown field(s) {unknown}; accepted: {', '.join(PRODUCE_FIELDS)}")
+    topic = _text(obj.get("topic"), "topic")
+    if (obj.get("body") is None) == (obj.get("bodyBase64") is None):
+        raise Refused("give exactly one of 'body' (text) and 'bodyBase64'")
+    if obj.get("body") is not None:
+        body = _text(obj["body"], "body").encode("utf-8")
+    else:
+        try:
+            body = base64.b64decode(_text(obj["bodyBase64"], "bodyBase64"), validate=True)
+        except binascii.Error as exc:
+            raise Refused(f"'bodyBase64' is not valid base64: {exc}") from None
+    keys_in = obj.get("keys")
+    keys: list[str] | str | None
+    if isinstance(keys_in, list):
+        keys = [_text(k, "keys") for k in keys_in]
+    else:
+        keys = None if keys_in is None else _text(keys_in, "keys")
+    tags = None if obj.get("tags") is None else _text(obj["tags"], "tags")
+    props_in = obj.get("properties")
+    props: dict[str, str] = {}
+    if props_in is not None:
+        if not isinstance(props_in, dict):
+            raise Refused(f"'properties' must be an object, got {type(props_in).__name__}")
+        for name, value in props_in.items():
+            if not name:
+                raise Refused("'properties' has an empty property name")
+            props[_text(name, "properties")] = _text(value, f"properties.{name}")
+    joined = " ".join(keys) if isinstance(keys, list) else keys or ""
+    size = _properties_length(joined, tags or "", props)
+    if size > record.MAX_PROPERTIES_LENGTH:
+        raise Refused(
+            f"properties are {size} bytes encoded; at most {record.MAX_PROPERTIES_LENGTH} allowed",
+            "PROPERTIES_SIZE_EXCEEDED",
+        )
+    return Message(
+        topic=topic,
+        body=body,
+        queue_id=_int(obj, "queueId", 0, INT32_MAX),
+        keys=keys,
+        tags=tags,
+        properties=props or None,
+        flag=_int(obj, "flag", -INT32_MAX - 1, INT32_MAX),
+    )
+
+
+_ROW_SUFFIX = re.compile(r" \(\d+ row\(s\), first at row \d+\)$|^row \d+: ")
+
+# What the reader thread hands over: a line, the error that stopped it, or None at the end.
+Item = tuple[int, bytes] | BaseException | None
+
+
+def _read_lines(stream: IO[bytes], sink: queue.Queue[Item]) -> None:
+    """Reader thread: (line number, bytes) per non-blank line, then None (or the error)."""
+    try:
+        for n, raw in enumerate(iter(stream.readline, b""), start=1):
+            if raw.strip():
+                sink.put((n, raw))
+        sink.put(None)
+    except BaseException as exc:
+        sink.put(exc)
+
+
+def _batches(
+    source: queue.Queue[Item], size: int, linger_s: float
+) -> Iterator[list[tuple[int, bytes]]]:
+    """Input lines grouped: a batch closes at ``size`` lines or ``linger_s`` after its first
+    line arrived (lines already waiting by then still join it, up to ``size``)."""
+    while True:
+        item = source.get()
+        batch: list[tuple[int, bytes]] = []
+        deadline = time.monotonic() + linger_s
+        while True:
+            if item is None or isinstance(item, BaseException):
+                if batch:
+                    yield batch
+                if item is None:
+                    return
+                raise item
+            batch.append(item)
+            if len(batch) >= size:
+                break
+            remaining = deadline - time.monotonic()
+            try:
+                item = source.get(timeout=remaining) if remaining > 0 else source.get_nowait()
+            except queue.Empty:
+                break
+        yield batch
+
+
+def _store(store: MessageStore, batch: list[tuple[int, Message]]) -> dict[int, dict[str, Any]]:
+    """Put a batch, dropping each message the store refuses and retrying the rest.
+
+    The store validates a whole batch before writing anything and names the first bad
+    message's position; when that position is unusable, messages are put one at a time.
+    """
+    out: dict[int, dict[str, Any]] = {}
+    pending = list(batch)
+    while pending:
+        try:
+            result = store.put_batch([m for _, m in pending])
+        except InvalidMessageError as exc:
+            if len(pending) > 1 and not 0 <= exc.index < len(pending):
+                for item in pending:
+                    out.update(_store(store, [item]))
+                return out
+            line, _ = pending.pop(exc.index if len(pending) > 1 else 0)
+            reason = _ROW_SUFFIX.sub("", exc.reason)
+            out[line] = {
+                "line": line,
+                "status": "MESSAGE_ILLEGAL",
+                "error": f"line {line}: {reason}",
+            }
+            continue
+        for (line, _), r in zip(pending, result.results()):
+            out[line] = {
+                "line": line,
+                "status": r.status,
+                "msgId": r.msg_id,
+                "commitLogOffset": r.commit_log_offset,
+                "queueOffset": r.queue_offset,
+                "storeTimestamp": r.store_timestamp,
+                "uniqKey": r.uniq_key,
+            }
+        break
+    return out
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    refused = 0
+    stream = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")  # noqa: SIM115
+    try:
+        with _open(args, write=True) as store:
+            lines: queue.Queue[Item] = queue.Queue(maxsize=4 * args.batch_size)
+            reader = threading.Thread(target=_read_lines, args=(stream, lines), daemon=True)
+            reader.start()
+            for batch in _batches(lines, args.batch_size, args.linger_ms / 1000):
+                results: dict[int, dict[str, Any]] = {}
+                good: list[tuple[int, Message]] = []
+                for line, raw in batch:
+                    try:
+                        good.append((line, parse_line(raw)))
+                    except Refused as exc:
+                        results[line] = {
+                            "line": line,
+                            "status": exc.status,
+                            "error": f"line {line}: {exc.reason}",
+                        }
+                results.update(_store(store, good))
+                for line, _ in batch:
+                    refused += results[line]["status"] != "PUT_OK"
+                    sys.stdout.write(_json_line(results[line]) + "\n")
+                sys.stdout.flush()
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+    return 1 if refused else 0
+
+
+# -- command line -------------------------------------------------------------------------------
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is less than {minimum}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Read and write a message store directory in Apache RocketMQ 4.9's "
+        "on-disk format (CommitLog, ConsumeQueue, IndexFile).",
+        epilog="Exit status: 0 ok, 1 produce refused some lines, 2 usage/config/store error.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    conf = argparse.ArgumentParser(add_help=False)
+    conf.add_argument(
+        "--config",
+        metavar="FILE",
+        help="store settings: a .toml file or a broker.conf properties file, RocketMQ names "
+        "(default: RocketMQ's defaults); must match the geometry the store was written with",
+    )
+    store = argparse.ArgumentParser(add_help=False, parents=[conf])
+    store.add_argument("store", metavar="STORE", help="the broker store directory")
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    queue_args = argparse.ArgumentParser(add_help=False)
+    queue_args.add_argument("--topic", required=True, help="topic")
+    queue_args.add_argument("--queue", required=True, type=_count(0), help="queue id")
+
+    def command(
+        name: str,
+        func: Callable[[argparse.Namespace], int],
+        summary: str,
+        details: str,
+        parents: list[argparse.ArgumentParser],
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=summary, description=f"{summary}. {details}", parents=parents)
+        p.set_defaults(func=func)
+        return p
+
+    p = command(
+        "dump",
+        cmd_dump,
+        "Print every message reachable through the ConsumeQueues",
+        "One JSON object per line (MessageExt fields, body in base64), topics sorted, queues "
+        "ascending, queue offsets ascending.",
+        [store],
+    )
+    p.add_argument("--topic", help="only this topic")
+    p = command(
+        "queues",
+        cmd_queues,
+        "Print each queue's bounds",
+        "Per topic and queue: topic, queueId, minOffset, maxOffset, maxPhysicOffset.",
+        [store, as_json],
+    )
+    p.add_argument("--topic", help="only this topic")
+    p = command(
+        "get",
+        cmd_get,
+        "Print messages of one queue from a queue offset",
+        "First the status (RocketMQ's GetMessageStatus), nextBeginOffset (where to continue) "
+        "and the queue's minOffset/maxOffset, then the messages. With --json, one object "
+        "holding those fields and a 'messages' list.",
+        [store, queue_args, as_json],
+    )
+    p.add_argument("--offset", required=True, type=int, help="queue offset to start at")
+    p.add_argument("--max", type=_count(1), default=32, help="most messages (default 32)")
+    p.add_argument("--tags", metavar="EXPR", help="tag filter, e.g. 'TagA || TagB' (default *)")
+    p = command(
+        "query-key",
+        cmd_query_key,
+        "Print messages of a topic by key",
+        "Messages whose KEYS contain the key, or whose UNIQ_KEY is it, newest first "
+        "(at most maxMsgsNumBatch).",
+        [store, as_json],
+    )
+    p.add_argument("--topic", required=True, help="topic")
+    p.add_argument("--key", required=True, help="a KEYS token or a UNIQ_KEY")
+    p.add_argument(
+        "--begin",
+        type=int,
+        default=0,
+        metavar="MS",
+        help="earliest store timestamp, ms since the epoch (default 0)",
+    )
+    p.add_argument(
+        "--end",
+        type=int,
+        default=MAX_TIMESTAMP,
+        metavar="MS",
+        help="latest store timestamp, ms since the epoch (default: no limit)",
+    )
+    p.add_argument("--max", type=_count(1), help="most messages (default maxMsgsNumBatch)")
+    p = command(
+        "query-time",
+        cmd_query_time,
+        "Print the queue offset of a store time",
+        "The offset of the message stored at that time, else the nearest one, clamped to "
+        "the queue (RocketMQ's getOffsetInQueueByTime).",
+        [store, queue_args, as_json],
+    )
+    p.add_argument(
+        "--timestamp",
+        required=True,
+        type=int,
+        metavar="MS",
+        help="store timestamp, ms since the epoch",
+    )
+    p = command(
+        "query-offset",
+        cmd_query_offset,
+        "Print the message at a CommitLog offset",
+        "Every field of the message; the full body with --json (base64).",
+        [store, as_json],
+    )
+    p.add_argument("offset", metavar="OFFSET", type=_count(0), help="CommitLog (physical) offset")
+    p = command(
+        "query-msgid",
+        cmd_query_msgid,
+        "Print the message an offset msgId names",
+        "Every field of the message; the full body with --json (base64).",
+        [store, as_json],
+    )
+    p.add_argument("msgid", metavar="MSGID", help="offset msgId (32 or 56 hex characters)")
+    p = command(
+        "produce",
+        cmd_produce,
+        "Store messages read as JSON lines",
+        'Input lines: {"topic", "body" (text) or "bodyBase64", optional "queueId", '
+        '"keys" (string or list), "tags", "properties" (object), "flag"}; blank lines '
+        "are skipped. Prints one JSON result per line in input order, as each batch is "
+        'stored: {"line", "status": "PUT_OK", "msgId", "commitLogOffset", '
+        '"queueOffset", "storeTimestamp", "uniqKey"}, or a refusal '
+        '("MESSAGE_ILLEGAL" or "PROPERTIES_SIZE_EXCEEDED") with an "error" naming the '
+        "line. Refused lines do not stop the others; exit status 1 if any was refused. "
+        "Opens the store for writing (creating it if absent).",
+        [store],
+    )
+    p.add_argument(
+        "input",
+        nargs="?",
+        default="-",
+        metavar="FILE",
+        help="input file (default -, standard input)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=_count(1),
+        default=1000,
+        help="store a batch at this many lines (default 1000)",
+    )
+    p.add_argument(
+        "--linger-ms",
+        type=_count(0),
+        default=100,
+        help="or this long after a batch's first line (default 100)",
+    )
+    command(
+        "config",
+        cmd_config,
+        "Print the effective store settings",
+        "Every setting by its RocketMQ name, then the keys of a broker.conf that are not "
+        "store settings (ignored).",
+        [conf, as_json],
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``rocketstore`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except BrokenPipeError:
+        # The reader went away (``| head``): stop quietly, and keep the interpreter's final
+        # flush from complaining too.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (StoreError, OSError) as exc:
+        sys.stderr.write(f"{PROG}: error: {_describe(exc)}\n")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+if __name__ == "__main__":
+    sys.exit(main())
