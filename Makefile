@@ -24,7 +24,7 @@ test: $(STAMP) ## Run the whole test suite
 	$(PY) -m pytest -q
 
 demo: $(STAMP) ## Write a sample store with the CLI and show what it holds
-	bash conf/demo.sh $(DEMO_STORE)
+	$(PY) -m jobs.sample_store --store $(DEMO_STORE)
 
 bench: $(STAMP) ## Run the benchmarks in bench/ (figures in bench/README.md)
 	$(PY) -m bench

@@ -151,12 +151,15 @@ class IndexFile:
         else:
             # Java's long division truncates toward zero; differences below 0 are clamped anyway.
             diffs = np.clip((times - self.begin_timestamp) // 1000, 0, INT_MAX)
-        start = self.index_count
-        block = self._entries[start : start + take]
+        # Fill a local array and copy it into the mapping once: field-wise writes through the
+        # 20-byte stride of the mapped entries would cost several passes over it.
+        block = np.empty(take, dtype=ENTRY_DTYPE)
         block["key_hash"] = hashes
         block["phy_offset"] = phys
         block["time_diff"] = diffs
         block["prev_index"] = prev
+        start = self.index_count
+        self._entries[start : start + take] = block
         last_of_slot = np.ones(take, dtype=bool)
         last_of_slot[:-1] = s_sorted[1:] != s_sorted[:-1]
         self._slots[s_sorted[last_of_slot]] = numbers[order][last_of_slot]
