@@ -46,9 +46,10 @@ def orders(count: int, seed: int = 7) -> Iterator[dict[str, object]]:
         }
 
 
-def run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+def run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
     print(f"\n$ {shlex.join(cmd)}", flush=True)
-    return subprocess.run(cmd, check=True, text=True, **kw)  # type: ignore[call-overload]
+    result: subprocess.CompletedProcess[str] = subprocess.run(cmd, check=True, text=True)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,8 +75,23 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(produced.stderr)
         return produced.returncode
     run([exe, "queues", str(store)])
-    run([exe, "get", str(store), "--topic", "orders", "--queue", "0", "--offset", "0",
-         "--max", "3", "--tags", "PAID || SHIPPED"])
+    run(
+        [
+            exe,
+            "get",
+            str(store),
+            "--topic",
+            "orders",
+            "--queue",
+            "0",
+            "--offset",
+            "0",
+            "--max",
+            "3",
+            "--tags",
+            "PAID || SHIPPED",
+        ]
+    )
     run([exe, "query-key", str(store), "--topic", "orders", "--key", "customer-042", "--max", "5"])
     first = results[0]
     run([exe, "query-msgid", str(store), first["msgId"]])

@@ -85,7 +85,9 @@ def _print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> Non
         for i in range(len(header))
     ]
     for r in cells:
-        parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric)]
+        parts = [
+            c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric, strict=True)
+        ]
         sys.stdout.write("  ".join(parts).rstrip() + "\n")
 
 
@@ -142,9 +144,9 @@ def _print_message_detail(m: MessageExt, as_json: bool) -> None:
     fields = m.to_json()
     fields["body"] = f"{_preview(m.body, 200)} ({len(m.body)} bytes)"
     props = fields.pop("properties")
-    rows: list[list[object]] = [[name + ":", value] for name, value in fields.items()]
-    rows.append(["properties:", ""])
-    rows.extend([f"  {name}:", value] for name, value in props.items())
+    rows: list[list[object]] = [[name, value] for name, value in fields.items()]
+    rows.append(["properties", ""])
+    rows.extend([f"  {name}", value] for name, value in props.items())
     _print_table(("field", "value"), rows)
 
 
@@ -185,7 +187,7 @@ def cmd_queues(args: argparse.Namespace) -> int:
     rows = [[i.topic, i.queue_id, i.min_offset, i.max_offset, i.max_physic_offset] for i in infos]
     if args.json:
         for row in rows:
-            _emit(dict(zip(header, row)))
+            _emit(dict(zip(header, row, strict=True)))
     elif rows:
         _print_table(header, rows)
     return 0
@@ -223,7 +225,7 @@ def cmd_query_time(args: argparse.Namespace) -> int:
     header = ("topic", "queueId", "timestamp", "offset")
     row = [args.topic, args.queue, args.timestamp, offset]
     if args.json:
-        _emit(dict(zip(header, row)))
+        _emit(dict(zip(header, row, strict=True)))
     else:
         _print_table(header, [row])
     return 0
@@ -430,7 +432,7 @@ def _store(store: MessageStore, batch: list[tuple[int, Message]]) -> dict[int, d
                 "error": f"line {line}: {reason}",
             }
             continue
-        for (line, _), r in zip(pending, result.results()):
+        for (line, _), r in zip(pending, result.results(), strict=True):
             out[line] = {
                 "line": line,
                 "status": r.status,
@@ -657,7 +659,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``rocketstore`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error argparse has already reported
+        return exc.code if isinstance(exc.code, int) else 2
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -147,7 +147,8 @@ def from_commitlog(
 
 
 def group_rows(
-    topic_codes: npt.NDArray[np.int32], queue_ids: npt.NDArray[np.int32],
+    topic_codes: npt.NDArray[np.int32],
+    queue_ids: npt.NDArray[np.int32],
     rows: npt.NDArray[np.int64],
 ) -> list[npt.NDArray[np.int64]]:
     """``rows`` split by (topic, queueId), each group keeping the rows' original order."""
@@ -167,7 +168,9 @@ def group_rows(
 
 def consume_queue_mask(sys_flags: npt.NDArray[np.int32]) -> npt.NDArray[np.bool_]:
     tx = sys_flags & record.TRANSACTION_MASK
-    return (tx == record.TRANSACTION_NOT_TYPE) | (tx == record.TRANSACTION_COMMIT_TYPE)
+    return np.asarray(
+        (tx == record.TRANSACTION_NOT_TYPE) | (tx == record.TRANSACTION_COMMIT_TYPE), dtype=bool
+    )
 
 
 def apply(

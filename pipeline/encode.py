@@ -143,9 +143,7 @@ class UniqKeyGenerator:
 
 
 # Two ASCII hex digits of every byte value, as one little-endian uint16 each.
-_HEX_PAIRS = np.frombuffer(
-    b"".join(f"{i:02X}".encode() for i in range(256)), dtype="<u2"
-).copy()
+_HEX_PAIRS = np.frombuffer(b"".join(f"{i:02X}".encode() for i in range(256)), dtype="<u2").copy()
 
 
 def hex_fixed(raw: npt.NDArray[np.uint8]) -> pa.StringArray:
@@ -191,7 +189,7 @@ def _int_column(table: pa.Table, name: str, dtype: type, default: int) -> npt.ND
         (values < info.min) | (values > info.max),
         f"value out of range for {np.dtype(dtype).name}",
     )
-    return values
+    return np.asarray(values, dtype=np.int64)
 
 
 def to_table(data: pa.Table | pa.RecordBatch | Sequence[Message]) -> pa.Table:
@@ -476,13 +474,17 @@ def _check_separators(values: pa.Array, what: str) -> None:
     if not np.any(raw <= 2):
         return
     bad = pc.fill_null(pc.match_substring_regex(values, "[\x01\x02]"), False)
-    _fail(InvalidMessageError, what, bad.to_numpy(zero_copy_only=False),
-          "contains a reserved separator character (\\x01 or \\x02)")
+    _fail(
+        InvalidMessageError,
+        what,
+        bad.to_numpy(zero_copy_only=False),
+        "contains a reserved separator character (\\x01 or \\x02)",
+    )
 
 
-def _props_pieces(keys: pa.StringArray, tags: pa.StringArray, uniq: pa.StringArray,
-                  user: pa.Array | None
-                  ) -> tuple[list[pa.Array | pa.Scalar], npt.NDArray[np.int64]]:
+def _props_pieces(
+    keys: pa.StringArray, tags: pa.StringArray, uniq: pa.StringArray, user: pa.Array | None
+) -> tuple[list[pa.Array | pa.Scalar], npt.NDArray[np.int64]]:
     """The PROPERTIES field of every message (KEYS, TAGS, UNIQ_KEY, then user properties) as
     pieces to join element-wise, and each message's field length.
 
@@ -490,16 +492,20 @@ def _props_pieces(keys: pa.StringArray, tags: pa.StringArray, uniq: pa.StringArr
     names and separators around the value columns, so it is never built on its own: the
     pieces go straight into the record join. Otherwise it is built per row here.
     """
-    named = [(record.PROPERTY_KEYS, keys, "keys"), (record.PROPERTY_TAGS, tags, "tags"),
-             (record.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq, "uniqKey")]
+    named = [
+        (record.PROPERTY_KEYS, keys, "keys"),
+        (record.PROPERTY_TAGS, tags, "tags"),
+        (record.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq, "uniqKey"),
+    ]
     for _, values, what in named:
         _check_separators(values, what)
     n = len(keys)
     user_part = None
     if user is not None and user.null_count < len(user):
         user_part = _encode_user_props(user)
-    parts: list[tuple[str, pa.Array]] = [(f"{name}\x01", values.view(pa.binary()))
-                                         for name, values, _ in named]
+    parts: list[tuple[str, pa.Array]] = [
+        (f"{name}\x01", values.view(pa.binary())) for name, values, _ in named
+    ]
     uniform = all(v.null_count in (0, n) for _, v in parts) and (
         user_part is None or user_part.null_count == 0
     )
@@ -529,12 +535,16 @@ def _props_pieces(keys: pa.StringArray, tags: pa.StringArray, uniq: pa.StringArr
                 uniform = False
         if uniform:
             return pieces, lens
+
     # General case: some rows lack a part; build each row's field.
     def part(prefix: str, values: pa.Array) -> pa.Array:
         return pc.fill_null(
-            pc.binary_join_element_wise(pa.scalar(prefix.encode(), pa.binary()), values,
-                                        pa.scalar(b"\x02", pa.binary()),
-                                        pa.scalar(b"", pa.binary())),
+            pc.binary_join_element_wise(
+                pa.scalar(prefix.encode(), pa.binary()),
+                values,
+                pa.scalar(b"\x02", pa.binary()),
+                pa.scalar(b"", pa.binary()),
+            ),
             pa.scalar(b"", pa.binary()),
         )
 
@@ -580,7 +590,7 @@ def _unsliced(arr: pa.Array) -> pa.Array:
 
 def binary_offsets_of_list(arr: pa.Array) -> npt.NDArray[np.int32]:
     raw = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + len(arr) + 1]
-    return (raw - raw[0]).astype(np.int32)
+    return np.asarray(raw - raw[0], dtype=np.int32)
 
 
 def index_keys(
@@ -591,32 +601,47 @@ def index_keys(
     sys_flags: npt.NDArray[np.int32],
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
     """Index entries in RocketMQ's order: UNIQ_KEY, then each KEYS token, per message;
-    ROLLBACK transactions get none."""
-    tokens = pc.split_pattern(keys, " ")
-    flat = pc.list_flatten(tokens)
-    parents = pc.list_parent_indices(tokens).to_numpy(zero_copy_only=False).astype(np.int64)
-    nonempty = pc.not_equal(flat, "").to_numpy(zero_copy_only=False)
-    flat = flat.filter(pa.array(nonempty))
-    parents = parents[nonempty]
-    uniq_rows = np.flatnonzero(~uniq.is_null().to_numpy(zero_copy_only=False))
-    rows = np.concatenate((uniq_rows, parents))
-    strings = pa.concat_arrays(
-        [uniq.take(pa.array(uniq_rows)).cast(pa.string()), flat.cast(pa.string())]
-    )
-    # Stable sort by message keeps UNIQ_KEY first, then KEYS tokens in their order.
-    order = np.argsort(rows, kind="stable")
-    rows = rows[order]
-    strings = strings.take(pa.array(order))
+    ROLLBACK transactions get none. Returns (message row, key hash) per entry."""
+    prefix_by_topic = np.array([java_hash(f"{t}#") for t in topics], dtype=np.int64)
+
+    def hashed(rows: npt.NDArray[np.int64], strings: pa.Array) -> npt.NDArray[np.int32]:
+        if not len(rows):
+            return np.zeros(0, dtype=np.int32)
+        combined = combine_prefix(
+            prefix_by_topic[topic_codes[rows]], java_hash_array(strings), utf16_lengths(strings)
+        )
+        return abs_index_hash(combined)
+
+    uniq_valid = ~uniq.is_null().to_numpy(zero_copy_only=False)
+    uniq_rows = np.flatnonzero(uniq_valid)
+    uniq_hash = hashed(uniq_rows, uniq if uniq_valid.all() else uniq.filter(pa.array(uniq_valid)))
+    if keys.null_count == len(keys):
+        rows, hashes = uniq_rows, uniq_hash
+    else:
+        tokens = pc.split_pattern(keys, " ")
+        flat = pc.list_flatten(tokens)
+        parents = pc.list_parent_indices(tokens).to_numpy(zero_copy_only=False).astype(np.int64)
+        nonempty = np.diff(binary_offsets(flat)) > 0
+        if not nonempty.all():
+            flat = flat.filter(pa.array(nonempty))
+            parents = parents[nonempty]
+        key_hash = hashed(parents, flat)
+        if len(parents) == len(uniq_rows) == len(keys) and np.array_equal(parents, uniq_rows):
+            # One key per message, all with a UNIQ_KEY: entries simply alternate.
+            rows = np.repeat(uniq_rows, 2)
+            hashes = np.empty(2 * len(uniq_rows), dtype=np.int32)
+            hashes[0::2] = uniq_hash
+            hashes[1::2] = key_hash
+        else:
+            rows = np.concatenate((uniq_rows, parents))
+            hashes = np.concatenate((uniq_hash, key_hash))
+            # Stable by message keeps UNIQ_KEY first, then KEYS tokens in their order.
+            order = np.argsort(rows, kind="stable")
+            rows, hashes = rows[order], hashes[order]
     keep = (sys_flags[rows] & record.TRANSACTION_MASK) != record.TRANSACTION_ROLLBACK_TYPE
-    rows = rows[keep]
-    strings = strings.filter(pa.array(keep))
-    if not len(rows):
-        return rows, np.zeros(0, dtype=np.int32)
-    suffix_hash = java_hash_array(strings)
-    suffix_len = utf16_lengths(strings)
-    prefix_hash = np.array([java_hash(f"{t}#") for t in topics], dtype=np.int64)[topic_codes[rows]]
-    combined = combine_prefix(prefix_hash, suffix_hash, suffix_len)
-    return rows, abs_index_hash(combined)
+    if not keep.all():
+        rows, hashes = rows[keep], hashes[keep]
+    return rows, hashes
 
 
 # -- encoding --------------------------------------------------------------------------------

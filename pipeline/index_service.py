@@ -77,7 +77,7 @@ class IndexService:
         ms = self.clock_ms()
         name = index_file_name(ms)
         # Two files created in one millisecond would collide; names must also sort in order.
-        while self.files and name <= self.files[-1].path.name or (self.directory / name).exists():
+        while (self.files and name <= self.files[-1].path.name) or (self.directory / name).exists():
             ms += 1
             name = index_file_name(ms)
         prev = self.files[-1] if self.files else None

@@ -73,14 +73,13 @@ class IndexFile:
         self._entries = np.frombuffer(
             buf, dtype=ENTRY_DTYPE, count=index_num, offset=HEADER_SIZE + SLOT_SIZE * slot_num
         )
-        (
-            self.begin_timestamp,
-            self.end_timestamp,
-            self.begin_phy_offset,
-            self.end_phy_offset,
-            self.hash_slot_count,
-            self.index_count,
-        ) = HEADER.unpack_from(buf, 0)
+        fields: tuple[int, int, int, int, int, int] = HEADER.unpack_from(buf, 0)
+        self.begin_timestamp: int = fields[0]
+        self.end_timestamp: int = fields[1]
+        self.begin_phy_offset: int = fields[2]
+        self.end_phy_offset: int = fields[3]
+        self.hash_slot_count: int = fields[4]
+        self.index_count: int = fields[5]
         if create:
             # A new file continues where the previous one ended, until its first entry.
             self.begin_phy_offset = self.end_phy_offset = prev_end_phy

@@ -84,7 +84,7 @@ def java_hash_array(strings: pa.Array | pa.ChunkedArray | Sequence[str]) -> npt.
         arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
     if pa.types.is_dictionary(arr.type):
         codes = arr.indices.to_numpy(zero_copy_only=False)
-        return java_hash_array(arr.dictionary)[codes]
+        return np.asarray(java_hash_array(arr.dictionary)[codes], dtype=np.int32)
     if pa.types.is_large_string(arr.type):
         arr = arr.cast(pa.string())
     n = len(arr)

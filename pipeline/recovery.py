@@ -77,7 +77,7 @@ def _record_end(log: CommitLog, phys: int, size: int | None) -> int | None:
         )
     except CorruptRecordError:
         return None
-    return phys + total
+    return phys + int(total)
 
 
 def dispatched_end(log: CommitLog, queues: list[ConsumeQueue], index: IndexService | None) -> int:

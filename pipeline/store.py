@@ -40,7 +40,7 @@ from pipeline import dispatch, encode, record
 from pipeline.checkpoint import StoreCheckpoint
 from pipeline.commitlog import CommitLog
 from pipeline.config import StoreConfig
-from pipeline.consumequeue import ConsumeQueue
+from pipeline.consumequeue import UNIT_DTYPE, ConsumeQueue
 from pipeline.errors import (
     InvalidMessageError,
     NotAStoreError,
@@ -452,7 +452,7 @@ class MessageStore:
         self._check_open()
         cq = self.queues.get((topic, queue_id))
         if cq is None:
-            return np.empty(0, dtype=dispatch.make_units([], [], []).dtype)
+            return np.empty(0, dtype=UNIT_DTYPE)
         return cq.read(offset, count)
 
     def get_message(self, commit_log_offset: int) -> record.MessageExt:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import FIXTURE_CONFIG, fixture_dir
 from readtxt import expected_lines, render
 
-from conftest import FIXTURE_CONFIG, fixture_dir
 from pipeline import record
 from pipeline.consumequeue import UNIT_DTYPE
 from pipeline.indexfile import HEADER
@@ -114,9 +114,7 @@ def test_reencoding_every_record_gives_the_same_bytes(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", CLEAN)
-def test_dispatch_rebuilds_consume_queues_and_index_byte_for_byte(
-    name: str, fixture_copy
-) -> None:
+def test_dispatch_rebuilds_consume_queues_and_index_byte_for_byte(name: str, fixture_copy) -> None:
     """Delete every ConsumeQueue and index file; dispatching the CommitLog again must produce
     RocketMQ's files exactly (index file names are creation times, so contents are compared
     in order)."""
