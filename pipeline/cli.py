@@ -269,14 +269,16 @@ class Refused(Exception):
         self.status = status
 
 
-def _text(value: object, field: str) -> str:
+def _text(value: object, field: str, *, any_char: bool = False) -> str:
+    """``value`` as a string that UTF-8 can encode and that, unless ``any_char``, holds neither
+    property separator (code points 1 and 2)."""
     if not isinstance(value, str):
         raise Refused(f"{field!r} must be a string, got {type(value).__name__}")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise Refused(f"{field!r} is not valid Unicode (a lone surrogate escape)") from None
-    if RESERVED_CHARS.search(value):
+    if not any_char and RESERVED_CHARS.search(value):
         raise Refused(f"{field!r} contains a reserved character (\\u0001 or \\u0002)")
     return value
 
@@ -324,10 +326,12 @@ def parse_line(raw: bytes) -> Message:
     if (obj.get("body") is None) == (obj.get("bodyBase64") is None):
         raise Refused("give exactly one of 'body' (text) and 'bodyBase64'")
     if obj.get("body") is not None:
-        body = _text(obj["body"], "body").encode("utf-8")
+        body = _text(obj["body"], "body", any_char=True).encode("utf-8")
     else:
         try:
-            body = base64.b64decode(_text(obj["bodyBase64"], "bodyBase64"), validate=True)
+            body = base64.b64decode(
+                _text(obj["bodyBase64"], "bodyBase64", any_char=True), validate=True
+            )
         except binascii.Error as exc:
             raise Refused(f"'bodyBase64' is not valid base64: {exc}") from None
     keys_in = obj.get("keys")
@@ -408,6 +412,10 @@ def _batches(
         yield batch
 
 
+def _refusal(line: int, reason: str, status: str = "MESSAGE_ILLEGAL") -> dict[str, Any]:
+    return {"line": line, "status": status, "error": f"line {line}: {reason}"}
+
+
 def _store(store: MessageStore, batch: list[tuple[int, Message]]) -> dict[int, dict[str, Any]]:
     """Put a batch, dropping each message the store refuses and retrying the rest.
 
@@ -425,12 +433,7 @@ def _store(store: MessageStore, batch: list[tuple[int, Message]]) -> dict[int, d
                     out.update(_store(store, [item]))
                 return out
             line, _ = pending.pop(exc.index if len(pending) > 1 else 0)
-            reason = _ROW_SUFFIX.sub("", exc.reason)
-            out[line] = {
-                "line": line,
-                "status": "MESSAGE_ILLEGAL",
-                "error": f"line {line}: {reason}",
-            }
+            out[line] = _refusal(line, _ROW_SUFFIX.sub("", exc.reason))
             continue
         for (line, _), r in zip(pending, result.results(), strict=True):
             out[line] = {
@@ -461,11 +464,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
                     try:
                         good.append((line, parse_line(raw)))
                     except Refused as exc:
-                        results[line] = {
-                            "line": line,
-                            "status": exc.status,
-                            "error": f"line {line}: {exc.reason}",
-                        }
+                        results[line] = _refusal(line, exc.reason, exc.status)
                 results.update(_store(store, good))
                 for line, _ in batch:
                     refused += results[line]["status"] != "PUT_OK"

@@ -414,7 +414,13 @@ def _keys_column(table: pa.Table, n: int) -> pa.StringArray:
             raise InvalidMessageError(f"column 'keys': expected list<string>, got {col.type}")
         flat = pc.list_flatten(col)
         if flat.null_count:
-            raise InvalidMessageError("column 'keys': a key inside a list is null")
+            _fail_rows(
+                col,
+                flat.is_null().to_numpy(zero_copy_only=False),
+                n,
+                "keys",
+                "a key inside a list is null",
+            )
         joined = pc.binary_join(col, " ")
         table = pa.table({"keys": joined})
     return _string_column(table, "keys", n)
@@ -559,21 +565,30 @@ def _props_pieces(
 
 def _encode_user_props(user: pa.Array) -> pa.Array:
     user = _unsliced(user)
+    n = len(user)
     names = user.keys
     values = user.items
-    if values.null_count:
-        raise InvalidMessageError("column 'properties': a property value is null")
+    _fail_rows(
+        user,
+        values.is_null().to_numpy(zero_copy_only=False),
+        n,
+        "properties",
+        "a property value is null",
+    )
     for arr, what in ((names, "name"), (values, "value")):
         bad = pc.fill_null(pc.match_substring_regex(arr, "[\x01\x02]"), False)
-        if pc.any(bad).as_py():
-            raise InvalidMessageError(
-                f"column 'properties': a property {what} contains a reserved separator "
-                "character (\\x01 or \\x02)"
-            )
-    _fail(
-        InvalidMessageError,
-        "properties",
+        _fail_rows(
+            user,
+            bad.to_numpy(zero_copy_only=False),
+            n,
+            "properties",
+            f"a property {what} contains a reserved separator character (\\x01 or \\x02)",
+        )
+    _fail_rows(
+        user,
         pc.equal(names, "").to_numpy(zero_copy_only=False),
+        n,
+        "properties",
         "a property name is empty",
     )
     pairs = pc.binary_join_element_wise(names, "\x01", values, "\x02", "")
@@ -581,6 +596,22 @@ def _encode_user_props(user: pa.Array) -> pa.Array:
     per_row = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pairs)
     # Each pair ends with \x02 here; the caller drops the final one.
     return pc.fill_null(pc.binary_join(per_row, ""), "")
+
+
+def _fail_rows(
+    lists: pa.Array, flat_bad: npt.NDArray[np.bool_], n: int, column: str, reason: str
+) -> None:
+    """:func:`_fail` for a condition on the elements of a list/map column: report the rows."""
+    if not flat_bad.any():
+        return
+    # From the offsets, not pc.list_parent_indices, which does not take map arrays.
+    wide = pa.types.is_large_list(lists.type)
+    raw = np.frombuffer(lists.buffers()[1], dtype=np.int64 if wide else np.int32)
+    offsets = raw[lists.offset : lists.offset + n + 1].astype(np.int64)
+    parents = np.repeat(np.arange(n), np.diff(offsets))
+    rows = np.zeros(n, dtype=bool)
+    rows[parents[flat_bad]] = True
+    _fail(InvalidMessageError, column, rows, reason)
 
 
 def _unsliced(arr: pa.Array) -> pa.Array:
