@@ -1,0 +1,94 @@
+"""Command line of ``python -m bench``: pick parts, run them, print tables, write JSON."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from bench import common, store
+from bench.common import Options, PartResult
+
+# Part name -> its runner, in the order ``python -m bench`` runs them. Later parts (the Spark
+# sink and source) register here.
+PARTS: dict[str, Callable[[Options], PartResult]] = {
+    "store": store.run,
+}
+
+
+def parse_args(argv: Sequence[str] | None) -> tuple[list[str], Options, bool]:
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="rocketstore benchmarks; with no part named, every part runs.",
+    )
+    p.add_argument("parts", nargs="*", metavar="PART", help=f"one of: {', '.join(PARTS)}")
+    p.add_argument(
+        "--runs", type=int, default=Options.runs, help="timed runs per figure (median reported)"
+    )
+    p.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not figures")
+    p.add_argument(
+        "--no-pin", dest="pin", action="store_false", help="do not pin the put runs to one CPU"
+    )
+    p.add_argument("--out", type=Path, default=common.DEFAULT_OUT_DIR, help="JSON directory")
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="scratch directory for stores (default: OUT/tmp; keep it on the disk under test)",
+    )
+    p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    args = p.parse_args(argv)
+    unknown = [name for name in args.parts if name not in PARTS]
+    if unknown:
+        p.error(f"unknown part {', '.join(unknown)}; known parts: {', '.join(PARTS)}")
+    if args.runs < 1:
+        p.error("--runs must be >= 1")
+    work_dir = args.work_dir if args.work_dir is not None else args.out / "tmp"
+    options = Options(
+        runs=args.runs,
+        quick=args.quick,
+        pin=args.pin,
+        out_dir=args.out.resolve(),
+        work_dir=work_dir.resolve(),
+    )
+    return list(dict.fromkeys(args.parts)) or list(PARTS), options, args.check
+
+
+def run_part(name: str, options: Options, machine: dict[str, object]) -> tuple[PartResult, Path]:
+    """Run one part, print its table and write its JSON file."""
+    started = common.utc_now()
+    t0 = time.perf_counter()
+    result = PARTS[name](options)
+    elapsed = time.perf_counter() - t0
+    payload = {
+        "part": name,
+        "started_utc": started,
+        "duration_s": round(elapsed, 1),
+        "machine": machine,
+        "options": {
+            "runs": options.runs,
+            "quick": options.quick,
+            "pin": options.pin,
+            "work_dir": str(options.work_dir),
+            "seed": options.seed,
+        },
+        "targets_met": result.targets_met,
+        **result.data,
+    }
+    path = common.write_json(options.out_dir, result, payload)
+    print(f"\n== {name} ({elapsed:.0f} s{', quick' if options.quick else ''})")
+    print(common.format_table(result, options.runs))
+    print(f"  JSON: {path}")
+    return result, path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parts, options, check = parse_args(argv)
+    machine = common.machine_info()
+    print(common.machine_line(machine))
+    ok = True
+    for name in parts:
+        result, _ = run_part(name, options, machine)
+        ok = ok and result.targets_met
+    return 1 if check and not ok else 0

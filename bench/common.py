@@ -1,0 +1,308 @@
+"""What every benchmark part shares: options, machine facts, statistics, scratch space, the
+table printer and the JSON writer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+BENCH_DIR = Path(__file__).resolve().parent
+PROJECT_DIR = BENCH_DIR.parent
+DEFAULT_OUT_DIR = BENCH_DIR / "out"
+MB = 1_000_000  # MB/s in the tables is 10^6 bytes per second
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Settings of one benchmark invocation (the command line, or a test)."""
+
+    runs: int = 5
+    quick: bool = False
+    pin: bool = True
+    out_dir: Path = DEFAULT_OUT_DIR
+    # Scratch stores and files go here; it must be on the disk under test (the project's).
+    work_dir: Path = DEFAULT_OUT_DIR / "tmp"
+    seed: int = 20240611
+
+    def __post_init__(self) -> None:
+        if self.runs < 1:
+            raise ValueError(f"runs must be >= 1, got {self.runs}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One line of a part's table. ``median``, ``low`` and ``high`` are in ``unit``."""
+
+    name: str
+    unit: str
+    median: float
+    low: float | None = None
+    high: float | None = None
+    baseline: str = ""
+    ratio: float | None = None
+    target: str = ""
+    met: bool | None = None
+
+
+@dataclasses.dataclass
+class PartResult:
+    """What a part hands back: rows for the table and everything for the JSON file."""
+
+    part: str
+    rows: list[Row]
+    data: dict[str, Any]
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def targets_met(self) -> bool:
+        return all(r.met is not False for r in self.rows)
+
+
+# -- statistics --------------------------------------------------------------------------------
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def percentiles(samples: Sequence[float], qs: Sequence[float]) -> dict[str, float]:
+    """``{"p50": …}`` for each q in ``qs`` (linear interpolation between order statistics)."""
+    arr = np.asarray(samples, dtype=np.float64)
+    return {f"p{q:g}": float(np.percentile(arr, q)) for q in qs}
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    return {"median": median(values), "min": float(min(values)), "max": float(max(values))}
+
+
+# -- machine -----------------------------------------------------------------------------------
+
+
+def _first_line_with(path: str, prefix: str) -> str:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith(prefix):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(PROJECT_DIR), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def machine_info() -> dict[str, Any]:
+    """The facts a figure needs beside it to mean anything."""
+    mem_kib = _first_line_with("/proc/meminfo", "MemTotal").split()[0]
+    return {
+        "nproc": os.cpu_count(),
+        "cpus_allowed": len(os.sched_getaffinity(0)),
+        "cpu_model": _first_line_with("/proc/cpuinfo", "model name"),
+        "mem_total_gib": round(int(mem_kib) / 2**20, 1) if mem_kib.isdigit() else None,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "pyarrow": pa.__version__,
+        "arrow_memory_pool": pa.default_memory_pool().backend_name,
+        "git_commit": _git_commit(),
+    }
+
+
+def machine_line(m: dict[str, Any]) -> str:
+    return (
+        f"machine: {m['nproc']} vCPU ({m['cpu_model']}), {m['mem_total_gib']} GiB, "
+        f"Linux {m['kernel']}; Python {m['python']}, numpy {m['numpy']}, "
+        f"pyarrow {m['pyarrow']} ({m['arrow_memory_pool']} pool); commit {m['git_commit']}"
+    )
+
+
+# -- CPU pinning -------------------------------------------------------------------------------
+
+
+def _thread_ids() -> list[int]:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]
+
+
+def _cpu_busy_ticks() -> dict[int, int]:
+    busy: dict[int, int] = {}
+    with open("/proc/stat", encoding="ascii") as f:
+        for line in f:
+            name, *fields = line.split()
+            if name.startswith("cpu") and name[3:].isdigit():
+                ticks = [int(x) for x in fields]
+                busy[int(name[3:])] = sum(ticks) - ticks[3] - ticks[4]  # minus idle, iowait
+    return busy
+
+
+def idlest_cpu(cpus: set[int], window_s: float = 0.25) -> int:
+    """The CPU of ``cpus`` that was least busy over the next ``window_s`` seconds."""
+    try:
+        first = _cpu_busy_ticks()
+        time.sleep(window_s)
+        second = _cpu_busy_ticks()
+        return min(cpus, key=lambda c: (second.get(c, 0) - first.get(c, 0), -c))
+    except (OSError, ValueError, IndexError):
+        return max(cpus)
+
+
+@contextlib.contextmanager
+def pinned_to_one_cpu(enabled: bool = True) -> Iterator[int | None]:
+    """Pin every thread of this process (and threads started meanwhile) to one CPU, the one
+    least busy just before (on a shared machine, another process may be hogging the other).
+
+    Yields the CPU, or None when pinning is off or impossible. Affinity is per thread on Linux,
+    so the threads that already exist (Arrow's pool, for one) are pinned one by one.
+    """
+    if not enabled or not hasattr(os, "sched_setaffinity"):
+        yield None
+        return
+    before = {tid: os.sched_getaffinity(tid) for tid in _thread_ids()}
+    cpu = idlest_cpu(os.sched_getaffinity(0))
+    for tid in before:
+        with contextlib.suppress(OSError):  # a thread may have ended meanwhile
+            os.sched_setaffinity(tid, {cpu})
+    try:
+        yield cpu
+    finally:
+        everything = set().union(*before.values())
+        for tid in _thread_ids():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, before.get(tid, everything))
+
+
+# -- scratch space -----------------------------------------------------------------------------
+
+
+def check_work_dir(work_dir: Path) -> str | None:
+    """A warning when the scratch directory is not on the project's filesystem."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    if os.stat(work_dir).st_dev != os.stat(PROJECT_DIR).st_dev:
+        return (
+            f"scratch directory {work_dir} is not on the filesystem of {PROJECT_DIR}; "
+            "figures describe that other filesystem"
+        )
+    return None
+
+
+@contextlib.contextmanager
+def scratch_dir(work_dir: Path, prefix: str) -> Iterator[Path]:
+    """A fresh directory under ``work_dir``, removed afterwards however the block ends."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=work_dir))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+def fmt_number(value: float) -> str:
+    a = abs(value)
+    if a >= 100_000:
+        return f"{value:,.0f}"
+    if a >= 100:
+        return f"{value:,.1f}"
+    if a >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+def format_table(result: PartResult, runs: int) -> str:
+    headers = (
+        "measurement",
+        "median",
+        f"min .. max ({runs} run{'s' if runs != 1 else ''})",
+        "baseline",
+        "ratio",
+        "target",
+    )
+    lines: list[tuple[str, ...]] = []
+    for r in result.rows:
+        rng = ""
+        if r.low is not None and r.high is not None:
+            rng = f"{fmt_number(r.low)} .. {fmt_number(r.high)}"
+        target = r.target
+        if r.met is not None:
+            target = f"{target}  {'met' if r.met else 'MISSED'}"
+        lines.append(
+            (
+                r.name,
+                f"{fmt_number(r.median)} {r.unit}".strip(),
+                rng,
+                r.baseline,
+                "" if r.ratio is None else f"{r.ratio:.3f}",
+                target,
+            )
+        )
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(headers)]
+
+    def render(cells: tuple[str, ...]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    out = [render(headers), render(tuple("-" * w for w in widths))]
+    out.extend(render(line) for line in lines)
+    out.extend(f"  note: {n}" for n in result.notes)
+    return "\n".join(out)
+
+
+def _json_default(obj: object) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def write_json(out_dir: Path, result: PartResult, payload: dict[str, Any]) -> Path:
+    """Write ``<part>-<UTC timestamp>.json`` and a ``<part>-latest.json`` copy; returns the first."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    text = json.dumps(payload, indent=2, default=_json_default) + "\n"
+    path = out_dir / f"{result.part}-{stamp}.json"
+    path.write_text(text, encoding="utf-8")
+    (out_dir / f"{result.part}-latest.json").write_text(text, encoding="utf-8")
+    return path
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def log(message: str) -> None:
+    """Progress on stderr, so stdout carries only the results."""
+    print(message, file=sys.stderr, flush=True)
