@@ -110,6 +110,34 @@ class CommitLog:
             raise StoreError(f"{mf.path}: {len(data)} bytes at {rel} cross the segment end")
         mf.write_at(rel, data)
 
+    def write_frames(
+        self,
+        phys: int,
+        frames: memoryview,
+        frame_offsets: list[int],
+        bodies: memoryview,
+        body_offsets: list[int],
+    ) -> None:
+        """Write records given as frames around bodies (see :func:`encode.encode_frames`):
+        frame 0, body 0, frame 1, ..., frame n, straight into the segment with one copy each."""
+        total = (frame_offsets[-1] - frame_offsets[0]) + (body_offsets[-1] - body_offsets[0])
+        mf = self.segments.segment_for_write(phys)
+        rel = phys - mf.base
+        if rel + total > mf.size:
+            raise StoreError(f"{mf.path}: {total} bytes at {rel} cross the segment end")
+        out = mf.buffer
+        pos = rel
+        for i in range(len(body_offsets) - 1):
+            a, z = frame_offsets[i], frame_offsets[i + 1]
+            out[pos : pos + z - a] = frames[a:z]
+            pos += z - a
+            a, z = body_offsets[i], body_offsets[i + 1]
+            out[pos : pos + z - a] = bodies[a:z]
+            pos += z - a
+        a, z = frame_offsets[-2], frame_offsets[-1]
+        out[pos : pos + z - a] = frames[a:z]
+        mf.wrote_position = max(mf.wrote_position, rel + total)
+
     def write_blank(self, phys: int) -> None:
         mf = self.segments.segment_for_write(phys)
         rel = phys - mf.base

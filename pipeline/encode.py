@@ -684,26 +684,47 @@ def _fixed(arr: npt.NDArray[np.void]) -> pa.BinaryArray:
     return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(arr)])
 
 
+# Bodies at least this long on average are written around the record join (see
+# encode_frames): copying them once more into the joined buffer would cost more than the
+# per-record Python work of placing them separately.
+LARGE_BODY = 1024
+
+
 def body_crcs(bodies: pa.BinaryArray) -> npt.NDArray[np.int32]:
     """BODYCRC of every body. The one per-message Python loop of a batch put."""
     crc = zlib.crc32
-    return (
-        np.fromiter(map(crc, bodies.to_pylist()), dtype=np.int64, count=len(bodies)) & 0x7FFFFFFF
-    ).astype(np.int32)
+    n = len(bodies)
+    offsets = binary_offsets(bodies)
+    if n and (offsets[-1] - offsets[0]) >= LARGE_BODY * n:
+        # Large bodies: CRC them in place through views rather than copying each into bytes.
+        view = memoryview(bodies.buffers()[2]).cast("B")
+        bounds = offsets.tolist()
+        values = np.fromiter(
+            (crc(view[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)),
+            dtype=np.int64,
+            count=n,
+        )
+    else:
+        values = np.fromiter(map(crc, bodies.to_pylist()), dtype=np.int64, count=n)
+    return (values & 0x7FFFFFFF).astype(np.int32)
 
 
-def encode_records(
+def uses_frames(b: PreparedBatch) -> bool:
+    """Whether the batch's bodies are large enough to be placed by :func:`encode_frames`."""
+    return b.n > 0 and int(b.body_lens.sum()) >= LARGE_BODY * b.n
+
+
+def _record_parts(
     b: PreparedBatch,
     lo: int,
     hi: int,
-    *,
     phys: npt.NDArray[np.int64],
     queue_offsets: npt.NDArray[np.int64],
     store_ts: int,
     crcs: npt.NDArray[np.int32],
     store_host: bytes,
-) -> pa.Buffer:
-    """The bytes of records ``lo:hi``, back to back (they must be contiguous in the log)."""
+) -> tuple[list[pa.Array | pa.Scalar], list[pa.Array | pa.Scalar]]:
+    """The pieces of records ``lo:hi`` before the body and after it, for an element-wise join."""
     n = hi - lo
     head = np.empty(n, dtype=HEAD_DTYPE)
     head["size"] = b.sizes[lo:hi]
@@ -729,16 +750,59 @@ def encode_records(
     ).take(pa.array(b.topic_codes[lo:hi]))
     plen = np.empty(n, dtype=">i2")
     plen[:] = b.props_lens[lo:hi]
-    joined = pc.binary_join_element_wise(
-        _fixed(head),
-        born_hosts,
-        _fixed(mid),
-        b.bodies.slice(lo, n),
+    before: list[pa.Array | pa.Scalar] = [_fixed(head), born_hosts, _fixed(mid)]
+    after: list[pa.Array | pa.Scalar] = [
         topic_pieces,
         _fixed(plen.view(np.dtype([("len", ">i2")]))),
         *(p.slice(lo, n) if isinstance(p, pa.Array) else p for p in b.props_pieces),
-        _EMPTY,
+    ]
+    return before, after
+
+
+def _values(arr: pa.Array) -> tuple[pa.Buffer, npt.NDArray[np.int64]]:
+    offsets = binary_offsets(arr)
+    return arr.buffers()[2], offsets
+
+
+def encode_records(
+    b: PreparedBatch,
+    lo: int,
+    hi: int,
+    *,
+    phys: npt.NDArray[np.int64],
+    queue_offsets: npt.NDArray[np.int64],
+    store_ts: int,
+    crcs: npt.NDArray[np.int32],
+    store_host: bytes,
+) -> tuple[pa.Buffer, npt.NDArray[np.int64]]:
+    """The bytes of records ``lo:hi``, back to back (they must be contiguous in the log), and
+    each record's start in them (``n + 1`` offsets, relative to the joined array)."""
+    before, after = _record_parts(b, lo, hi, phys, queue_offsets, store_ts, crcs, store_host)
+    joined = pc.binary_join_element_wise(*before, b.bodies.slice(lo, hi - lo), *after, _EMPTY)
+    data, start = _values(joined)
+    return data.slice(int(start[0]), int(start[-1] - start[0])), start
+
+
+def encode_frames(
+    b: PreparedBatch,
+    lo: int,
+    hi: int,
+    *,
+    phys: npt.NDArray[np.int64],
+    queue_offsets: npt.NDArray[np.int64],
+    store_ts: int,
+    crcs: npt.NDArray[np.int32],
+    store_host: bytes,
+) -> tuple[pa.Buffer, npt.NDArray[np.int64]]:
+    """Records ``lo:hi`` without their bodies: ``n + 1`` frames, where frame ``i`` is what lies
+    between body ``i - 1`` and body ``i`` (the end of one record and the start of the next).
+    Returns the frames' bytes and their ``n + 2`` offsets into them. Writing frame 0, body 0,
+    frame 1, body 1, ... frame n gives exactly :func:`encode_records`' bytes."""
+    before, after = _record_parts(b, lo, hi, phys, queue_offsets, store_ts, crcs, store_host)
+    pre = pc.binary_join_element_wise(*before, _EMPTY)
+    post = pc.binary_join_element_wise(*after, _EMPTY)
+    empty = pa.array([b""], pa.binary())
+    frames = pc.binary_join_element_wise(
+        pa.concat_arrays([empty, post]), pa.concat_arrays([pre, empty]), _EMPTY
     )
-    start = binary_offsets(joined)
-    data = joined.buffers()[2]
-    return data.slice(int(start[0]), int(start[-1] - start[0]))
+    return _values(frames)

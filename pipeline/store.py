@@ -392,6 +392,9 @@ class MessageStore:
         seg = self.config.mapped_file_size_commitlog
         segment_of = phys // seg
         ends = np.cumsum(b.sizes)
+        frames = encode.uses_frames(b)
+        bodies_view = memoryview(b.bodies.buffers()[2] or b"").cast("B")
+        body_offsets = encode.binary_offsets(b.bodies).tolist() if frames else []
         blank_iter = iter(blanks)
         next_blank = next(blank_iter, None)
         lo = 0
@@ -404,7 +407,8 @@ class MessageStore:
             while next_blank is not None and next_blank < int(phys[lo]):
                 self.commitlog.write_blank(next_blank)
                 next_blank = next(blank_iter, None)
-            data = encode.encode_records(
+            encoder = encode.encode_frames if frames else encode.encode_records
+            data, frame_offsets = encoder(
                 b,
                 lo,
                 hi,
@@ -414,7 +418,16 @@ class MessageStore:
                 crcs=crcs,
                 store_host=self._store_host_field,
             )
-            self.commitlog.write(int(phys[lo]), memoryview(data))
+            if frames:
+                self.commitlog.write_frames(
+                    int(phys[lo]),
+                    memoryview(data).cast("B"),
+                    frame_offsets.tolist(),
+                    bodies_view,
+                    body_offsets[lo : hi + 1],
+                )
+            else:
+                self.commitlog.write(int(phys[lo]), memoryview(data))
             lo = hi
 
     # -- reading ----------------------------------------------------------------------------
