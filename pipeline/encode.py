@@ -12,6 +12,7 @@ Pure functions; thread-safe.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import random
 import re
@@ -700,7 +701,7 @@ def body_crcs(bodies: pa.BinaryArray) -> npt.NDArray[np.int32]:
         view = memoryview(bodies.buffers()[2]).cast("B")
         bounds = offsets.tolist()
         values = np.fromiter(
-            (crc(view[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)),
+            (crc(view[a:b]) for a, b in itertools.pairwise(bounds)),
             dtype=np.int64,
             count=n,
         )

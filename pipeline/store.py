@@ -49,6 +49,7 @@ from pipeline.errors import (
     StoreClosedError,
 )
 from pipeline.index_service import IndexService
+from pipeline.javahash import binary_offsets
 from pipeline.lock import DirectoryLock
 from pipeline.message import Message
 from pipeline.recovery import RecoveryReport, dispatched_end, find_end, third_last_start
@@ -394,7 +395,7 @@ class MessageStore:
         ends = np.cumsum(b.sizes)
         frames = encode.uses_frames(b)
         bodies_view = memoryview(b.bodies.buffers()[2] or b"").cast("B")
-        body_offsets = encode.binary_offsets(b.bodies).tolist() if frames else []
+        body_offsets = binary_offsets(b.bodies).tolist() if frames else []
         blank_iter = iter(blanks)
         next_blank = next(blank_iter, None)
         lo = 0
