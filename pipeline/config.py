@@ -201,9 +201,13 @@ def _read_file(path: Path) -> tuple[dict[str, Any], bool]:
             data = tomllib.loads(raw.decode("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
-        # Accept both a flat file and one with a [store] table, so the file can grow sections.
-        if isinstance(data.get("store"), dict):
-            data = data["store"]
+        # Accept both a flat file and one with a [store] table, so the file can grow sections;
+        # keys at the top level still count (and an unknown one is still an error).
+        store = data.pop("store", None)
+        if isinstance(store, dict):
+            data.update(store)
+        elif store is not None:
+            data["store"] = store
         return data, True
     return parse_properties(raw.decode("utf-8", errors="replace"), str(path)), False
 
@@ -226,12 +230,13 @@ def parse_properties(text: str, origin: str = "<properties>") -> dict[str, str]:
         logical.append(line)
         entry = "".join(logical)
         logical = []
-        cut = min((i for i in (entry.find("="), entry.find(":")) if i >= 0), default=-1)
-        if cut < 0:
-            parts = entry.split(None, 1)
-            key, value = parts[0], parts[1] if len(parts) > 1 else ""
-        else:
-            key, value = entry[:cut], entry[cut + 1 :]
+        # As java.util.Properties: the key ends at the first '=', ':' or blank; blanks and at
+        # most one '=' or ':' separate it from the value.
+        end = next((k for k, ch in enumerate(entry) if ch in "=: \t\f"), len(entry))
+        key, rest = entry[:end], entry[end:].lstrip(" \t\f")
+        if rest[:1] in ("=", ":"):
+            rest = rest[1:].lstrip(" \t\f")
+        value = rest
         result[key.strip()] = value.strip()
     if logical:
         raise ConfigError(f"{origin}: file ends inside a continued line")

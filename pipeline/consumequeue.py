@@ -133,7 +133,8 @@ class ConsumeQueue:
             )
             parts.append(view.copy())
             pos += n
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        # np.concatenate would turn the big-endian fields native; the units must stay on-disk.
+        return parts[0] if len(parts) == 1 else np.concatenate(parts).astype(UNIT_DTYPE)
 
     def offset_by_time(
         self, timestamp: int, min_physic_offset: int, store_time: Callable[[int, int], int]

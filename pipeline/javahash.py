@@ -83,8 +83,10 @@ def java_hash_array(strings: pa.Array | pa.ChunkedArray | Sequence[str]) -> npt.
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
     if pa.types.is_dictionary(arr.type):
-        codes = arr.indices.to_numpy(zero_copy_only=False)
-        return np.asarray(java_hash_array(arr.dictionary)[codes], dtype=np.int32)
+        # Null entries hash as the empty string: index a 0 appended after the dictionary's hashes.
+        hashes = np.append(java_hash_array(arr.dictionary), np.int32(0))
+        codes = pc.fill_null(arr.indices, len(arr.dictionary)).to_numpy(zero_copy_only=False)
+        return np.asarray(hashes[codes], dtype=np.int32)
     if pa.types.is_large_string(arr.type):
         arr = arr.cast(pa.string())
     n = len(arr)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import struct
 import threading
 from pathlib import Path
 
@@ -66,17 +67,21 @@ class DirectoryLock:
 
 
 def is_locked_elsewhere(store_dir: Path) -> bool:
-    """Whether another process holds the store's lock (a probe that takes no lock)."""
+    """Whether another process holds the store's lock (a probe that takes no lock).
+
+    Closing any descriptor of a file drops this process's POSIX locks on it, so the probe never
+    opens the lock file of a store this process holds open itself.
+    """
+    with _registry_lock:
+        if str(store_dir.resolve()) in _registry:
+            return False
     path = store_dir / "lock"
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return False
     try:
-        # F_GETLK through lockf is not exposed; probing with a shared lock needs write access
-        # for an exclusive one, so use fcntl.fcntl with a struct flock.
-        import struct
-
+        # lockf cannot ask who holds a lock; F_GETLK through fcntl with a struct flock can.
         flock = struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 1, 0)
         res = fcntl.fcntl(fd, fcntl.F_GETLK, flock)
         return bool(struct.unpack("hhqqi", res)[0] != fcntl.F_UNLCK)
