@@ -3,6 +3,7 @@ RocketMQ's DefaultMessageStore loads it: names, exact sizes, blanks, units and i
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import struct
 from pathlib import Path
@@ -118,10 +119,10 @@ def test_records_blanks_units_and_index_agree(tmp_path: Path) -> None:
             units_seen += 1
     assert units_seen == 2000
     # Index headers chain: each file starts where the previous ended.
-    headers = [HEADER.unpack_from((f).read_bytes(), 0) for f in sorted((path / "index").iterdir())]
+    headers = [HEADER.unpack_from(f.read_bytes(), 0) for f in sorted((path / "index").iterdir())]
     total_entries = sum(h[5] - 1 for h in headers)
     assert total_entries == 2000 * 3  # UNIQ_KEY + two keys each
-    for prev, cur in zip(headers, headers[1:], strict=False):
+    for prev, cur in itertools.pairwise(headers):
         assert prev[5] == 300  # full
         assert cur[2] >= prev[3] and cur[0] >= prev[1]
 
