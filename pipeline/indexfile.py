@@ -128,21 +128,23 @@ class IndexFile:
         if self.index_count <= 1:
             self.begin_phy_offset = int(phys[0])
             self.begin_timestamp = int(times[0])
-        numbers = self.index_count + np.arange(take, dtype=np.int64)
         slots = hashes % self.slot_num
-        old = self._slots[slots].astype(np.int64)
-        old[(old <= 0) | (old > self.index_count)] = 0
-        # Within the batch, an entry's predecessor is the previous batch entry in its slot, or
-        # what the slot held before the batch for the first one. Sorting (slot, position) as
-        # one int64 orders entries by slot and keeps batch order inside a slot.
+        # An entry's predecessor is the previous batch entry in its slot, or what the slot held
+        # before the batch for the first one. Sorting (slot, position) packed in one int64
+        # orders entries by slot, keeps batch order inside a slot, and makes the slot-table
+        # reads and writes below sweep memory in order instead of at random.
         packed = np.sort(slots << 32 | np.arange(take, dtype=np.int64))
         order = packed & 0xFFFFFFFF
         s_sorted = packed >> 32
+        numbers_sorted = self.index_count + order
         first_of_slot = np.ones(take, dtype=bool)
         first_of_slot[1:] = s_sorted[1:] != s_sorted[:-1]
+        heads = s_sorted[first_of_slot]
+        old = self._slots[heads].astype(np.int64)
+        old[(old <= 0) | (old > self.index_count)] = 0
         prev_sorted = np.empty(take, dtype=np.int64)
-        prev_sorted[first_of_slot] = old[order][first_of_slot]
-        prev_sorted[~first_of_slot] = numbers[order][:-1][~first_of_slot[1:]]
+        prev_sorted[first_of_slot] = old
+        prev_sorted[~first_of_slot] = numbers_sorted[:-1][~first_of_slot[1:]]
         prev = np.empty(take, dtype=np.int64)
         prev[order] = prev_sorted
         if self.begin_timestamp <= 0:
@@ -160,9 +162,9 @@ class IndexFile:
         start = self.index_count
         self._entries[start : start + take] = block
         last_of_slot = np.ones(take, dtype=bool)
-        last_of_slot[:-1] = s_sorted[1:] != s_sorted[:-1]
-        self._slots[s_sorted[last_of_slot]] = numbers[order][last_of_slot]
-        self.hash_slot_count += int(np.count_nonzero(old[order][first_of_slot] == 0))
+        last_of_slot[:-1] = first_of_slot[1:]
+        self._slots[s_sorted[last_of_slot]] = numbers_sorted[last_of_slot]
+        self.hash_slot_count += int(np.count_nonzero(old == 0))
         self.index_count += take
         self.end_phy_offset = int(phys[-1])
         self.end_timestamp = int(times[-1])

@@ -221,3 +221,14 @@ def test_large_batch_crossing_internal_chunks(ch: str) -> None:
     assert sum(map(len, values)) - 5_000_011 > 1 << 22 < 5_000_011
     out = java_hash_array(pa.array(values, pa.string()))
     assert out.tolist() == [expected_of[v] for v in values]
+
+
+@given(st.integers(1, 40), st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=50))
+def test_equal_length_strings_take_the_column_path_and_agree(width: int, seeds: list[int]) -> None:
+    strings = [f"{s:040x}"[:width] for s in seeds]
+    assert all(len(s) == width for s in strings)
+    got = java_hash_array(pa.array(strings).slice(0))
+    assert [int(x) for x in got] == [java_hash(s) for s in strings]
+    # a sliced array whose values do not start at 0
+    sliced = pa.array(["x" * 7, *strings]).slice(1)
+    assert [int(x) for x in java_hash_array(sliced)] == [java_hash(s) for s in strings]
