@@ -89,7 +89,8 @@ class PreparedBatch:
     sys_flags: npt.NDArray[np.int32]  # with the host v6 bits set
     reconsume: npt.NDArray[np.int32]
     prep_tx: npt.NDArray[np.int64]
-    born_ts: npt.NDArray[np.int64]  # -1: use the store timestamp
+    born_ts: npt.NDArray[np.int64]
+    born_ts_missing: npt.NDArray[np.bool_] | None  # rows that take the store timestamp
     born_codes: npt.NDArray[np.int32]
     born_hosts: list[bytes]  # distinct BORNHOST field bytes (address + port)
     props_pieces: list[pa.Array | pa.Scalar]  # joined element-wise, they give PROPERTIES
@@ -182,7 +183,15 @@ def _int_column(table: pa.Table, name: str, dtype: type, default: int) -> npt.ND
         return np.full(table.num_rows, default, dtype=np.int64)
     if not (pa.types.is_integer(col.type)):
         raise InvalidMessageError(f"column {name!r}: expected an integer type, got {col.type}")
-    values = pc.fill_null(col, default).to_numpy(zero_copy_only=False).astype(np.int64)
+    raw = pc.fill_null(col, default).to_numpy(zero_copy_only=False)
+    if raw.dtype == np.uint64:
+        _fail(
+            InvalidMessageError,
+            name,
+            raw > np.iinfo(np.int64).max,
+            f"value out of range for {np.dtype(dtype).name}",
+        )
+    values = raw.astype(np.int64)
     info = np.iinfo(dtype)
     _fail(
         InvalidMessageError,
@@ -280,7 +289,11 @@ def prepare(
     )
     reconsume = _int_column(table, "reconsumeTimes", np.int32, 0)
     prep_tx = _int_column(table, "preparedTransactionOffset", np.int64, 0)
-    born_ts = _int_column(table, "bornTimestamp", np.int64, -1)
+    born_ts = _int_column(table, "bornTimestamp", np.int64, 0)
+    born_ts_col = _column(table, "bornTimestamp")
+    born_ts_missing = (
+        None if born_ts_col is None else born_ts_col.is_null().to_numpy(zero_copy_only=False)
+    )
 
     # hosts
     store_field, store_v6 = record.encode_host(config.store_host)
@@ -367,6 +380,7 @@ def prepare(
         reconsume=reconsume.astype(np.int32),
         prep_tx=prep_tx,
         born_ts=born_ts,
+        born_ts_missing=born_ts_missing,
         born_codes=born_codes,
         born_hosts=born_hosts,
         props_pieces=props_pieces,
@@ -736,8 +750,10 @@ def _record_parts(
     head["queue_offset"] = queue_offsets[lo:hi]
     head["phys"] = phys[lo:hi]
     head["sys_flag"] = b.sys_flags[lo:hi]
-    born = b.born_ts[lo:hi]
-    head["born_ts"] = np.where(born < 0, store_ts, born)
+    if b.born_ts_missing is None:  # no bornTimestamp column: born when stored
+        head["born_ts"] = store_ts
+    else:
+        head["born_ts"] = np.where(b.born_ts_missing[lo:hi], store_ts, b.born_ts[lo:hi])
     mid = np.empty(n, dtype=_mid_dtype(len(store_host)))
     mid["store_ts"] = store_ts
     mid["store_host"] = store_host

@@ -30,6 +30,8 @@ from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 
+from pipeline.errors import InvalidMessageError
+
 SCHEMA = pa.schema(
     [
         ("topic", pa.string()),
@@ -76,10 +78,24 @@ class Message:
         return list(self.keys)
 
 
+_INT_RANGES = {
+    "queueId": (0, 2**31 - 1),
+    "flag": (-(2**31), 2**31 - 1),
+    "sysFlag": (-(2**31), 2**31 - 1),
+    "bornTimestamp": (-(2**63), 2**63 - 1),
+    "reconsumeTimes": (-(2**31), 2**31 - 1),
+    "preparedTransactionOffset": (-(2**63), 2**63 - 1),
+}
+
+
 def messages_to_table(messages: Sequence[Message]) -> pa.Table:
-    """The Arrow form of a list of :class:`Message`."""
+    """The Arrow form of a list of :class:`Message`.
+
+    Raises :class:`InvalidMessageError` (with the message's index) for an integer field outside
+    its Java type's range, which Arrow could not hold.
+    """
     cols: dict[str, list[object]] = {name: [] for name in COLUMNS}
-    for m in messages:
+    for index, m in enumerate(messages):
         cols["topic"].append(m.topic)
         cols["body"].append(m.body)
         cols["queueId"].append(m.queue_id)
@@ -93,4 +109,10 @@ def messages_to_table(messages: Sequence[Message]) -> pa.Table:
         cols["reconsumeTimes"].append(m.reconsume_times)
         cols["preparedTransactionOffset"].append(m.prepared_transaction_offset)
         cols["uniqKey"].append(m.uniq_key)
+        for name, (low, high) in _INT_RANGES.items():
+            value = cols[name][-1]
+            if value is not None and not (isinstance(value, int) and low <= value <= high):
+                raise InvalidMessageError(
+                    f"message {index}: {name}={value!r} is outside [{low}, {high}]", index
+                )
     return pa.table({name: pa.array(cols[name], SCHEMA.field(name).type) for name in COLUMNS})
