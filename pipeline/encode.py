@@ -729,34 +729,38 @@ def uses_frames(b: PreparedBatch) -> bool:
     return b.n > 0 and int(b.body_lens.sum()) >= LARGE_BODY * b.n
 
 
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where and when a batch's records go: what encoding needs beyond the batch itself."""
+
+    phys: npt.NDArray[np.int64]
+    queue_offsets: npt.NDArray[np.int64]
+    store_ts: int
+    crcs: npt.NDArray[np.int32]
+    store_host: bytes
+
+
 def _record_parts(
-    b: PreparedBatch,
-    lo: int,
-    hi: int,
-    phys: npt.NDArray[np.int64],
-    queue_offsets: npt.NDArray[np.int64],
-    store_ts: int,
-    crcs: npt.NDArray[np.int32],
-    store_host: bytes,
+    b: PreparedBatch, lo: int, hi: int, where: Placement
 ) -> tuple[list[pa.Array | pa.Scalar], list[pa.Array | pa.Scalar]]:
     """The pieces of records ``lo:hi`` before the body and after it, for an element-wise join."""
     n = hi - lo
     head = np.empty(n, dtype=HEAD_DTYPE)
     head["size"] = b.sizes[lo:hi]
     head["magic"] = record.MAGIC
-    head["crc"] = crcs[lo:hi]
+    head["crc"] = where.crcs[lo:hi]
     head["queue_id"] = b.queue_ids[lo:hi]
     head["flag"] = b.flags[lo:hi]
-    head["queue_offset"] = queue_offsets[lo:hi]
-    head["phys"] = phys[lo:hi]
+    head["queue_offset"] = where.queue_offsets[lo:hi]
+    head["phys"] = where.phys[lo:hi]
     head["sys_flag"] = b.sys_flags[lo:hi]
     if b.born_ts_missing is None:  # no bornTimestamp column: born when stored
-        head["born_ts"] = store_ts
+        head["born_ts"] = where.store_ts
     else:
-        head["born_ts"] = np.where(b.born_ts_missing[lo:hi], store_ts, b.born_ts[lo:hi])
-    mid = np.empty(n, dtype=_mid_dtype(len(store_host)))
-    mid["store_ts"] = store_ts
-    mid["store_host"] = store_host
+        head["born_ts"] = np.where(b.born_ts_missing[lo:hi], where.store_ts, b.born_ts[lo:hi])
+    mid = np.empty(n, dtype=_mid_dtype(len(where.store_host)))
+    mid["store_ts"] = where.store_ts
+    mid["store_host"] = where.store_host
     mid["reconsume"] = b.reconsume[lo:hi]
     mid["prep_tx"] = b.prep_tx[lo:hi]
     mid["body_len"] = b.body_lens[lo:hi]
@@ -785,16 +789,11 @@ def encode_records(
     b: PreparedBatch,
     lo: int,
     hi: int,
-    *,
-    phys: npt.NDArray[np.int64],
-    queue_offsets: npt.NDArray[np.int64],
-    store_ts: int,
-    crcs: npt.NDArray[np.int32],
-    store_host: bytes,
+    where: Placement,
 ) -> tuple[pa.Buffer, npt.NDArray[np.int64]]:
     """The bytes of records ``lo:hi``, back to back (they must be contiguous in the log), and
     each record's start in them (``n + 1`` offsets, relative to the joined array)."""
-    before, after = _record_parts(b, lo, hi, phys, queue_offsets, store_ts, crcs, store_host)
+    before, after = _record_parts(b, lo, hi, where)
     joined = pc.binary_join_element_wise(*before, b.bodies.slice(lo, hi - lo), *after, _EMPTY)
     data, start = _values(joined)
     return data.slice(int(start[0]), int(start[-1] - start[0])), start
@@ -804,18 +803,13 @@ def encode_frames(
     b: PreparedBatch,
     lo: int,
     hi: int,
-    *,
-    phys: npt.NDArray[np.int64],
-    queue_offsets: npt.NDArray[np.int64],
-    store_ts: int,
-    crcs: npt.NDArray[np.int32],
-    store_host: bytes,
+    where: Placement,
 ) -> tuple[pa.Buffer, npt.NDArray[np.int64]]:
     """Records ``lo:hi`` without their bodies: ``n + 1`` frames, where frame ``i`` is what lies
     between body ``i - 1`` and body ``i`` (the end of one record and the start of the next).
     Returns the frames' bytes and their ``n + 2`` offsets into them. Writing frame 0, body 0,
     frame 1, body 1, ... frame n gives exactly :func:`encode_records`' bytes."""
-    before, after = _record_parts(b, lo, hi, phys, queue_offsets, store_ts, crcs, store_host)
+    before, after = _record_parts(b, lo, hi, where)
     pre = pc.binary_join_element_wise(*before, _EMPTY)
     post = pc.binary_join_element_wise(*after, _EMPTY)
     empty = pa.array([b""], pa.binary())

@@ -393,6 +393,7 @@ class MessageStore:
         seg = self.config.mapped_file_size_commitlog
         segment_of = phys // seg
         ends = np.cumsum(b.sizes)
+        where = encode.Placement(phys, queue_offsets, now, crcs, self._store_host_field)
         frames = encode.uses_frames(b)
         bodies_view = memoryview(b.bodies.buffers()[2] or b"").cast("B")
         body_offsets = binary_offsets(b.bodies).tolist() if frames else []
@@ -409,16 +410,7 @@ class MessageStore:
                 self.commitlog.write_blank(next_blank)
                 next_blank = next(blank_iter, None)
             encoder = encode.encode_frames if frames else encode.encode_records
-            data, frame_offsets = encoder(
-                b,
-                lo,
-                hi,
-                phys=phys,
-                queue_offsets=queue_offsets,
-                store_ts=now,
-                crcs=crcs,
-                store_host=self._store_host_field,
-            )
+            data, frame_offsets = encoder(b, lo, hi, where)
             if frames:
                 self.commitlog.write_frames(
                     int(phys[lo]),
