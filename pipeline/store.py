@@ -39,7 +39,7 @@ import pyarrow as pa
 from pipeline import dispatch, encode, record
 from pipeline.checkpoint import StoreCheckpoint
 from pipeline.commitlog import CommitLog
-from pipeline.config import StoreConfig
+from pipeline.config import CQ_UNIT_SIZE, StoreConfig
 from pipeline.consumequeue import UNIT_DTYPE, ConsumeQueue
 from pipeline.errors import (
     InvalidMessageError,
@@ -59,6 +59,7 @@ STORE_ENTRIES = ("commitlog", "consumequeue", "index", "config", "checkpoint", "
 MAX_CHUNK_BYTES = 64 * 1024 * 1024
 MAX_CHUNK_RECORDS = 1 << 16
 MAX_TIMESTAMP = 2**63 - 1
+SCAN_BUDGET_BYTES = 16000  # RocketMQ's floor on ConsumeQueue bytes one filtered pull scans
 
 
 @dataclasses.dataclass(frozen=True)
@@ -487,7 +488,8 @@ class MessageStore:
         """Up to ``max_count`` messages from a queue, starting at queue offset ``offset``.
 
         With a subscription, units are filtered by tag hash first and then by the real tag;
-        like RocketMQ, at most ``max(16000, 20 * max_count)`` units are scanned per call and
+        like RocketMQ, at most ``max(800, max_count)`` units (16000 bytes of ConsumeQueue) are
+        scanned per call and
         ``next_begin_offset`` says where to continue.
         """
         self._check_open()
@@ -507,8 +509,10 @@ class MessageStore:
         if offset == hi:
             return GetResult("OFFSET_OVERFLOW_ONE", [], offset, lo, hi)
         if offset > hi:
-            return GetResult("OFFSET_OVERFLOW_BADLY", [], hi, lo, hi)
-        budget = max(16000, 20 * max_count)
+            # RocketMQ sends a consumer that is past the end back to the start when the queue
+            # still starts at 0, else to the end.
+            return GetResult("OFFSET_OVERFLOW_BADLY", [], lo if lo == 0 else hi, lo, hi)
+        budget = max(SCAN_BUDGET_BYTES // CQ_UNIT_SIZE, max_count)
         messages: list[record.MessageExt] = []
         pos = offset
         while pos < hi and len(messages) < max_count and pos - offset < budget:

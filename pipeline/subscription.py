@@ -16,6 +16,13 @@ import numpy.typing as npt
 
 from pipeline.javahash import java_hash
 
+_JAVA_BLANKS = "".join(chr(c) for c in range(0x21))
+
+
+def _java_trim(text: str) -> str:
+    """Java's ``String.trim()``: strips characters up to U+0020 only (not U+00A0 and friends)."""
+    return text.strip(_JAVA_BLANKS)
+
 
 @dataclasses.dataclass(frozen=True)
 class Subscription:
@@ -23,12 +30,11 @@ class Subscription:
 
     @classmethod
     def parse(cls, expression: str | None) -> Subscription:
-        if expression is None or expression.strip() in ("", "*"):
+        # As RocketMQ's FilterAPI: only null, "" and "*" mean everything; otherwise each
+        # "||"-separated part is trimmed and kept if not empty (so "  " subscribes to nothing).
+        if expression is None or expression in ("", "*"):
             return cls(None)
-        tags = frozenset(t.strip() for t in expression.split("||") if t.strip())
-        if not tags:
-            return cls(None)
-        return cls(tags)
+        return cls(frozenset(t for t in (_java_trim(t) for t in expression.split("||")) if t))
 
     @property
     def matches_all(self) -> bool:
