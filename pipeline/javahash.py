@@ -101,15 +101,13 @@ def java_hash_array(strings: pa.Array | pa.ChunkedArray | Sequence[str]) -> npt.
     base = offsets[0]
     width = int(offsets[1] - base)
     if data_buf is not None and width and bool(np.all(np.diff(offsets) == width)):
-        # Every string has the same length (generated ids, fixed-format keys): Horner's rule
-        # down the columns of an n x width matrix, with no per-unit index arithmetic.
+        # Every string has the same length (generated ids, fixed-format keys): the hash is the
+        # n x width matrix of units times the vector of powers 31**(width-1-k), in uint32
+        # arithmetic that wraps as Java's int does.
         matrix = np.frombuffer(data_buf, dtype=np.uint8, count=width * n, offset=int(base))
-        matrix = matrix.reshape(n, width)
-        h = np.zeros(n, dtype=np.uint32)
-        for col in range(width):
-            h *= np.uint32(31)
-            h += matrix[:, col]
-        return h.view(np.int32)
+        powers = _pow31(width)[::-1].copy()
+        product: npt.NDArray[np.uint32] = matrix.reshape(n, width) @ powers
+        return product.astype(np.uint32).view(np.int32)
     units = (
         np.frombuffer(data_buf, dtype=np.uint8)[base : offsets[-1]].astype(np.uint32)
         if data_buf is not None
