@@ -123,6 +123,20 @@ class IndexService:
             added += f.put(key_hashes[added:], phy_offsets[added:], store_timestamps[added:])
         return added
 
+    def truncate_from(self, phys: int, store_time: Callable[[int], int]) -> int:
+        """Forget entries of messages at ``phys`` or later: files that start there are deleted,
+        the file holding the boundary is cut (see :meth:`IndexFile.truncate_from`)."""
+        dropped = 0
+        while self.files and self.files[-1].begin_phy_offset >= phys:
+            f = self.files.pop()
+            dropped += f.entry_count
+            f.close()
+            if not self.read_only:
+                f.path.unlink(missing_ok=True)
+        if self.files:
+            dropped += self.files[-1].truncate_from(phys, store_time)
+        return dropped
+
     def candidates(self, topic: str, key: str, begin: int, end: int) -> Iterator[int]:
         """CommitLog offsets whose entry hash matches ``topic#key`` within ``[begin, end]``,
         newest first, each at most once. Collisions included: the caller checks the message."""

@@ -33,7 +33,7 @@ entries the header does not count, which are ignored.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -170,6 +170,39 @@ class IndexFile:
         self.end_timestamp = int(times[-1])
         self._write_header()
         return take
+
+    def truncate_from(self, phys: int, store_time: Callable[[int], int]) -> int:
+        """Drop the entries of messages at CommitLog offset ``phys`` or later (they are at the end:
+        entries are added in CommitLog order). Slot heads that pointed at dropped entries are
+        moved down their chains to the newest remaining entry. ``store_time(offset)`` gives a
+        kept message's store time, for the new end timestamp. Returns the entries dropped."""
+        count = self.index_count
+        used = self._entries[1:count]
+        keep = 1 + int(np.searchsorted(used["phy_offset"].astype(np.int64), phys, side="left"))
+        if keep >= count:
+            return 0
+        dropped = self._entries[keep:count]
+        for slot in np.unique(dropped["key_hash"].astype(np.int64) % self.slot_num).tolist():
+            head = int(self._slots[slot])
+            while head >= keep:
+                head = int(self._entries[head]["prev_index"])
+                if head <= 0:
+                    head = 0
+                    break
+            self._slots[slot] = head
+            if head == 0:
+                self.hash_slot_count -= 1
+        self._entries[keep:count] = np.zeros(count - keep, dtype=ENTRY_DTYPE)
+        self.index_count = keep
+        if keep > 1:
+            last = int(self._entries[keep - 1]["phy_offset"])
+            self.end_phy_offset = last
+            self.end_timestamp = store_time(last)
+        else:
+            self.end_phy_offset = self.begin_phy_offset
+            self.end_timestamp = self.begin_timestamp
+        self._write_header()
+        return count - keep
 
     # -- reading ----------------------------------------------------------------------------
     def is_time_matched(self, begin: int, end: int) -> bool:

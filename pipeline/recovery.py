@@ -1,60 +1,79 @@
-"""Finding the true end of a store's data when it is opened, and making the derived files agree.
+"""Recovery on open: find the true end of the CommitLog and make the derived files agree.
 
-On every open the CommitLog's end is found by walking records (magic, size, CRC) from a point
-known to be good, and the ConsumeQueues and index are brought in line with it:
+Every open runs it; a writable open repairs, a read-only open only finds the end.
 
-1. Start point. The newest record the ConsumeQueues or the index point at is checked (its magic
-   and size must match); if it holds, the walk starts right after it, so a cleanly closed store
-   reopens after checking only its last records. Otherwise the walk starts at the third-last
-   segment, as RocketMQ's normal recovery does.
-2. The walk stops at the first record that fails a check: that is the end.
-3. Units and index entries past the end are dropped (writable opens only); records after the
-   newest dispatched one are dispatched again.
+1. **Start point**, the newest offset known good, in order of preference:
 
-Scope: this covers clean shutdowns and a writer that stopped between a CommitLog write and its
-dispatch. Abnormal-shutdown recovery from the checkpoint, torn pre-allocated segments and
-damaged ConsumeQueue/index files are handled by the durability work (see the module
-``docs`` in README, "Recovery"); a store left with an ``abort`` file is opened with the same
-steps, which is safe but not yet RocketMQ's full abnormal procedure.
+   * ``config/rocketstore.json`` (:mod:`pipeline.progress`): the exact offset up to which the
+     CommitLog, ConsumeQueues and index were flushed, checked against the record it names;
+   * after a clean shutdown without it (a store RocketMQ wrote): just past the newest record a
+     ConsumeQueue or the index points at, checked against the CommitLog;
+   * otherwise RocketMQ's rules: after a crash (``abort`` present), the newest segment whose
+     first message is older than the checkpoint's time less 3 s; after a clean shutdown, the
+     third-last segment.
 
-Runs on the store's writer, during open, before any put; not thread-safe.
+2. **End**: walk records from the start point, checking magic, size, field lengths, physical
+   offset and (with ``checkCRCOnRecover``) the body CRC; the first record that fails is the end.
+   Only the records written since the start point are read, so a kill -9 costs the time to
+   check what was written since the last flush, not a whole segment.
+
+3. **Repair** (writable opens): bytes after the end are zeroed and later segments deleted (the
+   zero-filled or torn segment a crash leaves); after a crash, ConsumeQueue units and index
+   entries of records at or after the start point are dropped, since they may be partial;
+   after a clean shutdown, only those past the end. Then every record from the newest point the
+   derived files still cover to the end is dispatched again. Dispatch is idempotent, so running
+   recovery twice changes nothing the second time.
+
+The :class:`RecoveryReport` says what was done. Runs during open, before any put; not
+thread-safe.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Callable
 
-from pipeline import record
+from pipeline import dispatch, record
+from pipeline.checkpoint import StoreCheckpoint
 from pipeline.commitlog import CommitLog
 from pipeline.consumequeue import ConsumeQueue
 from pipeline.errors import CorruptRecordError, OffsetOutOfRangeError
 from pipeline.index_service import IndexService
+from pipeline.progress import FlushProgress
 
 
 @dataclasses.dataclass
 class RecoveryReport:
     abort_file_found: bool = False
+    start_source: str = ""
     scan_start: int = 0
     commitlog_end: int = 0
     bytes_truncated: int = 0
     units_dropped: int = 0
+    index_entries_dropped: int = 0
     redispatch_from: int = 0
     records_redispatched: int = 0
+    duration_ms: float = 0.0
 
     def to_json(self) -> dict[str, object]:
         return {
             "abortFileFound": self.abort_file_found,
+            "startSource": self.start_source,
             "scanStart": self.scan_start,
             "commitLogEnd": self.commitlog_end,
             "bytesTruncated": self.bytes_truncated,
             "unitsDropped": self.units_dropped,
+            "indexEntriesDropped": self.index_entries_dropped,
             "redispatchFrom": self.redispatch_from,
             "recordsRedispatched": self.records_redispatched,
+            "durationMs": round(self.duration_ms, 3),
         }
 
 
 def _record_end(log: CommitLog, phys: int, size: int | None) -> int | None:
-    """End of the record at ``phys`` if a record really starts there (and has ``size``)."""
+    """End of the record at ``phys`` if a valid record (CRC included) starts there and has
+    ``size`` bytes when given."""
     try:
         mf = log.segments.find(phys)
     except OffsetOutOfRangeError:
@@ -99,13 +118,14 @@ def dispatched_end(log: CommitLog, queues: list[ConsumeQueue], index: IndexServi
 
 
 def find_end(log: CommitLog, start: int, *, check_crc: bool) -> int:
-    """Walk from ``start`` (a record boundary) to the first invalid record; returns its offset."""
+    """Walk from ``start`` (a record boundary) to the first invalid record; returns its offset.
+
+    A walk that meets a blank goes on in the next segment; if that holds nothing valid, the end
+    is the blank's position, where RocketMQ's recovery also leaves it.
+    """
     end = start
     for phys, size in log.walk(start, check_crc=check_crc):
         end = phys + size
-    # A walk that ended on a blank continues at the next segment; `end` then sits at the blank.
-    # If the segment after the blank holds nothing valid, the end is the blank's position, which
-    # is where RocketMQ's recovery also leaves it.
     return end
 
 
@@ -114,3 +134,93 @@ def third_last_start(log: CommitLog) -> int:
     if not files:
         return 0
     return files[max(0, len(files) - 3)].base
+
+
+def checkpoint_start(log: CommitLog, checkpoint: StoreCheckpoint) -> int:
+    """RocketMQ's abnormal-recovery start: the newest segment whose first message was stored
+    before the checkpoint's time (less 3 s of slack); the first segment if none is."""
+    files = log.segments.files
+    if not files:
+        return 0
+    limit = checkpoint.min_timestamp
+    for mf in reversed(files):
+        if mf.size < 8:
+            continue
+        size, magic = record.SIZE_MAGIC.unpack_from(mf.buffer, 0)
+        if magic != record.MAGIC or size < record.FIXED_SIZE_V4 or size > mf.size:
+            continue
+        if 0 < record.store_timestamp_at(mf.buffer, 0) <= limit:
+            return mf.base
+    return files[0].base
+
+
+def _trusted_progress(log: CommitLog, progress: FlushProgress | None) -> int | None:
+    if progress is None or not log.segments.files:
+        return None
+    flushed, last = progress.flushed_offset, progress.last_record_offset
+    if flushed == log.min_offset:
+        return flushed
+    if not (log.min_offset <= last < flushed):
+        return None
+    return flushed if _record_end(log, last, flushed - last) == flushed else None
+
+
+def recover(
+    *,
+    log: CommitLog,
+    queues: dict[tuple[str, int], ConsumeQueue],
+    index: IndexService | None,
+    checkpoint: StoreCheckpoint,
+    progress: FlushProgress | None,
+    abnormal: bool,
+    read_only: bool,
+    check_crc: bool,
+    queue_factory: Callable[[str, int], ConsumeQueue],
+) -> RecoveryReport:
+    started = time.perf_counter()
+    report = RecoveryReport(abort_file_found=abnormal)
+    queue_list = list(queues.values())
+    trusted = _trusted_progress(log, progress)
+    if trusted is not None:
+        start, report.start_source = trusted, "progress"
+    elif not abnormal:
+        hint = dispatched_end(log, queue_list, index)
+        if hint > log.min_offset or not log.segments.files:
+            start, report.start_source = hint, "consumequeue"
+        else:
+            start, report.start_source = third_last_start(log), "rocketmq-normal"
+    else:
+        start, report.start_source = checkpoint_start(log, checkpoint), "checkpoint"
+    report.scan_start = start
+    end = find_end(log, start, check_crc=check_crc)
+    report.commitlog_end = end
+    if not read_only and log.has_data_after(end):
+        report.bytes_truncated = log.cut(end)
+    log.set_end(end)
+    if not read_only:
+        # After a crash, what was dispatched after the start point may be partial (one queue's
+        # units written, another's not): drop it all and dispatch it again from the log.
+        cut_at = start if abnormal else end
+        for cq in queue_list:
+            report.units_dropped += cq.truncate_after_physical(cut_at)
+        if index is not None:
+            report.index_entries_dropped = index.truncate_from(
+                cut_at, lambda phys: log.store_timestamp(phys, record.FIXED_SIZE_V4)
+            )
+        redispatch_from = dispatched_end(log, queue_list, index)
+        if abnormal:
+            redispatch_from = min(redispatch_from, start)
+        report.redispatch_from = redispatch_from
+        if redispatch_from < end:
+            batch = dispatch.from_commitlog(log, redispatch_from, end)
+            dispatch.apply(batch, queue_factory, index)
+            report.records_redispatched = len(batch)
+            in_queues = dispatch.consume_queue_mask(batch.sys_flags)
+            if in_queues.any():
+                # As RocketMQ does while re-dispatching: the logics time is the newest
+                # dispatched message's.
+                checkpoint.logics_msg_timestamp = int(batch.store_ts[in_queues][-1])
+    for cq in queues.values():
+        cq.correct_min_offset(log.min_offset)
+    report.duration_ms = (time.perf_counter() - started) * 1000
+    return report

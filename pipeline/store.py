@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -48,11 +49,13 @@ from pipeline.errors import (
     ReadOnlyStoreError,
     StoreClosedError,
 )
+from pipeline.flush import FlushService
 from pipeline.index_service import IndexService
 from pipeline.javahash import binary_offsets
 from pipeline.lock import DirectoryLock
 from pipeline.message import Message
-from pipeline.recovery import RecoveryReport, dispatched_end, find_end, third_last_start
+from pipeline.progress import FlushProgress
+from pipeline.recovery import RecoveryReport, recover
 from pipeline.subscription import Subscription
 
 STORE_ENTRIES = ("commitlog", "consumequeue", "index", "config", "checkpoint", "abort", "lock")
@@ -152,6 +155,8 @@ class MessageStore:
         self.clock_ms = clock_ms
         self._closed = True
         self._lock: DirectoryLock | None = None
+        self._mutex = threading.RLock()
+        self._flusher: FlushService | None = None
         self._check_directory(create)
         if not read_only:
             self._lock = DirectoryLock(self.path)
@@ -163,6 +168,13 @@ class MessageStore:
                 self._lock.release()
             raise
         self._closed = False
+        if not read_only:
+            self._flusher = FlushService(
+                self.config.flush_interval_commitlog,
+                self.flush,
+                name=f"rocketstore-flush:{self.path.name}",
+            )
+            self._flusher.start()
 
     # -- opening ----------------------------------------------------------------------------
     def _check_directory(self, create: bool) -> None:
@@ -225,32 +237,23 @@ class MessageStore:
         self.recovery = self._recover()
         self._store_host_field = record.encode_host(cfg.store_host)[0]
         self._uniq = encode.UniqKeyGenerator()
+        # (offset, store time) of the newest record this process wrote: what the progress file
+        # names as the last flushed record.
+        self._last_record: tuple[int, int] | None = None
+        self._flushed_end = -1 if self.recovery.records_redispatched else self.commitlog.max_offset
 
     def _recover(self) -> RecoveryReport:
-        report = RecoveryReport(abort_file_found=self.abort_file_found)
-        log = self.commitlog
-        queues = list(self.queues.values())
-        start = dispatched_end(log, queues, self.index)
-        if start == log.min_offset and log.segments.files:
-            start = third_last_start(log)
-        report.scan_start = start
-        end = find_end(log, start, check_crc=self.config.check_crc_on_recover)
-        report.commitlog_end = end
-        if not self.read_only and log.has_data_after(end):
-            report.bytes_truncated = log.cut(end)
-        log.set_end(end)
-        if not self.read_only:
-            for cq in queues:
-                report.units_dropped += cq.truncate_after_physical(end)
-        for cq in queues:
-            cq.correct_min_offset(log.min_offset)
-        # Dispatch what the derived files miss (a writer stopped between append and dispatch).
-        redispatch_from = dispatched_end(log, queues, self.index)
-        report.redispatch_from = redispatch_from
-        if redispatch_from < end and not self.read_only:
-            batch = dispatch.from_commitlog(log, redispatch_from, end)
-            dispatch.apply(batch, self._queue, self.index)
-            report.records_redispatched = len(batch)
+        report = recover(
+            log=self.commitlog,
+            queues=self.queues,
+            index=self.index,
+            checkpoint=self.checkpoint,
+            progress=FlushProgress.read(self.path / "config"),
+            abnormal=self.abort_file_found,
+            read_only=self.read_only,
+            check_crc=self.config.check_crc_on_recover,
+            queue_factory=self._queue,
+        )
         self._next_queue_offset = {key: cq.max_offset for key, cq in self.queues.items()}
         return report
 
@@ -271,18 +274,28 @@ class MessageStore:
         if write and self.read_only:
             raise ReadOnlyStoreError(f"{self.path}: store was opened read-only")
 
-    def flush(self) -> None:
-        """Flush CommitLog, ConsumeQueues and index, then record it in the checkpoint."""
+    def flush(self, *, force: bool = False) -> None:
+        """Flush CommitLog, ConsumeQueues and index, then record how far in the progress file
+        and the checkpoint. Called by the background flusher every flushIntervalCommitLog ms
+        and on close; safe to call from any thread."""
         self._check_open(write=True)
-        self.commitlog.flush()
-        for cq in self.queues.values():
-            cq.flush()
-        if self.index is not None:
-            self.index.flush()
-        self._write_checkpoint()
+        with self._mutex:
+            end = self.commitlog.max_offset
+            if end == self._flushed_end and not force:
+                return
+            self.commitlog.flush()
+            for cq in self.queues.values():
+                cq.flush()
+            if self.index is not None:
+                self.index.flush()
+            if self._last_record is not None:
+                last_offset, last_ts = self._last_record
+                FlushProgress(end, last_offset, last_ts).write(self.path / "config")
+            self._write_checkpoint()
+            self._flushed_end = end
 
     def _write_checkpoint(self) -> None:
-        last_ts = self._last_store_timestamp()
+        last_ts = self._last_record[1] if self._last_record else self._last_store_timestamp()
         if last_ts > 0:
             self.checkpoint.physic_msg_timestamp = last_ts
             self.checkpoint.logics_msg_timestamp = last_ts
@@ -299,11 +312,14 @@ class MessageStore:
         return best
 
     def close(self) -> None:
+        """Stop the flusher, flush everything, remove ``abort`` and unlock. Idempotent."""
         if self._closed:
             return
+        if self._flusher is not None:
+            self._flusher.stop()
         try:
             if not self.read_only:
-                self.flush()
+                self.flush(force=True)
         finally:
             self._closed = True
             self.commitlog.close()
@@ -340,6 +356,12 @@ class MessageStore:
         Validates everything first; on :class:`InvalidMessageError` nothing is written.
         """
         self._check_open(write=True)
+        with self._mutex:
+            return self._put_batch(batch)
+
+    def _put_batch(self, batch: pa.Table | pa.RecordBatch | Sequence[Message]) -> BatchPutResult:
+        if self._flusher is not None:
+            self._flusher.raise_if_failed()
         now = self.clock_ms()
         b = encode.prepare(batch, self.config, self._uniq, now)
         if b.n == 0:
@@ -359,6 +381,7 @@ class MessageStore:
         if self.config.sync_flush:
             self.commitlog.flush()
         dispatch.apply(dispatch.from_prepared(b, phys, queue_offsets, now), self._queue, self.index)
+        self._last_record = (int(phys[-1]), now)
         return BatchPutResult(
             phys,
             queue_offsets,

@@ -162,3 +162,31 @@ def test_index_headers_are_rocketmq_layout() -> None:
         assert begin_ts <= end_ts and begin_phy <= end_phy
         assert 1 <= count <= FIXTURE_CONFIG.max_index_num
         assert 0 < slots_used <= FIXTURE_CONFIG.max_hash_slot_num
+
+
+def test_crashed_store_recovers_abnormally_to_read_txt(fixture_copy) -> None:
+    """Opening the halted writer's store runs abnormal recovery, as RocketMQ did before writing
+    read.txt: the zero-filled pre-allocated segment goes, the checkpoint's logics time becomes
+    the newest re-dispatched message's, and everything reads back line for line."""
+    expected = expected_lines(fixture_dir("crashed"))
+    path = fixture_copy("crashed")
+    assert (path / "commitlog" / "00000000000002097152").exists()
+    with MessageStore(path, FIXTURE_CONFIG) as store:
+        report = store.recovery
+        assert report.abort_file_found and report.start_source == "checkpoint"
+        assert report.commitlog_end == 1402213
+        assert report.records_redispatched > 0
+        assert render(store, expected) == expected
+    assert not (path / "commitlog" / "00000000000002097152").exists()
+    assert not (path / "abort").exists()
+    # Recovery is idempotent: a second open has nothing to do and reads the same.
+    with MessageStore(path, FIXTURE_CONFIG) as store:
+        assert store.recovery.bytes_truncated == 0
+        assert store.recovery.units_dropped == 0
+        lines = render(store, expected)
+    reopened = [
+        x.replace("abortFileBeforeLoad=true", "abortFileBeforeLoad=false") for x in expected
+    ]
+    assert [x for x in lines if not x.startswith("CHECKPOINT")] == [
+        x for x in reopened if not x.startswith("CHECKPOINT")
+    ]

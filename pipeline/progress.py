@@ -1,0 +1,81 @@
+"""``config/rocketstore.json``: how far the CommitLog is known flushed and dispatched.
+
+RocketMQ's ``checkpoint`` records timestamps only, so after a crash RocketMQ re-scans whole
+CommitLog segments (up to a GiB each) from the one older than the checkpoint. rocketstore also
+records, after every flush, the exact offset up to which the CommitLog, the ConsumeQueues and
+the index are on disk, so recovery after a crash re-scans only what was written since::
+
+    {"version": 1, "flushedOffset": N, "lastRecordOffset": M, "storeTimestamp": T,
+     "checksum": C}
+
+``flushedOffset`` is the end of the last flushed record (which starts at ``lastRecordOffset``);
+every record before it has its ConsumeQueue units and index entries flushed too. ``checksum`` is
+the CRC-32 of the other fields, so a damaged file is ignored rather than trusted. The file is
+written to a temporary name, fsynced and renamed over the old one: it is either the old or the
+new version, never torn. RocketMQ ignores files it does not know in ``config/``, and if this
+file is missing or does not match the log, recovery falls back to RocketMQ's own rule.
+
+Not thread-safe; written by the store's flush under the store's lock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import zlib
+from pathlib import Path
+
+FILE_NAME = "rocketstore.json"
+VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class FlushProgress:
+    flushed_offset: int
+    last_record_offset: int
+    store_timestamp: int
+
+    def _fields(self) -> dict[str, int]:
+        return {
+            "version": VERSION,
+            "flushedOffset": self.flushed_offset,
+            "lastRecordOffset": self.last_record_offset,
+            "storeTimestamp": self.store_timestamp,
+        }
+
+    @staticmethod
+    def _checksum(fields: dict[str, int]) -> int:
+        return zlib.crc32(json.dumps(fields, sort_keys=True).encode()) & 0xFFFFFFFF
+
+    @classmethod
+    def read(cls, config_dir: Path) -> FlushProgress | None:
+        """The recorded progress, or None if the file is missing, unreadable or damaged."""
+        try:
+            data = json.loads((config_dir / FILE_NAME).read_text(encoding="utf-8"))
+            fields = {
+                k: int(data[k])
+                for k in ("version", "flushedOffset", "lastRecordOffset", "storeTimestamp")
+            }
+            if fields["version"] != VERSION or cls._checksum(fields) != int(data["checksum"]):
+                return None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return cls(fields["flushedOffset"], fields["lastRecordOffset"], fields["storeTimestamp"])
+
+    def write(self, config_dir: Path) -> None:
+        fields = self._fields()
+        payload = json.dumps({**fields, "checksum": self._checksum(fields)}, indent=2) + "\n"
+        tmp = config_dir / (FILE_NAME + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, payload.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, config_dir / FILE_NAME)
+        dir_fd = os.open(config_dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
