@@ -213,13 +213,9 @@ class CommitLog:
             return -1
         return record.store_timestamp_at(mf.buffer, rel)
 
-    def walk(self, start: int, *, check_crc: bool) -> Iterator[tuple[int, int]]:
-        """(physical offset, size) of each record from ``start`` to the first invalid one.
-
-        Blanks move on to the next segment. Stops (without raising) at zeros, a bad magic, a
-        bad size or a CRC mismatch: this is the scan recovery uses to find the end of the log.
-        The caller learns where it stopped from the last yielded record.
-        """
+    def scan(self, start: int, *, check_crc: bool) -> Iterator[tuple[int, record.ScannedRecord]]:
+        """(physical offset, scanned fields) of each record from ``start`` to the first invalid
+        one; see :meth:`walk`."""
         for mf in self.segments.segments_from(start):
             rel = max(0, start - mf.base)
             buf = mf.buffer
@@ -228,23 +224,21 @@ class CommitLog:
                 size, magic = record.SIZE_MAGIC.unpack_from(buf, rel)
                 if magic == record.BLANK_MAGIC and size == limit - rel:
                     break
-                if magic != record.MAGIC or size < record.FIXED_SIZE_V4 or rel + size > limit:
+                scanned = record.scan_record(buf, rel, limit, mf.base + rel, check_crc=check_crc)
+                if scanned is None:
                     return
-                try:
-                    record.decode_record(
-                        buf,
-                        rel,
-                        path=str(mf.path),
-                        phys=mf.base + rel,
-                        limit=limit,
-                        check_crc=check_crc,
-                        with_body=False,
-                    )
-                except CorruptRecordError:
-                    return
-                yield mf.base + rel, size
+                yield mf.base + rel, scanned
                 rel += size
             else:
-                # Ran off the end without a blank: the segment is complete only if exactly full.
                 if rel != limit:
                     return
+
+    def walk(self, start: int, *, check_crc: bool) -> Iterator[tuple[int, int]]:
+        """(physical offset, size) of each record from ``start`` to the first invalid one.
+
+        Blanks move on to the next segment. Stops (without raising) at zeros, a bad magic, a
+        bad size or a CRC mismatch: this is the scan recovery uses to find the end of the log.
+        The caller learns where it stopped from the last yielded record.
+        """
+        for phys, scanned in self.scan(start, check_crc=check_crc):
+            yield phys, scanned[0]

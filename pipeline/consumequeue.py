@@ -83,19 +83,22 @@ class ConsumeQueue:
     def correct_min_offset(self, min_commitlog_offset: int) -> None:
         """Skip leading units whose messages the CommitLog no longer holds (RocketMQ's
         ``correctMinOffset``)."""
-        first = self.segments.first
-        if first is None:
-            return
-        units = self._file_units(0)[: first.wrote_position // CQ_UNIT_SIZE]
+        if self.segments.first is not None:
+            self.min_logic_offset = self.corrected_min_logic_offset(min_commitlog_offset)
+
+    def corrected_min_logic_offset(self, min_commitlog_offset: int, first_file: int = 0) -> int:
+        """The min logic offset :meth:`correct_min_offset` sets, computed as if the files before
+        ``files[first_file]`` were gone (retention's dry run). Changes nothing."""
+        first = self.segments.files[first_file]
+        units = self._file_units(first_file)[: first.wrote_position // CQ_UNIT_SIZE]
         live = np.flatnonzero(
             (units["offset"] >= min_commitlog_offset)
             & (units["size"] > 0)
             & (units["size"] != PRE_BLANK_SIZE)
         )
         if len(live):
-            self.min_logic_offset = first.base + int(live[0]) * CQ_UNIT_SIZE
-        else:
-            self.min_logic_offset = first.end
+            return first.base + int(live[0]) * CQ_UNIT_SIZE
+        return first.end
 
     def close(self) -> None:
         self.segments.close()

@@ -26,6 +26,7 @@ from pipeline import record
 from pipeline.commitlog import CommitLog
 from pipeline.consumequeue import ConsumeQueue, make_units
 from pipeline.encode import PreparedBatch, index_keys
+from pipeline.errors import CorruptRecordError
 from pipeline.index_service import IndexService
 from pipeline.javahash import java_hash_array
 
@@ -77,53 +78,52 @@ def from_prepared(
 def from_commitlog(
     log: CommitLog, start: int, end: int, *, check_crc: bool = False
 ) -> DispatchBatch:
-    """Parse the records in ``[start, end)``; ``start`` must be a record boundary.
+    """Parse the records in ``[start, end)``; ``start`` must be a record boundary and ``end``
+    where a recovery scan stopped (records are not CRC-checked again unless asked)."""
+    scanned: list[tuple[int, record.ScannedRecord]] = []
+    for phys, fields in log.scan(start, check_crc=check_crc):
+        if phys >= end:
+            break
+        scanned.append((phys, fields))
+    last = scanned[-1][0] + scanned[-1][1][0] if scanned else start
+    if last < end:
+        mf = log.segments.find(last)
+        raise CorruptRecordError(str(mf.path), last, "not a valid record inside the recovered log")
+    return from_scanned(scanned)
 
-    ``end`` must be where a recovery scan stopped: records are read without re-checking their
-    CRC unless asked.
-    """
-    phys: list[int] = []
-    sizes: list[int] = []
-    topics: dict[str, int] = {}
+
+def from_scanned(scanned: list[tuple[int, record.ScannedRecord]]) -> DispatchBatch:
+    """A dispatch batch from records already scanned (by recovery's walk)."""
+    topics: dict[bytes, int] = {}
     codes: list[int] = []
-    qids: list[int] = []
-    qoffs: list[int] = []
-    sysf: list[int] = []
-    sts: list[int] = []
     tags: list[str | None] = []
     keys: list[str | None] = []
     uniq: list[str | None] = []
-    pos = start
-    while pos < end:
-        mf = log.segments.find(pos)
-        rel = pos - mf.base
-        size, magic = record.SIZE_MAGIC.unpack_from(mf.buffer, rel)
-        if magic == record.BLANK_MAGIC:
-            pos = mf.base + mf.size
-            continue
-        m = record.decode_record(
-            mf.buffer,
-            rel,
-            path=str(mf.path),
-            phys=pos,
-            limit=mf.size,
-            check_crc=check_crc,
-            with_body=False,
-        )
-        phys.append(pos)
-        sizes.append(size)
-        codes.append(topics.setdefault(m.topic, len(topics)))
-        qids.append(m.queue_id)
-        qoffs.append(m.queue_offset)
-        sysf.append(m.sys_flag)
-        sts.append(m.store_timestamp)
-        tags.append(m.properties.get(record.PROPERTY_TAGS) or None)
-        keys.append(m.properties.get(record.PROPERTY_KEYS) or None)
-        uniq.append(m.properties.get(record.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or None)
-        pos += size
-    topic_list = list(topics)
+    keys_name, tags_name, uniq_name = (
+        record.PROPERTY_KEYS.encode(),
+        record.PROPERTY_TAGS.encode(),
+        record.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode(),
+    )
+    for _, (_, _, _, _, _, topic, props) in scanned:
+        tag = key = uq = None
+        for item in props.split(b"\x02"):
+            name, sep, value = item.partition(b"\x01")
+            if sep and value:
+                if name == tags_name:
+                    tag = value.decode("utf-8", "replace")
+                elif name == keys_name:
+                    key = value.decode("utf-8", "replace")
+                elif name == uniq_name:
+                    uq = value.decode("utf-8", "replace")
+        codes.append(topics.setdefault(topic, len(topics)))
+        tags.append(tag)
+        keys.append(key)
+        uniq.append(uq)
+    n = len(scanned)
+    columns = np.array([fields[:5] for _, fields in scanned], dtype=np.int64).reshape(n, 5)
+    topic_list = [t.decode("utf-8", "replace") for t in topics]
     topic_codes = np.array(codes, dtype=np.int32)
-    sys_flags = np.array(sysf, dtype=np.int32)
+    sys_flags = columns[:, 3].astype(np.int32)
     key_rows, key_hashes = index_keys(
         topic_list,
         topic_codes,
@@ -132,15 +132,15 @@ def from_commitlog(
         sys_flags,
     )
     return DispatchBatch(
-        phys=np.array(phys, dtype=np.int64),
-        sizes=np.array(sizes, dtype=np.int64),
+        phys=np.array([p for p, _ in scanned], dtype=np.int64),
+        sizes=columns[:, 0].copy(),
         topics=topic_list,
         topic_codes=topic_codes,
-        queue_ids=np.array(qids, dtype=np.int32),
-        queue_offsets=np.array(qoffs, dtype=np.int64),
+        queue_ids=columns[:, 1].astype(np.int32),
+        queue_offsets=columns[:, 2].copy(),
         tags_codes=java_hash_array(pa.array(tags, pa.string())).astype(np.int64),
         sys_flags=sys_flags,
-        store_ts=np.array(sts, dtype=np.int64),
+        store_ts=columns[:, 4].copy(),
         key_rows=key_rows,
         key_hashes=key_hashes,
     )

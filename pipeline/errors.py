@@ -64,3 +64,20 @@ class CorruptRecordError(StoreError):
 
 class OffsetOutOfRangeError(StoreError, IndexError):
     """A CommitLog offset or queue offset outside what the store holds."""
+
+
+class DiskFullError(StoreError):
+    """A put was refused because the disk holding the store is nearly full (above RocketMQ's
+    ``diskSpaceWarningLevelRatio``, 90 %). Nothing of the refused put was written, and nothing
+    stored before is lost; puts are accepted again once retention has freed space.
+    """
+
+    def __init__(self, store: str, used_ratio: float, threshold: float) -> None:
+        super().__init__(
+            f"{store}: disk is {used_ratio:.1%} full, above the {threshold:.0%} at which puts "
+            "are refused (diskSpaceWarningLevelRatio); free space or let retention delete old "
+            "CommitLog files"
+        )
+        self.store = store
+        self.used_ratio = used_ratio
+        self.threshold = threshold

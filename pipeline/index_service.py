@@ -9,6 +9,8 @@ Thread-safety: none (one writer per store).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.errors import StoreError
 from pipeline.indexfile import IndexFile
 from pipeline.javahash import index_key_hash
 
@@ -62,6 +65,18 @@ class IndexService:
         for f in self.files:
             f.close()
         self.files = []
+
+    def delete_first(self) -> None:
+        """Retention: close, forget and unlink the oldest file, which must not be the last (the
+        one being written). A file already gone from the directory is not an error."""
+        if self.read_only:
+            raise StoreError(f"{self.directory}: cannot delete index files of a read-only store")
+        if len(self.files) < 2:
+            raise StoreError(f"{self.directory}: refusing to delete the last index file")
+        f = self.files.pop(0)
+        f.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f.path)
 
     @property
     def end_phy_offset(self) -> int:

@@ -182,16 +182,14 @@ class IndexFile:
         if keep >= count:
             return 0
         dropped = self._entries[keep:count]
-        for slot in np.unique(dropped["key_hash"].astype(np.int64) % self.slot_num).tolist():
-            head = int(self._slots[slot])
-            while head >= keep:
-                head = int(self._entries[head]["prev_index"])
-                if head <= 0:
-                    head = 0
-                    break
-            self._slots[slot] = head
-            if head == 0:
-                self.hash_slot_count -= 1
+        # A slot's chain runs through its entries in ascending number, so the oldest dropped
+        # entry of each slot points (prevIndex) at the newest kept one: the slot's new head.
+        slots = dropped["key_hash"].astype(np.int64) % self.slot_num
+        affected, first = np.unique(slots, return_index=True)
+        heads = dropped["prev_index"][first].astype(np.int64)
+        heads[(heads <= 0) | (heads >= keep)] = 0
+        self._slots[affected] = heads
+        self.hash_slot_count -= int(np.count_nonzero(heads == 0))
         self._entries[keep:count] = np.zeros(count - keep, dtype=ENTRY_DTYPE)
         self.index_count = keep
         if keep > 1:

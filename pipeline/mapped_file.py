@@ -138,6 +138,24 @@ class MappedFile:
         if hasattr(mmap, "MADV_SEQUENTIAL"):
             self._mm.madvise(mmap.MADV_SEQUENTIAL)
 
+    def try_close(self) -> bool:
+        """Close unless a zero-copy view of the mapping is still alive (then return False and
+        stay open and usable). Retention uses it so that a segment a reader still holds is
+        kept until a later attempt rather than left half-closed."""
+        if self._mm.closed:
+            return True
+        try:
+            self._view.release()
+        except BufferError:
+            return False
+        try:
+            self._mm.close()
+        except BufferError:
+            self._view = memoryview(self._mm)
+            return False
+        os.close(self._fd)
+        return True
+
     def close(self) -> None:
         if self._mm.closed:
             return

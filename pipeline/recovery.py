@@ -55,6 +55,7 @@ class RecoveryReport:
     redispatch_from: int = 0
     records_redispatched: int = 0
     duration_ms: float = 0.0
+    last_record_offset: int = -1  # start of the last record before the end, if known
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -117,16 +118,18 @@ def dispatched_end(log: CommitLog, queues: list[ConsumeQueue], index: IndexServi
     return best
 
 
-def find_end(log: CommitLog, start: int, *, check_crc: bool) -> int:
-    """Walk from ``start`` (a record boundary) to the first invalid record; returns its offset.
+def find_end(
+    log: CommitLog, start: int, *, check_crc: bool
+) -> tuple[int, list[tuple[int, record.ScannedRecord]]]:
+    """Walk from ``start`` (a record boundary) to the first invalid record. Returns its offset
+    and the records walked (kept, so that re-dispatching them needs no second scan).
 
     A walk that meets a blank goes on in the next segment; if that holds nothing valid, the end
     is the blank's position, where RocketMQ's recovery also leaves it.
     """
-    end = start
-    for phys, size in log.walk(start, check_crc=check_crc):
-        end = phys + size
-    return end
+    scanned = list(log.scan(start, check_crc=check_crc))
+    end = scanned[-1][0] + scanned[-1][1][0] if scanned else start
+    return end, scanned
 
 
 def third_last_start(log: CommitLog) -> int:
@@ -192,8 +195,12 @@ def recover(
     else:
         start, report.start_source = checkpoint_start(log, checkpoint), "checkpoint"
     report.scan_start = start
-    end = find_end(log, start, check_crc=check_crc)
+    end, walked = find_end(log, start, check_crc=check_crc)
     report.commitlog_end = end
+    last = walked[-1][0] if walked else -1
+    report.last_record_offset = last
+    if last < 0 and trusted is not None and progress is not None and start > log.min_offset:
+        report.last_record_offset = progress.last_record_offset
     if not read_only and log.has_data_after(end):
         report.bytes_truncated = log.cut(end)
     log.set_end(end)
@@ -212,7 +219,11 @@ def recover(
             redispatch_from = min(redispatch_from, start)
         report.redispatch_from = redispatch_from
         if redispatch_from < end:
-            batch = dispatch.from_commitlog(log, redispatch_from, end)
+            batch = (
+                dispatch.from_scanned(walked)
+                if redispatch_from == start
+                else dispatch.from_commitlog(log, redispatch_from, end)
+            )
             dispatch.apply(batch, queue_factory, index)
             report.records_redispatched = len(batch)
             in_queues = dispatch.consume_queue_mask(batch.sys_flags)

@@ -12,11 +12,12 @@ Thread-safety: none; one writer per store. Read-only queues never create or chan
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.errors import NotAStoreError, OffsetOutOfRangeError
+from pipeline.errors import NotAStoreError, OffsetOutOfRangeError, StoreError
 from pipeline.mapped_file import MappedFile, parse_segment_name, segment_name
 
 
@@ -103,6 +104,22 @@ class SegmentQueue:
             return
         start = max(0, (offset - self.files[0].base) // self.segment_size)
         yield from self.files[start:]
+
+    def delete_first(self) -> bool:
+        """Retention: close, forget and unlink the first segment, which must not be the last
+        (the one being written). Returns False, changing nothing, while a zero-copy view of the
+        segment is still alive. A file already gone from the directory is not an error."""
+        if self.read_only:
+            raise StoreError(f"{self.directory}: cannot delete segments of a read-only store")
+        if len(self.files) < 2:
+            raise StoreError(f"{self.directory}: refusing to delete the last segment")
+        mf = self.files[0]
+        if not mf.try_close():
+            return False
+        del self.files[0]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(mf.path)
+        return True
 
     # -- writing ----------------------------------------------------------------------------
     def segment_for_write(self, offset: int) -> MappedFile:

@@ -240,7 +240,11 @@ class MessageStore:
         # (offset, store time) of the newest record this process wrote: what the progress file
         # names as the last flushed record.
         self._last_record: tuple[int, int] | None = None
+        last = self.recovery.last_record_offset
+        if last >= 0:
+            self._last_record = (last, self.commitlog.store_timestamp(last, record.FIXED_SIZE_V4))
         self._flushed_end = -1 if self.recovery.records_redispatched else self.commitlog.max_offset
+        self._flushed_at = time.monotonic()
 
     def _recover(self) -> RecoveryReport:
         report = recover(
@@ -293,6 +297,7 @@ class MessageStore:
                 FlushProgress(end, last_offset, last_ts).write(self.path / "config")
             self._write_checkpoint()
             self._flushed_end = end
+            self._flushed_at = time.monotonic()
 
     def _write_checkpoint(self) -> None:
         last_ts = self._last_record[1] if self._last_record else self._last_store_timestamp()
@@ -382,6 +387,10 @@ class MessageStore:
             self.commitlog.flush()
         dispatch.apply(dispatch.from_prepared(b, phys, queue_offsets, now), self._queue, self.index)
         self._last_record = (int(phys[-1]), now)
+        if time.monotonic() - self._flushed_at >= self.config.flush_interval_commitlog / 1000:
+            # Back-to-back puts can keep the flusher thread from the lock; flushing here when
+            # it is due bounds how much a crash makes recovery re-scan.
+            self.flush()
         return BatchPutResult(
             phys,
             queue_offsets,

@@ -1,0 +1,626 @@
+"""Retention and disk pressure: deleting old files as RocketMQ 4.9.x's broker does.
+
+RocketMQ runs three cleaners every ``cleanResourceInterval`` (10 s): ``CleanCommitLogService``,
+``CleanConsumeQueueService`` and ``IndexService.deleteExpiredFile``. :class:`RetentionService`
+is the three of them as one call, :meth:`RetentionService.run`, for the store to schedule.
+
+What is deleted
+---------------
+
+**CommitLog segments**, oldest first, never the last one (the segment being written), and never
+one in the middle: the first segment that may not go ends the round. A segment *expires* when
+``now >= mtime + fileReservedTime hours`` (RocketMQ's test, on the file's last-modified time).
+Expired segments are deleted when one of these holds, RocketMQ's three triggers:
+
+* the local hour of ``now`` is one of ``deleteWhen``'s (``"04"``, ``"04;16"``), reason
+  ``"expired"``;
+* a manual clean was asked for (``force_expired=True``, RocketMQ's
+  ``executeDeleteFilesManually``; the CLI's ``clean``), reason ``"expired"``;
+* the disk holding the store is more than ``diskMaxUsedSpaceRatio`` full, at any hour, reason
+  ``"disk-pressure"``.
+
+Above :data:`CLEAN_FORCIBLY_RATIO` (85 %, RocketMQ's ``diskSpaceCleanForciblyRatio``) segments go
+even if they have not expired, reason ``"forced"``, oldest first, until the disk is back at or
+below that ratio or only the last segment is left. (RocketMQ only cleans forcibly when another
+trigger is on too; with ``diskMaxUsedSpaceRatio`` at most 85, the default 75 included, that is
+always the case, so the difference only shows with a higher ratio.)
+
+At most :attr:`RetentionPolicy.max_files_per_run` segments (10, RocketMQ's
+``DELETE_FILES_BATCH_MAX``) go per call, so one call holds the store's lock for a bounded time
+(unlinking a 1 GiB segment can take a while); the next call continues.
+
+**ConsumeQueue files** (reason ``"below-min-offset"``), once the CommitLog's min offset moved: a
+queue's files whose last unit points below the new CommitLog min offset, oldest first, never the
+queue's last file (RocketMQ's ``deleteExpiredFileByOffset``); then every queue's min offset is
+moved to its first unit still pointing at live data (``correctMinOffset``). A pull below it gets
+``OFFSET_TOO_SMALL`` with ``nextBeginOffset`` the new min offset.
+
+**IndexFiles** (reason ``"below-min-offset"``) whose ``endPhyOffset`` is below the CommitLog min
+offset, oldest first, never the last (the one being written).
+
+Disk full
+---------
+
+Every :meth:`~RetentionService.run` and :meth:`~RetentionService.refresh` measures the disk.
+Above :data:`WARNING_LEVEL_RATIO` (90 %, RocketMQ's ``diskSpaceWarningLevelRatio``) the store is
+marked full, and it stays so until a measurement at or below 85 % (RocketMQ's hysteresis: between
+85 and 90 % the mark does not change). While marked, the put path must refuse puts:
+:meth:`~RetentionService.check_put` raises :class:`DiskFullError` (RocketMQ answers
+``SERVICE_NOT_AVAILABLE``), before anything of the put is written, so nothing already accepted
+is lost. :meth:`~RetentionService.disk_full` and :meth:`~RetentionService.check_put` read a
+cached flag and cost nothing.
+
+Where it runs, thread-safety
+----------------------------
+
+Never on the put path: the store calls :meth:`~RetentionService.run` from a background thread
+every :data:`RUN_INTERVAL_MS` or so. :meth:`~RetentionService.plan`,
+:meth:`~RetentionService.run` and :meth:`~RetentionService.refresh` read and change the store's
+CommitLog, ConsumeQueues and index, so the caller must hold the store's writer lock while it
+calls them (they do not take it themselves); each call is short, see above.
+:meth:`~RetentionService.disk_full`, :meth:`~RetentionService.check_put` and
+:attr:`~RetentionService.used_ratio` read one attribute each and may be called from any thread
+without the lock. :meth:`~RetentionService.plan` changes nothing, on disk or in memory, and
+works on a read-only store (``rocketstore clean --dry-run``).
+
+Crash behaviour
+---------------
+
+CommitLog segments are deleted oldest first, and the directory is synced after each, so
+whatever a crash leaves is a contiguous run of segments that opens (recovery starts from the
+first remaining segment). ConsumeQueue and index files are deleted only after the CommitLog
+segments, and each file is closed before it is unlinked. A crash between the two leaves queue
+files pointing below the CommitLog's min offset; recovery moves each queue's min offset past
+the dangling units of its first file, and the next run deletes the rest (a new service's first
+run always checks every queue). Deleting a file that is already gone is not an error.
+
+A segment a reader still holds a zero-copy view of (:meth:`CommitLog.raw`) cannot be closed;
+it is kept, the round stops there, and the next run tries again (RocketMQ waits for the file's
+references the same way). The report lists it under ``deferred``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from pipeline.errors import ConfigError, DiskFullError, ReadOnlyStoreError, StoreClosedError
+from pipeline.mapped_file import MappedFile
+
+if TYPE_CHECKING:  # the store imports this module to wire it in
+    from pipeline.store import MessageStore
+
+CLEAN_FORCIBLY_RATIO = 0.85  # diskSpaceCleanForciblyRatio
+WARNING_LEVEL_RATIO = 0.90  # diskSpaceWarningLevelRatio
+DELETE_FILES_BATCH_MAX = 10  # MappedFileQueue.DELETE_FILES_BATCH_MAX
+RUN_INTERVAL_MS = 10_000  # cleanResourceInterval
+HOUR_MS = 3_600_000
+
+REASON_EXPIRED = "expired"
+REASON_DISK_PRESSURE = "disk-pressure"
+REASON_FORCED = "forced"
+REASON_BELOW_MIN_OFFSET = "below-min-offset"
+
+TRIGGER_DELETE_WHEN = "delete-when"
+TRIGGER_MANUAL = "manual"
+TRIGGER_DISK_RATIO = "disk-ratio"
+TRIGGER_FORCIBLY = "forcibly"
+
+KIND_COMMITLOG = "commitlog"
+KIND_CONSUMEQUEUE = "consumequeue"
+KIND_INDEX = "index"
+
+_LONG = struct.Struct(">q")
+
+
+def statvfs_used_ratio(path: Path) -> float:
+    """Used share (0..1) of the filesystem holding ``path``, as Java's ``File`` reports it
+    (``(total - free) / total``, root's reserve counted as used); -1 if the size is unknown."""
+    st = os.statvfs(path)
+    if st.f_blocks <= 0:
+        return -1.0
+    return (st.f_blocks - st.f_bfree) / st.f_blocks
+
+
+def statvfs_total_bytes(path: Path) -> int:
+    """Size in bytes of the filesystem holding ``path``."""
+    st = os.statvfs(path)
+    return int(st.f_blocks * st.f_frsize)
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def parse_delete_when(text: str) -> tuple[int, ...]:
+    """``"04;16"`` -> ``(4, 16)`` (RocketMQ's ``deleteWhen``)."""
+    hours: list[int] = []
+    for part in text.split(";"):
+        p = part.strip()
+        if not p.isdigit() or not 0 <= int(p) <= 23:
+            raise ConfigError(f"deleteWhen={text!r}: must be hours 00-23 separated by ';'")
+        hours.append(int(p))
+    return tuple(hours)
+
+
+@dataclasses.dataclass(frozen=True)
+class RetentionPolicy:
+    """When files go. Ratios are fractions (0..1); :meth:`from_config` converts RocketMQ's."""
+
+    file_reserved_time: int = 72  # hours (fileReservedTime)
+    delete_when: tuple[int, ...] = (4,)  # local hours (deleteWhen)
+    disk_max_used_space_ratio: float = 0.75  # diskMaxUsedSpaceRatio / 100
+    clean_forcibly_ratio: float = CLEAN_FORCIBLY_RATIO
+    warning_level_ratio: float = WARNING_LEVEL_RATIO
+    clean_file_forcibly_enable: bool = True  # cleanFileForciblyEnable
+    max_files_per_run: int = DELETE_FILES_BATCH_MAX  # CommitLog segments per run
+    max_derived_files_per_run: int = 1000  # ConsumeQueue + index files per run
+
+    def __post_init__(self) -> None:
+        if self.file_reserved_time < 0:
+            raise ConfigError(f"fileReservedTime={self.file_reserved_time}: must be >= 0 hours")
+        if not self.delete_when or any(not 0 <= h <= 23 for h in self.delete_when):
+            raise ConfigError(f"deleteWhen={self.delete_when}: must be hours 0-23")
+        for name in ("disk_max_used_space_ratio", "clean_forcibly_ratio", "warning_level_ratio"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise ConfigError(f"{name}={value}: must be a fraction in (0, 1]")
+        if self.max_files_per_run < 1 or self.max_derived_files_per_run < 1:
+            raise ConfigError("max_files_per_run and max_derived_files_per_run must be >= 1")
+
+    @classmethod
+    def from_config(cls, config: StoreConfig, **overrides: Any) -> RetentionPolicy:
+        """The policy a store's settings give (``fileReservedTime``, ``deleteWhen``,
+        ``diskMaxUsedSpaceRatio``), with any field replaced by ``overrides``."""
+        values: dict[str, Any] = {
+            "file_reserved_time": config.file_reserved_time,
+            "delete_when": parse_delete_when(config.delete_when),
+            "disk_max_used_space_ratio": config.disk_max_used_space_ratio / 100.0,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+    @property
+    def reserved_ms(self) -> int:
+        return self.file_reserved_time * HOUR_MS
+
+    def is_delete_hour(self, now_ms: int) -> bool:
+        """Whether the local hour of ``now_ms`` is one of ``deleteWhen``'s."""
+        return time.localtime(now_ms // 1000).tm_hour in self.delete_when
+
+
+@dataclasses.dataclass(frozen=True)
+class FileDeletion:
+    """One file deleted (or, in a plan, to be deleted)."""
+
+    path: Path
+    kind: str  # "commitlog", "consumequeue" or "index"
+    bytes: int  # file length
+    allocated: int  # disk space it holds (files are sparse until written)
+    reason: str  # "expired", "disk-pressure", "forced" or "below-min-offset"
+    mtime_ms: int
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "path": str(self.path),
+            "kind": self.kind,
+            "bytes": self.bytes,
+            "allocatedBytes": self.allocated,
+            "reason": self.reason,
+            "mtime": self.mtime_ms,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueMinOffset:
+    """A ConsumeQueue whose min offset moved (queue offsets, not bytes)."""
+
+    topic: str
+    queue_id: int
+    before: int
+    after: int
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "topic": self.topic,
+            "queueId": self.queue_id,
+            "minOffsetBefore": self.before,
+            "minOffsetAfter": self.after,
+        }
+
+
+@dataclasses.dataclass
+class CleanPlan:
+    """What a run at ``now_ms`` would do; nothing was changed to find out.
+
+    For forced deletion the plan assumes each deleted file gives back its allocated bytes of a
+    filesystem of ``disk_total_bytes``; a run measures the disk again after each file instead.
+    """
+
+    store: Path
+    now_ms: int
+    disk_used_ratio: float
+    triggers: list[str]
+    files: list[FileDeletion]
+    queues: list[QueueMinOffset]
+    commitlog_min_offset_before: int
+    commitlog_min_offset_after: int
+    disk_used_ratio_after: float
+    disk_full: bool
+
+    dry_run = True
+
+    def deleted(self, kind: str | None = None) -> list[FileDeletion]:
+        return [f for f in self.files if kind is None or f.kind == kind]
+
+    @property
+    def bytes(self) -> int:
+        """Total length of the files."""
+        return sum(f.bytes for f in self.files)
+
+    @property
+    def bytes_freed(self) -> int:
+        """Disk space the files held."""
+        return sum(f.allocated for f in self.files)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "store": str(self.store),
+            "dryRun": self.dry_run,
+            "now": self.now_ms,
+            "diskUsedRatio": round(self.disk_used_ratio, 6),
+            "triggers": list(self.triggers),
+            "files": [f.to_json() for f in self.files],
+            "queues": [q.to_json() for q in self.queues],
+            "commitLogMinOffsetBefore": self.commitlog_min_offset_before,
+            "commitLogMinOffsetAfter": self.commitlog_min_offset_after,
+            "bytes": self.bytes,
+            "bytesFreed": self.bytes_freed,
+            "diskUsedRatioAfter": round(self.disk_used_ratio_after, 6),
+            "diskFull": self.disk_full,
+        }
+
+
+@dataclasses.dataclass
+class CleanReport(CleanPlan):
+    """What a run did. ``deferred`` lists files kept because a reader still maps them (they are
+    tried again next run); ``complete`` is False when a per-run limit or a deferred file left
+    work for the next run."""
+
+    deferred: list[Path] = dataclasses.field(default_factory=list)
+    complete: bool = True
+
+    dry_run = False
+
+    def to_json(self) -> dict[str, object]:
+        out = super().to_json()
+        out["deferred"] = [str(p) for p in self.deferred]
+        out["complete"] = self.complete
+        return out
+
+
+@dataclasses.dataclass
+class _Round:
+    """Working state of one plan or run."""
+
+    execute: bool
+    files: list[FileDeletion] = dataclasses.field(default_factory=list)
+    queues: list[QueueMinOffset] = dataclasses.field(default_factory=list)
+    deferred: list[Path] = dataclasses.field(default_factory=list)
+    complete: bool = True
+
+
+def _stat(path: Path) -> tuple[int, int, int]:
+    """(length, allocated bytes, mtime ms) of a file; a vanished file is empty and expired."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return 0, 0, 0
+    return st.st_size, st.st_blocks * 512, st.st_mtime_ns // 1_000_000
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class RetentionService:
+    """Deletes a store's expired files and watches its disk (see the module docstring).
+
+    ``clock_ms`` gives the time when a call passes none; ``disk_usage`` the used share (0..1) of
+    the filesystem holding a path, ``disk_total`` its size in bytes (for dry-run estimates).
+    All three default to the real thing and exist so tests can drive time and disk use.
+    """
+
+    def __init__(
+        self,
+        store: MessageStore,
+        policy: RetentionPolicy | None = None,
+        *,
+        clock_ms: Callable[[], int] = _wall_clock_ms,
+        disk_usage: Callable[[Path], float] = statvfs_used_ratio,
+        disk_total: Callable[[Path], int] = statvfs_total_bytes,
+    ) -> None:
+        self.store = store
+        self.policy = policy or RetentionPolicy.from_config(store.config)
+        self.clock_ms = clock_ms
+        self.disk_usage = disk_usage
+        self.disk_total = disk_total
+        self._used_ratio = 0.0
+        self._disk_full = False
+        self._checked_ms = 0
+        # CommitLog min offset the ConsumeQueues and index were last cleaned for; -1 makes the
+        # first run check them all (after a crash between the CommitLog and them).
+        self._derived_clean_for = -1
+        self.refresh()
+
+    # -- disk state (lock-free readers) -----------------------------------------------------
+    @property
+    def used_ratio(self) -> float:
+        """Disk use at the last measurement (0..1; -1 if unknown)."""
+        return self._used_ratio
+
+    @property
+    def checked_ms(self) -> int:
+        """When the disk was last measured."""
+        return self._checked_ms
+
+    def disk_full(self) -> bool:
+        """Whether puts must be refused (cached; see :meth:`refresh`)."""
+        return self._disk_full
+
+    def check_put(self) -> None:
+        """Raise :class:`DiskFullError` if puts must be refused. For the put path: cheap."""
+        if self._disk_full:
+            raise DiskFullError(
+                str(self.store.path), self._used_ratio, self.policy.warning_level_ratio
+            )
+
+    def refresh(self, now_ms: int | None = None) -> float:
+        """Measure the disk and update :meth:`disk_full`; returns the used share."""
+        ratio = self._measure()
+        self._note(ratio, self.clock_ms() if now_ms is None else now_ms)
+        return ratio
+
+    def _measure(self) -> float:
+        directory = self.store.path / "commitlog"
+        return float(self.disk_usage(directory if directory.is_dir() else self.store.path))
+
+    def _note(self, ratio: float, now_ms: int) -> None:
+        self._used_ratio = ratio
+        self._checked_ms = now_ms
+        if ratio > self.policy.warning_level_ratio:
+            self._disk_full = True
+        elif ratio <= self.policy.clean_forcibly_ratio:
+            self._disk_full = False
+
+    def _full_after(self, ratio: float) -> bool:
+        if ratio > self.policy.warning_level_ratio:
+            return True
+        if ratio <= self.policy.clean_forcibly_ratio:
+            return False
+        return self._disk_full
+
+    # -- planning and running ---------------------------------------------------------------
+    def plan(
+        self,
+        now_ms: int | None = None,
+        *,
+        force_expired: bool = False,
+        max_files: int | None = None,
+    ) -> CleanPlan:
+        """What :meth:`run` with the same arguments would delete, and why. Changes nothing."""
+        self._check_store(write=False)
+        now = self.clock_ms() if now_ms is None else now_ms
+        ratio = self._measure()
+        log = self.store.commitlog
+        before = log.min_offset
+        rnd = _Round(execute=False)
+        total = max(1, self.disk_total(self.store.path))
+        after = self._clean_commitlog(
+            rnd, now, ratio, force_expired, max_files, lambda freed: ratio - freed / total
+        )
+        self._clean_derived(rnd, after)
+        est = ratio - sum(f.allocated for f in rnd.files) / total if ratio >= 0 else ratio
+        return CleanPlan(
+            store=self.store.path,
+            now_ms=now,
+            disk_used_ratio=ratio,
+            triggers=self._triggers(now, ratio, force_expired),
+            files=rnd.files,
+            queues=rnd.queues,
+            commitlog_min_offset_before=before,
+            commitlog_min_offset_after=after,
+            disk_used_ratio_after=est,
+            disk_full=self._full_after(est),
+        )
+
+    def run(
+        self,
+        now_ms: int | None = None,
+        *,
+        force_expired: bool = False,
+        max_files: int | None = None,
+    ) -> CleanReport:
+        """Delete what is due (see the module docstring), measure the disk again, report.
+
+        ``force_expired`` deletes expired CommitLog segments whatever the hour (a manual clean);
+        ``max_files`` overrides the policy's limit on CommitLog segments for this call.
+        """
+        self._check_store(write=True)
+        now = self.clock_ms() if now_ms is None else now_ms
+        ratio = self._measure()
+        self._note(ratio, now)
+        triggers = self._triggers(now, ratio, force_expired)
+        log = self.store.commitlog
+        before = log.min_offset
+        rnd = _Round(execute=True)
+        after = self._clean_commitlog(
+            rnd, now, ratio, force_expired, max_files, lambda _freed: self._measure()
+        )
+        self._clean_derived(rnd, after)
+        ratio_after = self._measure() if rnd.files else ratio
+        self._note(ratio_after, now)
+        return CleanReport(
+            store=self.store.path,
+            now_ms=now,
+            disk_used_ratio=ratio,
+            triggers=triggers,
+            files=rnd.files,
+            queues=rnd.queues,
+            commitlog_min_offset_before=before,
+            commitlog_min_offset_after=after,
+            disk_used_ratio_after=ratio_after,
+            disk_full=self._disk_full,
+            deferred=rnd.deferred,
+            complete=rnd.complete,
+        )
+
+    def _check_store(self, *, write: bool) -> None:
+        if self.store.closed:
+            raise StoreClosedError(f"{self.store.path}: store is closed")
+        if write and self.store.read_only:
+            raise ReadOnlyStoreError(
+                f"{self.store.path}: store was opened read-only; retention can only plan"
+            )
+
+    def _triggers(self, now_ms: int, ratio: float, force_expired: bool) -> list[str]:
+        p = self.policy
+        out: list[str] = []
+        if p.is_delete_hour(now_ms):
+            out.append(TRIGGER_DELETE_WHEN)
+        if force_expired:
+            out.append(TRIGGER_MANUAL)
+        if ratio < 0 or ratio > p.disk_max_used_space_ratio:
+            out.append(TRIGGER_DISK_RATIO)
+        if p.clean_file_forcibly_enable and ratio > p.clean_forcibly_ratio:
+            out.append(TRIGGER_FORCIBLY)
+        return out
+
+    def _clean_commitlog(
+        self,
+        rnd: _Round,
+        now: int,
+        ratio: float,
+        force_expired: bool,
+        max_files: int | None,
+        ratio_after: Callable[[int], float],
+    ) -> int:
+        """Delete (or plan) CommitLog segments; returns the CommitLog min offset after."""
+        p = self.policy
+        triggers = self._triggers(now, ratio, force_expired)
+        on_time = TRIGGER_DELETE_WHEN in triggers or TRIGGER_MANUAL in triggers
+        on_space = TRIGGER_DISK_RATIO in triggers
+        forcibly = TRIGGER_FORCIBLY in triggers
+        limit = p.max_files_per_run if max_files is None else max_files
+        segments = self.store.commitlog.segments
+        files = segments.files
+        freed = 0
+        done = 0
+        while True:
+            k = 0 if rnd.execute else done
+            if k >= len(files) - 1:
+                break  # only the segment being written is left
+            mf = files[k]
+            size, allocated, mtime = _stat(mf.path)
+            expired = now >= mtime + p.reserved_ms
+            if expired and on_time:
+                reason = REASON_EXPIRED
+            elif expired and on_space:
+                reason = REASON_DISK_PRESSURE
+            elif forcibly:
+                reason = REASON_FORCED
+            else:
+                break  # not due: and nothing after it may go before it does
+            if done >= limit:
+                rnd.complete = False
+                break
+            if rnd.execute:
+                if not segments.delete_first():
+                    rnd.deferred.append(mf.path)
+                    rnd.complete = False
+                    break
+                _fsync_dir(segments.directory)
+            rnd.files.append(FileDeletion(mf.path, KIND_COMMITLOG, size, allocated, reason, mtime))
+            done += 1
+            freed += allocated
+            if forcibly:
+                now_ratio = ratio_after(freed)
+                if 0 <= now_ratio <= p.clean_forcibly_ratio:
+                    forcibly = False
+        return files[done if not rnd.execute else 0].base if files else 0
+
+    def _clean_derived(self, rnd: _Round, min_phy: int) -> None:
+        """Delete (or plan) ConsumeQueue and index files below ``min_phy``, move queue mins."""
+        if min_phy == self._derived_clean_for:
+            return
+        budget = self.policy.max_derived_files_per_run
+        for (topic, queue_id), cq in sorted(self.store.queues.items()):
+            files = cq.segments.files
+            done = 0
+            while budget > 0:
+                k = 0 if rnd.execute else done
+                if k >= len(files) - 1:
+                    break
+                mf = files[k]
+                if mf.wrote_position < mf.size or _last_unit_offset(mf) >= min_phy:
+                    break
+                stat = _stat(mf.path)
+                if rnd.execute and not cq.segments.delete_first():
+                    rnd.deferred.append(mf.path)
+                    rnd.complete = False
+                    break
+                rnd.files.append(_derived(mf.path, KIND_CONSUMEQUEUE, stat))
+                done += 1
+                budget -= 1
+            else:
+                rnd.complete = False
+            if not files:
+                continue
+            old = cq.min_offset
+            if rnd.execute:
+                cq.correct_min_offset(min_phy)
+                new = cq.min_offset
+            else:
+                new = cq.corrected_min_logic_offset(min_phy, done) // CQ_UNIT_SIZE
+            if new != old:
+                rnd.queues.append(QueueMinOffset(topic, queue_id, old, new))
+        index = self.store.index
+        if index is not None:
+            done = 0
+            while budget > 0:
+                k = 0 if rnd.execute else done
+                if k >= len(index.files) - 1:
+                    break
+                f = index.files[k]
+                if f.end_phy_offset >= min_phy:
+                    break
+                stat = _stat(f.path)
+                if rnd.execute:
+                    index.delete_first()
+                rnd.files.append(_derived(f.path, KIND_INDEX, stat))
+                done += 1
+                budget -= 1
+            else:
+                rnd.complete = False
+        if rnd.execute and rnd.complete:
+            self._derived_clean_for = min_phy
+
+
+def _derived(path: Path, kind: str, stat: tuple[int, int, int]) -> FileDeletion:
+    size, allocated, mtime = stat
+    return FileDeletion(path, kind, size, allocated, REASON_BELOW_MIN_OFFSET, mtime)
+
+
+def _last_unit_offset(mf: MappedFile) -> int:
+    """CommitLog offset of a full ConsumeQueue file's last unit."""
+    return int(_LONG.unpack_from(mf.buffer, mf.size - CQ_UNIT_SIZE)[0])
