@@ -103,6 +103,13 @@ class ConsumeQueue:
     def close(self) -> None:
         self.segments.close()
 
+    def destroy(self) -> None:
+        """Delete every file of this queue (to rebuild it from the CommitLog)."""
+        self.segments.truncate(0)
+        self.segments.close()
+        self.max_physic_offset = -1
+        self.min_logic_offset = 0
+
     def _file_units(self, i: int) -> Units:
         mf = self.segments.files[i]
         return np.frombuffer(mf.buffer, dtype=UNIT_DTYPE, count=self.units_per_file)

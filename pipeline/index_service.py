@@ -138,6 +138,13 @@ class IndexService:
             added += f.put(key_hashes[added:], phy_offsets[added:], store_timestamps[added:])
         return added
 
+    def destroy(self) -> None:
+        """Delete every index file (to rebuild the index from the CommitLog)."""
+        for f in self.files:
+            f.close()
+            f.path.unlink(missing_ok=True)
+        self.files = []
+
     def truncate_from(self, phys: int, store_time: Callable[[int], int]) -> int:
         """Forget entries of messages at ``phys`` or later: files that start there are deleted,
         the file holding the boundary is cut (see :meth:`IndexFile.truncate_from`)."""

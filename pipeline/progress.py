@@ -6,10 +6,12 @@ records, after every flush, the exact offset up to which the CommitLog, the Cons
 the index are on disk, so recovery after a crash re-scans only what was written since::
 
     {"version": 1, "flushedOffset": N, "lastRecordOffset": M, "storeTimestamp": T,
-     "checksum": C}
+     "queues": {"<topic>/<queueId>": maxOffset, ...}, "checksum": C}
 
 ``flushedOffset`` is the end of the last flushed record (which starts at ``lastRecordOffset``);
-every record before it has its ConsumeQueue units and index entries flushed too. ``checksum`` is
+every record before it has its ConsumeQueue units and index entries flushed too, and
+``queues`` lists every ConsumeQueue with its length then, so a queue deleted or cut short
+later is noticed and rebuilt. ``checksum`` is
 the CRC-32 of the other fields, so a damaged file is ignored rather than trusted. The file is
 written to a temporary name, fsynced and renamed over the old one: it is either the old or the
 new version, never torn. RocketMQ ignores files it does not know in ``config/``, and if this
@@ -35,17 +37,19 @@ class FlushProgress:
     flushed_offset: int
     last_record_offset: int
     store_timestamp: int
+    queues: dict[str, int] = dataclasses.field(default_factory=dict)
 
-    def _fields(self) -> dict[str, int]:
+    def _fields(self) -> dict[str, object]:
         return {
             "version": VERSION,
             "flushedOffset": self.flushed_offset,
             "lastRecordOffset": self.last_record_offset,
             "storeTimestamp": self.store_timestamp,
+            "queues": self.queues,
         }
 
     @staticmethod
-    def _checksum(fields: dict[str, int]) -> int:
+    def _checksum(fields: dict[str, object]) -> int:
         return zlib.crc32(json.dumps(fields, sort_keys=True).encode()) & 0xFFFFFFFF
 
     @classmethod
@@ -53,15 +57,22 @@ class FlushProgress:
         """The recorded progress, or None if the file is missing, unreadable or damaged."""
         try:
             data = json.loads((config_dir / FILE_NAME).read_text(encoding="utf-8"))
-            fields = {
+            fields: dict[str, object] = {
                 k: int(data[k])
                 for k in ("version", "flushedOffset", "lastRecordOffset", "storeTimestamp")
             }
+            queues = {str(k): int(v) for k, v in dict(data.get("queues", {})).items()}
+            fields["queues"] = queues
             if fields["version"] != VERSION or cls._checksum(fields) != int(data["checksum"]):
                 return None
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
-        return cls(fields["flushedOffset"], fields["lastRecordOffset"], fields["storeTimestamp"])
+        return cls(
+            int(data["flushedOffset"]),
+            int(data["lastRecordOffset"]),
+            int(data["storeTimestamp"]),
+            queues,
+        )
 
     def write(self, config_dir: Path) -> None:
         fields = self._fields()

@@ -34,6 +34,9 @@ import dataclasses
 import time
 from collections.abc import Callable
 
+import numpy as np
+import numpy.typing as npt
+
 from pipeline import dispatch, record
 from pipeline.checkpoint import StoreCheckpoint
 from pipeline.commitlog import CommitLog
@@ -56,6 +59,8 @@ class RecoveryReport:
     records_redispatched: int = 0
     duration_ms: float = 0.0
     last_record_offset: int = -1  # start of the last record before the end, if known
+    queues_rebuilt: list[str] = dataclasses.field(default_factory=list)
+    index_rebuilt: bool = False
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -68,6 +73,8 @@ class RecoveryReport:
             "indexEntriesDropped": self.index_entries_dropped,
             "redispatchFrom": self.redispatch_from,
             "recordsRedispatched": self.records_redispatched,
+            "queuesRebuilt": self.queues_rebuilt,
+            "indexRebuilt": self.index_rebuilt,
             "durationMs": round(self.duration_ms, 3),
         }
 
@@ -157,6 +164,80 @@ def checkpoint_start(log: CommitLog, checkpoint: StoreCheckpoint) -> int:
     return files[0].base
 
 
+def _field(
+    data: npt.NDArray[np.uint8], rel: npt.NDArray[np.int64], at: int, width: int
+) -> npt.NDArray[np.int64]:
+    """Big-endian signed ``width``-byte field at ``rel + at`` for every position in ``rel``."""
+    value = np.zeros(len(rel), dtype=np.int64)
+    for k in range(width):
+        value = (value << 8) | data[rel + at + k].astype(np.int64)
+    if width == 4:
+        value = np.where(value >= 1 << 31, value - (1 << 32), value)
+    return value
+
+
+def damaged_queues(
+    log: CommitLog, queues: dict[tuple[str, int], ConsumeQueue]
+) -> list[tuple[str, int]]:
+    """Queues with a unit that does not point at a record of that queue: the record at the
+    unit's offset must lie inside the log and have the magic code, the unit's size, the queue's
+    id and the unit's queue offset. Every unit is checked, vectorised per segment."""
+    files = log.segments.files
+    bad: list[tuple[str, int]] = []
+    for key, cq in queues.items():
+        lo, hi = cq.min_offset, cq.max_offset
+        if hi <= lo:
+            continue
+        if not files:
+            bad.append(key)
+            continue
+        units = cq.read(lo, hi - lo)
+        offsets = units["offset"].astype(np.int64)
+        sizes = units["size"].astype(np.int64)
+        seg = (offsets - files[0].base) // log.segment_size
+        ok = (offsets >= log.min_offset) & (sizes >= record.FIXED_SIZE_V4) & (seg < len(files))
+        if not ok.all():
+            bad.append(key)
+            continue
+        for s in np.unique(seg).tolist():
+            mf = files[s]
+            rows = np.flatnonzero(seg == s)
+            rel = offsets[rows] - mf.base
+            if int((rel + sizes[rows]).max()) > mf.wrote_position:
+                break
+            data = np.frombuffer(mf.buffer, dtype=np.uint8)
+            good = (
+                (_field(data, rel, record.OFF_TOTALSIZE, 4) == sizes[rows])
+                & (_field(data, rel, record.OFF_MAGIC, 4) == record.MAGIC)
+                & (_field(data, rel, record.OFF_QUEUEID, 4) == key[1])
+                & (_field(data, rel, record.OFF_QUEUEOFFSET, 8) == lo + rows)
+            )
+            del data
+            if not good.all():
+                break
+        else:
+            continue
+        bad.append(key)
+    return bad
+
+
+def index_damaged(log: CommitLog, index: IndexService) -> bool:
+    """Whether an index file's header is impossible or its newest entry does not point at a
+    record start."""
+    for f in index.files:
+        if not (1 <= f.index_count <= f.index_num) or not (
+            0 <= f.hash_slot_count <= min(f.slot_num, max(f.index_count - 1, 0))
+        ):
+            return True
+        if (
+            f.entry_count
+            and f.end_phy_offset >= log.min_offset
+            and _record_end(log, f.end_phy_offset, None) is None
+        ):
+            return True
+    return False
+
+
 def _trusted_progress(log: CommitLog, progress: FlushProgress | None) -> int | None:
     if progress is None or not log.segments.files:
         return None
@@ -231,6 +312,27 @@ def recover(
                 # As RocketMQ does while re-dispatching: the logics time is the newest
                 # dispatched message's.
                 checkpoint.logics_msg_timestamp = int(batch.store_ts[in_queues][-1])
+    if not read_only:
+        # Unlike RocketMQ, rebuild ConsumeQueues and an index that do not match the log.
+        rebuild = damaged_queues(log, queues)
+        if progress is not None and trusted is not None:
+            # Queues the last flush recorded that are now missing or shorter.
+            for name, length in progress.queues.items():
+                topic, _, qid = name.rpartition("/")
+                have = queues.get((topic, int(qid)))
+                if (have is None or have.max_offset < length) and (topic, int(qid)) not in rebuild:
+                    rebuild.append((topic, int(qid)))
+        index_bad = index is not None and index_damaged(log, index)
+        if rebuild or index_bad:
+            for key in rebuild:
+                if key in queues:
+                    queues.pop(key).destroy()
+            if index_bad and index is not None:
+                index.destroy()
+            batch = dispatch.from_commitlog(log, log.min_offset, end)
+            dispatch.apply(batch, queue_factory, index)
+            report.queues_rebuilt = [f"{t}/{q}" for t, q in rebuild]
+            report.index_rebuilt = index_bad
     for cq in queues.values():
         cq.correct_min_offset(log.min_offset)
     report.duration_ms = (time.perf_counter() - started) * 1000

@@ -294,7 +294,8 @@ class MessageStore:
                 self.index.flush()
             if self._last_record is not None:
                 last_offset, last_ts = self._last_record
-                FlushProgress(end, last_offset, last_ts).write(self.path / "config")
+                lengths = {f"{t}/{q}": cq.max_offset for (t, q), cq in self.queues.items()}
+                FlushProgress(end, last_offset, last_ts, lengths).write(self.path / "config")
             self._write_checkpoint()
             self._flushed_end = end
             self._flushed_at = time.monotonic()

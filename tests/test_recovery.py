@@ -1,0 +1,234 @@
+"""Recovery on open after simulated crashes: torn tails, partial dispatch, stale or damaged
+progress files, pre-allocated segments; idempotence; index truncation."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline import record
+from pipeline.config import StoreConfig
+from pipeline.consumequeue import UNIT_DTYPE
+from pipeline.indexfile import IndexFile
+from pipeline.progress import FILE_NAME
+from pipeline.store import MessageStore
+
+CONFIG = StoreConfig(
+    mapped_file_size_commitlog=64 * 1024,
+    mapped_file_size_consume_queue=20 * 50,
+    max_hash_slot_num=101,
+    max_index_num=300,
+)
+
+
+def batch(start: int, n: int) -> pa.Table:
+    idx = range(start, start + n)
+    return pa.table(
+        {
+            "topic": ["T"] * n,
+            "body": [f"body-{i}".encode() * (1 + i % 5) for i in idx],
+            "queueId": pa.array([i % 3 for i in idx], pa.int32()),
+            "keys": [f"k{i}" for i in idx],
+            "tags": [("A", "B")[i % 2] for i in idx],
+        }
+    )
+
+
+def write(path: Path, n: int, per_batch: int = 50) -> list[int]:
+    offsets: list[int] = []
+    with MessageStore(path, CONFIG) as store:
+        for s in range(0, n, per_batch):
+            offsets += store.put_batch(batch(s, min(per_batch, n - s))).commit_log_offsets.tolist()
+    return offsets
+
+
+def crash(path: Path) -> None:
+    """What a kill -9 leaves: the abort file."""
+    (path / "abort").touch()
+
+
+def snapshot(store: MessageStore) -> list[tuple[str, int, int, bytes]]:
+    out = []
+    for q in store.queue_infos():
+        got = store.get_messages(q.topic, q.queue_id, q.min_offset, q.max_offset)
+        out += [(m.topic, m.queue_id, m.queue_offset, m.body) for m in got.messages]
+    return out
+
+
+def test_torn_last_record_is_cut_exactly(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    offsets = write(path, 400)
+    with MessageStore(path, CONFIG, read_only=True) as store:
+        before = snapshot(store)
+        last = store.get_message(offsets[-1])
+        end = store.max_phy_offset
+    crash(path)
+    seg = (
+        path
+        / "commitlog"
+        / f"{(offsets[-1] // CONFIG.mapped_file_size_commitlog) * CONFIG.mapped_file_size_commitlog:020d}"
+    )
+    data = bytearray(seg.read_bytes())
+    rel = offsets[-1] % CONFIG.mapped_file_size_commitlog
+    data[rel + 88] ^= 0xFF  # the first body byte (IPv4 hosts): a torn write the CRC catches
+    seg.write_bytes(bytes(data))
+    (path / "config" / FILE_NAME).unlink()  # force RocketMQ's rule: scan from the checkpoint
+    with MessageStore(path, CONFIG) as store:
+        r = store.recovery
+        assert r.start_source == "checkpoint"
+        assert r.commitlog_end == offsets[-1] < end
+        assert r.bytes_truncated > 0
+        assert snapshot(store) == [
+            x for x in before if x[3] != last.body or x[2] != last.queue_offset
+        ]
+        # The lost message's queue offset is given to the next put.
+        again = store.put_batch(batch(399, 1))
+        assert int(again.queue_offsets[0]) == last.queue_offset
+        assert int(again.commit_log_offsets[0]) == offsets[-1]
+
+
+def test_partial_dispatch_is_completed_and_recovery_is_idempotent(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    write(path, 300)
+    with MessageStore(path, CONFIG, read_only=True) as store:
+        before = snapshot(store)
+    # A crash between two queues' units: queue 1 lost its last 7 units, queue 0 kept all.
+    qdir = path / "consumequeue" / "T" / "1"
+    files = sorted(qdir.iterdir())
+    units = np.concatenate([np.frombuffer(f.read_bytes(), dtype=UNIT_DTYPE) for f in files])
+    count = int(np.count_nonzero(units["size"] > 0))
+    per_file = CONFIG.mapped_file_size_consume_queue // 20
+    for i in range(count - 7, count):
+        f = files[i // per_file]
+        raw = bytearray(f.read_bytes())
+        raw[(i % per_file) * 20 : (i % per_file) * 20 + 20] = bytes(20)
+        f.write_bytes(bytes(raw))
+    crash(path)
+    # The crash came before the flush that would have recorded this batch as dispatched.
+    (path / "config" / FILE_NAME).unlink()
+    with MessageStore(path, CONFIG) as store:
+        assert store.recovery.records_redispatched > 0
+        assert snapshot(store) == before
+    with MessageStore(path, CONFIG) as store:
+        r = store.recovery
+        assert (r.bytes_truncated, r.units_dropped, r.records_redispatched) == (0, 0, 0)
+        assert snapshot(store) == before
+
+
+def test_damaged_progress_file_falls_back_to_the_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    write(path, 200)
+    progress = path / "config" / FILE_NAME
+    data = json.loads(progress.read_text())
+    data["flushedOffset"] += 1  # no longer matches its checksum
+    progress.write_text(json.dumps(data))
+    crash(path)
+    with MessageStore(path, CONFIG) as store:
+        assert store.recovery.start_source == "checkpoint"
+        assert len(snapshot(store)) == 200
+
+
+def test_progress_pointing_past_the_log_is_not_trusted(tmp_path: Path, fixture_copy=None) -> None:
+    path = tmp_path / "s"
+    write(path, 200)
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    with MessageStore(copy, CONFIG) as store:  # the copy goes on and records a later progress
+        store.put_batch(batch(200, 100))
+    shutil.copy(copy / "config" / FILE_NAME, path / "config" / FILE_NAME)
+    crash(path)
+    with MessageStore(path, CONFIG) as store:
+        assert store.recovery.start_source == "checkpoint"
+        assert len(snapshot(store)) == 200
+
+
+def test_zero_filled_preallocated_segment_is_removed(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    write(path, 200)
+    segs = sorted((path / "commitlog").iterdir())
+    nxt = path / "commitlog" / f"{int(segs[-1].name) + CONFIG.mapped_file_size_commitlog:020d}"
+    nxt.write_bytes(bytes(CONFIG.mapped_file_size_commitlog))
+    crash(path)
+    with MessageStore(path, CONFIG) as store:
+        assert store.recovery.bytes_truncated >= CONFIG.mapped_file_size_commitlog
+        assert len(snapshot(store)) == 200
+    assert not nxt.exists()
+
+
+@pytest.mark.parametrize("keep", [1, 2, 57, 120, 199])
+def test_index_truncation_equals_a_file_built_without_the_dropped_entries(
+    tmp_path: Path, keep: int
+) -> None:
+    rng = np.random.default_rng(keep)
+    n = 200
+    hashes = rng.integers(0, 2**31 - 1, n).astype(np.int32)
+    hashes[::7] = hashes[0]  # long chains in one slot
+    phys = np.arange(n, dtype=np.int64) * 100
+    times = 1_700_000_000_000 + np.arange(n, dtype=np.int64) * 333
+    a = IndexFile(tmp_path / "a", 13, 300, read_only=False, create=True)
+    b = IndexFile(tmp_path / "b", 13, 300, read_only=False, create=True)
+    a.put(hashes, phys, times)
+    b.put(hashes[:keep], phys[:keep], times[:keep])
+    a.truncate_from(int(phys[keep]), lambda p: int(times[p // 100]))
+    a.flush()
+    b.flush()
+    assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
+    a.close()
+    b.close()
+
+
+def test_read_only_open_of_a_crashed_store_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    offsets = write(path, 100)
+    crash(path)
+    files = {p: p.read_bytes() for p in path.rglob("*") if p.is_file()}
+    with MessageStore(path, CONFIG, read_only=True) as store:
+        assert store.recovery.abort_file_found
+        assert store.get_message(offsets[-1]).body.startswith(b"body-99")
+    assert {p: p.read_bytes() for p in path.rglob("*") if p.is_file()} == files
+    assert record.MAGIC  # the module is used for offsets above
+
+
+def test_damaged_consume_queue_is_rebuilt_on_a_normal_open(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    write(path, 300)
+    with MessageStore(path, CONFIG, read_only=True) as store:
+        before = snapshot(store)
+    f = sorted((path / "consumequeue" / "T" / "2").iterdir())[0]
+    raw = bytearray(f.read_bytes())
+    raw[20 * 3 : 20 * 3 + 8] = (12345).to_bytes(8, "big")  # unit 3 points into the middle
+    f.write_bytes(bytes(raw))
+    with MessageStore(path, CONFIG) as store:
+        assert store.recovery.queues_rebuilt == ["T/2"]
+        assert not store.recovery.index_rebuilt
+        assert snapshot(store) == before
+
+
+def test_missing_or_damaged_index_is_rebuilt(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    offsets = write(path, 300)
+    original = [p.read_bytes() for p in sorted((path / "index").iterdir())]
+    last = sorted((path / "index").iterdir())[-1]
+    raw = bytearray(last.read_bytes())
+    raw[24:32] = (offsets[-1] + 1).to_bytes(8, "big")  # endPhyOffset no longer a record start
+    last.write_bytes(bytes(raw))
+    with MessageStore(path, CONFIG) as store:
+        assert store.recovery.index_rebuilt
+        assert [m.commit_log_offset for m in store.query_by_key("T", "k7")] == [offsets[7]]
+    assert [p.read_bytes() for p in sorted((path / "index").iterdir())] == original
+
+
+def test_deleted_consume_queue_is_rebuilt(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    write(path, 300)
+    with MessageStore(path, CONFIG, read_only=True) as store:
+        before = snapshot(store)
+    shutil.rmtree(path / "consumequeue" / "T" / "1")
+    with MessageStore(path, CONFIG) as store:
+        assert store.recovery.queues_rebuilt == ["T/1"]
+        assert snapshot(store) == before
