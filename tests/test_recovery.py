@@ -232,3 +232,30 @@ def test_deleted_consume_queue_is_rebuilt(tmp_path: Path) -> None:
     with MessageStore(path, CONFIG) as store:
         assert store.recovery.queues_rebuilt == ["T/1"]
         assert snapshot(store) == before
+
+
+def test_recover_command_reports_and_is_idempotent(tmp_path: Path, capsys) -> None:
+    from pipeline.cli import main
+
+    path = tmp_path / "s"
+    write(path, 120)
+    conf = tmp_path / "store.toml"
+    conf.write_text(
+        "mappedFileSizeCommitLog = 65536\nmappedFileSizeConsumeQueue = 1000\n"
+        "maxHashSlotNum = 101\nmaxIndexNum = 300\n"
+    )
+    nxt = path / "commitlog" / f"{65536:020d}"
+    nxt.write_bytes(bytes(65536))
+    crash(path)
+    assert main(["recover", str(path), "--config", str(conf), "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["abortFileFound"] is True and first["bytesTruncated"] >= 65536
+    assert main(["recover", str(path), "--config", str(conf), "--json"]) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert second["abortFileFound"] is False
+    assert (second["bytesTruncated"], second["unitsDropped"], second["recordsRedispatched"]) == (
+        0,
+        0,
+        0,
+    )
+    assert main(["recover", str(tmp_path / "absent"), "--config", str(conf)]) == 2
