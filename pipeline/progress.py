@@ -76,7 +76,10 @@ class FlushProgress:
 
     def write(self, config_dir: Path) -> None:
         fields = self._fields()
-        payload = json.dumps({**fields, "checksum": self._checksum(fields)}, indent=2) + "\n"
+        payload = json.dumps(
+            {**fields, "checksum": self._checksum(fields)}, indent=2, sort_keys=True
+        )
+        payload += "\n"
         tmp = config_dir / (FILE_NAME + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:

@@ -312,6 +312,9 @@ def recover(
                 # As RocketMQ does while re-dispatching: the logics time is the newest
                 # dispatched message's.
                 checkpoint.logics_msg_timestamp = int(batch.store_ts[in_queues][-1])
+    for cq in queues.values():
+        # Units below the CommitLog's first offset are expected after retention: skip them.
+        cq.correct_min_offset(log.min_offset)
     if not read_only:
         # Unlike RocketMQ, rebuild ConsumeQueues and an index that do not match the log.
         rebuild = damaged_queues(log, queues)

@@ -53,15 +53,23 @@ cached flag and cost nothing.
 Where it runs, thread-safety
 ----------------------------
 
-Never on the put path: the store calls :meth:`~RetentionService.run` from a background thread
-every :data:`RUN_INTERVAL_MS` or so. :meth:`~RetentionService.plan`,
-:meth:`~RetentionService.run` and :meth:`~RetentionService.refresh` read and change the store's
-CommitLog, ConsumeQueues and index, so the caller must hold the store's writer lock while it
-calls them (they do not take it themselves); each call is short, see above.
-:meth:`~RetentionService.disk_full`, :meth:`~RetentionService.check_put` and
-:attr:`~RetentionService.used_ratio` read one attribute each and may be called from any thread
-without the lock. :meth:`~RetentionService.plan` changes nothing, on disk or in memory, and
-works on a read-only store (``rocketstore clean --dry-run``).
+Never on the put path. The store is expected to:
+
+* call :meth:`~RetentionService.check_put` first thing in a put, before encoding or writing;
+* call :meth:`~RetentionService.run` from a background thread every :data:`RUN_INTERVAL_MS` or
+  so, holding its writer lock;
+* for ``rocketstore clean``, call :meth:`~RetentionService.run` with ``force_expired=True``
+  (and ``max_files`` to lift the per-call limit), or :meth:`~RetentionService.plan` with the
+  same arguments for ``--dry-run``.
+
+:meth:`~RetentionService.plan` and :meth:`~RetentionService.run` read (plan) or change (run)
+the store's CommitLog, ConsumeQueues and index in memory and on disk, so the caller must hold
+the store's writer lock while it calls them; they do not take it themselves. Each call is
+short (see the per-call limits above). :meth:`~RetentionService.plan` changes nothing, on disk
+or in memory, and works on a read-only store. :meth:`~RetentionService.refresh` only measures
+the disk; :meth:`~RetentionService.disk_full`, :meth:`~RetentionService.check_put` and
+:attr:`~RetentionService.used_ratio` read one attribute each; these need no lock and may be
+called from any thread.
 
 Crash behaviour
 ---------------
@@ -70,9 +78,10 @@ CommitLog segments are deleted oldest first, and the directory is synced after e
 whatever a crash leaves is a contiguous run of segments that opens (recovery starts from the
 first remaining segment). ConsumeQueue and index files are deleted only after the CommitLog
 segments, and each file is closed before it is unlinked. A crash between the two leaves queue
-files pointing below the CommitLog's min offset; recovery moves each queue's min offset past
-the dangling units of its first file, and the next run deletes the rest (a new service's first
-run always checks every queue). Deleting a file that is already gone is not an error.
+and index files pointing below the CommitLog's min offset: recovery moves each queue's min
+offset past the dangling units of its first file (a writable open may rebuild such queues),
+and the next run deletes whatever is left (a new service's first run always checks every
+queue and the index). Deleting a file that is already gone is not an error.
 
 A segment a reader still holds a zero-copy view of (:meth:`CommitLog.raw`) cannot be closed;
 it is kept, the round stops there, and the next run tries again (RocketMQ waits for the file's
@@ -564,6 +573,7 @@ class RetentionService:
         if min_phy == self._derived_clean_for:
             return
         budget = self.policy.max_derived_files_per_run
+        complete = True
         for (topic, queue_id), cq in sorted(self.store.queues.items()):
             files = cq.segments.files
             done = 0
@@ -577,13 +587,13 @@ class RetentionService:
                 stat = _stat(mf.path)
                 if rnd.execute and not cq.segments.delete_first():
                     rnd.deferred.append(mf.path)
-                    rnd.complete = False
+                    complete = False
                     break
                 rnd.files.append(_derived(mf.path, KIND_CONSUMEQUEUE, stat))
                 done += 1
                 budget -= 1
             else:
-                rnd.complete = False
+                complete = False
             if not files:
                 continue
             old = cq.min_offset
@@ -611,8 +621,9 @@ class RetentionService:
                 done += 1
                 budget -= 1
             else:
-                rnd.complete = False
-        if rnd.execute and rnd.complete:
+                complete = False
+        rnd.complete = rnd.complete and complete
+        if rnd.execute and complete:
             self._derived_clean_for = min_phy
 
 

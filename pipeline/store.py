@@ -550,7 +550,10 @@ class MessageStore:
         pos = offset
         while pos < hi and len(messages) < max_count and pos - offset < budget:
             units = cq.read(pos, min(1024, budget - (pos - offset)))
-            passed = sub.hash_filter(units["tags_code"])
+            # Units whose record retention already deleted are skipped, as RocketMQ skips them.
+            passed = sub.hash_filter(units["tags_code"]) & (
+                units["offset"] >= self.commitlog.min_offset
+            )
             for i in range(len(units)):
                 if not passed[i]:
                     continue

@@ -603,6 +603,9 @@ class StoreMachine(RuleBasedStateMachine):
     def read_only_view(self) -> None:
         """A read-only open beside the writer sees exactly what the writer wrote, and writes
         nothing."""
+        # The writer's background flusher rewrites the checkpoint and progress file when
+        # there is something new to flush; flushing now leaves it nothing to do meanwhile.
+        self.s.flush()
         before = snapshot(self.path)
         with MessageStore(self.path, self.config, read_only=True, clock_ms=self.clock) as view:
             audit(view, self.model)
