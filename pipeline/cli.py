@@ -11,6 +11,7 @@ Commands (``rocketstore COMMAND --help`` for each)::
     query-msgid STORE MSGID                     the message an offset msgId names
     produce STORE [FILE|-]                      store JSON lines, print one result per line
     recover STORE                               run recovery, print its report
+    clean STORE [--dry-run]                     delete expired files now (retention)
     config                                      the effective store settings
 
 Contract:
@@ -254,6 +255,35 @@ def cmd_recover(args: argparse.Namespace) -> int:
         _emit(report)
     else:
         _print_table(("field", "value"), [[k, v] for k, v in report.items()])
+    return 0
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    """Delete what retention allows now (or, with --dry-run, show it) and print the report."""
+    from pipeline.retention import CleanPlan, RetentionService
+
+    config = StoreConfig.load(args.config)
+    with MessageStore(args.store, config, read_only=args.dry_run, create=False) as store:
+        service = RetentionService(store)
+        report: CleanPlan
+        if args.dry_run:
+            report = service.plan(force_expired=True, max_files=args.max_files)
+        else:
+            with store.writer_lock():
+                report = service.run(force_expired=True, max_files=args.max_files)
+    if args.json:
+        _emit(report.to_json())
+        return 0
+    if report.files:
+        _print_table(
+            ("file", "kind", "bytes", "reason"),
+            [[str(f.path), f.kind, f.bytes, f.reason] for f in report.files],
+        )
+    verb = "would delete" if args.dry_run else "deleted"
+    print(
+        f"{verb} {len(report.files)} file(s), {report.bytes} bytes; "
+        f"disk {report.disk_used_ratio:.1%} used"
+    )
     return 0
 
 
@@ -667,6 +697,24 @@ def build_parser() -> argparse.ArgumentParser:
         "dispatches what is missing; then closes it cleanly. Safe to run again: the second "
         "run has nothing to do. Fails at once if a writer holds the store.",
         [store, as_json],
+    )
+    p = command(
+        "clean",
+        cmd_clean,
+        "Delete expired and surplus files now, as retention would",
+        "Deletes CommitLog segments older than fileReservedTime hours whatever the hour "
+        "(as a manual clean does), the oldest ones even if not expired while the disk is "
+        "over 85 % full, then the ConsumeQueue and index files whose messages are gone, and "
+        "advances the queues' min offsets. Never deletes the segment being written. With "
+        "--dry-run nothing is changed and the store is opened read-only.",
+        [store, as_json],
+    )
+    p.add_argument("--dry-run", action="store_true", help="show what would be deleted")
+    p.add_argument(
+        "--max-files",
+        type=_count(1),
+        default=None,
+        help="most CommitLog segments to delete (default: the policy's per-round limit)",
     )
     command(
         "config",

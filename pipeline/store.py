@@ -38,6 +38,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from pipeline import dispatch, encode, record
+from pipeline.background import PeriodicTask
 from pipeline.checkpoint import StoreCheckpoint
 from pipeline.commitlog import CommitLog
 from pipeline.config import CQ_UNIT_SIZE, StoreConfig
@@ -49,13 +50,13 @@ from pipeline.errors import (
     ReadOnlyStoreError,
     StoreClosedError,
 )
-from pipeline.flush import FlushService
 from pipeline.index_service import IndexService
 from pipeline.javahash import binary_offsets
 from pipeline.lock import DirectoryLock
 from pipeline.message import Message
 from pipeline.progress import FlushProgress
 from pipeline.recovery import RecoveryReport, recover
+from pipeline.retention import RUN_INTERVAL_MS, RetentionService, statvfs_used_ratio
 from pipeline.subscription import Subscription
 
 STORE_ENTRIES = ("commitlog", "consumequeue", "index", "config", "checkpoint", "abort", "lock")
@@ -148,6 +149,7 @@ class MessageStore:
         read_only: bool = False,
         create: bool = True,
         clock_ms: Callable[[], int] = _wall_clock_ms,
+        disk_usage: Callable[[Path], float] | None = None,
     ) -> None:
         self.path = Path(path)
         self.config = config or StoreConfig()
@@ -156,7 +158,9 @@ class MessageStore:
         self._closed = True
         self._lock: DirectoryLock | None = None
         self._mutex = threading.RLock()
-        self._flusher: FlushService | None = None
+        self._flusher: PeriodicTask | None = None
+        self._cleaner: PeriodicTask | None = None
+        self.retention: RetentionService | None = None
         self._check_directory(create)
         if not read_only:
             self._lock = DirectoryLock(self.path)
@@ -169,12 +173,19 @@ class MessageStore:
             raise
         self._closed = False
         if not read_only:
-            self._flusher = FlushService(
+            self._flusher = PeriodicTask(
                 self.config.flush_interval_commitlog,
                 self.flush,
                 name=f"rocketstore-flush:{self.path.name}",
             )
             self._flusher.start()
+            self.retention = RetentionService(
+                self, clock_ms=clock_ms, disk_usage=disk_usage or statvfs_used_ratio
+            )
+            self._cleaner = PeriodicTask(
+                RUN_INTERVAL_MS, self.clean, name=f"rocketstore-clean:{self.path.name}"
+            )
+            self._cleaner.start()
 
     # -- opening ----------------------------------------------------------------------------
     def _check_directory(self, create: bool) -> None:
@@ -300,6 +311,21 @@ class MessageStore:
             self._flushed_end = end
             self._flushed_at = time.monotonic()
 
+    def writer_lock(self) -> threading.RLock:
+        """The lock every write takes (puts, flushes, retention); hold it to run maintenance
+        that must not interleave with them."""
+        return self._mutex
+
+    def clean(self) -> None:
+        """One retention round (expired files, disk pressure, the disk-full check) under the
+        store's lock. Run by the cleaner thread every 10 s; ``rocketstore clean`` runs
+        :class:`~pipeline.retention.RetentionService` directly for a manual clean."""
+        if self.retention is None:
+            return
+        with self._mutex:
+            if not self._closed:
+                self.retention.run()
+
     def _write_checkpoint(self) -> None:
         last_ts = self._last_record[1] if self._last_record else self._last_store_timestamp()
         if last_ts > 0:
@@ -321,8 +347,9 @@ class MessageStore:
         """Stop the flusher, flush everything, remove ``abort`` and unlock. Idempotent."""
         if self._closed:
             return
-        if self._flusher is not None:
-            self._flusher.stop()
+        for task in (self._cleaner, self._flusher):
+            if task is not None:
+                task.stop()
         try:
             if not self.read_only:
                 self.flush(force=True)
@@ -368,6 +395,10 @@ class MessageStore:
     def _put_batch(self, batch: pa.Table | pa.RecordBatch | Sequence[Message]) -> BatchPutResult:
         if self._flusher is not None:
             self._flusher.raise_if_failed()
+        if self.retention is not None:
+            # Refused before anything is encoded or written; the cached verdict of the last
+            # disk check, so the put path never measures the disk itself.
+            self.retention.check_put()
         now = self.clock_ms()
         b = encode.prepare(batch, self.config, self._uniq, now)
         if b.n == 0:

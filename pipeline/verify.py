@@ -997,8 +997,8 @@ class _Verifier:
                         f"{topic}/{q.cq.queue_id} ({path} @ {pos}) and no unit of its own "
                         "points at it",
                     )
-            good = np.flatnonzero(matched)
-            u_good, r_good = k[good], rows[good]
+            fine = np.flatnonzero(matched)
+            u_good, r_good = k[fine], rows[fine]
             for j in np.flatnonzero(q.sizes[u_good] != self.sizes[r_good]).tolist():
                 u, r = int(u_good[j]), int(r_good[j])
                 self.unit_problem(
@@ -1051,10 +1051,11 @@ class _Verifier:
             qid, qoff = int(self.queue_ids[r]), int(self.queue_offsets[r])
             pos = qoff * CQ_UNIT_SIZE
             base = pos - pos % file_size
+            where = root / topic / str(qid)
             self.problem(
                 "cq-missing-unit",
-                root / topic / str(qid) / segment_name(base),
-                pos - base,
+                where / segment_name(base) if pos >= 0 else where,
+                pos - base if pos >= 0 else pos,
                 f"no unit points at the record at {int(self.starts[r])} ({topic}/{qid} "
                 f"offset {qoff})",
             )

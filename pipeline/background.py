@@ -1,13 +1,18 @@
-"""The background flusher: flushes a store every ``flushIntervalCommitLog`` milliseconds.
+"""A store's background work: a task run every N milliseconds on a daemon thread.
 
-Under ASYNC_FLUSH it is what makes puts durable (RocketMQ's ``FlushRealTimeService``); under
-SYNC_FLUSH puts flush the CommitLog themselves and it keeps the ConsumeQueues, the index and
-the progress file flushed (RocketMQ's ``FlushConsumeQueueService``).
+A writable store runs two (RocketMQ has a service for each):
 
-The flusher runs the store's ``flush`` (which takes the store's lock) on a daemon thread and
-waits on an event between rounds, so :meth:`stop` returns promptly. A flush that fails is kept
-and re-raised to the writer by :meth:`raise_if_failed` on its next put: a store that cannot
-flush must not keep acknowledging writes.
+* the flusher, every ``flushIntervalCommitLog`` ms: under ASYNC_FLUSH it is what makes puts
+  durable (``FlushRealTimeService``); under SYNC_FLUSH puts flush the CommitLog themselves and
+  it keeps the ConsumeQueues, the index and the progress file flushed
+  (``FlushConsumeQueueService``);
+* the cleaner, every 10 s: retention and the disk-full check (``CleanCommitLogService``),
+  so deletion never runs on the put path.
+
+Each task takes the store's lock itself. The thread waits on an event between rounds, so
+:meth:`stop` returns promptly. A task that fails is kept and re-raised to the writer by
+:meth:`raise_if_failed` on its next put: a store that cannot flush must not keep
+acknowledging writes.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from collections.abc import Callable
 from pipeline.errors import StoreError
 
 
-class FlushService:
+class PeriodicTask:
     def __init__(self, interval_ms: int, flush: Callable[[], None], *, name: str) -> None:
         self._interval = interval_ms / 1000
         self._flush = flush
@@ -39,7 +44,7 @@ class FlushService:
 
     def raise_if_failed(self) -> None:
         if self._error is not None:
-            raise StoreError(f"background flush failed: {self._error}") from self._error
+            raise StoreError(f"{self._thread.name} failed: {self._error}") from self._error
 
     def stop(self) -> None:
         self._stop.set()
