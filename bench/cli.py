@@ -7,13 +7,14 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench import common, store
+from bench import common, recovery, store
 from bench.common import Options, PartResult
 
 # Part name -> its runner, in the order ``python -m bench`` runs them. Later parts (the Spark
 # sink and source) register here.
 PARTS: dict[str, Callable[[Options], PartResult]] = {
     "store": store.run,
+    "recovery": recovery.run,
 }
 
 

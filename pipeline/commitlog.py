@@ -203,6 +203,20 @@ class CommitLog:
             )
         return mf.buffer[rel : rel + size]
 
+    def starts_record(self, phys: int) -> bool:
+        """Whether a record starts at ``phys``, intact or damaged: its magic code or its
+        PHYSICALOFFSET field (which holds ``phys`` itself) is there. Tells a pointer into the
+        middle of a record (the pointer is wrong) from a damaged record (the log is)."""
+        try:
+            mf, rel = self._locate(phys)
+        except OffsetOutOfRangeError:
+            return False
+        if rel + record.OFF_SYSFLAG > mf.wrote_position:
+            return False
+        magic = record.INT.unpack_from(mf.buffer, rel + record.OFF_MAGIC)[0]
+        field = record.LONG.unpack_from(mf.buffer, rel + record.OFF_PHYSICALOFFSET)[0]
+        return bool(magic == record.MAGIC or field == phys)
+
     def store_timestamp(self, phys: int, size: int) -> int:
         """STORETIMESTAMP of the record at ``phys``, or -1 if it is not there."""
         try:

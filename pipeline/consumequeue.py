@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.config import CQ_UNIT_SIZE
-from pipeline.errors import StoreError
+from pipeline.errors import OffsetOutOfRangeError, StoreError
 from pipeline.segments import SegmentQueue
 
 UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
@@ -124,6 +124,15 @@ class ConsumeQueue:
     def max_offset(self) -> int:
         """Queue offset one past the last unit (the next unit to be written)."""
         return self.segments.max_offset // CQ_UNIT_SIZE
+
+    def unit_location(self, queue_offset: int) -> tuple[str, int]:
+        """(file, byte position in it) of a unit, for error messages."""
+        pos = queue_offset * CQ_UNIT_SIZE
+        try:
+            mf = self.segments.find(pos)
+        except OffsetOutOfRangeError:
+            return str(self.directory), pos
+        return str(mf.path), pos - mf.base
 
     # -- reading ----------------------------------------------------------------------------
     def read(self, start: int, count: int) -> Units:

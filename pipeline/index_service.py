@@ -21,6 +21,7 @@ import numpy.typing as npt
 from pipeline.errors import StoreError
 from pipeline.indexfile import IndexFile
 from pipeline.javahash import index_key_hash
+from pipeline.mapped_file import remove_leftovers
 
 NAME_LENGTH = 17
 
@@ -51,6 +52,8 @@ class IndexService:
     def load(self) -> None:
         if not self.directory.is_dir():
             return
+        if not self.read_only:
+            remove_leftovers(self.directory)
         names = sorted(
             p
             for p in self.directory.iterdir()

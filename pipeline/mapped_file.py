@@ -40,6 +40,32 @@ def parse_segment_name(path: Path) -> int | None:
     return int(name)
 
 
+TMP_SUFFIX = ".creating"
+
+
+def _create_full_size(path: Path, size: int) -> None:
+    """Create a sparse, full-size file at ``path`` (as RocketMQ's RandomAccessFile.setLength),
+    atomically: sized under a temporary name, then renamed into place, so a crash can never
+    leave a segment of the wrong size (which would make the store refuse to open). A crash
+    leaves at most a ``*.creating`` file, which loaders ignore and writable opens remove."""
+    if path.exists():
+        raise StoreError(f"segment {path} already exists; refusing to overwrite it")
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+
+
+def remove_leftovers(directory: Path) -> None:
+    """Delete ``*.creating`` files a crash left in ``directory``."""
+    if directory.is_dir():
+        for leftover in directory.glob("*" + TMP_SUFFIX):
+            leftover.unlink(missing_ok=True)
+
+
 class MappedFile:
     """A memory-mapped segment of ``size`` bytes whose first byte is log offset ``base``."""
 
@@ -66,17 +92,12 @@ class MappedFile:
         if create:
             if read_only:
                 raise StoreError(f"cannot create segment {path} in a read-only store")
-            flags |= os.O_CREAT | os.O_EXCL
+            _create_full_size(path, size)
         try:
             self._fd = os.open(path, flags, 0o644)
-        except FileExistsError:
-            raise StoreError(f"segment {path} already exists; refusing to overwrite it") from None
         except OSError as exc:
             raise StoreError(f"cannot open segment {path}: {exc.strerror}") from exc
         try:
-            if create:
-                # Sparse, full-size file, as RocketMQ creates them (RandomAccessFile.setLength).
-                os.ftruncate(self._fd, size)
             actual = os.fstat(self._fd).st_size
             if actual != size:
                 raise NotAStoreError(

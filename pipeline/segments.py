@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pipeline.errors import NotAStoreError, OffsetOutOfRangeError, StoreError
-from pipeline.mapped_file import MappedFile, parse_segment_name, segment_name
+from pipeline.mapped_file import MappedFile, parse_segment_name, remove_leftovers, segment_name
 
 
 class SegmentQueue:
@@ -27,6 +27,7 @@ class SegmentQueue:
         self.segment_size = segment_size
         self.read_only = read_only
         self.files: list[MappedFile] = []
+        self.empty_removed: list[Path] = []
 
     # -- loading ----------------------------------------------------------------------------
     def load(self) -> None:
@@ -34,12 +35,22 @@ class SegmentQueue:
         the owner sets the last segments' positions after scanning them."""
         if not self.directory.is_dir():
             return
+        if not self.read_only:
+            remove_leftovers(self.directory)
         found: list[tuple[int, Path]] = []
         for entry in self.directory.iterdir():
             base = parse_segment_name(entry)
             if base is not None and entry.is_file():
                 found.append((base, entry))
         found.sort()
+        # A crash between creating a file and sizing it (possible with RocketMQ's writer; ours
+        # creates segments atomically) leaves an empty file at the end: it holds no data, so
+        # it is dropped (removed by a writable open) instead of refusing the store.
+        while found and found[-1][1].stat().st_size == 0:
+            _, empty = found.pop()
+            self.empty_removed.append(empty)
+            if not self.read_only:
+                empty.unlink()
         expected: int | None = None
         for base, path in found:
             if base % self.segment_size != 0:
@@ -180,9 +191,17 @@ _ZEROS = bytes(1 << 20)
 
 
 def zero_range(mf: MappedFile, start: int, end: int) -> None:
-    """Zero ``[start, end)`` of a segment in 1 MiB steps (no allocation the size of the range)."""
+    """Zero ``[start, end)`` of a segment in 1 MiB steps, stopping at the first step that is
+    already all zeros.
+
+    Writers fill a segment front to back, so what lies past a cut is one run of bytes written
+    before a crash, followed by zeros; the untouched rest of a sparse segment is not rewritten
+    (zeroing it would write up to a GiB of zeros into holes).
+    """
     view = mf.buffer
     while start < end:
         n = min(end - start, len(_ZEROS))
+        if view[start : start + n] == _ZEROS[:n]:
+            break
         view[start : start + n] = _ZEROS[:n]
         start += n

@@ -44,6 +44,7 @@ from pipeline.commitlog import CommitLog
 from pipeline.config import CQ_UNIT_SIZE, StoreConfig
 from pipeline.consumequeue import UNIT_DTYPE, ConsumeQueue
 from pipeline.errors import (
+    CorruptRecordError,
     InvalidMessageError,
     NotAStoreError,
     OffsetOutOfRangeError,
@@ -588,7 +589,7 @@ class MessageStore:
             for i in range(len(units)):
                 if not passed[i]:
                     continue
-                msg = self.commitlog.read(int(units[i]["offset"]))
+                msg = self._unit_message(cq, pos + i, units[i])
                 if sub.matches_tag(msg.tags):
                     messages.append(msg)
                     if len(messages) >= max_count:
@@ -598,6 +599,31 @@ class MessageStore:
                 pos += len(units)
         status = "FOUND" if messages else "NO_MATCHED_MESSAGE"
         return GetResult(status, messages, pos, lo, hi)
+
+    def _unit_message(
+        self, cq: ConsumeQueue, queue_offset: int, unit: np.void
+    ) -> record.MessageExt:
+        """The message a ConsumeQueue unit points at, checked to be that unit's: a unit that
+        points elsewhere is reported against the ConsumeQueue file, a damaged record against
+        the CommitLog, and neither is ever returned."""
+        phys, size = int(unit["offset"]), int(unit["size"])
+        if not self.commitlog.starts_record(phys):
+            path, pos = cq.unit_location(queue_offset)
+            raise CorruptRecordError(
+                path,
+                pos,
+                f"unit {queue_offset} points at CommitLog offset {phys}, where no "
+                f"record of {size} bytes starts",
+            )
+        msg = self.commitlog.read(phys)
+        if (msg.topic, msg.queue_id, msg.queue_offset) != (cq.topic, cq.queue_id, queue_offset):
+            raise CorruptRecordError(
+                str(self.commitlog.segments.find(phys).path),
+                phys,
+                f"record says {msg.topic}/{msg.queue_id}/{msg.queue_offset}, but unit "
+                f"{queue_offset} of {cq.topic}/{cq.queue_id} points at it",
+            )
+        return msg
 
     def offset_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
         """RocketMQ's ``getOffsetInQueueByTime`` (see :meth:`ConsumeQueue.offset_by_time`)."""
@@ -630,8 +656,8 @@ class MessageStore:
         limit = min(max_count or self.config.max_msgs_num_batch, self.config.max_msgs_num_batch)
         found: list[record.MessageExt] = []
         for phys in self.index.candidates(topic, key, begin, end):
-            if phys < self.commitlog.min_offset or phys >= self.commitlog.max_offset:
-                continue
+            if not self.commitlog.starts_record(phys):
+                continue  # a damaged index entry, or a record retention deleted: not a match
             msg = self.commitlog.read(phys)
             if (
                 msg.topic == topic

@@ -1,4 +1,4 @@
-"""Smoke test of the store benchmark: ``--quick`` sizes, in-process; checks shape, not speed."""
+"""Smoke tests of the benchmarks: ``--quick`` sizes, in-process; they check shape, not speed."""
 
 from __future__ import annotations
 
@@ -49,3 +49,38 @@ def test_store_benchmark_quick(
     assert len(memory["runs"]) == 2 and memory["encoded_bytes"] > 0
     _positive(memory["rss_anon_growth"])
     _positive(memory["rss_anon_growth_over_encoded"])
+
+
+def test_recovery_benchmark_quick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+    from bench.cli import main
+
+    out = tmp_path / "out"
+    assert main(["recovery", "--quick", "--runs", "2", "--out", str(out)]) == 0
+
+    printed = capsys.readouterr().out
+    assert "open after kill -9" in printed and "SYNC_FLUSH" in printed
+
+    data = json.loads((out / "recovery-latest.json").read_text())
+    assert data["part"] == "recovery"
+    assert data["options"]["quick"] is True and data["options"]["runs"] == 2
+    assert not list((out / "tmp").iterdir()), "scratch stores must be removed"
+
+    recovery = data["recovery"]
+    assert len(recovery["runs"]) == 2
+    for run in recovery["runs"]:
+        assert run["abnormal_report"]["abortFileFound"] is True
+        assert run["clean_report"]["abortFileFound"] is False
+        assert run["commitlog_bytes"] >= run["acked_end"] > 0
+    assert recovery["runs"][0]["commitlog_bytes"] >= recovery["fill_bytes"]
+    for key in ("abnormal_open_s", "clean_open_s", "tail_read_s"):
+        _positive(recovery[key])
+
+    puts = data["puts"]
+    assert [p["batch"] for p in puts] == [1, 100, 10_000]
+    for p in puts:
+        assert len(p["runs"]) == 2 and p["encoded_bytes"] > 0
+        for key in ("sync_msgs_per_s", "async_msgs_per_s", "raw_msgs_per_s", "sync_over_raw"):
+            _positive(p[key])

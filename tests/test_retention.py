@@ -21,7 +21,7 @@ import pytest
 
 from pipeline import retention
 from pipeline.config import CQ_UNIT_SIZE, StoreConfig
-from pipeline.errors import DiskFullError, OffsetOutOfRangeError, ReadOnlyStoreError, StoreError
+from pipeline.errors import DiskFullError, ReadOnlyStoreError, StoreError
 from pipeline.message import Message
 from pipeline.retention import RetentionPolicy, RetentionService
 from pipeline.store import MessageStore
