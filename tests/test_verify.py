@@ -659,3 +659,30 @@ def test_problems_are_capped_per_kind_and_file(built: Built) -> None:
     with open_ro(built.path) as store:
         everything = verify(store, max_per_kind=None)
     assert len(everything.problems) == count - 2 and everything.suppressed == 0
+
+
+def test_verify_command_exit_status_and_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.cli import main
+
+    built = tmp_path / "store"
+    with MessageStore(built, CONFIG) as store:
+        store.put_batch([Message("TopicA", b"payload-%d" % i, keys=[f"k{i}"]) for i in range(50)])
+        first = store.queue_infos("TopicA")[0]
+        phys = int(store.read_units("TopicA", first.queue_id, 0, 1)[0]["offset"])
+    conf = tmp_path / "store.toml"
+    conf.write_text(
+        f"mappedFileSizeCommitLog = {CONFIG.mapped_file_size_commitlog}\n"
+        f"mappedFileSizeConsumeQueue = {CONFIG.mapped_file_size_consume_queue}\n"
+        f"maxHashSlotNum = {CONFIG.max_hash_slot_num}\\nmaxIndexNum = {CONFIG.max_index_num}\n"
+    )
+    assert main(["verify", str(built), "--config", str(conf)]) == 0
+    assert capsys.readouterr().out.startswith("ok: 50 records")
+    seg = built / "commitlog" / f"{0:020d}"
+    raw = bytearray(seg.read_bytes())
+    raw[phys + 90] ^= 0xFF  # a body byte: the CRC no longer matches
+    seg.write_bytes(bytes(raw))
+    assert main(["verify", str(built), "--config", str(conf), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert [(p["kind"], p["offset"]) for p in report["problems"]] == [("commitlog-crc", phys)]
