@@ -675,7 +675,7 @@ def test_verify_command_exit_status_and_output(
     conf.write_text(
         f"mappedFileSizeCommitLog = {CONFIG.mapped_file_size_commitlog}\n"
         f"mappedFileSizeConsumeQueue = {CONFIG.mapped_file_size_consume_queue}\n"
-        f"maxHashSlotNum = {CONFIG.max_hash_slot_num}\\nmaxIndexNum = {CONFIG.max_index_num}\n"
+        f"maxHashSlotNum = {CONFIG.max_hash_slot_num}\nmaxIndexNum = {CONFIG.max_index_num}\n"
     )
     assert main(["verify", str(built), "--config", str(conf)]) == 0
     assert capsys.readouterr().out.startswith("ok: 50 records")
