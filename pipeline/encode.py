@@ -45,7 +45,13 @@ RESERVED_PROPERTIES = (
     record.PROPERTY_TAGS,
     record.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
 )
+# Compute functions are given Arrow scalars, never Python literals: converting a literal costs
+# a failed optional import inside pyarrow on every call, which dominated small puts.
 _EMPTY = pa.scalar(b"", pa.binary())
+_EMPTY_STR = pa.scalar("", pa.string())
+_NULL_STR = pa.scalar(None, pa.string())
+_NAME_SEP = pa.scalar("\x01", pa.string())
+_PROP_SEP = pa.scalar("\x02", pa.string())
 
 HEAD_DTYPE = np.dtype(
     [
@@ -415,7 +421,7 @@ def _string_column(table: pa.Table, name: str, n: int) -> pa.StringArray:
     if not pa.types.is_string(col.type):
         raise InvalidMessageError(f"column {name!r}: expected string, got {col.type}")
     # An empty value means "none": RocketMQ never stores an empty TAGS or KEYS property.
-    return pc.if_else(pc.equal(col, ""), pa.scalar(None, pa.string()), col)
+    return pc.if_else(pc.equal(col, _EMPTY_STR), _NULL_STR, col)
 
 
 def _keys_column(table: pa.Table, n: int) -> pa.StringArray:
@@ -601,12 +607,12 @@ def _encode_user_props(user: pa.Array) -> pa.Array:
         )
     _fail_rows(
         user,
-        pc.equal(names, "").to_numpy(zero_copy_only=False),
+        pc.equal(names, _EMPTY_STR).to_numpy(zero_copy_only=False),
         n,
         "properties",
         "a property name is empty",
     )
-    pairs = pc.binary_join_element_wise(names, "\x01", values, "\x02", "")
+    pairs = pc.binary_join_element_wise(names, _NAME_SEP, values, _PROP_SEP, _EMPTY_STR)
     offsets = binary_offsets_of_list(user)
     per_row = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pairs)
     # Each pair ends with \x02 here; the caller drops the final one.
