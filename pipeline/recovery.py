@@ -35,7 +35,6 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-import numpy.typing as npt
 
 from pipeline import dispatch, record
 from pipeline.checkpoint import StoreCheckpoint
@@ -164,16 +163,16 @@ def checkpoint_start(log: CommitLog, checkpoint: StoreCheckpoint) -> int:
     return files[0].base
 
 
-def _field(
-    data: npt.NDArray[np.uint8], rel: npt.NDArray[np.int64], at: int, width: int
-) -> npt.NDArray[np.int64]:
-    """Big-endian signed ``width``-byte field at ``rel + at`` for every position in ``rel``."""
-    value = np.zeros(len(rel), dtype=np.int64)
-    for k in range(width):
-        value = (value << 8) | data[rel + at + k].astype(np.int64)
-    if width == 4:
-        value = np.where(value >= 1 << 31, value - (1 << 32), value)
-    return value
+_HEAD_CHECK = np.dtype(
+    [
+        ("size", ">i4"),
+        ("magic", ">i4"),
+        ("crc", ">i4"),
+        ("queue_id", ">i4"),
+        ("flag", ">i4"),
+        ("queue_offset", ">i8"),
+    ]
+)
 
 
 def damaged_queues(
@@ -206,13 +205,15 @@ def damaged_queues(
             if int((rel + sizes[rows]).max()) > mf.wrote_position:
                 break
             data = np.frombuffer(mf.buffer, dtype=np.uint8)
+            # One gather of each record's first 28 bytes, read as the header's fields.
+            heads = data[rel[:, None] + np.arange(_HEAD_CHECK.itemsize)].view(_HEAD_CHECK)[:, 0]
             good = (
-                (_field(data, rel, record.OFF_TOTALSIZE, 4) == sizes[rows])
-                & (_field(data, rel, record.OFF_MAGIC, 4) == record.MAGIC)
-                & (_field(data, rel, record.OFF_QUEUEID, 4) == key[1])
-                & (_field(data, rel, record.OFF_QUEUEOFFSET, 8) == lo + rows)
+                (heads["size"] == sizes[rows])
+                & (heads["magic"] == record.MAGIC)
+                & (heads["queue_id"] == key[1])
+                & (heads["queue_offset"] == lo + rows)
             )
-            del data
+            del data, heads
             if not good.all():
                 break
         else:
