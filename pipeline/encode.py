@@ -53,20 +53,7 @@ _NULL_STR = pa.scalar(None, pa.string())
 _NAME_SEP = pa.scalar("\x01", pa.string())
 _PROP_SEP = pa.scalar("\x02", pa.string())
 
-HEAD_DTYPE = np.dtype(
-    [
-        ("size", ">i4"),
-        ("magic", ">i4"),
-        ("crc", ">i4"),
-        ("queue_id", ">i4"),
-        ("flag", ">i4"),
-        ("queue_offset", ">i8"),
-        ("phys", ">i8"),
-        ("sys_flag", ">i4"),
-        ("born_ts", ">i8"),
-    ]
-)
-assert HEAD_DTYPE.itemsize == record.HEAD_SIZE
+HEAD_DTYPE = record.HEAD_DTYPE
 
 
 def _mid_dtype(store_host_len: int) -> np.dtype:

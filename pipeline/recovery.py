@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -163,15 +164,16 @@ def checkpoint_start(log: CommitLog, checkpoint: StoreCheckpoint) -> int:
     return files[0].base
 
 
+# The header fields up to QUEUEOFFSET (the first 28 bytes of a record).
+_CHECKED = ("size", "magic", "queue_id", "queue_offset")
+_HEAD_FIELDS: Mapping[str, Any] = record.HEAD_DTYPE.fields or {}
 _HEAD_CHECK = np.dtype(
-    [
-        ("size", ">i4"),
-        ("magic", ">i4"),
-        ("crc", ">i4"),
-        ("queue_id", ">i4"),
-        ("flag", ">i4"),
-        ("queue_offset", ">i8"),
-    ]
+    {
+        "names": list(_CHECKED),
+        "formats": [_HEAD_FIELDS[f][0] for f in _CHECKED],
+        "offsets": [_HEAD_FIELDS[f][1] for f in _CHECKED],
+        "itemsize": record.OFF_PHYSICALOFFSET,
+    }
 )
 
 
