@@ -141,12 +141,6 @@ class MappedFile:
         if position + n > self.wrote_position:
             self.wrote_position = position + n
 
-    def append(self, data: bytes | bytearray | memoryview) -> int:
-        """Write at the write position; returns the position written at."""
-        pos = self.wrote_position
-        self.write_at(pos, data)
-        return pos
-
     def flush(self) -> None:
         """Make everything written so far durable (``msync`` of the unflushed, page-aligned range)."""
         if self.read_only or self.flushed_position >= self.wrote_position:
@@ -154,10 +148,6 @@ class MappedFile:
         start = (self.flushed_position // PAGE) * PAGE
         self._mm.flush(start, self.wrote_position - start)
         self.flushed_position = self.wrote_position
-
-    def advise_sequential(self) -> None:
-        if hasattr(mmap, "MADV_SEQUENTIAL"):
-            self._mm.madvise(mmap.MADV_SEQUENTIAL)
 
     def try_close(self) -> bool:
         """Close unless a zero-copy view of the mapping is still alive (then return False and
