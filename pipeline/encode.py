@@ -53,8 +53,6 @@ _NULL_STR = pa.scalar(None, pa.string())
 _NAME_SEP = pa.scalar("\x01", pa.string())
 _PROP_SEP = pa.scalar("\x02", pa.string())
 
-HEAD_DTYPE = record.HEAD_DTYPE
-
 
 def _mid_dtype(store_host_len: int) -> np.dtype:
     return np.dtype(
@@ -738,7 +736,7 @@ def _record_parts(
 ) -> tuple[list[pa.Array | pa.Scalar], list[pa.Array | pa.Scalar]]:
     """The pieces of records ``lo:hi`` before the body and after it, for an element-wise join."""
     n = hi - lo
-    head = np.empty(n, dtype=HEAD_DTYPE)
+    head = np.empty(n, dtype=record.HEAD_DTYPE)
     head["size"] = b.sizes[lo:hi]
     head["magic"] = record.MAGIC
     head["crc"] = where.crcs[lo:hi]

@@ -41,7 +41,7 @@ from pipeline import dispatch, record
 from pipeline.checkpoint import StoreCheckpoint
 from pipeline.commitlog import CommitLog
 from pipeline.consumequeue import ConsumeQueue
-from pipeline.errors import CorruptRecordError, OffsetOutOfRangeError
+from pipeline.errors import OffsetOutOfRangeError
 from pipeline.index_service import IndexService
 from pipeline.progress import FlushProgress
 
@@ -86,25 +86,10 @@ def _record_end(log: CommitLog, phys: int, size: int | None) -> int | None:
         mf = log.segments.find(phys)
     except OffsetOutOfRangeError:
         return None
-    rel = phys - mf.base
-    if rel + 8 > mf.size:
+    scanned = record.scan_record(mf.buffer, phys - mf.base, mf.size, phys, check_crc=True)
+    if scanned is None or (size is not None and scanned[0] != size):
         return None
-    total, magic = record.SIZE_MAGIC.unpack_from(mf.buffer, rel)
-    if magic != record.MAGIC or (size is not None and total != size) or rel + total > mf.size:
-        return None
-    try:
-        record.decode_record(
-            mf.buffer,
-            rel,
-            path=str(mf.path),
-            phys=phys,
-            limit=mf.size,
-            check_crc=True,
-            with_body=False,
-        )
-    except CorruptRecordError:
-        return None
-    return phys + int(total)
+    return phys + scanned[0]
 
 
 def dispatched_end(log: CommitLog, queues: list[ConsumeQueue], index: IndexService | None) -> int:

@@ -227,15 +227,7 @@ class MessageStore:
                     continue
                 for qdir in sorted(topic_dir.iterdir()):
                     if qdir.is_dir() and qdir.name.isdigit():
-                        cq = ConsumeQueue(
-                            cq_root,
-                            topic_dir.name,
-                            int(qdir.name),
-                            cfg.mapped_file_size_consume_queue,
-                            read_only=self.read_only,
-                        )
-                        cq.load()
-                        self.queues[(topic_dir.name, int(qdir.name))] = cq
+                        self._queue(topic_dir.name, int(qdir.name)).load()
         self.index: IndexService | None = None
         if cfg.message_index_enable:
             self.index = IndexService(
