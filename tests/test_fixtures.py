@@ -4,11 +4,11 @@ real store read them back (their read.txt), and re-encode and re-dispatch them b
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import FIXTURE_CONFIG, fixture_dir
+from rawlog import commitlog_records
 from readtxt import expected_lines, render
 
 from pipeline import record
@@ -65,32 +65,11 @@ def test_crashed_store_messages_read_back() -> None:
     assert [g for _, g in pairs] == [e for e, _ in pairs]
 
 
-def _records(path: Path):
-    """(physical offset, bytes) of every record and blank of a CommitLog, in order."""
-    for seg in sorted((path / "commitlog").iterdir()):
-        base = int(seg.name)
-        data = seg.read_bytes()
-        pos = 0
-        while pos + 8 <= len(data):
-            size, magic = record.SIZE_MAGIC.unpack_from(data, pos)
-            if magic == record.BLANK_MAGIC:
-                assert size == len(data) - pos, f"{seg}: blank must cover the rest of the file"
-                yield base + pos, None
-                break
-            if magic != record.MAGIC:
-                assert not any(data[pos:]), f"{seg}: garbage after the last record at {pos}"
-                break
-            yield base + pos, data[pos : pos + size]
-            pos += size
-
-
 @pytest.mark.parametrize("name", ["basic", "transactions", "crashed"])
 def test_reencoding_every_record_gives_the_same_bytes(name: str) -> None:
     store = fixture_dir(name) / "store"
     count = 0
-    for phys, raw in _records(store):
-        if raw is None:
-            continue
+    for phys, raw in commitlog_records(store):
         m = record.decode_record(raw, 0, phys=phys)
         again = record.encode_record(
             topic=m.topic,
@@ -138,7 +117,7 @@ def test_dispatch_rebuilds_consume_queues_and_index_byte_for_byte(name: str, fix
 
 def test_consume_queue_units_point_at_their_records() -> None:
     store = fixture_dir("basic") / "store"
-    records = dict(_records(store))
+    records = dict(commitlog_records(store))
     for f in (store / "consumequeue").rglob("*"):
         if not f.is_file():
             continue

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from rawlog import commitlog_records
 
 from pipeline import record
 from pipeline.checkpoint import FILE_SIZE
@@ -46,25 +47,6 @@ def write_sample(path: Path, n: int = 2000) -> None:
             )
 
 
-def walk(path: Path) -> list[tuple[int, bytes]]:
-    records = []
-    for seg in sorted((path / "commitlog").iterdir()):
-        data = seg.read_bytes()
-        pos = 0
-        while pos + 8 <= len(data):
-            size, magic = record.SIZE_MAGIC.unpack_from(data, pos)
-            if magic == record.BLANK_MAGIC:
-                assert size == len(data) - pos
-                assert not any(data[pos + 8 :])
-                break
-            if magic != record.MAGIC:
-                assert not any(data[pos:])
-                break
-            records.append((int(seg.name) + pos, data[pos : pos + size]))
-            pos += size
-    return records
-
-
 def test_file_names_and_sizes_are_rocketmq_s(tmp_path: Path) -> None:
     path = tmp_path / "store"
     write_sample(path)
@@ -92,7 +74,7 @@ def test_file_names_and_sizes_are_rocketmq_s(tmp_path: Path) -> None:
 def test_records_blanks_units_and_index_agree(tmp_path: Path) -> None:
     path = tmp_path / "store"
     write_sample(path)
-    records = walk(path)
+    records = commitlog_records(path)
     assert len(records) == 2000
     by_offset = {}
     for phys, raw in records:
@@ -148,5 +130,7 @@ def test_checkpoint_records_the_newest_store_time(tmp_path: Path) -> None:
     path = tmp_path / "store"
     write_sample(path, 300)
     physic, logics, index = struct.unpack(">qqq", (path / "checkpoint").read_bytes()[:24])
-    newest = max(record.decode_record(raw, 0, phys=p).store_timestamp for p, raw in walk(path))
+    newest = max(
+        record.decode_record(raw, 0, phys=p).store_timestamp for p, raw in commitlog_records(path)
+    )
     assert physic == logics == index == newest
