@@ -125,7 +125,7 @@ def test_consume_queue_units_point_at_their_records() -> None:
         topic, qid = f.parent.parent.name, int(f.parent.name)
         for u in units[units["size"] > 0]:
             raw = records[int(u["offset"])]
-            assert raw is not None and len(raw) == int(u["size"])
+            assert len(raw) == int(u["size"])
             m = record.decode_record(raw, 0, phys=int(u["offset"]))
             assert (m.topic, m.queue_id) == (topic, qid)
 
