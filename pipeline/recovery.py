@@ -324,7 +324,7 @@ def recover(
             dispatch.apply(batch, queue_factory, index)
             report.queues_rebuilt = [f"{t}/{q}" for t, q in rebuild]
             report.index_rebuilt = index_bad
-    for cq in queues.values():
-        cq.correct_min_offset(log.min_offset)
+            for cq in queues.values():  # the rebuilt queues are new objects
+                cq.correct_min_offset(log.min_offset)
     report.duration_ms = (time.perf_counter() - started) * 1000
     return report
