@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,3 +53,32 @@ def _steady_disk(monkeypatch: pytest.MonkeyPatch) -> None:
     the suite must not depend on how full the machine's disk is (above 90 % every put would be
     refused, as it should be in production)."""
     monkeypatch.setattr("pipeline.store.statvfs_used_ratio", lambda path: 0.5)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local[2] SparkSession for the whole run (starting one costs 10-20 s), with the
+    ``rocketstore`` data source registered. Tests must not stop it or change its conf."""
+    from pyspark.sql import SparkSession
+
+    # Python workers must run this interpreter (the venv), not whatever python3 is on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("rocketstore-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.streaming.stopTimeout", "60s")
+        .config(
+            "spark.driver.extraJavaOptions",
+            f"-Dlog4j2.configurationFile={ROOT / 'conf' / 'log4j2.properties'}",
+        )
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    from source.datasource import register
+
+    register(session)
+    yield session
+    session.stop()

@@ -1,0 +1,204 @@
+"""Appending one writer's rows of a micro-batch to one broker, exactly once (runs on executors).
+
+**Replay detection.** Every message the sink writes gets a deterministic UNIQ_KEY::
+
+     0       4            9          12         16   bytes, shown as 32 uppercase hex digits
+     +-------+------------+----------+----------+
+     | sink  | batch id   | slot     | sequence |
+     +-------+------------+----------+----------+
+      sink:     first 4 bytes of SHA-1 of the sink id (the streaming query id by default)
+      batch id: Spark's micro-batch id (5 bytes)
+      slot:     which writer of the batch wrote it (the broker for foreachBatch, the Spark
+                partition for the data source writer; 3 bytes)
+      sequence: the row's position among that writer's rows of the batch (4 bytes)
+
+A writer appends its rows in a fixed order, and a crash can only cut the CommitLog after a
+whole record, so what landed of a (batch, slot) before a crash is always a prefix of its rows.
+The IndexFile indexes UNIQ_KEY, so a re-run finds the length of that prefix with a binary
+search of O(log n) key look-ups and appends only the rest. The log itself is the progress
+record: there is no separate file that a crash could leave behind the data.
+
+A re-run whose rows differ from the first attempt's (a non-deterministic input) is detected
+when the last landed row's body CRC does not match, and fails instead of mixing two attempts.
+
+**Single writer.** The broker's lock is held for the whole append; a task waits for it (up to
+``lockTimeoutMs``) while another writer holds it.
+
+Thread-safety: one call per task; nothing is shared between calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline import encode
+from pipeline.config import StoreConfig
+from pipeline.errors import StoreError, StoreLockedError
+from pipeline.store import MessageStore
+
+UNIQ_BYTES = 16
+
+
+class SinkReplayError(StoreError):
+    """A re-run of a micro-batch brought different rows than the attempt that already landed."""
+
+
+class SinkFailpoint(StoreError):
+    """Raised by the ``failpoint`` test option to simulate a task dying mid-append."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AppendStats:
+    broker: str
+    slot: int
+    rows: int
+    skipped: int
+    appended: int
+    bytes: int
+    first_offset: int
+    last_offset: int
+
+
+def sink_fingerprint(sink_id: str) -> bytes:
+    return hashlib.sha1(sink_id.encode("utf-8")).digest()[:4]
+
+
+def uniq_keys(sink_fp: bytes, batch_id: int, slot: int, n: int) -> pa.StringArray:
+    """The UNIQ_KEYs of rows ``0 .. n-1`` of one (batch, slot) (layout in the module doc)."""
+    if not 0 <= batch_id < 1 << 40 or not 0 <= slot < 1 << 24 or n >= 1 << 32:
+        raise StoreError(
+            f"batch {batch_id}, slot {slot}, {n} rows: outside the sink's UNIQ_KEY layout"
+        )
+    raw = np.empty((n, UNIQ_BYTES), dtype=np.uint8)
+    raw[:, :4] = np.frombuffer(sink_fp, dtype=np.uint8)
+    raw[:, 4:9] = np.frombuffer(batch_id.to_bytes(5, "big"), dtype=np.uint8)
+    raw[:, 9:12] = np.frombuffer(slot.to_bytes(3, "big"), dtype=np.uint8)
+    raw[:, 12:] = np.arange(n, dtype=">u4").view(np.uint8).reshape(n, 4)
+    return encode.hex_fixed(raw)
+
+
+def open_writer(path: Path, config: StoreConfig, timeout_ms: int) -> MessageStore:
+    """Open a broker store for writing, waiting for its lock while another writer holds it."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    pause = 0.01
+    while True:
+        try:
+            return MessageStore(path, config, create=True)
+        except StoreLockedError as exc:
+            if time.monotonic() >= deadline:
+                raise StoreLockedError(
+                    f"{exc}; gave up after waiting {timeout_ms} ms (lockTimeoutMs). Another "
+                    "query or process is writing this broker"
+                ) from None
+        # A lock-holder's append takes from milliseconds to minutes: back off up to 1 s.
+        time.sleep(pause)
+        pause = min(pause * 2, 1.0)
+
+
+def landed_prefix(store: MessageStore, topics: list[str], uniq: pa.StringArray) -> int:
+    """How many leading rows (by UNIQ_KEY) are already in the store (see the module doc)."""
+    n = len(uniq)
+
+    def present(i: int) -> bool:
+        return bool(store.query_by_key(topics[i], uniq[i].as_py(), max_count=1))
+
+    if n == 0 or not present(0):
+        return 0
+    if present(n - 1):
+        return n
+    lo, hi = 0, n - 1  # present(lo), not present(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if present(mid):
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def append(
+    path: Path,
+    config: StoreConfig,
+    rows: pa.Table,
+    *,
+    sink_fp: bytes,
+    batch_id: int,
+    slot: int,
+    lock_timeout_ms: int,
+    chunk_rows: int = 1_000_000,
+    failpoint: str | None = None,
+    attempt: int = 0,
+) -> AppendStats:
+    """Append ``rows`` (message columns, in their final order) as (batch, slot) to the broker
+    store at ``path``, skipping the prefix an earlier attempt already stored.
+
+    Every row is validated before any is written: a bad row fails the call with
+    :class:`~pipeline.errors.InvalidMessageError` naming the column, the reason and the count.
+    """
+    n = rows.num_rows
+    uniq = uniq_keys(sink_fp, batch_id, slot, n)
+    rows = rows.append_column("uniqKey", uniq)
+    topics = rows.column("topic").to_pylist()
+    with open_writer(path, config, lock_timeout_ms) as store:
+        done = landed_prefix(store, topics, uniq)
+        if done:
+            _check_same_rows(store, rows, topics, done - 1, path)
+        rest = rows.slice(done)
+        if rest.num_rows > chunk_rows:
+            # Validate everything before the first chunk goes in, so a bad row cannot leave
+            # half a batch behind.
+            encode.prepare(rest, config, encode.UniqKeyGenerator(), store.clock_ms())
+        first = last = -1
+        total_bytes = 0
+        for i, start in enumerate(range(0, rest.num_rows, chunk_rows)):
+            result = store.put_batch(rest.slice(start, chunk_rows))
+            if first < 0 and len(result):
+                first = int(result.commit_log_offsets[0])
+            if len(result):
+                last = int(result.commit_log_offsets[-1])
+            total_bytes += result.total_bytes
+            _failpoint(failpoint, i + 1, attempt, store)
+    return AppendStats(path.name, slot, n, done, n - done, total_bytes, first, last)
+
+
+def _check_same_rows(
+    store: MessageStore, rows: pa.Table, topics: list[str], i: int, path: Path
+) -> None:
+    key = rows.column("uniqKey")[i].as_py()
+    stored = store.query_by_key(topics[i], key, max_count=1)[0]
+    body = rows.column("body")[i].as_py() or b""
+    if zlib.crc32(stored.body) != zlib.crc32(body):
+        raise SinkReplayError(
+            f"{path}: micro-batch re-run brought a different row {i} (UNIQ_KEY {key}) than the "
+            "attempt that already stored it; the sink's input must be deterministic on replay "
+            "(a replayable source, no rand() or current_timestamp() before the sink)"
+        )
+
+
+def _failpoint(spec: str | None, chunks: int, attempt: int, store: MessageStore) -> None:
+    """Test-only fault injection, active on a task's first attempt only.
+
+    ``after_chunk:N`` raises after N chunks; ``hang_after_chunk:N:FILE`` flushes, creates FILE
+    and blocks forever (for a test that kills the whole process while a batch is half done).
+    """
+    if not spec or attempt != 0:
+        return
+    kind, _, arg = spec.partition(":")
+    count, _, marker = arg.partition(":")
+    if chunks != int(count):
+        return
+    if kind == "after_chunk":
+        raise SinkFailpoint(f"failpoint {spec}: task stopped after {chunks} chunk(s)")
+    if kind == "hang_after_chunk":
+        store.flush()
+        Path(marker).write_text(str(os.getpid()))
+        while True:
+            time.sleep(3600)

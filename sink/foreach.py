@@ -1,0 +1,167 @@
+"""``CommitLogSink``: the ``foreachBatch`` face of the sink.
+
+Per micro-batch (``__call__`` runs on the driver; the two ``mapInArrow`` steps on executors):
+
+1. route: each row gets its message queue (RocketMQ's hash selector over the sharding key) and
+   a row number fixed by its input partition and position, so a replay numbers rows the same;
+2. shuffle: ``repartition(brokers, key)`` with, for each broker, a key value that Spark's hash
+   partitioner sends to the partition of the same number, so broker ``b``'s rows all land in
+   task ``b`` (one writer per broker);
+3. append: task ``b`` sorts its rows by row number, takes broker ``b``'s lock and appends them
+   as vectorised batch puts, skipping what an earlier attempt of the same batch already stored
+   (see :mod:`sink.append`).
+
+Exactly once: given a deterministic, replayable input (Spark's file sources, Kafka, the
+rocketstore source, ``rate``), every row is stored once across task retries and driver
+restarts. The sink id that keeps different queries apart is the streaming query's id, which
+survives restarts from the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+from sink.append import sink_fingerprint
+from sink.plan import Plan, prepare, route_batches
+from sink.rows import ROUTED
+from sink.settings import SinkSettings
+from sink.writer import STATS_SCHEMA, append_routed, stats_batch
+
+log = logging.getLogger("rocketstore.sink")
+_ROW_BITS = 40  # row number = partition id << 40 | position in the partition
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSummary:
+    """What one micro-batch did, per broker (``skipped`` rows were stored by an earlier try)."""
+
+    batch_id: int
+    rows: int
+    appended: int
+    skipped: int
+    bytes: int
+    brokers: dict[str, int]
+
+
+class CommitLogSink:
+    """A ``foreachBatch`` function that appends each micro-batch to a store root.
+
+    ``CommitLogSink(path, topic="orders", brokers=4)``; keyword options are the sink's options
+    (``queues``, ``sharding_key``, ``body_format``, ``config``, ``lock_timeout_ms``,
+    ``sink_id``) and store settings by their RocketMQ names (``flushDiskType="SYNC_FLUSH"``).
+    Options are checked here, so a bad one fails before the query starts.
+
+    ``last`` holds the summary of the latest batch; ``history`` all of them.
+    Not thread-safe: one query per instance.
+    """
+
+    def __init__(self, path: str, topic: str | None = None, **options: Any) -> None:
+        renamed = {_option_name(k): v for k, v in options.items()}
+        self.settings = SinkSettings.from_options({"path": path, "topic": topic, **renamed})
+        self.last: BatchSummary | None = None
+        self.history: list[BatchSummary] = []
+        self._partition_keys: dict[int, list[int]] = {}
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        spark = df.sparkSession
+        plan = prepare(self.settings, to_arrow_schema(df.schema, timezone="UTC"))
+        sink_id = self.settings.sink_id or spark.sparkContext.getLocalProperty(
+            "sql.streaming.queryId"
+        )
+        if sink_id is None:
+            # Called outside a streaming query: there is no replay to recognise.
+            sink_id = str(uuid.uuid4())
+        fp = sink_fingerprint(sink_id)
+
+        def route_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            ctx = TaskContext.get()
+            part = ctx.partitionId() if ctx is not None else 0
+            yield from route_batches(plan, batches, part << _ROW_BITS)
+
+        def append_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            ctx = TaskContext.get()
+            attempt = ctx.attemptNumber() if ctx is not None else 0
+            routed = (b.drop_columns(["__rs_pk"]) for b in batches)
+            yield from stats_batch(
+                append_routed(
+                    plan.settings,
+                    plan.queues,
+                    routed,
+                    batch_id=batch_id,
+                    sink_fp=fp,
+                    slot=None,
+                    attempt=attempt,
+                )
+            )
+
+        keys = self._keys_for(spark, plan.brokers)
+        routed = df.mapInArrow(route_fn, from_arrow_schema(ROUTED))
+        broker = F.floor(F.col("__rs_mq") / F.lit(plan.queues)).cast("int")
+        pk = F.element_at(F.array(*[F.lit(k) for k in keys]), broker + F.lit(1))
+        shuffled = routed.withColumn("__rs_pk", pk).repartition(plan.brokers, "__rs_pk")
+        stats = shuffled.mapInArrow(append_fn, from_arrow_schema(STATS_SCHEMA)).collect()
+        self._record(batch_id, stats, plan)
+
+    def _keys_for(self, spark: SparkSession, n: int) -> list[int]:
+        if n not in self._partition_keys:
+            self._partition_keys[n] = partition_keys(spark, n)
+        return self._partition_keys[n]
+
+    def _record(self, batch_id: int, stats: list[Any], plan: Plan) -> None:
+        per_broker: dict[str, int] = {}
+        for s in stats:
+            per_broker[s.broker] = per_broker.get(s.broker, 0) + s.appended
+        summary = BatchSummary(
+            batch_id,
+            sum(s.rows for s in stats),
+            sum(s.appended for s in stats),
+            sum(s.skipped for s in stats),
+            sum(s.bytes for s in stats),
+            per_broker,
+        )
+        self.last = summary
+        self.history.append(summary)
+        if summary.skipped:
+            log.warning(
+                "batch %d: %d row(s) were already stored by an earlier attempt and were skipped",
+                batch_id,
+                summary.skipped,
+            )
+        log.info("batch %d: appended %d rows to %s", batch_id, summary.appended, plan.settings.root)
+
+
+def partition_keys(spark: SparkSession, n: int) -> list[int]:
+    """For each partition ``p < n``, an int that ``repartition(n, col)`` sends to partition ``p``.
+
+    Spark's hash partitioner is ``pmod(hash(col), n)`` (Murmur3, seed 42), the SQL ``hash``
+    function, so Spark itself finds the smallest such ints.
+    """
+    ids = F.col("id").cast("int")
+    found = (
+        spark.range(0, 64 * n + 1024)
+        .select(ids.alias("k"), F.pmod(F.hash(ids), F.lit(n)).alias("p"))
+        .groupBy("p")
+        .agg(F.min("k").alias("k"))
+        .collect()
+    )
+    by_partition = {int(r.p): int(r.k) for r in found}
+    missing = [p for p in range(n) if p not in by_partition]
+    if missing:
+        raise RuntimeError(f"no hash pre-image found for partitions {missing} of {n}")
+    return [by_partition[p] for p in range(n)]
+
+
+def _option_name(name: str) -> str:
+    """``sharding_key`` → ``shardingKey``; RocketMQ names pass through."""
+    head, *rest = name.split("_")
+    return head + "".join(w[:1].upper() + w[1:] for w in rest)

@@ -1,0 +1,113 @@
+"""The sink's options: parsed and checked once, on the driver, into a picklable value.
+
+Both faces of the sink (the ``foreachBatch`` callable and the ``rocketstore`` data source
+writer) accept the same options, named as in the README. Store settings come from
+``conf/store.toml``, then the file named by ``config`` (TOML or a RocketMQ broker.conf), then
+single options carrying RocketMQ ``MessageStoreConfig`` names (``flushDiskType``, ...).
+
+Runs on the driver; :class:`SinkSettings` travels to executors inside the tasks' closures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pipeline import bodyformat, encode
+from pipeline.config import StoreConfig
+from pipeline.errors import ConfigError
+from pipeline.root import DEFAULT_QUEUES, StoreRoot, TopicMeta
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "conf" / "store.toml"
+
+# Sink options that are not store settings (lower-cased: Spark lower-cases option names).
+SINK_OPTIONS = {
+    "path": "store root directory (required)",
+    "topic": "topic of every row (wins over a topic column)",
+    "brokers": "broker directories of a new topic (default 4)",
+    "queues": "queues per broker of a new topic (default 4)",
+    "shardingkey": "column whose value picks the queue (default: the keys)",
+    "bodyformat": "binary | avro | json",
+    "config": "store configuration file (TOML or broker.conf)",
+    "locktimeoutms": "how long a task waits for a broker's lock (default 600000)",
+    "sinkid": "identity of the writer for replay detection (default: the query id)",
+    "failpoint": "fault injection for tests: after_chunk:N or hang_after_chunk:N:FILE",
+    "chunkrows": "rows appended per batch put (default 1000000)",
+}
+_SPARK_NOISE = {"checkpointlocation", "queryname", "mode"}
+
+
+@dataclasses.dataclass(frozen=True)
+class SinkSettings:
+    """Everything an executor needs to append a micro-batch (picklable)."""
+
+    root: str
+    topic: str | None
+    brokers: int | None
+    queues: int | None
+    sharding_key: str | None
+    body_format: str
+    store_config: StoreConfig
+    lock_timeout_ms: int = 600_000
+    sink_id: str | None = None
+    failpoint: str | None = None
+    chunk_rows: int = 1_000_000
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> SinkSettings:
+        opts = {str(k).lower(): v for k, v in options.items() if v is not None}
+        root = opts.pop("path", None)
+        if not root:
+            raise ConfigError("option path: the store root directory is required")
+        config_file = opts.pop("config", None)
+        store_config = StoreConfig.load(config_file or DEFAULT_CONFIG)
+        sink_values = {k: opts.pop(k) for k in list(opts) if k in SINK_OPTIONS}
+        for k in _SPARK_NOISE:
+            opts.pop(k, None)
+        try:
+            store_config = store_config.with_overrides(opts)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}; sink options: {', '.join(sorted(SINK_OPTIONS))}") from None
+        topic = sink_values.get("topic")
+        if topic is not None:
+            problem = encode.topic_problem(str(topic))
+            if problem:
+                raise ConfigError(f"option topic={topic!r}: {problem}")
+        return cls(
+            root=str(root),
+            topic=str(topic) if topic is not None else None,
+            brokers=_positive(sink_values, "brokers"),
+            queues=_positive(sink_values, "queues"),
+            sharding_key=sink_values.get("shardingkey"),
+            body_format=bodyformat.check_format(str(sink_values.get("bodyformat", "binary"))),
+            store_config=store_config,
+            lock_timeout_ms=_positive(sink_values, "locktimeoutms") or 600_000,
+            sink_id=sink_values.get("sinkid"),
+            failpoint=sink_values.get("failpoint"),
+            chunk_rows=_positive(sink_values, "chunkrows") or 1_000_000,
+        )
+
+    def topic_meta(self, existing: TopicMeta | None, schemas: tuple[str, ...]) -> TopicMeta:
+        """The metadata to record for a new topic (or check against an existing one)."""
+        brokers = self.brokers or (existing.brokers if existing else 4)
+        queues = self.queues or (existing.queues if existing else DEFAULT_QUEUES)
+        return TopicMeta(brokers, queues, self.body_format, schemas)
+
+    @property
+    def store_root(self) -> StoreRoot:
+        return StoreRoot(self.root)
+
+
+def _positive(values: dict[str, Any], name: str) -> int | None:
+    raw = values.get(name)
+    if raw is None:
+        return None
+    try:
+        n = int(raw)
+    except (TypeError, ValueError):
+        n = 0
+    if n <= 0:
+        raise ConfigError(f"option {name}={raw!r}: expected a positive integer")
+    return n

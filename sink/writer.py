@@ -1,0 +1,106 @@
+"""One Spark task's share of a micro-batch: routed rows → per-broker appends (executors).
+
+Shared by both faces of the sink. ``slot_by_broker`` says whose rows these are: the
+``foreachBatch`` sink shuffles every broker's rows into one task, so the broker is the writer's
+slot; the data source writer cannot shuffle, so each Spark partition is a slot and appends to
+every broker its rows route to, one broker lock at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.root import StoreRoot, broker_name
+from sink.append import AppendStats, append
+from sink.settings import SinkSettings
+
+STATS_SCHEMA = pa.schema(
+    [
+        ("broker", pa.string()),
+        ("slot", pa.int32()),
+        ("rows", pa.int64()),
+        ("skipped", pa.int64()),
+        ("appended", pa.int64()),
+        ("bytes", pa.int64()),
+        ("firstOffset", pa.int64()),
+        ("lastOffset", pa.int64()),
+    ]
+)
+
+
+def append_routed(
+    settings: SinkSettings,
+    queues: int,
+    batches: Iterable[pa.RecordBatch],
+    *,
+    batch_id: int,
+    sink_fp: bytes,
+    slot: int | None,
+    attempt: int,
+) -> list[AppendStats]:
+    """Append routed rows (schema :data:`sink.rows.ROUTED`) to their brokers.
+
+    ``slot=None`` means one slot per broker (the foreachBatch layout); rows are then put in
+    ``__rs_row`` order, which is the same on every replay of the batch.
+    """
+    table = pa.Table.from_batches(list(batches))
+    if table.num_rows == 0:
+        return []
+    if slot is None:
+        table = table.take(pc.sort_indices(table, [("__rs_row", "ascending")]))
+    mq = table.column("__rs_mq").to_numpy().astype(np.int64)
+    brokers = mq // queues
+    root = StoreRoot(settings.root)
+    stats = []
+    for b in np.unique(brokers).tolist():
+        picked = np.flatnonzero(brokers == b)
+        part = table.take(pa.array(picked)) if len(picked) != table.num_rows else table
+        rows = pa.table(
+            {
+                "topic": part.column("topic"),
+                "body": part.column("body"),
+                "queueId": pa.array((mq[picked] % queues).astype(np.int32)),
+                "keys": part.column("keys"),
+                "tags": part.column("tags"),
+                "properties": part.column("properties"),
+                "flag": part.column("flag"),
+            }
+        )
+        stats.append(
+            append(
+                root.broker_path(b),
+                settings.store_config,
+                rows,
+                sink_fp=sink_fp,
+                batch_id=batch_id,
+                slot=b if slot is None else slot,
+                lock_timeout_ms=settings.lock_timeout_ms,
+                chunk_rows=settings.chunk_rows,
+                failpoint=settings.failpoint,
+                attempt=attempt,
+            )
+        )
+    return stats
+
+
+def stats_batch(stats: list[AppendStats]) -> Iterator[pa.RecordBatch]:
+    if not stats:
+        return
+    cols = {
+        "broker": [s.broker for s in stats],
+        "slot": [s.slot for s in stats],
+        "rows": [s.rows for s in stats],
+        "skipped": [s.skipped for s in stats],
+        "appended": [s.appended for s in stats],
+        "bytes": [s.bytes for s in stats],
+        "firstOffset": [s.first_offset for s in stats],
+        "lastOffset": [s.last_offset for s in stats],
+    }
+    yield pa.RecordBatch.from_pydict(cols, schema=STATS_SCHEMA)
+
+
+__all__ = ["STATS_SCHEMA", "append_routed", "broker_name", "stats_batch"]

@@ -1,0 +1,63 @@
+"""A streaming query writing parquet input into a store root, run in its own process by the
+sink's fault tests (they need their own Spark master and must be able to SIGKILL the driver).
+
+usage: python tests/sink_job.py INPUT ROOT CHECKPOINT MASTER FACE [FAILPOINT]
+FACE is ``foreach`` or ``format``. Prints ``done <rows appended> <rows skipped>``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from pyspark.sql import SparkSession
+from sinkutil import STORE_OPTIONS
+
+from sink.foreach import CommitLogSink
+from source.datasource import register
+
+SCHEMA = "id long, keys string, tags string, properties map<string,string>, flag int, body binary"
+
+
+def main(argv: list[str]) -> int:
+    folder, root, checkpoint, master, face = argv[:5]
+    failpoint = argv[5] if len(argv) > 5 else None
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (
+        SparkSession.builder.master(master)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(folder).drop("id")
+    extra = {"failpoint": failpoint, "chunkRows": "50"} if failpoint else {"chunkRows": "50"}
+    if face == "foreach":
+        sink = CommitLogSink(root, topic="orders", brokers=2, queues=2, **STORE_OPTIONS, **extra)
+        writer = df.writeStream.foreachBatch(sink)
+    else:
+        writer = (
+            df.writeStream.format("rocketstore")
+            .option("path", root)
+            .option("topic", "orders")
+            .option("brokers", 2)
+            .option("queues", 2)
+            .options(**STORE_OPTIONS, **extra)
+        )
+    q = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+    q.awaitTermination()
+    if face == "foreach":
+        print("done", sum(s.appended for s in sink.history), sum(s.skipped for s in sink.history))
+    else:
+        print("done")
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

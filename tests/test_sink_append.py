@@ -1,0 +1,158 @@
+"""Exactly-once appends of one writer's rows to one broker (engine only, no Spark)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from pipeline.config import StoreConfig
+from pipeline.errors import InvalidMessageError, StoreLockedError
+from pipeline.store import MessageStore
+from sink.append import (
+    SinkFailpoint,
+    SinkReplayError,
+    append,
+    landed_prefix,
+    sink_fingerprint,
+    uniq_keys,
+)
+
+CONFIG = StoreConfig(mapped_file_size_commitlog=1 << 16, max_hash_slot_num=512, max_index_num=4096)
+FP = sink_fingerprint("query-1")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def rows(n: int, start: int = 0, topic: str = "orders") -> pa.Table:
+    return pa.table(
+        {
+            "topic": [topic] * n,
+            "body": [b"body-%d" % i for i in range(start, start + n)],
+            "queueId": pa.array([i % 3 for i in range(n)], pa.int32()),
+            "keys": [[f"k{i}"] for i in range(start, start + n)],
+        }
+    )
+
+
+def stored(path: Path, topic: str = "orders") -> list[bytes]:
+    """Every body of ``topic``, in CommitLog order."""
+    with MessageStore(path, CONFIG, read_only=True) as s:
+        found = []
+        for info in s.queue_infos(topic):
+            got = s.get_messages(topic, info.queue_id, 0, 10_000).messages
+            found += [(m.commit_log_offset, m.body) for m in got]
+    return [b for _, b in sorted(found)]
+
+
+def run(path: Path, table: pa.Table, **kw: object) -> object:
+    args: dict[str, object] = {"sink_fp": FP, "batch_id": 7, "slot": 2, "lock_timeout_ms": 5000}
+    args.update(kw)
+    return append(path, CONFIG, table, **args)  # type: ignore[arg-type]
+
+
+def test_uniq_key_layout() -> None:
+    keys = uniq_keys(bytes.fromhex("01020304"), 0x0A0B0C0D0E, 0x112233, 3).to_pylist()
+    assert keys == ["01020304" + "0A0B0C0D0E" + "112233" + f"{i:08X}" for i in range(3)]
+
+
+def test_rerun_of_a_landed_batch_appends_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "broker-0"
+    first = run(path, rows(50))
+    again = run(path, rows(50))
+    assert (first.appended, first.skipped) == (50, 0)  # type: ignore[attr-defined]
+    assert (again.appended, again.skipped) == (0, 50)  # type: ignore[attr-defined]
+    assert stored(path) == [b"body-%d" % i for i in range(50)]
+
+
+@pytest.mark.parametrize("landed", [0, 1, 17, 49, 50])
+def test_rerun_appends_exactly_what_did_not_land(tmp_path: Path, landed: int) -> None:
+    path = tmp_path / "broker-0"
+    with MessageStore(path, CONFIG, create=True) as s:
+        s.put_batch(rows(5, 1000, topic="other"))  # someone else's messages, before ours
+        prefix = rows(50).slice(0, landed)
+        s.put_batch(prefix.append_column("uniqKey", uniq_keys(FP, 7, 2, 50)[:landed]))
+    result = run(path, rows(50))
+    assert result.skipped == landed  # type: ignore[attr-defined]
+    assert stored(path) == [b"body-%d" % i for i in range(50)]
+
+
+def test_other_batches_and_slots_are_not_mistaken_for_this_one(tmp_path: Path) -> None:
+    path = tmp_path / "broker-0"
+    run(path, rows(10), batch_id=6)
+    run(path, rows(10), slot=3)
+    run(path, rows(10), sink_fp=sink_fingerprint("query-2"))
+    assert run(path, rows(10)).skipped == 0  # type: ignore[attr-defined]
+    assert len(stored(path)) == 40
+
+
+def test_replay_with_different_rows_fails(tmp_path: Path) -> None:
+    path = tmp_path / "broker-0"
+    run(path, rows(10))
+    with pytest.raises(SinkReplayError, match="deterministic"):
+        run(path, rows(10, start=500))
+    assert len(stored(path)) == 10
+
+
+def test_failed_attempt_leaves_a_prefix_the_retry_completes(tmp_path: Path) -> None:
+    path = tmp_path / "broker-0"
+    with pytest.raises(SinkFailpoint):
+        run(path, rows(100), chunk_rows=30, failpoint="after_chunk:2", attempt=0)
+    assert stored(path) == [b"body-%d" % i for i in range(60)]
+    retry = run(path, rows(100), chunk_rows=30, failpoint="after_chunk:2", attempt=1)
+    assert (retry.skipped, retry.appended) == (60, 40)  # type: ignore[attr-defined]
+    assert stored(path) == [b"body-%d" % i for i in range(100)]
+
+
+def test_bad_row_in_a_later_chunk_refuses_the_whole_append(tmp_path: Path) -> None:
+    path = tmp_path / "broker-0"
+    table = rows(100)
+    bodies = table.column("body").to_pylist()
+    bodies[95] = None
+    table = table.set_column(1, "body", pa.array(bodies, pa.binary()))
+    with pytest.raises(InvalidMessageError, match="body is null"):
+        run(path, table, chunk_rows=30)
+    with MessageStore(path, CONFIG, read_only=True) as s:
+        assert s.max_phy_offset == 0
+
+
+def test_landed_prefix_by_binary_search(tmp_path: Path) -> None:
+    path = tmp_path / "broker-0"
+    keys = uniq_keys(FP, 1, 0, 1000)
+    with MessageStore(path, CONFIG, create=True) as s:
+        s.put_batch(rows(1000).slice(0, 613).append_column("uniqKey", keys[:613]))
+        assert landed_prefix(s, ["orders"] * 1000, keys) == 613
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys
+    from pipeline.config import StoreConfig
+    from pipeline.store import MessageStore
+    cfg = StoreConfig(mapped_file_size_commitlog=1 << 16, max_hash_slot_num=512, max_index_num=4096)
+    with MessageStore(sys.argv[1], cfg, create=True):
+        print("holding", flush=True)
+        sys.stdin.readline()
+    """
+)
+
+
+def test_waits_for_the_lock_then_gives_up_clearly(tmp_path: Path) -> None:
+    path = tmp_path / "broker-0"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
+        with pytest.raises(StoreLockedError, match="lockTimeoutMs"):
+            run(path, rows(3), lock_timeout_ms=300)
+    finally:
+        holder.communicate("\n", timeout=30)
+    assert run(path, rows(3)).appended == 3  # type: ignore[attr-defined]

@@ -1,0 +1,251 @@
+"""The sink through Spark: foreachBatch and format("rocketstore"), read back with the engine."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from sinkutil import CONFIG, STORE_OPTIONS, read_back, write_input
+
+from pipeline.bodyformat import BodySchema, decode_bodies
+from pipeline.javahash import java_hash
+from pipeline.root import StoreRoot
+from pipeline.store import MessageStore
+from pipeline.verify import verify
+from sink.foreach import CommitLogSink, partition_keys
+
+SPARK_SCHEMA = (
+    "id long, keys string, tags string, properties map<string,string>, flag int, body binary"
+)
+
+
+def stream(spark: SparkSession, folder: Path) -> DataFrame:
+    return (
+        spark.readStream.schema(SPARK_SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(folder))
+    )
+
+
+def run_foreach(df: DataFrame, sink: CommitLogSink, checkpoint: Path) -> None:
+    q = (
+        df.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+
+
+def check_stored(
+    spark: SparkSession,
+    rows: list[dict[str, Any]],
+    stored: list[dict[str, Any]],
+    total_queues: int,
+    queues: int,
+    ordered: bool = True,
+) -> None:
+    """Every input row exactly once, intact, in its hash-selected queue, and (``ordered``) in
+    id order per key."""
+
+    def props(p: dict[str, str] | list[tuple[str, str]] | None) -> str:
+        # chispa sorts and compares whole rows, and Spark cannot order maps: compare as text.
+        items = dict(p or {})
+        return ",".join(f"{k}={v}" for k, v in sorted(items.items()))
+
+    compared = "id long, keys string, tags string, properties string, flag int, body binary"
+    expected = spark.createDataFrame(
+        sorted(
+            (r["id"], r["keys"], r["tags"], props(r["properties"]), r["flag"], r["body"])
+            for r in rows
+        ),
+        compared,
+    )
+    got = spark.createDataFrame(
+        sorted(
+            (
+                int(s["body"].split()[1]),
+                s["keys"],
+                s["tags"],
+                props(s["properties"]),
+                s["flag"],
+                s["body"],
+            )
+            for s in stored
+        ),
+        compared,
+    )
+    assert_df_equality(got, expected)
+    per_queue: dict[tuple[str, int], list[dict[str, Any]]] = collections.defaultdict(list)
+    for s in stored:
+        mq = abs(java_hash(s["keys"])) % total_queues
+        assert (s["broker"], s["queueId"]) == (f"broker-{mq // queues}", mq % queues)
+        per_queue[(s["broker"], s["queueId"])].append(s)
+    for msgs in per_queue.values():
+        msgs.sort(key=lambda s: s["queueOffset"])
+        assert [s["queueOffset"] for s in msgs] == list(range(len(msgs)))
+        by_key: dict[str, list[int]] = collections.defaultdict(list)
+        for s in msgs:
+            by_key[s["keys"]].append(int(s["body"].split()[1]))
+        for ids in by_key.values():
+            assert not ordered or ids == sorted(ids), (
+                "one key's messages out of order within its queue"
+            )
+
+
+def test_partition_keys_send_each_broker_to_its_own_task(spark: SparkSession) -> None:
+    keys = partition_keys(spark, 5)
+    df = spark.createDataFrame([(b, k) for b, k in enumerate(keys)], "b int, k int")
+    placed = df.repartition(5, "k").select("b", F.spark_partition_id().alias("p")).collect()
+    assert sorted((r.b, r.p) for r in placed) == [(b, b) for b in range(5)]
+
+
+def test_foreach_batch_sink_stores_every_row_once(spark: SparkSession, tmp_path: Path) -> None:
+    rows = write_input(tmp_path / "in", files=3, rows_per_file=400)
+    root = tmp_path / "store"
+    sink = CommitLogSink(str(root), topic="orders", brokers=3, queues=2, **STORE_OPTIONS)
+    run_foreach(stream(spark, tmp_path / "in").drop("id"), sink, tmp_path / "ck")
+    assert [s.rows for s in sink.history] == [400, 400, 400]
+    assert sum(s.skipped for s in sink.history) == 0
+    check_stored(spark, rows, read_back(root, "orders"), 6, 2)
+    meta = StoreRoot(root).topic("orders")
+    assert meta is not None and (meta.brokers, meta.queues) == (3, 2)
+    for _, path in StoreRoot(root).brokers():
+        with MessageStore(path, CONFIG, read_only=True) as store:
+            assert verify(store).ok
+
+
+def test_format_sink_streaming_and_batch(spark: SparkSession, tmp_path: Path) -> None:
+    rows = write_input(tmp_path / "in", files=2, rows_per_file=300)
+    root = tmp_path / "store"
+    q = (
+        stream(spark, tmp_path / "in")
+        .drop("id")
+        .writeStream.format("rocketstore")
+        .option("path", str(root))
+        .option("topic", "orders")
+        .option("brokers", 2)
+        .options(**STORE_OPTIONS)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    check_stored(spark, rows, read_back(root, "orders"), 8, 4)
+    batch = spark.read.parquet(str(tmp_path / "in")).drop("id")
+    batch.write.format("rocketstore").mode("append").option("path", str(root)).option(
+        "topic", "again"
+    ).options(**STORE_OPTIONS).save()
+    # A new topic gets 4 x 4. A batch read has no order across its partitions, and the data
+    # source writer appends each partition as it comes: no order to check.
+    check_stored(spark, rows, read_back(root, "again"), 16, 4, ordered=False)
+    with pytest.raises(Exception, match="append-only"):
+        batch.write.format("rocketstore").mode("overwrite").option("path", str(root)).option(
+            "topic", "again"
+        ).save()
+
+
+@pytest.mark.parametrize("fmt", ["avro", "json"])
+def test_row_bodies_round_trip(spark: SparkSession, tmp_path: Path, fmt: str) -> None:
+    df = (
+        spark.createDataFrame(
+            [
+                (
+                    f"c{i % 5}",
+                    i,
+                    float(i) / 4,
+                    None if i % 3 == 0 else f"sku-{i}",
+                    [i, i + 1],
+                    {"a": i},
+                    (i, f"n{i}"),
+                )
+                for i in range(60)
+            ],
+            "keys string, id long, amount double, sku string, qty array<int>, "
+            "extra map<string,int>, nested struct<x:int,y:string>",
+        )
+        .withColumn("at", F.timestamp_seconds(F.col("id") * 1000))
+        .withColumn("day", F.to_date(F.col("at")))
+    )
+    root = tmp_path / "store"
+    CommitLogSink(str(root), topic="rows", brokers=2, body_format=fmt, **STORE_OPTIONS)(df, 0)
+    stored = read_back(root, "rows")
+    assert len(stored) == 60
+    meta = StoreRoot(root).topic("rows")
+    assert meta is not None and meta.body_format == fmt and len(meta.schemas) == 1
+    schema = BodySchema.from_document(StoreRoot(root).load_schema(meta.schemas[0]))
+    table = decode_bodies(
+        [s["body"] for s in stored],
+        [s["schema"] for s in stored],
+        fmt,
+        schema,
+        lambda fp: BodySchema.from_document(StoreRoot(root).load_schema(fp)),
+        str,
+    )
+    got = spark.createDataFrame(table, df.drop("keys").schema)
+    # Spark cannot sort maps, so order both sides by id instead of ignore_row_order.
+    assert_df_equality(got.orderBy("id"), df.drop("keys").orderBy("id"))
+
+
+def test_bad_rows_fail_the_query_naming_column_and_count(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    root = tmp_path / "store"
+    df = spark.createDataFrame(
+        [("k1", b"ok"), ("k1", None), ("k1", None)], "keys string, body binary"
+    )
+    with pytest.raises(Exception, match=r"body.*2 row") as err:
+        CommitLogSink(str(root), topic="orders", brokers=1, **STORE_OPTIONS)(df, 0)
+    assert "body is null" in str(err.value)
+    # The broker's task validated before appending: the good row is not stored either.
+    assert read_back(root, "orders") == []
+    with pytest.raises(Exception, match="column flag: expected an integer"):
+        CommitLogSink(str(root), topic="orders")(df.withColumn("flag", F.lit("x")), 0)
+    with pytest.raises(Exception, match="option topic='a/b'"):
+        CommitLogSink(str(root), topic="a/b")
+
+
+def test_two_queries_writing_one_root_at_once(spark: SparkSession, tmp_path: Path) -> None:
+    rows_a = write_input(tmp_path / "a", files=3, rows_per_file=200)
+    rows_b = write_input(tmp_path / "b", files=3, rows_per_file=200)
+    root = tmp_path / "store"
+    sinks = [
+        CommitLogSink(str(root), topic="orders", brokers=2, queues=2, **STORE_OPTIONS),
+        CommitLogSink(str(root), topic="orders", brokers=2, queues=2, **STORE_OPTIONS),
+    ]
+    queries = [
+        stream(spark, tmp_path / name)
+        .drop("id")
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(tmp_path / f"ck-{name}"))
+        .trigger(availableNow=True)
+        .start()
+        for name, sink in zip(["a", "b"], sinks, strict=True)
+    ]
+    errors: list[BaseException] = []
+
+    def wait(q: Any) -> None:
+        try:
+            q.awaitTermination()
+        except StreamingQueryException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wait, args=(q,)) for q in queries]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    # Both wrote ids 0..599: each id must be there exactly twice (once per query).
+    stored = read_back(root, "orders")
+    counts = collections.Counter(s["body"] for s in stored)
+    assert len(stored) == 1200 and set(counts.values()) == {2}
+    assert {r["body"] for r in rows_a} == {r["body"] for r in rows_b} == set(counts)
+    for _, path in StoreRoot(root).brokers():
+        with MessageStore(path, CONFIG, read_only=True) as store:
+            assert verify(store).ok
