@@ -1,9 +1,10 @@
 """``CommitLogSink``: the ``foreachBatch`` face of the sink.
 
-Per micro-batch (``__call__`` runs on the driver; the two ``mapInArrow`` steps on executors):
+Per micro-batch (``__call__`` runs on the driver; the ``mapInArrow`` step on executors):
 
-1. route: each row gets its message queue (RocketMQ's hash selector over the sharding key) and
-   a row number fixed by its input partition and position, so a replay numbers rows the same;
+1. route, in Spark SQL: each row gets its message queue (RocketMQ's hash selector over the
+   sharding key, with Java's own ``String.hashCode``) and a row number fixed by its input
+   partition and position (``monotonically_increasing_id``), so a replay numbers rows the same;
 2. shuffle: ``repartition(brokers, key)`` with, for each broker, a key value that Spark's hash
    partitioner sends to the partition of the same number, so broker ``b``'s rows all land in
    task ``b`` (one writer per broker);
@@ -33,12 +34,11 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from sink.append import sink_fingerprint
 from sink.plan import Plan, prepare, route_batches
-from sink.rows import ROUTED
+from sink.rows import queue_expression
 from sink.settings import SinkSettings
 from sink.writer import STATS_SCHEMA, append_routed, stats_batch
 
 log = logging.getLogger("rocketstore.sink")
-_ROW_BITS = 40  # row number = partition id << 40 | position in the partition
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +74,8 @@ class CommitLogSink:
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         spark = df.sparkSession
-        plan = prepare(self.settings, to_arrow_schema(df.schema, timezone="UTC"))
+        arrow_schema = to_arrow_schema(df.schema, timezone="UTC")
+        plan = prepare(self.settings, arrow_schema)
         sink_id = self.settings.sink_id or spark.sparkContext.getLocalProperty(
             "sql.streaming.queryId"
         )
@@ -83,20 +84,14 @@ class CommitLogSink:
             sink_id = str(uuid.uuid4())
         fp = sink_fingerprint(sink_id)
 
-        def route_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            ctx = TaskContext.get()
-            part = ctx.partitionId() if ctx is not None else 0
-            yield from route_batches(plan, batches, part << _ROW_BITS)
-
         def append_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             ctx = TaskContext.get()
             attempt = ctx.attemptNumber() if ctx is not None else 0
-            routed = (b.drop_columns(["__rs_pk"]) for b in batches)
             yield from stats_batch(
                 append_routed(
                     plan.settings,
                     plan.queues,
-                    routed,
+                    route_batches(plan, batches, 0),
                     batch_id=batch_id,
                     sink_fp=fp,
                     slot=None,
@@ -104,11 +99,18 @@ class CommitLogSink:
                 )
             )
 
+        # Routing runs in the JVM (Java's String.hashCode through java_method), so the rows
+        # cross into Python once, in the task that appends them.
         keys = self._keys_for(spark, plan.brokers)
-        routed = df.mapInArrow(route_fn, from_arrow_schema(ROUTED))
+        mq = queue_expression(arrow_schema, plan.layout, "`__rs_row`")
         broker = F.floor(F.col("__rs_mq") / F.lit(plan.queues)).cast("int")
-        pk = F.element_at(F.array(*[F.lit(k) for k in keys]), broker + F.lit(1))
-        shuffled = routed.withColumn("__rs_pk", pk).repartition(plan.brokers, "__rs_pk")
+        pk = F.try_element_at(F.array(*[F.lit(k) for k in keys]), broker + F.lit(1))
+        shuffled = (
+            df.withColumn("__rs_row", F.monotonically_increasing_id())
+            .withColumn("__rs_mq", F.expr(mq))
+            .withColumn("__rs_pk", pk)
+            .repartition(plan.brokers, "__rs_pk")
+        )
         stats = shuffled.mapInArrow(append_fn, from_arrow_schema(STATS_SCHEMA)).collect()
         self._record(batch_id, stats, plan)
 

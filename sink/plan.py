@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from pipeline.errors import ConfigError
 from pipeline.root import TopicMeta
-from sink.rows import Layout, check_schema, route
+from sink.rows import Layout, check_schema, route, shape
 from sink.settings import SinkSettings
 
 
@@ -52,13 +52,25 @@ def prepare(settings: SinkSettings, schema: pa.Schema) -> Plan:
 def route_batches(
     plan: Plan, batches: Iterable[pa.RecordBatch], row_base: int
 ) -> Iterator[pa.RecordBatch]:
-    """Route input batches; with a topic column, record each new topic in the store root."""
+    """Route input batches (executor side); with a topic column, record each new topic in the
+    store root.
+
+    Batches that already carry ``__rs_row`` and ``__rs_mq`` (computed in Spark by
+    :func:`sink.rows.queue_expression`) keep them; others are numbered from ``row_base`` and
+    routed here.
+    """
     seen: set[str] = set()
     count = 0
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        routed = route(batch, plan.layout, row_base + count)
+        if "__rs_mq" in batch.schema.names:
+            rows = batch.column("__rs_row").to_numpy()
+            mq = batch.column("__rs_mq").to_numpy()
+            extra = [c for c in ("__rs_row", "__rs_mq", "__rs_pk") if c in batch.schema.names]
+            routed = shape(batch.drop_columns(extra), plan.layout, rows, mq)
+        else:
+            routed = route(batch, plan.layout, row_base + count)
         count += batch.num_rows
         if plan.settings.topic is None:
             _record_topics(plan, routed, seen)

@@ -132,6 +132,20 @@ def _is_binary(t: pa.DataType | None) -> bool:
 def route(batch: pa.RecordBatch, layout: Layout, row_base: int) -> pa.RecordBatch:
     """The routed form of one input batch; ``row_base`` numbers its first row."""
     n = batch.num_rows
+    rows = np.arange(row_base, row_base + n, dtype=np.int64)
+    return shape(batch, layout, rows, None)
+
+
+def shape(
+    batch: pa.RecordBatch,
+    layout: Layout,
+    rows: np.ndarray,
+    mq: np.ndarray | None,
+) -> pa.RecordBatch:
+    """Message columns of an input batch, with its row numbers and message queues (computed
+    here with :func:`~pipeline.root.select_queues` when ``mq`` is None; otherwise given, as
+    :func:`queue_expression` computed them in Spark, and only range-checked)."""
+    n = batch.num_rows
     cols = {name: batch.column(name) for name in batch.schema.names}
     if layout.topic is not None:
         topic = pa.array(np.full(n, layout.topic, dtype=object), pa.string())
@@ -147,8 +161,10 @@ def route(batch: pa.RecordBatch, layout: Layout, row_base: int) -> pa.RecordBatc
     tags = cols["tags"].cast(pa.string()) if "tags" in cols else pa.nulls(n, pa.string())
     props = _properties(cols.get("properties"), n, layout.body_schema)
     flag = _ints(cols.get("flag"), n, "flag")
-    rows = np.arange(row_base, row_base + n, dtype=np.int64)
-    mq = _queues(cols, keys, layout, rows)
+    if mq is None:
+        mq = _queues(cols, keys, layout, rows)
+    else:
+        _check_queue_ids(mq, layout.total_queues)
     return pa.RecordBatch.from_arrays(
         [
             topic,
@@ -157,11 +173,33 @@ def route(batch: pa.RecordBatch, layout: Layout, row_base: int) -> pa.RecordBatc
             tags,
             props,
             pa.array(flag, pa.int32()),
-            pa.array(rows),
+            pa.array(rows, pa.int64()),
             pa.array(mq.astype(np.int32)),
         ],
         schema=ROUTED,
     )
+
+
+def queue_expression(schema: pa.Schema, layout: Layout, row: str) -> str:
+    """A Spark SQL expression for each row's message queue, equal to what :func:`shape`
+    computes with numpy: ``abs(hashCode % n)`` where hashCode is Java's ``String.hashCode``
+    (``java.util.Objects.hashCode`` of the string, called in the JVM), round-robin over
+    ``row`` for rows without a key, and a non-null ``queueId`` column as given."""
+    names = set(schema.names)
+    total = layout.total_queues
+    if layout.sharding_key is not None:
+        key = f"cast(`{layout.sharding_key}` as string)"
+    elif "keys" not in names:
+        key = "cast(null as string)"
+    elif _is_string(schema.field("keys").type):
+        key = "array_join(filter(split(`keys`, ' '), k -> k != ''), ' ')"
+    else:
+        key = "array_join(`keys`, ' ')"
+    hashed = f"abs(cast(java_method('java.util.Objects', 'hashCode', {key}) as int) % {total})"
+    chosen = f"CASE WHEN {key} IS NULL OR {key} = '' THEN pmod({row}, {total}) ELSE {hashed} END"
+    if "queueId" in names:
+        return f"cast(coalesce(cast(`queueId` as bigint), {chosen}) as int)"
+    return f"cast({chosen} as int)"
 
 
 def _keys(col: pa.Array | None, n: int) -> pa.Array:
@@ -204,10 +242,8 @@ def _properties(col: pa.Array | None, n: int, schema: bodyformat.BodySchema | No
 def _ints(col: pa.Array | None, n: int, name: str) -> np.ndarray:
     if col is None:
         return np.zeros(n, dtype=np.int64)
-    values = col.to_numpy(zero_copy_only=False)
-    if col.null_count:
-        values = np.where(col.is_null().to_numpy(zero_copy_only=False), 0, col.fill_null(0))
-    values = np.asarray(values, dtype=np.int64)
+    # A null flag is 0, as an unset flag is in RocketMQ; a null queueId is masked by the caller.
+    values = np.asarray(col.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
     bad = (values < -(2**31)) | (values >= 2**31)
     if bad.any():
         raise InvalidMessageError(
@@ -231,11 +267,15 @@ def _queues(
         chosen = given.is_valid().to_numpy(zero_copy_only=False)
         if chosen.any():
             q = _ints(given, len(rows), "queueId")
-            bad = chosen & ((q < 0) | (q >= total))
-            if bad.any():
-                raise InvalidMessageError(
-                    f"column queueId: {int(bad.sum())} row(s) outside 0..{total - 1} (the "
-                    f"topic's {total} message queues), first {int(q[bad][0])}"
-                )
+            _check_queue_ids(np.where(chosen, q, 0), total)
             mq = np.where(chosen, q, mq)
     return mq
+
+
+def _check_queue_ids(mq: np.ndarray, total: int) -> None:
+    bad = (mq < 0) | (mq >= total)
+    if bad.any():
+        raise InvalidMessageError(
+            f"column queueId: {int(bad.sum())} row(s) outside 0..{total - 1} (the topic's "
+            f"{total} message queues), first {int(mq[bad][0])}"
+        )

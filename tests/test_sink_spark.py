@@ -249,3 +249,44 @@ def test_two_queries_writing_one_root_at_once(spark: SparkSession, tmp_path: Pat
     for _, path in StoreRoot(root).brokers():
         with MessageStore(path, CONFIG, read_only=True) as store:
             assert verify(store).ok
+
+
+def test_spark_routing_matches_the_numpy_routing(spark: SparkSession) -> None:
+    """The SQL expression foreachBatch routes with and the numpy routing of the data source
+    writer choose the same queue for every row (string keys, array keys, no key, queueId)."""
+    import numpy as np
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from sink.rows import Layout, queue_expression, route
+
+    df = spark.createDataFrame(
+        [
+            (
+                i,
+                f"k{i % 97}  extra{i % 3}" if i % 11 else None,
+                [f"a{i}", "b"],
+                i % 9 if i % 5 == 0 else None,
+            )
+            for i in range(400)
+        ],
+        "row long, keys string, arr array<string>, queueId int",
+    )
+    for keys_col in ("keys", "arr"):
+        picked = df.select("row", F.col(keys_col).alias("keys"), "queueId")
+        layout = Layout("t", 12, None, "binary", None)
+        sql = picked.withColumn(
+            "mq", F.expr(queue_expression(to_arrow_schema(picked.schema), layout, "row"))
+        )
+        got = [r.mq for r in sql.orderBy("row").collect()]
+        table = pa.Table.from_pylist(
+            [r.asDict() for r in picked.orderBy("row").collect()], to_arrow_schema(picked.schema)
+        )
+        batch = (
+            table.drop_columns(["row"])
+            .append_column("body", pa.array([b"x"] * 400))
+            .to_batches()[0]
+        )
+        expected = route(batch, layout, 0).column("__rs_mq").to_pylist()
+        assert got == expected, keys_col
+        assert np.unique(got).size == 12
