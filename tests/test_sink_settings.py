@@ -1,0 +1,59 @@
+"""The sink's options (no Spark)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import SYNC_FLUSH
+from pipeline.errors import ConfigError
+from sink.foreach import _option_name
+from sink.settings import SinkSettings
+
+
+def test_defaults_come_from_conf_store_toml() -> None:
+    s = SinkSettings.from_options({"path": "/r", "topic": "orders"})
+    assert (s.root, s.topic, s.brokers, s.queues, s.body_format) == (
+        "/r",
+        "orders",
+        None,
+        None,
+        "binary",
+    )
+    assert s.store_config.mapped_file_size_commitlog == 1 << 30
+
+
+def test_config_file_then_single_options_override(tmp_path: Path) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text("flushDiskType=SYNC_FLUSH\nmappedFileSizeCommitLog=65536\nbrokerName=b\n")
+    # Spark lower-cases option names; both spellings must work.
+    s = SinkSettings.from_options(
+        {"path": "/r", "config": str(conf), "mappedfilesizecommitlog": "131072", "BROKERS": "3"}
+    )
+    assert s.store_config.flush_disk_type == SYNC_FLUSH
+    assert s.store_config.mapped_file_size_commitlog == 131072
+    assert s.brokers == 3
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, "option path"),
+        ({"path": "/r", "brokers": "0"}, "option brokers='0'"),
+        ({"path": "/r", "queues": "x"}, "option queues='x'"),
+        ({"path": "/r", "bodyFormat": "xml"}, "option bodyFormat='xml': expected one of binary"),
+        ({"path": "/r", "topic": "a b"}, "option topic='a b'"),
+        ({"path": "/r", "flushDiskTyp": "SYNC_FLUSH"}, "unknown store setting 'flushdisktyp'"),
+        ({"path": "/r", "config": "/nonexistent.toml"}, "cannot read store configuration"),
+    ],
+)
+def test_bad_options_name_the_option(options: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        SinkSettings.from_options(options)
+
+
+def test_python_keyword_names_map_to_option_names() -> None:
+    assert _option_name("sharding_key") == "shardingKey"
+    assert _option_name("lock_timeout_ms") == "lockTimeoutMs"
+    assert _option_name("flushDiskType") == "flushDiskType"
