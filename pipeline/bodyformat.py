@@ -96,12 +96,18 @@ def _avro_type(t: pa.DataType, name: str) -> Any:
         return {
             "type": "record",
             "name": _avro_name(name),
-            "fields": [
-                {"name": f.name, "type": _nullable(f.type, f"{name}_{f.name}", f.nullable)}
-                for f in t
-            ],
+            "fields": [_field(f, f"{name}_{f.name}") for f in t],
         }
     raise ConfigError(f"column {name}: type {t} cannot be stored in an avro or json body")
+
+
+def _field(f: pa.Field, name: str) -> dict[str, Any]:
+    """A record field; a nullable one defaults to null, so that a reader whose schema gained
+    a nullable column can still read bodies written before it (Avro schema resolution)."""
+    field: dict[str, Any] = {"name": f.name, "type": _nullable(f.type, name, f.nullable)}
+    if f.nullable:
+        field["default"] = None
+    return field
 
 
 def _nullable(t: pa.DataType, name: str, nullable: bool) -> Any:
@@ -144,9 +150,7 @@ class BodySchema:
             "type": "record",
             "name": "Row",
             "namespace": f"rocketstore.{_avro_name(topic)}",
-            "fields": [
-                {"name": f.name, "type": _nullable(f.type, f.name, f.nullable)} for f in fields
-            ],
+            "fields": [_field(f, f.name) for f in fields],
         }
         arrow = pa.schema(fields)
         return cls(arrow, avro, fingerprint_of(avro))
@@ -240,12 +244,12 @@ def decode_bodies(
     fmt: str,
     reader: BodySchema,
     load: Callable[[str], BodySchema],
-    where: Callable[[int], str],
+    where: Callable[[int], tuple[str, int]],
 ) -> pa.Table:
     """Decode bodies into a table of ``reader.arrow_schema``.
 
     ``load(fp)`` returns the writer schema a fingerprint names (callers cache it);
-    ``where(i)`` describes message ``i`` (broker, file, offset) for errors. A body that does not
+    ``where(i)`` gives the file and offset of message ``i`` for errors. A body that does not
     decode raises :class:`CorruptRecordError`; a message without ``rsSchema`` is decoded with
     the reader schema.
     """
@@ -276,8 +280,8 @@ def decode_bodies(
     return pa.Table.from_pylist(rows, schema=reader.arrow_schema)
 
 
-def _undecodable(where: str, fmt: str, exc: Exception) -> CorruptRecordError:
-    return CorruptRecordError(where, -1, f"body is not a valid {fmt} row ({exc})")
+def _undecodable(where: tuple[str, int], fmt: str, exc: Exception) -> CorruptRecordError:
+    return CorruptRecordError(where[0], where[1], f"body is not a valid {fmt} row ({exc})")
 
 
 def _json_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:

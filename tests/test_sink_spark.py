@@ -185,7 +185,7 @@ def test_row_bodies_round_trip(spark: SparkSession, tmp_path: Path, fmt: str) ->
         fmt,
         schema,
         lambda fp: BodySchema.from_document(StoreRoot(root).load_schema(fp)),
-        str,
+        lambda i: ("body", i),
     )
     got = spark.createDataFrame(table, df.drop("keys").schema)
     # Spark cannot sort maps, so order both sides by id instead of ignore_row_order.

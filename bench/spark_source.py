@@ -1,0 +1,319 @@
+"""The source benchmark: a streaming query reading the store, beside Spark's parquet source.
+
+One store root is written once (not timed): N messages (5M; ``--quick`` 200k) of 100-byte
+bodies over 4 brokers x 4 queues, with ``MessageStore.put_batch`` in 500k-message puts. The
+same rows are then written once to parquet files (``spark.read.format("rocketstore")`` ->
+``write.parquet``, not timed), so both sides hold identical data and schema.
+
+Each run times, back to back and in a rotating order, from scratch (fresh checkpoints):
+
+* **source**: ``readStream.format("rocketstore")`` from the earliest offsets,
+  ``trigger(availableNow=True)``, into the ``noop`` sink;
+* **parquet**: ``readStream.schema(...).parquet(dir)``, Spark's own file source, the same way;
+* **replay** (for the analysis, no target): a minimal Python data source whose ``read()``
+  yields the very record batches the source would yield, already decoded, from Arrow IPC files
+  (memory-mapped; written once, not timed), as a batch read into ``noop``. It is the floor of
+  any Python data source producing these columns: Spark's own cost of taking Arrow batches from
+  a Python worker and turning them into rows.
+
+Timed: ``start()``/``save()`` to the end (planning, every micro-batch, the checkpoint writes).
+Reported: rows/s of each (median of runs) and the median of the per-run ratios to parquet. One
+untimed warm-up run of each comes first (Python workers, JIT, page cache). The Spark session is
+``local[2]`` (this machine has 2 vCPUs); it is started once, not timed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from bench.common import Options, PartResult, Row, check_work_dir, log, median, scratch_dir, spread
+from pipeline.config import StoreConfig
+from pipeline.root import StoreRoot, TopicMeta
+from pipeline.store import MessageStore
+
+TOPIC = "BenchSource"
+BROKERS = 4
+QUEUES = 4
+BODY_BYTES = 100
+PUT_CHUNK = 500_000
+TARGET_RATIO = 1.0
+
+
+def make_table(first: int, n: int, rng: np.random.Generator) -> pa.Table:
+    """``n`` messages numbered from ``first``: 100 random lowercase bytes each, a key, a tag."""
+    bodies = rng.integers(97, 123, size=n * BODY_BYTES, dtype=np.uint8)
+    offsets = np.arange(0, BODY_BYTES * (n + 1), BODY_BYTES, dtype=np.int32)
+    ids = np.arange(first, first + n)
+    return pa.table(
+        {
+            "topic": pa.array([TOPIC] * n, pa.string()),
+            "body": pa.Array.from_buffers(
+                pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(bodies)]
+            ),
+            "queueId": pa.array(ids % QUEUES, pa.int32()),
+            "keys": pa.array([f"order-{i}" for i in ids.tolist()], pa.string()),
+            "tags": pa.array(["TagA", "TagB", "TagC"], pa.string()).take(pa.array(ids % 3)),
+        }
+    )
+
+
+def build_root(root: Path, n: int, seed: int) -> int:
+    """Write ``n`` messages spread evenly over the brokers; returns the CommitLog bytes."""
+    rng = np.random.default_rng(seed)
+    StoreRoot(root).ensure_topic(TOPIC, TopicMeta(BROKERS, QUEUES))
+    per_broker = n // BROKERS
+    written = 0
+    for b in range(BROKERS):
+        first = b * per_broker
+        count = per_broker if b < BROKERS - 1 else n - first
+        with MessageStore(root / f"broker-{b}", StoreConfig()) as store:
+            for lo in range(0, count, PUT_CHUNK):
+                result = store.put_batch(make_table(first + lo, min(PUT_CHUNK, count - lo), rng))
+                written += result.total_bytes
+    return written
+
+
+class ReplayDataSource(DataSource):
+    """Yields Arrow IPC files' record batches as they are (option ``path``: their directory)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "rocketstore_bench_replay"
+
+    def schema(self) -> Any:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        from source.schema import arrow_schema
+
+        return from_arrow_schema(arrow_schema(None))
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return ReplayReader(str(self.options["path"]))
+
+
+class ReplayReader(DataSourceReader):
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def partitions(self) -> list[InputPartition]:
+        return [InputPartition(str(p)) for p in sorted(Path(self.path).glob("*.arrow"))]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        with pa.memory_map(partition.value) as source:
+            reader = pa.ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                yield reader.get_batch(i)
+
+
+def write_replay_files(root: Path, out: Path) -> None:
+    """The source's own record batches, one IPC file per partition (decoded without Spark)."""
+    from source import options, schema
+    from source.planning import Planner
+    from source.read import ReadContext, read_queue_range
+
+    parsed = options.parse({"path": str(root), "topic": TOPIC}, streaming=False)
+    ctx = ReadContext(schema=schema.arrow_schema(None), root=str(root))
+    planner = Planner(parsed)
+    start, end = planner.batch_range()
+    out.mkdir(parents=True)
+    for i, rng in enumerate(planner.ranges(start, end)):
+        path = str(out / f"part-{i:03d}.arrow")
+        with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, ctx.schema) as writer:
+            for batch in read_queue_range(rng, ctx):
+                writer.write_batch(batch)
+
+
+def read_replay(spark: Any, files: Path) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    df = spark.read.format("rocketstore_bench_replay").option("path", str(files)).load()
+    df.write.format("noop").mode("overwrite").save()
+    elapsed = time.perf_counter() - t0
+    # A batch write reports no input rows; the files say how many there are.
+    rows = 0
+    for p in files.glob("*.arrow"):
+        with pa.memory_map(str(p)) as source:
+            rows += pa.ipc.open_file(source).read_all().num_rows
+    return elapsed, rows
+
+
+def _session() -> tuple[Any, bool]:
+    """The active session (a test's), or a new ``local[2]`` one that the caller stops."""
+    from pyspark.sql import SparkSession
+
+    from source.datasource import register
+
+    spark = SparkSession.getActiveSession()
+    owned = spark is None
+    if spark is None:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .appName("rocketstore-bench-source")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "4")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    spark.dataSource.register(ReplayDataSource)
+    return spark, owned
+
+
+def _timed(query_start: Any) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    query = query_start()
+    query.awaitTermination()
+    elapsed = time.perf_counter() - t0
+    rows = sum(int(p["numInputRows"]) for p in query.recentProgress)
+    return elapsed, rows
+
+
+def read_source(spark: Any, root: Path, checkpoint: Path) -> tuple[float, int]:
+    return _timed(
+        lambda: (
+            spark.readStream.format("rocketstore")
+            .option("path", str(root))
+            .option("topic", TOPIC)
+            .option("startingOffsets", "earliest")
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+    )
+
+
+def read_parquet(spark: Any, files: Path, schema: Any, checkpoint: Path) -> tuple[float, int]:
+    return _timed(
+        lambda: (
+            spark.readStream.schema(schema)
+            .parquet(str(files))
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+    )
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def run(options: Options) -> PartResult:
+    n = 200_000 if options.quick else 5_000_000
+    notes: list[str] = []
+    warning = check_work_dir(options.work_dir)
+    if warning:
+        notes.append(warning)
+    spark, owned = _session()
+    try:
+        with scratch_dir(options.work_dir, "source-") as scratch:
+            root = scratch / "root"
+            log(f"source: writing {n:,} messages to {BROKERS} brokers x {QUEUES} queues")
+            t0 = time.perf_counter()
+            log_bytes = build_root(root, n, options.seed)
+            build_s = time.perf_counter() - t0
+            files = scratch / "parquet"
+            df = (
+                spark.read.format("rocketstore")
+                .option("path", str(root))
+                .option("topic", TOPIC)
+                .load()
+            )
+            df.write.parquet(str(files))
+            schema = df.schema
+            replay = scratch / "replay"
+            write_replay_files(root, replay)
+            log(f"source: store {log_bytes:,} bytes, parquet {_dir_bytes(files):,} bytes")
+            counter = iter(range(1_000_000))
+
+            def measure(which: str) -> tuple[float, int]:
+                checkpoint = scratch / f"ck-{next(counter)}"
+                if which == "source":
+                    return read_source(spark, root, checkpoint)
+                if which == "parquet":
+                    return read_parquet(spark, files, schema, checkpoint)
+                return read_replay(spark, replay)
+
+            kinds = ("source", "parquet", "replay")
+            for which in kinds:  # warm-up: Python workers, the JIT, the page cache
+                measure(which)
+            runs: list[dict[str, Any]] = []
+            for i in range(options.runs):
+                order = kinds[i % 3 :] + kinds[: i % 3]
+                got = {which: measure(which) for which in order}
+                for which, (_, count) in got.items():
+                    if count != n:
+                        raise AssertionError(f"{which} read {count} rows, expected {n}")
+                secs = {which: got[which][0] for which in kinds}
+                runs.append(
+                    {
+                        "order": list(order),
+                        **{f"{k}_s": v for k, v in secs.items()},
+                        **{f"{k}_rows_per_s": n / v for k, v in secs.items()},
+                        "source_over_parquet": secs["parquet"] / secs["source"],
+                        "replay_over_parquet": secs["parquet"] / secs["replay"],
+                    }
+                )
+                log(f"source: run {i + 1}: " + ", ".join(f"{k} {v:.2f} s" for k, v in secs.items()))
+    finally:
+        if owned:
+            spark.stop()
+    rate = {k: [r[f"{k}_rows_per_s"] for r in runs] for k in ("source", "parquet", "replay")}
+    ratios = [r["source_over_parquet"] for r in runs]
+    replay_ratios = [r["replay_over_parquet"] for r in runs]
+    ratio = median(ratios)
+    baseline = f"parquet source {median(rate['parquet']):,.0f} rows/s"
+    rows = [
+        Row(
+            f"source -> noop, availableNow, {n:,} x {BODY_BYTES} B",
+            "rows/s",
+            median(rate["source"]),
+            min(rate["source"]),
+            max(rate["source"]),
+            baseline=baseline,
+            ratio=ratio,
+            target=f">= {TARGET_RATIO:g} x parquet",
+            met=ratio >= TARGET_RATIO,
+        ),
+        Row(
+            "parquet file source -> noop, availableNow",
+            "rows/s",
+            median(rate["parquet"]),
+            min(rate["parquet"]),
+            max(rate["parquet"]),
+        ),
+        Row(
+            "replay: Python data source, pre-decoded batches -> noop",
+            "rows/s",
+            median(rate["replay"]),
+            min(rate["replay"]),
+            max(rate["replay"]),
+            baseline=baseline,
+            ratio=median(replay_ratios),
+        ),
+    ]
+    data = {
+        "messages": n,
+        "brokers": BROKERS,
+        "queues_per_broker": QUEUES,
+        "body_bytes": BODY_BYTES,
+        "commitlog_bytes": log_bytes,
+        "build_s": build_s,
+        "runs": runs,
+        **{f"{k}_rows_per_s": spread(v) for k, v in rate.items()},
+        "source_over_parquet": spread(ratios),
+        "replay_over_parquet": spread(replay_ratios),
+    }
+    return PartResult("source", rows, data, notes)

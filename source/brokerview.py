@@ -1,0 +1,290 @@
+"""A read-only look at one broker store directory, for planning on the driver.
+
+The planner needs, per message queue, the first offset still readable and the last offset whose
+message is complete, and the offset of a store time. It gets them from the files directly, with
+``pread`` of a few units and record headers (binary searches), not by opening a
+:class:`~pipeline.store.MessageStore`: opening a store runs recovery, which reads far more than a
+micro-batch trigger can afford, and a writer may be appending in another process meanwhile.
+
+What is offered (the ``max`` of :meth:`BrokerView.queue_bounds`) is safe to read while a writer
+appends: the writer writes a record into the CommitLog before the ConsumeQueue unit that points
+at it, so every valid unit's record is already there. The last unit and its record are checked
+anyway (unit non-zero; record magic, size, physical offset, queue, queue offset and body CRC),
+and a unit whose record is not complete yet is not offered until it is.
+
+The first readable offset (``min``) follows retention: the first unit that still points into
+the CommitLog (RocketMQ's ``correctMinOffset``), past any pre-blank units.
+
+Thread-safety: a :class:`BrokerView` holds no open files between calls; each call opens what it
+reads and closes it. Files that retention deletes during a call make the call start again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import NamedTuple, TypeVar
+
+from pipeline import record
+from pipeline.config import CQ_UNIT_SIZE
+from pipeline.consumequeue import PRE_BLANK_SIZE
+from pipeline.errors import StoreError
+from pipeline.mapped_file import parse_segment_name
+
+UNIT = struct.Struct(">qiq")
+TAIL_CHECK_UNITS = 16  # how far back an incomplete tail is looked past before trusting units
+RETRIES = 5
+
+T = TypeVar("T")
+
+
+class QueueBounds(NamedTuple):
+    """``[min, max)``: the queue offsets that can be read now."""
+
+    min: int
+    max: int
+
+
+def list_segments(directory: Path) -> list[tuple[int, Path]]:
+    """(base offset, path) of the segment files in ``directory``, in offset order."""
+    try:
+        entries = list(directory.iterdir())
+    except FileNotFoundError:
+        return []
+    found = [(b, p) for p in entries if (b := parse_segment_name(p)) is not None]
+    return sorted(found)
+
+
+class _Files:
+    """File descriptors opened on first use and closed together; reads by ``pread``."""
+
+    def __init__(self) -> None:
+        self._fds: dict[Path, int] = {}
+
+    def pread(self, path: Path, n: int, offset: int) -> bytes:
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = self._fds[path] = os.open(path, os.O_RDONLY)
+        return os.pread(fd, n, offset)
+
+    def size(self, path: Path) -> int:
+        self.pread(path, 0, 0)
+        return os.fstat(self._fds[path]).st_size
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+@contextlib.contextmanager
+def _files() -> Iterator[_Files]:
+    files = _Files()
+    try:
+        yield files
+    finally:
+        files.close()
+
+
+def _retrying(what: str, call: Callable[[], T]) -> T:
+    """Run ``call`` again when retention deleted a file under it (a listing went stale)."""
+    for _ in range(RETRIES - 1):
+        try:
+            return call()
+        except FileNotFoundError:
+            continue
+    try:
+        return call()
+    except FileNotFoundError as exc:
+        raise StoreError(f"{what}: files keep disappearing while reading ({exc})") from None
+
+
+class _CommitLog:
+    """The CommitLog segments of a broker as listed once per call."""
+
+    def __init__(self, directory: Path, files: _Files) -> None:
+        self.segments = list_segments(directory)
+        self.files = files
+        self.segment_size = files.size(self.segments[0][1]) if self.segments else 0
+
+    @property
+    def min_offset(self) -> int:
+        return self.segments[0][0] if self.segments else 0
+
+    def _locate(self, phys: int) -> tuple[Path, int] | None:
+        if not self.segments or phys < self.min_offset:
+            return None
+        idx = (phys - self.min_offset) // self.segment_size
+        if idx >= len(self.segments):
+            return None
+        base, path = self.segments[idx]
+        return path, phys - base
+
+    def read(self, phys: int, n: int) -> bytes | None:
+        where = self._locate(phys)
+        if where is None:
+            return None
+        path, rel = where
+        n = min(n, self.segment_size - rel)
+        return self.files.pread(path, n, rel)
+
+    def store_timestamp(self, phys: int) -> int:
+        raw = self.read(phys, record.OFF_BORNHOST + 20 + 8)
+        if raw is None or len(raw) < record.OFF_BORNHOST + 8 + 8:
+            return -1
+        return record.store_timestamp_at(raw, 0)
+
+
+class _Queue:
+    """One ConsumeQueue's files as listed once per call; units by queue offset."""
+
+    def __init__(self, directory: Path, files: _Files) -> None:
+        self.files = files
+        self.segments = list_segments(directory)
+        # A writer that creates a file and then sizes it (RocketMQ does) can leave an empty
+        # file at the end for a moment; it holds no units.
+        if self.segments and self.segments[-1][1].stat().st_size == 0:
+            self.segments.pop()
+        self.file_size = files.size(self.segments[0][1]) if self.segments else 0
+        self.per_file = self.file_size // CQ_UNIT_SIZE
+
+    @property
+    def first(self) -> int:
+        return self.segments[0][0] // CQ_UNIT_SIZE if self.segments else 0
+
+    def unit(self, i: int) -> tuple[int, int, int]:
+        base0 = self.segments[0][0]
+        pos = i * CQ_UNIT_SIZE
+        idx = (pos - base0) // self.file_size
+        base, path = self.segments[idx]
+        raw = self.files.pread(path, CQ_UNIT_SIZE, pos - base)
+        if len(raw) < CQ_UNIT_SIZE:
+            return 0, 0, 0
+        offset, size, tags = UNIT.unpack(raw)
+        return offset, size, tags
+
+    def valid(self, i: int) -> bool:
+        offset, size, _ = self.unit(i)
+        return offset >= 0 and size > 0
+
+    def end(self) -> int:
+        """One past the last valid unit: the first invalid unit of the last file that has any
+        (a file created but not written yet holds none)."""
+        for idx in range(len(self.segments) - 1, -1, -1):
+            first = self.segments[idx][0] // CQ_UNIT_SIZE
+
+            def invalid(k: int, first: int = first) -> bool:
+                return not self.valid(first + k)
+
+            count = _first_true(0, self.per_file, invalid)
+            if count > 0 or idx == 0:
+                return first + count
+        return 0
+
+
+def _first_true(lo: int, hi: int, pred: Callable[[int], bool]) -> int:
+    """The smallest ``i`` in ``[lo, hi)`` with ``pred(i)``, for a ``pred`` false then true;
+    ``hi`` if there is none."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pred(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+class BrokerView:
+    """One broker directory (see the module docstring). Cheap; picklable; holds no files."""
+
+    def __init__(self, name: str, path: str | os.PathLike[str]) -> None:
+        self.name = name
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"BrokerView({self.name!r}, {str(self.path)!r})"
+
+    def queue_ids(self, topic: str) -> list[int]:
+        """Queue ids of ``topic`` that have a ConsumeQueue directory on this broker."""
+        try:
+            entries = list((self.path / "consumequeue" / topic).iterdir())
+        except FileNotFoundError:
+            return []
+        return sorted(int(p.name) for p in entries if p.name.isdigit() and p.is_dir())
+
+    def commitlog_min_offset(self) -> int:
+        with _files() as files:
+            return _CommitLog(self.path / "commitlog", files).min_offset
+
+    def queue_bounds(self, topic: str, queue_id: int) -> QueueBounds:
+        """The readable offsets of one queue now (see the module docstring)."""
+        return _retrying(
+            f"{self.path}/consumequeue/{topic}/{queue_id}",
+            lambda: self._queue_bounds(topic, queue_id),
+        )
+
+    def all_bounds(self, topic: str) -> dict[int, QueueBounds]:
+        """:meth:`queue_bounds` of every queue of ``topic`` on this broker."""
+        return {qid: self.queue_bounds(topic, qid) for qid in self.queue_ids(topic)}
+
+    def _queue_bounds(self, topic: str, queue_id: int) -> QueueBounds:
+        with _files() as files:
+            log = _CommitLog(self.path / "commitlog", files)
+            cq = _Queue(self.path / "consumequeue" / topic / str(queue_id), files)
+            if not cq.segments:
+                return QueueBounds(0, 0)
+            end = self._complete_end(cq, log, queue_id, cq.end())
+            cl_min = log.min_offset
+
+            def live(i: int) -> bool:
+                offset, size, _ = cq.unit(i)
+                return offset >= cl_min and 0 < size != PRE_BLANK_SIZE
+
+            return QueueBounds(_first_true(cq.first, end, live), end)
+
+    def _complete_end(self, cq: _Queue, log: _CommitLog, queue_id: int, end: int) -> int:
+        """``end`` moved back past units whose record is not complete yet."""
+        i = end - 1
+        while i >= cq.first and i >= end - TAIL_CHECK_UNITS:
+            offset, size, _ = cq.unit(i)
+            if size == PRE_BLANK_SIZE or offset < log.min_offset:
+                return i + 1  # nothing to check: a pre-blank, or a record retention deleted
+            raw = log.read(offset, size)
+            if raw is not None and len(raw) == size:
+                scanned = record.scan_record(raw, 0, size, offset, check_crc=True)
+                if scanned is not None and (scanned[0], scanned[1], scanned[2]) == (
+                    size,
+                    queue_id,
+                    i,
+                ):
+                    return i + 1
+            i -= 1
+        # A long run of units whose records do not check out is damage, not a write in
+        # progress: offer them, so that reading reports the damaged record instead of the
+        # query silently stalling before it.
+        return end if i >= cq.first else max(i + 1, cq.first)
+
+    def offset_for_time(
+        self, topic: str, queue_id: int, timestamp: int, bounds: QueueBounds
+    ) -> int:
+        """The first offset in ``bounds`` whose message was stored at or after ``timestamp`` (ms),
+        ``bounds.max`` if there is none. A binary search over the units' store times, which
+        rise with the queue offset (the store stamps records in CommitLog order)."""
+
+        def search() -> int:
+            with _files() as files:
+                log = _CommitLog(self.path / "commitlog", files)
+                cq = _Queue(self.path / "consumequeue" / topic / str(queue_id), files)
+                if not cq.segments:
+                    return bounds.max
+
+                def at_or_after(i: int) -> bool:
+                    offset, _, _ = cq.unit(i)
+                    return log.store_timestamp(offset) >= timestamp
+
+                return _first_true(bounds.min, bounds.max, at_or_after)
+
+        return _retrying(f"{self.path}/consumequeue/{topic}/{queue_id}", search)

@@ -1,0 +1,203 @@
+"""The ``rocketstore`` Python data source: Spark's entry point to the store, both ways.
+
+Reading (this package)::
+
+    spark.readStream.format("rocketstore").option("path", root).option("topic", "orders").load()
+    spark.read.format("rocketstore").option("path", root).option("topic", "orders").load()
+
+Writing goes to :mod:`sink.format` (:meth:`RocketStoreDataSource.writer`,
+:meth:`~RocketStoreDataSource.streamWriter`).
+
+The classes here are thin: options are parsed by :mod:`source.options`, offsets planned by
+:mod:`source.planning`, partitions read by :mod:`source.read`.
+
+Where things run (PySpark 4.3):
+
+* :meth:`RocketStoreDataSource.schema` and the readers' constructors run on the driver when
+  the query or batch read starts; bad options fail there, with
+  :class:`~pipeline.errors.ConfigError` naming the option.
+* The stream reader's offset methods (``initialOffset``, ``latestOffset``, ``partitions``, ...)
+  run in one long-lived Python process on the driver, one call at a time.
+* ``read()`` runs on executors, in pickled copies of the reader: it opens every file itself.
+* ``commit()`` and ``stop()`` are not called reliably, so nothing depends on them: progress is
+  the offsets in the query's checkpoint, and after a crash the last planned batch is replayed
+  with the same offsets, which read the same messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from pipeline.errors import ConfigError
+from source import offsets, options, schema
+from source.planning import KeyRange, Limit, Planner, QueueRange
+from source.read import ReadContext, read_key, read_queue_range
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+class QueuePartition(InputPartition):
+    """One queue range of a batch (picklable)."""
+
+    def __init__(self, rng: QueueRange) -> None:
+        super().__init__(rng)
+        self.range = rng
+
+
+class KeyPartition(InputPartition):
+    """One broker's key look-up (picklable)."""
+
+    def __init__(self, kr: KeyRange) -> None:
+        super().__init__(kr)
+        self.key_range = kr
+
+
+def _context(opts: options.ReadOptions, spark_schema: StructType) -> ReadContext:
+    fmt, body = schema.body_format_and_schema(opts)
+    expected = schema.arrow_schema(body)
+    unknown = [n for n in spark_schema.fieldNames() if n not in expected.names]
+    if unknown:
+        raise ConfigError(
+            f"the schema given to the rocketstore source names columns it does not produce: "
+            f"{', '.join(unknown)}; its columns are {', '.join(expected.names)}"
+        )
+    return ReadContext(
+        schema=to_arrow_schema(spark_schema, timezone="UTC"),
+        root=opts.path,
+        sub_expression=opts.sub_expression,
+        fail_on_data_loss=opts.fail_on_data_loss,
+        body_format=fmt,
+        body_schema=body,
+        config=opts.config,
+    )
+
+
+def _read(partition: InputPartition, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
+    if isinstance(partition, QueuePartition):
+        yield from read_queue_range(partition.range, ctx)
+    elif isinstance(partition, KeyPartition):
+        yield from read_key(partition.key_range, ctx)
+    # Anything else is Spark's placeholder for a batch with no partitions: nothing to read.
+
+
+class RocketStoreBatchReader(DataSourceReader):
+    """``spark.read``: one partition per queue range (``startingOffsets`` to
+    ``endingOffsets``), or per broker for a ``key`` look-up."""
+
+    def __init__(self, opts: Mapping[str, str], spark_schema: StructType) -> None:
+        self.options = options.parse(opts, streaming=False)
+        self.ctx = _context(self.options, spark_schema)
+
+    def partitions(self) -> list[InputPartition]:
+        planner = Planner(self.options)
+        if self.options.key is not None:
+            return [KeyPartition(k) for k in planner.key_ranges()]
+        start, end = planner.batch_range()
+        return [QueuePartition(r) for r in planner.ranges(start, end)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(partition, self.ctx)
+
+
+class RocketStoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream``, with admission control (``maxMessagesPerTrigger``,
+    ``minMessagesPerTrigger``) and ``Trigger.AvailableNow``. Offsets: see
+    :mod:`source.offsets`."""
+
+    def __init__(self, opts: Mapping[str, str], spark_schema: StructType) -> None:
+        self.options = options.parse(opts, streaming=True)
+        self.ctx = _context(self.options, spark_schema)
+        self.planner = Planner(self.options)
+
+    def initialOffset(self) -> dict[str, Any]:
+        return offsets.to_json(self.planner.initial_offsets())
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_per_trigger is not None:
+            return ReadMaxRows(self.options.max_per_trigger)
+        if self.options.min_per_trigger is not None:
+            return ReadMinRows(self.options.min_per_trigger)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        if isinstance(limit, ReadAllAvailable):
+            plan = Limit(all_available=True)
+        elif isinstance(limit, ReadMaxRows):
+            plan = Limit(max_rows=limit.max_rows)
+        elif isinstance(limit, ReadMinRows):
+            plan = Limit(min_rows=limit.min_rows)
+        else:
+            plan = Limit()
+        begin = offsets.from_json(start, "start offset")
+        return offsets.to_json(self.planner.next_end(begin, plan))
+
+    def reportLatestOffset(self) -> dict[str, Any]:
+        return offsets.to_json(self.planner.latest())
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.planner.prepare_available_now()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        ranges = self.planner.ranges(
+            offsets.from_json(start, "start offset"), offsets.from_json(end, "end offset")
+        )
+        return [QueuePartition(r) for r in ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(partition, self.ctx)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to do: the store keeps no consumer state (progress is the checkpoint's)."""
+
+
+class RocketStoreDataSource(DataSource):
+    """The ``rocketstore`` format (see the module docstring)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "rocketstore"
+
+    def schema(self) -> StructType:
+        opts = options.parse(self.options, streaming=None)
+        _, body = schema.body_format_and_schema(opts)
+        return from_arrow_schema(schema.arrow_schema(body))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return RocketStoreBatchReader(self.options, schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return RocketStoreStreamReader(self.options, schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> Any:
+        from sink.format import batch_writer
+
+        return batch_writer(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
+        from sink.format import stream_writer
+
+        return stream_writer(self.options, schema, overwrite)
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``format("rocketstore")`` available in ``spark``."""
+    spark.dataSource.register(RocketStoreDataSource)

@@ -1,0 +1,292 @@
+"""The reader options of the ``rocketstore`` source, parsed and checked once, on the driver.
+
+Names follow Spark's Kafka source where one exists (``startingOffsets``, ``endingOffsets``,
+``startingTimestamp``, ``startingOffsetsByTimestamp``, ``failOnDataLoss``, ``minPartitions``,
+``maxTriggerDelay``), with ``Messages`` for Kafka's ``Offsets`` in the rate limits, and
+RocketMQ's connector's ``subExpression`` for tags:
+
+=========================== ========================================================== ==========
+option                      accepted values                                            default
+=========================== ========================================================== ==========
+path                        a store root (``broker-N/`` directories) or one RocketMQ   required
+                            store directory
+topic                       a topic, or several separated by commas                    required
+startingOffsets             ``earliest``, ``latest`` or offsets JSON (-2 / -1)         streams:
+                                                                                       latest;
+                                                                                       batches:
+                                                                                       earliest
+endingOffsets (batch)       ``latest`` or offsets JSON (-1)                            latest
+startingTimestamp           store time in ms: each queue starts at its first message
+                            stored at or after it
+startingOffsetsByTimestamp  offsets JSON whose values are store times in ms (-2 / -1)
+maxMessagesPerTrigger       positive integer: most ConsumeQueue units per micro-batch  none
+minMessagesPerTrigger       positive integer: wait for this many (see maxTriggerDelay) none
+maxTriggerDelay             a duration (``500ms``, ``30s``, ``15m``, ``1h``)           15m
+minPartitions               positive integer: split queue ranges up to this many tasks none
+subExpression               RocketMQ tag expression (``*``, ``TagA || TagB``)          ``*``
+failOnDataLoss              ``true`` or ``false``                                      true
+bodyFormat                  ``binary``, ``avro`` or ``json``                           the topic's
+key (batch)                 read the messages with this key (IndexFile look-up)
+startTimestamp (batch, key) store time in ms, inclusive                                0
+endTimestamp (batch, key)   store time in ms, inclusive                                no end
+config                      a store configuration file (.toml or broker.conf), for the
+                            IndexFile geometry of key reads
+=========================== ========================================================== ==========
+
+Precedence of the starting options, as Kafka's: ``startingOffsetsByTimestamp``, then
+``startingTimestamp``, then ``startingOffsets``. Every bad value raises
+:class:`~pipeline.errors.ConfigError` naming the option and what it accepts.
+
+Pure and immutable once parsed; picklable (readers carry it to executors).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from pipeline.bodyformat import check_format
+from pipeline.config import StoreConfig
+from pipeline.errors import ConfigError, NotAStoreError, StoreError
+from pipeline.root import StoreRoot, require_positive
+from source.offsets import OffsetSpec, parse_option, parse_timestamps_option
+
+DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
+
+STREAM_ONLY = ("maxMessagesPerTrigger", "minMessagesPerTrigger", "maxTriggerDelay")
+BATCH_ONLY = ("endingOffsets", "key", "startTimestamp", "endTimestamp")
+_TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
+_DURATION_RE = re.compile(r"^\s*(\d+)\s*(ms|s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
+_UNIT_MS = {None: 1, "ms": 1, "s": 1000, "sec": 1000, "m": 60_000, "min": 60_000}
+_UNIT_MS |= {"h": 3_600_000, "d": 86_400_000}
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadOptions:
+    """Everything the planner and the readers need from the options."""
+
+    path: str
+    topics: tuple[str, ...]
+    streaming: bool | None
+    starting: OffsetSpec
+    ending: OffsetSpec
+    max_per_trigger: int | None = None
+    min_per_trigger: int | None = None
+    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
+    min_partitions: int | None = None
+    sub_expression: str = "*"
+    fail_on_data_loss: bool = True
+    body_format: str | None = None  # None: each topic's recorded format
+    key: str | None = None
+    start_timestamp: int = 0
+    end_timestamp: int = 2**63 - 1
+    config: StoreConfig | None = None
+
+    @property
+    def root(self) -> StoreRoot:
+        return StoreRoot(self.path)
+
+
+def _get(options: Mapping[str, str], name: str) -> str | None:
+    """Option lookup ignoring case (Spark hands options over in a case-insensitive map, but
+    plain dicts in tests are not)."""
+    lowered = name.lower()
+    for k, v in options.items():
+        if k.lower() == lowered:
+            return None if v is None else str(v)
+    return None
+
+
+def parse_bool(option: str, text: str) -> bool:
+    word = text.strip().lower()
+    if word in ("true", "false"):
+        return word == "true"
+    raise ConfigError(f"option {option}={text!r}: expected true or false")
+
+
+def parse_millis(option: str, text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(
+            f"option {option}={text!r}: expected a store time in milliseconds since the epoch "
+            "(an integer >= 0)"
+        )
+    return value
+
+
+def parse_duration_ms(option: str, text: str) -> int:
+    m = _DURATION_RE.match(text)
+    if not m:
+        raise ConfigError(
+            f"option {option}={text!r}: expected a duration such as 500ms, 30s, 15m, 1h or 1d"
+        )
+    unit = m.group(2).lower() if m.group(2) else None
+    return int(m.group(1)) * _UNIT_MS[unit]
+
+
+def parse_topics(text: str | None) -> tuple[str, ...]:
+    if text is None or not text.strip():
+        raise ConfigError("option topic is required: a topic name, or several separated by commas")
+    topics = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    bad = [t for t in topics if not _TOPIC_RE.match(t)]
+    if bad or not topics:
+        raise ConfigError(
+            f"option topic={text!r}: {', '.join(map(repr, bad)) or 'no topic'} is not a topic "
+            "name (1-127 characters of letters, digits, %, |, _ and -)"
+        )
+    return topics
+
+
+def known_topics(root: StoreRoot) -> set[str]:
+    """Topics recorded in ``topics.json`` or present in some broker's ``consumequeue/``."""
+    found = set(root.topics())
+    for _, broker in root.brokers():
+        cq = broker / "consumequeue"
+        if cq.is_dir():
+            found.update(p.name for p in cq.iterdir() if p.is_dir())
+    return found
+
+
+def parse(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
+    """Check every option against the store root; raises :class:`ConfigError` for the first
+    bad one. Runs on the driver when the query (or the batch read) starts.
+
+    ``streaming`` None (the schema, asked before Spark says which kind of read it is) skips
+    the checks of options that belong to one kind only."""
+    path = _get(options, "path")
+    if not path:
+        raise ConfigError(
+            "option path is required: a store root (with broker-N directories) or a RocketMQ "
+            "store directory"
+        )
+    root = StoreRoot(path)
+    try:
+        root.check_readable("path")
+        topics_in_root = known_topics(root)
+    except NotAStoreError as exc:
+        raise ConfigError(
+            f"{exc}; expected a store root (broker-N directories and topics.json) or a RocketMQ "
+            "store directory (with commitlog/)"
+        ) from None
+    topics = parse_topics(_get(options, "topic"))
+    unknown = [t for t in topics if t not in topics_in_root]
+    if unknown:
+        raise ConfigError(
+            f"option topic: {', '.join(map(repr, unknown))} not found in {path}; topics there: "
+            f"{', '.join(sorted(topics_in_root)) or '(none)'}"
+        )
+
+    kind = "a streaming query" if streaming else "a batch read"
+    for name in () if streaming is None else BATCH_ONLY if streaming else STREAM_ONLY:
+        if _get(options, name) is not None:
+            where = "batch reads (spark.read)" if streaming else "streaming queries"
+            raise ConfigError(f"option {name} is only for {where}, not for {kind}")
+
+    starting = _starting(options, topics, bool(streaming))
+    ending = OffsetSpec("latest")
+    text = _get(options, "endingOffsets")
+    if text is not None:
+        ending = parse_option("endingOffsets", text, topics, allow_earliest=False)
+
+    def positive(name: str) -> int | None:
+        raw = _get(options, name)
+        return None if raw is None else require_positive(raw, name)
+
+    max_per_trigger = positive("maxMessagesPerTrigger")
+    min_per_trigger = positive("minMessagesPerTrigger")
+    if (
+        max_per_trigger is not None
+        and min_per_trigger is not None
+        and min_per_trigger > max_per_trigger
+    ):
+        raise ConfigError(
+            f"option minMessagesPerTrigger={min_per_trigger} is above "
+            f"maxMessagesPerTrigger={max_per_trigger}; expected min <= max"
+        )
+    delay_text = _get(options, "maxTriggerDelay")
+    delay = (
+        DEFAULT_MAX_TRIGGER_DELAY_MS
+        if delay_text is None
+        else parse_duration_ms("maxTriggerDelay", delay_text)
+    )
+
+    fail_text = _get(options, "failOnDataLoss")
+    fmt_text = _get(options, "bodyFormat")
+    key = _get(options, "key")
+    start_ts_text = _get(options, "startTimestamp")
+    end_ts_text = _get(options, "endTimestamp")
+    if key is None and (start_ts_text is not None or end_ts_text is not None):
+        raise ConfigError(
+            "options startTimestamp/endTimestamp bound a key read: they need option key"
+        )
+    if key is not None:
+        if not key.strip():
+            raise ConfigError("option key='': expected a message key (a KEYS token or UNIQ_KEY)")
+        clash = [
+            n
+            for n in ("startingOffsets", "endingOffsets", "startingTimestamp")
+            if _get(options, n) is not None
+        ]
+        if clash:
+            raise ConfigError(
+                f"option key cannot be combined with {', '.join(clash)}: a key read looks "
+                "messages up in the IndexFile; bound it with startTimestamp/endTimestamp"
+            )
+    start_ts = 0 if start_ts_text is None else parse_millis("startTimestamp", start_ts_text)
+    end_ts = 2**63 - 1 if end_ts_text is None else parse_millis("endTimestamp", end_ts_text)
+    if start_ts > end_ts:
+        raise ConfigError(
+            f"option startTimestamp={start_ts} is after endTimestamp={end_ts}; expected "
+            "startTimestamp <= endTimestamp"
+        )
+
+    config = None
+    config_text = _get(options, "config")
+    if config_text is not None:
+        if not Path(config_text).is_file():
+            raise ConfigError(
+                f"option config={config_text!r}: no such file; expected a store configuration "
+                "file (.toml or broker.conf)"
+            )
+        try:
+            config = StoreConfig.load(config_text)
+        except StoreError as exc:
+            raise ConfigError(f"option config={config_text!r}: {exc}") from None
+
+    sub = _get(options, "subExpression")
+    return ReadOptions(
+        path=path,
+        topics=topics,
+        streaming=streaming,
+        starting=starting,
+        ending=ending,
+        max_per_trigger=max_per_trigger,
+        min_per_trigger=min_per_trigger,
+        max_trigger_delay_ms=delay,
+        min_partitions=positive("minPartitions"),
+        sub_expression="*" if sub is None else sub,
+        fail_on_data_loss=True if fail_text is None else parse_bool("failOnDataLoss", fail_text),
+        body_format=None if fmt_text is None else check_format(fmt_text, "bodyFormat"),
+        key=None if key is None else key.strip(),
+        start_timestamp=start_ts,
+        end_timestamp=end_ts,
+        config=config,
+    )
+
+
+def _starting(options: Mapping[str, str], topics: tuple[str, ...], streaming: bool) -> OffsetSpec:
+    by_ts = _get(options, "startingOffsetsByTimestamp")
+    if by_ts is not None:
+        return parse_timestamps_option("startingOffsetsByTimestamp", by_ts, topics)
+    ts = _get(options, "startingTimestamp")
+    if ts is not None:
+        return OffsetSpec("timestamp", timestamp=parse_millis("startingTimestamp", ts))
+    text = _get(options, "startingOffsets")
+    if text is None:
+        return OffsetSpec("latest" if streaming else "earliest")
+    return parse_option("startingOffsets", text, topics)

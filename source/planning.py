@@ -1,0 +1,396 @@
+"""Offset planning for the source, on the driver: what each micro-batch (or batch read) reads.
+
+* :class:`Planner` resolves the starting options to offsets, finds the latest readable offsets
+  (:class:`~source.brokerview.BrokerView`), applies the read limits, detects data loss, and cuts
+  a batch into :class:`QueueRange` partitions.
+* :func:`apportion` spreads a budget over queues in proportion to their backlog (largest
+  remainders, so the shares add up to the budget exactly and none exceeds its backlog).
+* :func:`split_ranges` splits big ranges so that a batch has at least ``minPartitions`` tasks.
+
+Contract with Spark (see :mod:`source.datasource`): every method runs in the driver's
+long-lived Python process; the planner keeps only what may be lost without harm (the time of
+the last trigger, for ``maxTriggerDelay``, and the ``availableNow`` target), because progress
+lives in the query's checkpoint as the offsets these methods return. Not thread-safe (Spark
+calls it from one thread). No Spark imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import math
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from pathlib import Path
+from typing import TypeVar
+
+from pipeline.errors import ConfigError
+from source.brokerview import BrokerView, QueueBounds
+from source.errors import DataLossError
+from source.offsets import EARLIEST, LATEST, Offsets, OffsetSpec, QueueKey, queue_name, sort_key
+from source.options import ReadOptions
+
+log = logging.getLogger("rocketstore.source")
+
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueRange:
+    """Queue offsets ``[start, end)`` of one message queue: one Spark input partition."""
+
+    topic: str
+    broker: str
+    broker_path: str
+    queue_id: int
+    start: int
+    end: int
+
+    @property
+    def key(self) -> QueueKey:
+        return (self.topic, self.broker, self.queue_id)
+
+    @property
+    def count(self) -> int:
+        return self.end - self.start
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyRange:
+    """A key look-up on one broker: one Spark input partition of a batch read by key."""
+
+    topic: str
+    broker: str
+    broker_path: str
+    key: str
+    begin: int
+    end: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Limit:
+    """A read limit as the planner sees it (Spark's ``ReadLimit`` translated)."""
+
+    max_rows: int | None = None
+    min_rows: int | None = None
+    all_available: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Loss:
+    """Queue offsets ``[start, now_min)`` the query had not read and cannot read any more."""
+
+    key: QueueKey
+    start: int
+    now_min: int
+
+    @property
+    def count(self) -> int:
+        return self.now_min - self.start
+
+
+def describe_losses(losses: Iterable[Loss]) -> str:
+    items = sorted(losses, key=lambda x: sort_key(x.key))
+    total = sum(x.count for x in items)
+    parts = "; ".join(
+        f"{queue_name(x.key)}: offsets [{x.start}, {x.now_min}), {x.count} messages" for x in items
+    )
+    return (
+        f"{total} messages the query had not read were deleted by retention ({parts}). The "
+        "query would go on from each queue's new earliest offset; set failOnDataLoss=false to "
+        "allow that"
+    )
+
+
+def apportion(weights: Mapping[K, int], budget: int, order: Callable[[K], object]) -> dict[K, int]:
+    """Split ``budget`` over keys in proportion to ``weights``, by largest remainders.
+
+    Each share is at most its weight; the shares add up to ``min(budget, sum(weights))``. Ties
+    go to the key first in ``order``, so the result is deterministic.
+    """
+    total = sum(max(0, w) for w in weights.values())
+    if budget >= total:
+        return {k: max(0, w) for k, w in weights.items()}
+    shares: dict[K, int] = {}
+    remainders: list[tuple[float, K]] = []
+    for k, w in weights.items():
+        exact = budget * max(0, w) / total
+        shares[k] = math.floor(exact)
+        remainders.append((exact - shares[k], k))
+    left = budget - sum(shares.values())
+    remainders.sort(key=lambda rk: (-rk[0], order(rk[1])))
+    for _, k in remainders:
+        if left <= 0:
+            break
+        if shares[k] < weights[k]:
+            shares[k] += 1
+            left -= 1
+    return shares
+
+
+def split_ranges(ranges: list[QueueRange], min_partitions: int | None) -> list[QueueRange]:
+    """Split ranges so that there are ``min(min_partitions, messages)`` of them, the extra
+    parts going to the biggest ranges in proportion to their size (as Kafka's source splits
+    for ``minPartitions``). Fewer-than-asked ranges are left alone when there are already
+    enough."""
+    if not min_partitions or len(ranges) >= min_partitions:
+        return ranges
+    total = sum(r.count for r in ranges)
+    extra_total = min(min_partitions, total) - len(ranges)
+    if extra_total <= 0:
+        return ranges
+    # Extra parts per range, proportional to size, at most count - 1 each.
+    room = {i: r.count - 1 for i, r in enumerate(ranges)}
+    extra = apportion({i: r.count for i, r in enumerate(ranges)}, extra_total, lambda i: i)
+    overflow = 0
+    for i in extra:
+        if extra[i] > room[i]:
+            overflow += extra[i] - room[i]
+            extra[i] = room[i]
+    for i in sorted(room, key=lambda i: -ranges[i].count):
+        give = min(overflow, room[i] - extra[i])
+        extra[i] += give
+        overflow -= give
+    out: list[QueueRange] = []
+    for i, r in enumerate(ranges):
+        parts = 1 + extra[i]
+        bounds = [r.start + (r.count * p) // parts for p in range(parts + 1)]
+        out.extend(
+            dataclasses.replace(r, start=a, end=b) for a, b in itertools.pairwise(bounds) if b > a
+        )
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """What :func:`next_offsets` decided: the end offsets and the losses it stepped over."""
+
+    end: Offsets
+    losses: list[Loss]
+
+
+def next_offsets(
+    start: Mapping[QueueKey, int],
+    bounds: Mapping[QueueKey, QueueBounds],
+    limit: Limit,
+    *,
+    target: Mapping[QueueKey, int] | None = None,
+    default_max: int | None = None,
+    default_min: int | None = None,
+    may_wait: bool = False,
+) -> Step:
+    """The end of the micro-batch after ``start``, given every queue's readable ``bounds``.
+
+    * A queue missing from ``start`` (new) begins at its earliest offset; one whose offset
+      retention passed begins at its new earliest (a :class:`Loss`, reported by the caller).
+    * A queue whose latest offset is below the query's offset (a writer re-dispatching after a
+      crash, for one) is waited for, never read backwards.
+    * With ``target`` (``availableNow``), no queue goes past its target; queues that appeared
+      after it are not read.
+    * Unless ``limit.all_available``: ``minMessagesPerTrigger`` (``limit.min_rows`` or
+      ``default_min``) returns ``start`` unchanged while fewer are available and ``may_wait``
+      (the delay has not passed; never with a target); ``maxMessagesPerTrigger``
+      (``limit.max_rows`` or ``default_max``) caps the batch, spread over queues in proportion
+      to their backlog.
+    * Queues in ``start`` keep their entry; new queues get one only when they are read.
+    """
+    begin: dict[QueueKey, int] = {}
+    losses: list[Loss] = []
+    avail: dict[QueueKey, int] = {}
+    for q, b in bounds.items():
+        s = start.get(q)
+        if s is None:
+            s = b.min
+        elif s < b.min:
+            losses.append(Loss(q, s, b.min))
+            s = b.min
+        begin[q] = s
+        top = b.max if target is None else min(b.max, target.get(q, s))
+        avail[q] = max(0, top - s)
+    shares = avail
+    if not limit.all_available:
+        min_rows = limit.min_rows if limit.min_rows is not None else default_min
+        max_rows = limit.max_rows if limit.max_rows is not None else default_max
+        total = sum(avail.values())
+        if min_rows is not None and target is None and 0 < total < min_rows and may_wait:
+            return Step(dict(start), [])
+        if max_rows is not None and total > max_rows:
+            shares = apportion(avail, max_rows, sort_key)
+    end: Offsets = dict(start)
+    for q, share in shares.items():
+        if q in start or share > 0:
+            end[q] = begin[q] + share
+    return Step(end, losses)
+
+
+def _now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class Planner:
+    """The driver-side logic of one query or batch read (see the module docstring)."""
+
+    def __init__(self, options: ReadOptions, clock_ms: Callable[[], int] = _now_ms) -> None:
+        self.options = options
+        self.clock_ms = clock_ms
+        self.last_trigger_ms = clock_ms()
+        self.available_now_target: Offsets | None = None
+
+    # -- what is there --------------------------------------------------------------------------
+
+    def brokers(self) -> list[BrokerView]:
+        return [BrokerView(name, path) for name, path in self.options.root.brokers()]
+
+    def broker_paths(self) -> dict[str, Path]:
+        return dict(self.options.root.brokers())
+
+    def bounds(self) -> dict[QueueKey, QueueBounds]:
+        """Readable offsets of every queue of the query's topics on every broker, now."""
+        out: dict[QueueKey, QueueBounds] = {}
+        for broker in self.brokers():
+            for topic in self.options.topics:
+                for qid, b in broker.all_bounds(topic).items():
+                    out[(topic, broker.name, qid)] = b
+        return out
+
+    def latest(self) -> Offsets:
+        return {q: b.max for q, b in self.bounds().items()}
+
+    # -- starting and ending offsets ------------------------------------------------------------
+
+    def resolve(self, spec: OffsetSpec, bounds: Mapping[QueueKey, QueueBounds]) -> Offsets:
+        """Offsets of every queue for a starting (or ending) spec; queues the spec does not
+        name get their earliest offset (their latest for an ending spec: see
+        :meth:`batch_range`)."""
+        if spec.kind == "earliest":
+            return {q: b.min for q, b in bounds.items()}
+        if spec.kind == "latest":
+            return {q: b.max for q, b in bounds.items()}
+        if spec.kind == "timestamp":
+            views = {v.name: v for v in self.brokers()}
+            return {
+                q: views[q[1]].offset_for_time(q[0], q[2], spec.timestamp, b)
+                for q, b in bounds.items()
+            }
+        named = spec.mapping
+        out: Offsets = {}
+        views = {v.name: v for v in self.brokers()} if spec.kind == "timestamps" else {}
+        for q in set(bounds) | set(named):
+            b = bounds.get(q, QueueBounds(0, 0))
+            value = named.get(q, EARLIEST)
+            if value == EARLIEST:
+                out[q] = b.min
+            elif value == LATEST:
+                out[q] = b.max
+            elif spec.kind == "timestamps":
+                view = views.get(q[1])
+                out[q] = b.max if view is None else view.offset_for_time(q[0], q[2], value, b)
+            else:
+                out[q] = value
+        return out
+
+    def initial_offsets(self) -> Offsets:
+        return self.resolve(self.options.starting, self.bounds())
+
+    # -- streaming ------------------------------------------------------------------------------
+
+    def prepare_available_now(self) -> None:
+        """Record what ``availableNow`` reads up to: every queue's latest offset now."""
+        self.available_now_target = self.latest()
+
+    def _report(self, losses: list[Loss]) -> None:
+        if not losses:
+            return
+        if self.options.fail_on_data_loss:
+            raise DataLossError(describe_losses(losses))
+        log.warning(
+            "failOnDataLoss=false: skipping %d messages retention deleted before they were "
+            "read: %s",
+            sum(x.count for x in losses),
+            ", ".join(f"{queue_name(x.key)} [{x.start}, {x.now_min})" for x in losses),
+        )
+
+    def next_end(self, start: Mapping[QueueKey, int], limit: Limit) -> Offsets:
+        """The end offset of the next micro-batch starting at ``start`` (``start`` itself when
+        there is nothing to read, or ``minMessagesPerTrigger`` says to wait)."""
+        opts = self.options
+        now = self.clock_ms()
+        step = next_offsets(
+            start,
+            self.bounds(),
+            limit,
+            target=self.available_now_target,
+            default_max=opts.max_per_trigger,
+            default_min=opts.min_per_trigger,
+            may_wait=now - self.last_trigger_ms < opts.max_trigger_delay_ms,
+        )
+        self._report(step.losses)
+        if step.end != dict(start):
+            self.last_trigger_ms = now
+        return step.end
+
+    def ranges(
+        self, start: Mapping[QueueKey, int], end: Mapping[QueueKey, int]
+    ) -> list[QueueRange]:
+        """The partitions of the micro-batch ``(start, end]``; a queue missing from ``start``
+        (new since) reads from its earliest offset. Checks for data loss again: a batch
+        replayed after a restart may find its first messages deleted."""
+        bounds = self.bounds()
+        paths = self.broker_paths()
+        out: list[QueueRange] = []
+        losses: list[Loss] = []
+        for q in sorted(end, key=sort_key):
+            e = end[q]
+            b = bounds.get(q)
+            s = start.get(q)
+            if s is None:
+                s = b.min if b is not None else e
+            if b is not None and s < min(b.min, e):
+                losses.append(Loss(q, s, min(b.min, e)))
+                s = min(b.min, e)
+            if e <= s:
+                continue
+            path = paths.get(q[1])
+            if path is None:
+                losses.append(Loss(q, s, e))  # the whole broker directory is gone
+                continue
+            out.append(QueueRange(q[0], q[1], str(path), q[2], s, e))
+        self._report(losses)
+        return split_ranges(out, self.options.min_partitions)
+
+    # -- batch ----------------------------------------------------------------------------------
+
+    def batch_range(self) -> tuple[Offsets, Offsets]:
+        """(start, end) of a batch read from ``startingOffsets`` / ``endingOffsets``."""
+        bounds = self.bounds()
+        start = self.resolve(self.options.starting, bounds)
+        ending = self.options.ending
+        end = {q: b.max for q, b in bounds.items()}
+        if ending.kind == "offsets":
+            for q, v in ending.mapping.items():
+                end[q] = bounds[q].max if v == LATEST and q in bounds else max(v, 0)
+        for q, e in end.items():
+            s = start.setdefault(q, bounds[q].min if q in bounds else 0)
+            if e < s and ending.kind == "offsets" and q in ending.mapping:
+                raise ConfigError(
+                    f"option endingOffsets: {queue_name(q)} ends at {e}, before its starting "
+                    f"offset {s}; expected endingOffsets >= startingOffsets"
+                )
+        return start, end
+
+    def key_ranges(self) -> list[KeyRange]:
+        key = self.options.key
+        assert key is not None
+        return [
+            KeyRange(
+                topic,
+                name,
+                str(path),
+                key,
+                self.options.start_timestamp,
+                self.options.end_timestamp,
+            )
+            for topic in self.options.topics
+            for name, path in self.options.root.brokers()
+        ]
