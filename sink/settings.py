@@ -62,7 +62,10 @@ class SinkSettings:
         if not root:
             raise ConfigError("option path: the store root directory is required")
         config_file = opts.pop("config", None)
-        store_config = StoreConfig.load(config_file or DEFAULT_CONFIG)
+        # conf/store.toml holds RocketMQ's defaults, which are StoreConfig's own; when the
+        # package runs from a zip (--py-files) the file is not there and those apply.
+        default = DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None
+        store_config = StoreConfig.load(config_file or default)
         sink_values = {k: opts.pop(k) for k in list(opts) if k in SINK_OPTIONS}
         for k in _SPARK_NOISE:
             opts.pop(k, None)

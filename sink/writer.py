@@ -8,12 +8,14 @@ every broker its rows route to, one broker lock at a time.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.config import StoreConfig
 from pipeline.root import StoreRoot, broker_name
 from sink.append import AppendStats, append
 from sink.settings import SinkSettings
@@ -47,7 +49,11 @@ def append_routed(
     ``slot=None`` means one slot per broker (the foreachBatch layout); rows are then put in
     ``__rs_row`` order, which is the same on every replay of the batch.
     """
-    table = pa.Table.from_batches(list(batches))
+    got = list(batches)
+    if not got:
+        # An empty micro-batch, or a broker none of this batch's rows route to.
+        return []
+    table = pa.Table.from_batches(got)
     if table.num_rows == 0:
         return []
     if slot is None:
@@ -73,7 +79,7 @@ def append_routed(
         stats.append(
             append(
                 root.broker_path(b),
-                settings.store_config,
+                broker_config(settings.store_config, b),
                 rows,
                 sink_fp=sink_fp,
                 batch_id=batch_id,
@@ -85,6 +91,13 @@ def append_routed(
             )
         )
     return stats
+
+
+def broker_config(config: StoreConfig, broker: int) -> StoreConfig:
+    """Broker ``b`` of a root stores with ``listenPort + b``: a msgId is the store host and
+    port plus the CommitLog offset, so brokers on one host must differ in port, as RocketMQ
+    brokers sharing a machine do."""
+    return dataclasses.replace(config, listen_port=config.listen_port + broker)
 
 
 def stats_batch(stats: list[AppendStats]) -> Iterator[pa.RecordBatch]:

@@ -90,6 +90,7 @@ def read_back(root: Path, topic: str) -> list[dict[str, Any]]:
                                 "flag": m.flag,
                                 "body": m.body,
                                 "uniqKey": m.uniq_key,
+                                "msgId": m.msg_id,
                                 "schema": props.pop(SCHEMA_PROPERTY, None),
                             }
                         )

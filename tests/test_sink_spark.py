@@ -112,7 +112,10 @@ def test_foreach_batch_sink_stores_every_row_once(spark: SparkSession, tmp_path:
     run_foreach(stream(spark, tmp_path / "in").drop("id"), sink, tmp_path / "ck")
     assert [s.rows for s in sink.history] == [400, 400, 400]
     assert sum(s.skipped for s in sink.history) == 0
-    check_stored(spark, rows, read_back(root, "orders"), 6, 2)
+    stored = read_back(root, "orders")
+    check_stored(spark, rows, stored, 6, 2)
+    # Brokers store with listenPort + broker index, so msgIds differ across brokers.
+    assert len({s["msgId"] for s in stored}) == len(stored)
     meta = StoreRoot(root).topic("orders")
     assert meta is not None and (meta.brokers, meta.queues) == (3, 2)
     for _, path in StoreRoot(root).brokers():
@@ -290,3 +293,18 @@ def test_spark_routing_matches_the_numpy_routing(spark: SparkSession) -> None:
         expected = route(batch, layout, 0).column("__rs_mq").to_pylist()
         assert got == expected, keys_col
         assert np.unique(got).size == 12
+
+
+def test_empty_batches_and_brokers_without_rows(spark: SparkSession, tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    sink = CommitLogSink(str(root), topic="orders", brokers=2, queues=2, **STORE_OPTIONS)
+    schema = "keys string, body binary"
+    sink(spark.createDataFrame([], schema), 0)
+    # One key: every row routes to one queue of one broker; the other broker's task is empty.
+    sink(spark.createDataFrame([("only-key", b"m%d" % i) for i in range(5)], schema), 1)
+    assert [(h.batch_id, h.rows) for h in sink.history] == [(0, 0), (1, 5)]
+    stored = read_back(root, "orders")
+    assert [s["body"] for s in sorted(stored, key=lambda s: s["queueOffset"])] == [
+        b"m%d" % i for i in range(5)
+    ]
+    assert len({(s["broker"], s["queueId"]) for s in stored}) == 1
