@@ -4,7 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-DEMO_STORE ?= data/demo-store
+DEMO_DIR ?= data/demo
+DEMO_SECONDS ?= 60
 
 .DEFAULT_GOAL := help
 
@@ -23,8 +24,23 @@ venv: $(STAMP) ## Create .venv and install rocketstore with its dev tools
 test: $(STAMP) ## Run the whole test suite
 	$(PY) -m pytest -q
 
-demo: $(STAMP) ## Write a sample store with the CLI and show what it holds
-	$(PY) -m jobs.sample_store --store $(DEMO_STORE)
+demo: java $(STAMP) ## Run the whole Spark pipeline for a minute, then print what it did
+	$(PY) -m jobs.demo --dir $(DEMO_DIR) --seconds $(DEMO_SECONDS)
+
+# Spark 4 runs on Java 17 or later; say so before spending time on the venv.
+java:
+	@if ! command -v java >/dev/null 2>&1; then \
+		echo "rocketstore's Spark jobs need Java 17 (or later) and there is no 'java' on PATH."; \
+		echo "Install it, e.g. 'sudo apt install openjdk-17-jre-headless' (Debian/Ubuntu),"; \
+		echo "'sudo dnf install java-17-openjdk-headless' (Fedora) or 'brew install openjdk@17' (macOS)."; \
+		exit 1; \
+	fi; \
+	major=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
+	if [ -n "$$major" ] && [ "$$major" -lt 17 ]; then \
+		echo "rocketstore's Spark jobs need Java 17 or later; 'java' on PATH is version $$major."; \
+		echo "Install it, e.g. 'sudo apt install openjdk-17-jre-headless', and put it first on PATH."; \
+		exit 1; \
+	fi
 
 bench: $(STAMP) ## Run the benchmarks in bench/ (figures in bench/README.md)
 	$(PY) -m bench
@@ -41,4 +57,4 @@ format: $(STAMP) ## Format the code with ruff
 clean: ## Remove the demo store and caches (keeps .venv)
 	rm -rf data .pytest_cache .mypy_cache .ruff_cache bench/out
 
-.PHONY: help venv test demo bench lint format clean
+.PHONY: help venv test demo java bench lint format clean

@@ -1,0 +1,544 @@
+"""What the jobs share: the Spark session, the ``conf/`` directory, and the options that several
+jobs take (reading the store, writing the store, writing files, triggers).
+
+Runs on the driver only. Every job is ``main(argv, spark=None) -> int``: with ``spark`` given it
+uses that session and leaves it running (tests, the demo); otherwise it builds one with
+:func:`build_session` and stops it at the end.
+
+Where settings come from, lowest first:
+
+1. ``conf/spark-defaults.conf`` (see that file), applied only to keys spark-submit has not set;
+2. what spark-submit sets (``--master``, ``--conf``, ``--properties-file``);
+3. the job's own options.
+
+``conf/`` is ``$ROCKETSTORE_CONF_DIR`` when set, else the ``conf`` directory of the checkout the
+jobs run from, else ``./conf``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+FILE_FORMATS = ("parquet", "json")
+OUTPUT_FORMATS = (*FILE_FORMATS, "console")
+BODY_FORMATS = ("binary", "avro", "json")
+_LOG4J_FILE = re.compile(r"(-Dlog4j2\.configurationFile=)(\S+)")
+
+
+class JobError(Exception):
+    """A usage problem the job reports in one line and exits 2 for (bad paths, option values)."""
+
+
+# -- configuration files ------------------------------------------------------------------------
+
+
+def conf_dir() -> Path:
+    """The directory holding ``spark-defaults.conf``, ``log4j2.properties`` and ``store.toml``."""
+    env = os.environ.get("ROCKETSTORE_CONF_DIR")
+    if env:
+        return Path(env)
+    beside = PROJECT_ROOT / "conf"
+    # Shipped in a zip with --py-files, this file has no checkout around it.
+    return beside if beside.is_dir() else Path.cwd() / "conf"
+
+
+def default_store_config() -> str | None:
+    """``conf/store.toml`` when it exists (else the sink's and source's built-in defaults)."""
+    path = conf_dir() / "store.toml"
+    return str(path) if path.is_file() else None
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """``key value`` lines of a Spark properties file (``#``/``!`` comments, ``=`` or ``:`` or
+    white space between key and value), in file order. Line continuations are not supported."""
+    out: dict[str, str] = {}
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        m = re.match(r"([^\s=:]+)\s*[=:\s]\s*(.*)$", line)
+        if m is None:
+            out[line] = ""
+        else:
+            out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+def spark_defaults() -> dict[str, str]:
+    """``conf/spark-defaults.conf``, with a relative log4j2 configuration file made absolute
+    (relative to the directory above ``conf/``), so that the jobs stay quiet from any cwd."""
+    path = conf_dir() / "spark-defaults.conf"
+    if not path.is_file():
+        return {}
+    values = read_properties(path)
+    base = conf_dir().resolve().parent
+
+    def absolute(m: re.Match[str]) -> str:
+        target = Path(m.group(2))
+        return m.group(1) + str(target if target.is_absolute() else base / target)
+
+    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        if key in values:
+            values[key] = _LOG4J_FILE.sub(absolute, values[key])
+    return values
+
+
+# -- the session ----------------------------------------------------------------------------------
+
+
+def build_session(app_name: str, conf: dict[str, str] | None = None) -> SparkSession:
+    """A SparkSession for a job, with the ``rocketstore`` data source registered.
+
+    ``conf`` wins over everything; ``conf/spark-defaults.conf`` fills in what neither ``conf``
+    nor spark-submit set. Python workers run this interpreter unless ``PYSPARK_PYTHON`` says
+    otherwise (the venv has pyarrow, pandas and fastavro; a bare ``python3`` may not).
+    """
+    from pyspark import SparkConf, SparkContext
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    already: set[str] = set()
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        # Started by spark-submit: its JVM is running and holds the submitted settings, which
+        # must win over our defaults. (Reading them needs the gateway, which this opens.)
+        SparkContext._ensure_initialized()
+        already = {k for k, _ in SparkConf().getAll()}
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in spark_defaults().items():
+        if key not in already and key != "spark.app.name":
+            builder = builder.config(key, value)
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    level = os.environ.get("SPARK_LOG_LEVEL")
+    if level:
+        spark.sparkContext.setLogLevel(level.upper())
+    register(spark)
+    return spark
+
+
+def register(spark: SparkSession) -> None:
+    """Register the ``rocketstore`` data source (reader and writer) with ``spark``."""
+    from source.datasource import register as register_source
+
+    register_source(spark)
+
+
+@contextlib.contextmanager
+def session(
+    app_name: str, spark: SparkSession | None, conf: dict[str, str] | None = None
+) -> Iterator[SparkSession]:
+    """``spark`` as it is (left running), or a new session, built with ``conf`` on top of the
+    defaults and stopped on exit."""
+    if spark is not None:
+        register(spark)
+        yield spark
+        return
+    built = build_session(app_name, conf)
+    try:
+        yield built
+    finally:
+        built.stop()
+
+
+# -- running a job ----------------------------------------------------------------------------------
+
+
+def run_main(
+    prog: str,
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    body: Callable[[argparse.Namespace], int],
+) -> int:
+    """Parse ``argv`` and run ``body``; returns the exit status.
+
+    0 on success; 1 when a streaming query failed (its error printed in one paragraph); 2 for a
+    usage error, a bad option or store error (one line ``PROG: error: ...`` on stderr).
+    """
+    from pipeline.errors import StoreError
+
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error argparse has reported
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        return body(args)
+    except (JobError, StoreError) as exc:
+        sys.stderr.write(f"{prog}: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        from pyspark.errors import PySparkException, StreamingQueryException
+
+        if isinstance(exc, StreamingQueryException):
+            sys.stderr.write(f"{prog}: the streaming query failed: {_first_lines(str(exc))}\n")
+            return 1
+        if isinstance(exc, PySparkException):
+            # Planning errors (an unknown column in --sql, a bad source option) name the
+            # problem in their first lines; the JVM stack trace below them helps nobody here.
+            sys.stderr.write(f"{prog}: error: {_first_lines(str(exc))}\n")
+            return 2
+        raise
+
+
+def _first_lines(text: str, limit: int = 12) -> str:
+    lines = text.strip().splitlines()
+    cut = lines[:limit]
+    if len(lines) > limit:
+        cut.append(f"... ({len(lines) - limit} more lines)")
+    return "\n".join(cut)
+
+
+def log(prog: str, message: str) -> None:
+    """A progress line on stderr (stdout stays free for console output and summaries)."""
+    sys.stderr.write(f"{time.strftime('%H:%M:%S')} {prog}: {message}\n")
+    sys.stderr.flush()
+
+
+# -- triggers ---------------------------------------------------------------------------------------
+
+
+def add_trigger_options(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument(
+        "--trigger",
+        default=default,
+        metavar="WHEN",
+        help="'available-now': process what is there, in as many micro-batches as the limits "
+        "need, then stop; 'once': one micro-batch; or an interval between micro-batches, e.g. "
+        f"'5 seconds' (default: {default})",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=positive_float,
+        metavar="SECONDS",
+        help="stop the query after this long (it stops between micro-batches when it can)",
+    )
+
+
+def apply_trigger(writer: DataStreamWriter, when: str) -> DataStreamWriter:
+    word = when.strip().lower()
+    if word in ("available-now", "availablenow"):
+        return writer.trigger(availableNow=True)
+    if word == "once":
+        return writer.trigger(once=True)
+    if not re.match(r"^\d+(\.\d+)?\s*[a-z]*$", word):
+        raise JobError(
+            f"--trigger {when!r}: expected available-now, once, or an interval like '5 seconds'"
+        )
+    return writer.trigger(processingTime=when)
+
+
+def wait(query: StreamingQuery, timeout: float | None, gate: SinkGate | None = None) -> None:
+    """Wait for ``query`` to finish, or stop it after ``timeout`` seconds; re-raise its failure.
+
+    With the ``gate`` of the query's store sink, the stop comes between micro-batches (see
+    :func:`stop_between_batches`).
+    """
+    if timeout is None:
+        query.awaitTermination()
+        return
+    # Seconds may be fractional: PySpark turns them into milliseconds (its stub says int).
+    if query.awaitTermination(timeout):  # type: ignore[arg-type]
+        return
+    stop_between_batches(query, patience=60.0, gate=gate)
+
+
+def stop_between_batches(
+    query: StreamingQuery, patience: float, gate: SinkGate | None = None
+) -> None:
+    """Stop ``query`` so that no micro-batch is left half-written; re-raise a real failure.
+
+    With a store sink's ``gate``: the gate closes (no micro-batch starts appending any more),
+    the append under way, if any, finishes (up to ``patience`` seconds), and then the query is
+    stopped. A batch planned meanwhile fails at the gate before appending anything, and is
+    replayed whole on restart. Without a gate (file sinks, whose manifest leaves out what a
+    stopped batch wrote), the query is stopped once it is between triggers, waiting at most
+    ``patience`` seconds for that.
+    """
+    if gate is not None:
+        gate.close(patience)
+    else:
+        deadline = time.monotonic() + patience
+        while query.isActive and query.status.get("isTriggerActive"):
+            if time.monotonic() >= deadline:
+                break
+            # Spark offers no "stop after this batch" call: poll its status.
+            time.sleep(0.2)
+    query.stop()
+    exc = query.exception()
+    if exc is not None and StopRequested.MARK not in str(exc):
+        raise exc
+
+
+def rows_in_and_out(query: StreamingQuery) -> tuple[int, int]:
+    """Rows read and rows written over the query's recent micro-batches (Spark keeps the last
+    ``spark.sql.streaming.numRecentProgressUpdates``, 100 by default). A ``foreachBatch`` sink
+    reports no row count: 0 written."""
+    read = written = 0
+    for progress in query.recentProgress:
+        read += int(progress.numInputRows)
+        written += max(0, int(progress.sink.numOutputRows))
+    return read, written
+
+
+# -- reading the store ------------------------------------------------------------------------------
+
+
+def add_store_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--store", required=True, metavar="ROOT", help="the store root directory (broker-N/)"
+    )
+    parser.add_argument(
+        "--store-config",
+        metavar="FILE",
+        help="store settings, a .toml or broker.conf file (default: conf/store.toml); a store "
+        "must always be written with the same geometry",
+    )
+
+
+def add_read_options(parser: argparse.ArgumentParser) -> None:
+    """Options of the ``rocketstore`` source (see source/options.py for every accepted value)."""
+    group = parser.add_argument_group("reading the store")
+    group.add_argument("--topic", required=True, help="topic to read (several: a,b)")
+    group.add_argument(
+        "--starting-offsets",
+        default="earliest",
+        metavar="WHERE",
+        help="earliest, latest or offsets JSON, for a new checkpoint (default: earliest)",
+    )
+    group.add_argument(
+        "--max-messages-per-trigger", type=positive_int, metavar="N", help="micro-batch size limit"
+    )
+    group.add_argument(
+        "--sub-expression", metavar="TAGS", help="tag filter, e.g. 'NEW || PAID' (default *)"
+    )
+    group.add_argument(
+        "--input-body-format",
+        choices=BODY_FORMATS,
+        help="decode bodies as (default: the format the topic was written with)",
+    )
+    group.add_argument(
+        "--read-option",
+        action="append",
+        default=[],
+        type=key_value,
+        metavar="KEY=VALUE",
+        help="any other source option, e.g. failOnDataLoss=false (repeatable)",
+    )
+
+
+def read_store(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
+    """A streaming DataFrame of the store's messages, as the read options say."""
+    reader = (
+        spark.readStream.format("rocketstore")
+        .option("path", args.store)
+        .option("topic", args.topic)
+        .option("startingOffsets", args.starting_offsets)
+    )
+    if args.max_messages_per_trigger is not None:
+        reader = reader.option("maxMessagesPerTrigger", str(args.max_messages_per_trigger))
+    if args.sub_expression is not None:
+        reader = reader.option("subExpression", args.sub_expression)
+    if args.input_body_format is not None:
+        reader = reader.option("bodyFormat", args.input_body_format)
+    config = args.store_config or default_store_config()
+    if config is not None:
+        reader = reader.option("config", config)
+    for key, value in args.read_option:
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+# -- writing the store ------------------------------------------------------------------------------
+
+
+def add_sink_options(parser: argparse.ArgumentParser, *, prefix: str = "") -> None:
+    """Options of a new topic written through the sink (``--brokers`` etc.)."""
+    group = parser.add_argument_group("writing the store")
+    group.add_argument(
+        f"--{prefix}brokers",
+        type=positive_int,
+        metavar="N",
+        help="broker directories of a new topic (default 4; a known topic keeps its own)",
+    )
+    group.add_argument(
+        f"--{prefix}queues",
+        type=positive_int,
+        metavar="N",
+        help="queues per broker of a new topic (default 4)",
+    )
+    group.add_argument(
+        f"--{prefix}body-format",
+        choices=BODY_FORMATS,
+        help="binary: a body column is the message body; avro/json: every column that is not a "
+        "message field (keys, tags, properties, flag, queueId) is encoded into the body "
+        "(default: binary when there is a body column, else avro)",
+    )
+    group.add_argument(
+        f"--{prefix}sharding-key",
+        metavar="COLUMN",
+        help="column whose value picks the message queue (default: the keys)",
+    )
+    group.add_argument(
+        f"--{prefix}sink-option",
+        action="append",
+        default=[],
+        type=key_value,
+        metavar="KEY=VALUE",
+        help="store setting by its RocketMQ name, e.g. flushDiskType=SYNC_FLUSH (repeatable)",
+    )
+
+
+def commit_log_sink(
+    df: DataFrame, args: argparse.Namespace, topic: str, *, prefix: str = ""
+) -> SinkGate:
+    """The ``foreachBatch`` function writing ``df``'s rows into ``topic`` of ``args.store``: a
+    ``CommitLogSink`` behind a :class:`SinkGate`."""
+    from sink.foreach import CommitLogSink
+
+    def arg(name: str) -> Any:
+        return getattr(args, prefix.replace("-", "_") + name)
+
+    body_format = arg("body_format") or ("binary" if "body" in df.columns else "avro")
+    options: dict[str, Any] = dict(arg("sink_option"))
+    for key, value in (
+        ("brokers", arg("brokers")),
+        ("queues", arg("queues")),
+        ("shardingKey", arg("sharding_key")),
+        ("config", args.store_config or default_store_config()),
+    ):
+        if value is not None:
+            options[key] = value
+    return SinkGate(CommitLogSink(args.store, topic=topic, bodyFormat=body_format, **options))
+
+
+class StopRequested(RuntimeError):
+    """Raised into a micro-batch that reached a closed :class:`SinkGate`."""
+
+    MARK = "rocketstore-job-stop-requested"
+
+
+class SinkGate:
+    """The ``foreachBatch`` function the jobs give Spark: it hands each micro-batch to
+    ``sink`` (a ``CommitLogSink``), until :meth:`close`.
+
+    Why a gate: Spark has no "stop after this micro-batch", and stopping a query while its sink
+    appends leaves part of the batch in the store until a restart completes it. Thread-safe:
+    Spark calls it on its callback thread, the job closes it from the main thread.
+    """
+
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+        self._cond = threading.Condition()
+        self._busy = False
+        self._closed = False
+
+    @property
+    def history(self) -> Any:
+        """The sink's per-batch summaries (``BatchSummary``)."""
+        return self.sink.history
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        with self._cond:
+            if self._closed:
+                raise StopRequested(f"{StopRequested.MARK}: the job is stopping (batch {batch_id})")
+            self._busy = True
+        try:
+            self.sink(df, batch_id)
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def close(self, timeout: float) -> bool:
+        """Let no micro-batch start appending from now on, and wait up to ``timeout`` seconds
+        for the one appending; returns whether none is appending any more."""
+        with self._cond:
+            self._closed = True
+            return self._cond.wait_for(lambda: not self._busy, timeout)
+
+
+# -- writing files or the console ---------------------------------------------------------------------
+
+
+def add_file_output_options(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    group = parser.add_argument_group("writing files")
+    group.add_argument(
+        "--output", required=required, metavar="DIR", help="directory the files are written to"
+    )
+    group.add_argument(
+        "--format",
+        choices=OUTPUT_FORMATS,
+        default="parquet",
+        help="file format, or console to print each micro-batch (default: parquet)",
+    )
+    group.add_argument(
+        "--console-rows", type=positive_int, default=20, metavar="N", help="rows shown per batch"
+    )
+
+
+def file_writer(
+    df: DataFrame, args: argparse.Namespace, checkpoint: str, output_mode: str = "append"
+) -> DataStreamWriter:
+    """A writer of ``df`` to ``args.format`` files under ``args.output`` (or the console)."""
+    writer = df.writeStream.option("checkpointLocation", checkpoint).outputMode(output_mode)
+    if args.format == "console":
+        return (
+            writer.format("console")
+            .option("numRows", args.console_rows)
+            .option("truncate", "false")
+        )
+    if not args.output:
+        raise JobError(f"--output DIR is required with --format {args.format}")
+    if output_mode != "append":
+        raise JobError(
+            f"--output-mode {output_mode}: files can only be appended to (use the console or a "
+            "topic for update/complete)"
+        )
+    return writer.format(args.format).option("path", args.output)
+
+
+# -- option types -------------------------------------------------------------------------------------
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not positive")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not positive")
+    return value
+
+
+def key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE")
+    return key.strip(), value

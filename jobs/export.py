@@ -1,0 +1,118 @@
+"""Export: read a topic as a stream and write its messages to parquet or JSON files, or print
+them on the console.
+
+    spark-submit jobs/export.py --store data/store --topic orders \\
+        --checkpoint data/ck/export --output data/export/orders --format parquet
+
+Each message is one row with the source's columns: topic, brokerName, queueId, queueOffset,
+commitLogOffset, msgId, keys, tags, properties, bornTimestamp, storeTimestamp, ... and either
+``body`` (binary) or, for a topic written with an avro or json body, the body's columns decoded.
+``--with-column NAME=EXPR`` adds computed columns (Spark SQL expressions), ``--columns`` keeps
+only some. Files are written through Spark's file sink, whose manifest (``_spark_metadata``)
+lists exactly the files of committed micro-batches: read the output with Spark (or honour the
+manifest) and every message is there once.
+
+Exit status: 0 when the query ended (``--trigger available-now`` / ``once``, or ``--timeout``);
+1 when it failed; 2 for a bad option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if __package__ in (None, ""):
+    # Run as a script (spark-submit jobs/export.py): the checkout is the import root.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from jobs import common
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+PROG = "export"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Exit status: 0 finished, 1 the query failed, 2 bad options.",
+    )
+    common.add_store_options(parser)
+    parser.add_argument(
+        "--checkpoint", required=True, metavar="DIR", help="the query's checkpoint directory"
+    )
+    common.add_read_options(parser)
+    cols = parser.add_argument_group("columns")
+    cols.add_argument(
+        "--with-column",
+        action="append",
+        default=[],
+        type=common.key_value,
+        metavar="NAME=EXPR",
+        help="add a column computed by a SQL expression, e.g. "
+        "'exportedAt=current_timestamp()' (repeatable)",
+    )
+    cols.add_argument("--columns", metavar="A,B,...", help="keep only these columns (default: all)")
+    common.add_file_output_options(parser, required=False)
+    common.add_trigger_options(parser, default="5 seconds")
+    return parser
+
+
+def select(df: DataFrame, args: argparse.Namespace) -> DataFrame:
+    """``df`` with the ``--with-column`` columns added and only the ``--columns`` kept."""
+    from pyspark.errors import AnalysisException, ParseException
+    from pyspark.sql import functions as F
+
+    for name, expr in args.with_column:
+        try:
+            df = df.withColumn(name, F.expr(expr))
+        except (AnalysisException, ParseException) as exc:
+            raise common.JobError(
+                f"--with-column {name}={expr}: {str(exc).splitlines()[0]}"
+            ) from None
+    if args.columns:
+        wanted = [c.strip() for c in args.columns.split(",") if c.strip()]
+        missing = [c for c in wanted if c not in df.columns]
+        if missing:
+            raise common.JobError(
+                f"--columns: no column {', '.join(missing)}; the columns: {', '.join(df.columns)}"
+            )
+        df = df.select(*wanted)
+    return df
+
+
+def start(spark: SparkSession, args: argparse.Namespace) -> StreamingQuery:
+    """Start the export query."""
+    if args.format != "console" and not args.output:
+        raise common.JobError(f"--output DIR is required with --format {args.format}")
+    df = select(common.read_store(spark, args), args)
+    writer = common.file_writer(df, args, args.checkpoint)
+    writer = common.apply_trigger(writer, args.trigger).queryName(f"export-{args.topic}")
+    return writer.start()
+
+
+def main(argv: list[str] | None = None, spark: SparkSession | None = None) -> int:
+    """Run the export job with ``argv`` (default ``sys.argv[1:]``) on ``spark`` (default: a new
+    session, stopped at the end); returns the exit status."""
+
+    def body(args: argparse.Namespace) -> int:
+        with common.session(PROG, spark) as session:
+            query = start(session, args)
+            target = args.output or "the console"
+            common.log(PROG, f"started: {args.store} topic {args.topic} -> {target}")
+            common.wait(query, args.timeout)
+            read, _ = common.rows_in_and_out(query)
+            common.log(PROG, f"done: {read} message(s) exported")
+        return 0
+
+    return common.run_main(PROG, build_parser(), argv, body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
