@@ -196,7 +196,9 @@ class MessageStore:
         if not p.exists():
             if self.read_only or not create:
                 raise NotAStoreError(f"{p}: no such store directory")
-            p.mkdir(parents=True)
+            # Two writers may create a new broker directory at once (tasks of one micro-batch);
+            # the loser goes on to the lock, which decides between them.
+            p.mkdir(parents=True, exist_ok=True)
             return
         entries = {e.name for e in p.iterdir()}
         if entries and not entries & set(STORE_ENTRIES):

@@ -332,3 +332,29 @@ def test_writable_open_creates_missing_and_empty_directories(tmp_path: Path) -> 
     empty.mkdir()
     open_store(empty).close()
     assert (empty / "lock").exists()
+
+
+def test_creating_a_store_another_writer_just_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The other writer's mkdir lands between this open's existence check and its own mkdir.
+    path = tmp_path / "store"
+    real_exists = Path.exists
+    checks = 0
+
+    def racing_exists(self: Path, **kw: object) -> bool:
+        nonlocal checks
+        if self == path and checks < 2:
+            # The open looks twice before it creates the directory; both looks miss it.
+            checks += 1
+            if checks == 2:
+                path.mkdir()
+            return False
+        return real_exists(self)
+
+    monkeypatch.setattr(Path, "exists", racing_exists)
+    with open_store(path, create=True) as store:
+        store.put(Message("TopicTest", b"x"))
+    monkeypatch.undo()
+    with open_store(path, read_only=True) as ro:
+        assert ro.get_message(0).body == b"x"
