@@ -83,16 +83,15 @@ def _record_topics(plan: Plan, routed: pa.RecordBatch, seen: set[str]) -> None:
         if topic is None:
             continue  # refused with a clear error by the append's validation
         schemas = (plan.layout.body_schema.fingerprint,) if plan.layout.body_schema else ()
-        have = root.ensure_topic(
-            topic,
-            TopicMeta(plan.brokers, plan.queues, plan.settings.body_format, schemas)
-            if plan.settings.brokers is not None or root.topic(topic) is None
-            else plan.settings.topic_meta(root.topic(topic), schemas),
-        )
-        if (have.brokers, have.queues) != (plan.brokers, plan.queues):
+        have = root.topic(topic)
+        if have is not None and (have.brokers, have.queues) != (plan.brokers, plan.queues):
             raise ConfigError(
                 f"topic {topic!r} in {root.path} has {have.brokers} brokers x {have.queues} "
                 f"queues; rows of one sink share one layout ({plan.brokers} x {plan.queues}). "
                 "Write it with a topic option, or give brokers/queues to match"
             )
+        # Records a new topic (a concurrent creator with another layout still fails here).
+        root.ensure_topic(
+            topic, TopicMeta(plan.brokers, plan.queues, plan.settings.body_format, schemas)
+        )
         seen.add(topic)

@@ -18,7 +18,7 @@ from typing import Any
 from pipeline import bodyformat, encode
 from pipeline.config import StoreConfig
 from pipeline.errors import ConfigError
-from pipeline.root import DEFAULT_QUEUES, StoreRoot, TopicMeta
+from pipeline.root import DEFAULT_QUEUES, StoreRoot, TopicMeta, require_positive
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "conf" / "store.toml"
 
@@ -105,12 +105,4 @@ class SinkSettings:
 
 def _positive(values: dict[str, Any], name: str) -> int | None:
     raw = values.get(name)
-    if raw is None:
-        return None
-    try:
-        n = int(raw)
-    except (TypeError, ValueError):
-        n = 0
-    if n <= 0:
-        raise ConfigError(f"option {name}={raw!r}: expected a positive integer")
-    return n
+    return None if raw is None else require_positive(raw, name)

@@ -57,3 +57,21 @@ def test_python_keyword_names_map_to_option_names() -> None:
     assert _option_name("sharding_key") == "shardingKey"
     assert _option_name("lock_timeout_ms") == "lockTimeoutMs"
     assert _option_name("flushDiskType") == "flushDiskType"
+
+
+def test_topics_from_a_column_are_recorded_with_the_sinks_layout(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    from pipeline.root import StoreRoot, TopicMeta
+    from sink.plan import prepare, route_batches
+
+    root = StoreRoot(tmp_path)
+    root.ensure_topic("old", TopicMeta(1, 1))
+    settings = SinkSettings.from_options({"path": str(tmp_path), "brokers": "2"})
+    batch = pa.record_batch({"topic": ["new", "new"], "body": [b"a", b"b"]})
+    plan = prepare(settings, batch.schema)
+    assert len(list(route_batches(plan, [batch], 0))) == 1
+    assert root.topic("new") == TopicMeta(2, 4)
+    clash = pa.record_batch({"topic": ["old"], "body": [b"c"]})
+    with pytest.raises(ConfigError, match="rows of one sink share one layout"):
+        list(route_batches(plan, [clash], 0))
