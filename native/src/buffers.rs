@@ -1,0 +1,234 @@
+//! Borrowing Python buffers (numpy arrays, Arrow buffers, mmap views) as Rust slices.
+//!
+//! Every column crosses from Python as an object that exports the buffer protocol, so no data
+//! is copied on the way in. A `PyBuffer` keeps the exporter alive and, for `mmap`, pins the
+//! mapping: Python refuses to close an `mmap` while a buffer export is alive, so a slice taken
+//! here stays valid for as long as the `PyBuffer` it came from, even with the GIL released.
+
+use pyo3::buffer::{Element, PyBuffer, PyUntypedBuffer};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+/// A read-only, C-contiguous column of `T`.
+pub struct Col<T: Element> {
+    buf: PyBuffer<T>,
+}
+
+impl<T: Element> Col<T> {
+    pub fn new(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Self> {
+        let buf = PyBuffer::<T>::get(obj).map_err(|e| {
+            PyValueError::new_err(format!("{what}: not a buffer of the expected type: {e}"))
+        })?;
+        if !buf.is_c_contiguous() {
+            return Err(PyValueError::new_err(format!(
+                "{what}: buffer is not contiguous"
+            )));
+        }
+        Ok(Col { buf })
+    }
+
+    pub fn get(&self) -> &[T] {
+        match self.buf.as_slice_ptr() {
+            // SAFETY: the buffer is C-contiguous (checked in `new`), typed and aligned for `T`
+            // (checked by `PyBuffer::get`), and lives as long as `self`. Python code could
+            // still write to it while we read; the callers' contracts forbid that (the store's
+            // single writer owns every buffer it hands in), and a torn read of plain integers
+            // or bytes cannot break memory safety.
+            Some(ptr) => unsafe { ptr.as_ref() },
+            None => &[],
+        }
+    }
+}
+
+/// A read-only, C-contiguous run of bytes of any one-byte format (`B`, `b`, `c`): Arrow
+/// buffers export themselves as signed bytes, numpy masks as unsigned.
+pub struct Bytes {
+    buf: PyUntypedBuffer,
+}
+
+impl Bytes {
+    pub fn new(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Self> {
+        let buf = PyUntypedBuffer::get(obj)
+            .map_err(|e| PyValueError::new_err(format!("{what}: not a buffer: {e}")))?;
+        if buf.item_size() != 1 || !buf.is_c_contiguous() {
+            return Err(PyValueError::new_err(format!(
+                "{what}: expected a contiguous buffer of bytes"
+            )));
+        }
+        Ok(Bytes { buf })
+    }
+
+    pub fn get(&self) -> &[u8] {
+        let len = self.buf.len_bytes();
+        if len == 0 {
+            return &[];
+        }
+        // SAFETY: the buffer is C-contiguous with one-byte items (checked in `new`), so
+        // `len_bytes` bytes from `buf_ptr` are its contents, alive as long as `self`. The same
+        // aliasing contract as `Col::get` applies.
+        unsafe { std::slice::from_raw_parts(self.buf.buf_ptr() as *const u8, len) }
+    }
+}
+
+/// A writable, C-contiguous byte buffer (a segment's mapping, a preallocated numpy array).
+pub struct OutBytes {
+    buf: PyBuffer<u8>,
+}
+
+impl OutBytes {
+    pub fn new(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Self> {
+        let buf = PyBuffer::<u8>::get(obj)
+            .map_err(|e| PyValueError::new_err(format!("{what}: not a byte buffer: {e}")))?;
+        if buf.readonly() {
+            return Err(PyValueError::new_err(format!(
+                "{what}: buffer is read-only"
+            )));
+        }
+        if !buf.is_c_contiguous() {
+            return Err(PyValueError::new_err(format!(
+                "{what}: buffer is not contiguous"
+            )));
+        }
+        Ok(OutBytes { buf })
+    }
+
+    /// The bytes, mutably. Callers must not pass the same memory as an input column of the
+    /// same call: the two slices would alias.
+    #[allow(clippy::mut_from_ref)]
+    pub fn get(&self) -> &mut [u8] {
+        match self.buf.as_slice_ptr() {
+            // SAFETY: writable (checked in `new`), contiguous, and alive as long as `self`.
+            // Exclusive access is the caller's contract: the store writes a segment from one
+            // thread, and every function here takes its output buffer once.
+            Some(mut ptr) => unsafe { ptr.as_mut() },
+            None => &mut [],
+        }
+    }
+}
+
+/// A writable, C-contiguous column of `T` (results the caller preallocated with numpy).
+pub struct OutCol<T: Element> {
+    buf: PyBuffer<T>,
+}
+
+impl<T: Element> OutCol<T> {
+    pub fn new(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Self> {
+        let buf = PyBuffer::<T>::get(obj).map_err(|e| {
+            PyValueError::new_err(format!("{what}: not a buffer of the expected type: {e}"))
+        })?;
+        if buf.readonly() || !buf.is_c_contiguous() {
+            return Err(PyValueError::new_err(format!(
+                "{what}: buffer must be writable and contiguous"
+            )));
+        }
+        Ok(OutCol { buf })
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    pub fn get(&self) -> &mut [T] {
+        match self.buf.as_slice_ptr() {
+            // SAFETY: as for `OutBytes::get`.
+            Some(mut ptr) => unsafe { ptr.as_mut() },
+            None => &mut [],
+        }
+    }
+}
+
+/// A column of strings or binaries in Arrow's layout: one data buffer, `n + 1` offsets into
+/// it, and an optional validity mask (one byte per row, non-zero = present).
+pub struct Strings {
+    data: Bytes,
+    offsets: Col<i64>,
+    valid: Option<Bytes>,
+}
+
+impl Strings {
+    pub fn new(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Self> {
+        let (data, offsets, valid): (Bound<'_, PyAny>, Bound<'_, PyAny>, Bound<'_, PyAny>) =
+            obj.extract()?;
+        let s = Strings {
+            data: Bytes::new(&data, what)?,
+            offsets: Col::new(&offsets, what)?,
+            valid: if valid.is_none() {
+                None
+            } else {
+                Some(Bytes::new(&valid, what)?)
+            },
+        };
+        s.check(what)?;
+        Ok(s)
+    }
+
+    fn check(&self, what: &str) -> PyResult<()> {
+        let offs = self.offsets.get();
+        let len = self.data.get().len() as i64;
+        if offs.is_empty() {
+            return Err(PyValueError::new_err(format!("{what}: offsets are empty")));
+        }
+        if offs.windows(2).any(|w| w[0] > w[1]) || offs[0] < 0 || offs[offs.len() - 1] > len {
+            return Err(PyValueError::new_err(format!(
+                "{what}: offsets are not ascending inside the data"
+            )));
+        }
+        if let Some(v) = &self.valid {
+            if v.get().len() != offs.len() - 1 {
+                return Err(PyValueError::new_err(format!(
+                    "{what}: validity has {} rows, offsets {}",
+                    v.get().len(),
+                    offs.len() - 1
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn view(&self) -> StrView<'_> {
+        StrView {
+            data: self.data.get(),
+            offsets: self.offsets.get(),
+            valid: self.valid.as_ref().map(|v| v.get()),
+        }
+    }
+}
+
+/// Borrowed form of [`Strings`], `Send` so loops can run with the GIL released.
+#[derive(Clone, Copy)]
+pub struct StrView<'a> {
+    data: &'a [u8],
+    offsets: &'a [i64],
+    valid: Option<&'a [u8]>,
+}
+
+impl<'a> StrView<'a> {
+    pub fn len(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// Row `i`, or `None` when it is null.
+    pub fn get(&self, i: usize) -> Option<&'a [u8]> {
+        if let Some(v) = self.valid {
+            if v[i] == 0 {
+                return None;
+            }
+        }
+        Some(&self.data[self.offsets[i] as usize..self.offsets[i + 1] as usize])
+    }
+}
+
+/// Appends native-endian values to a byte vector that becomes a numpy array in Python.
+pub fn push_i64(out: &mut Vec<u8>, v: i64) {
+    out.extend_from_slice(&v.to_ne_bytes());
+}
+
+pub fn push_i32(out: &mut Vec<u8>, v: i32) {
+    out.extend_from_slice(&v.to_ne_bytes());
+}
+
+pub fn require_len(what: &str, got: usize, want: usize) -> PyResult<()> {
+    if got != want {
+        return Err(PyValueError::new_err(format!(
+            "{what}: {got} rows, expected {want}"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,508 @@
+//! Encoding a validated batch of messages straight into a mapped CommitLog segment.
+//!
+//! Python validates the batch and hands its columns over once as an [`EncodeBatch`]; the
+//! per-message work then runs here with the GIL released: PROPERTIES lengths and record sizes,
+//! ConsumeQueue tag codes, index key hashes in RocketMQ's order, and the records themselves,
+//! body CRC included, written in place with no intermediate buffer.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::buffers::{
+    push_i32, push_i64, require_len, Bytes, Col, OutBytes, OutCol, StrView, Strings,
+};
+use crate::hash;
+use crate::layout::{self, Writer, MAGIC};
+
+const PROPERTY_SEPARATOR: u8 = 2;
+const NAME_VALUE_SEPARATOR: u8 = 1;
+const NAMED: [&[u8]; 3] = [b"KEYS", b"TAGS", b"UNIQ_KEY"];
+
+/// The columns of one batch, borrowed from Python for the batch's lifetime.
+///
+/// Not thread-safe in Python terms: one batch belongs to the put that made it.
+#[pyclass(module = "pipeline._native")]
+pub struct EncodeBatch {
+    n: usize,
+    topics: Strings,
+    topic_codes: Col<i32>,
+    queue_ids: Col<i32>,
+    flags: Col<i32>,
+    sys_flags: Col<i32>,
+    reconsume: Col<i32>,
+    prep_tx: Col<i64>,
+    born_ts: Col<i64>,
+    born_missing: Option<Bytes>,
+    born_hosts: Strings,
+    born_codes: Col<i32>,
+    store_host: Vec<u8>,
+    bodies: Strings,
+    keys: Strings,
+    tags: Strings,
+    uniq: Strings,
+    user_props: Option<Strings>,
+}
+
+/// The borrowed columns, `Send`, for the loops that run without the GIL.
+#[derive(Clone, Copy)]
+struct View<'a> {
+    topics: StrView<'a>,
+    topic_codes: &'a [i32],
+    queue_ids: &'a [i32],
+    flags: &'a [i32],
+    sys_flags: &'a [i32],
+    reconsume: &'a [i32],
+    prep_tx: &'a [i64],
+    born_ts: &'a [i64],
+    born_missing: Option<&'a [u8]>,
+    born_hosts: StrView<'a>,
+    born_codes: &'a [i32],
+    store_host: &'a [u8],
+    bodies: StrView<'a>,
+    keys: StrView<'a>,
+    tags: StrView<'a>,
+    uniq: StrView<'a>,
+    user_props: Option<StrView<'a>>,
+}
+
+impl View<'_> {
+    fn topic(&self, i: usize) -> &[u8] {
+        self.topics.get(self.topic_codes[i] as usize).unwrap_or(b"")
+    }
+
+    fn born_host(&self, i: usize) -> &[u8] {
+        self.born_hosts
+            .get(self.born_codes[i] as usize)
+            .unwrap_or(b"")
+    }
+
+    fn user(&self, i: usize) -> Option<&[u8]> {
+        self.user_props
+            .and_then(|u| u.get(i))
+            .filter(|u| !u.is_empty())
+    }
+
+    /// The PROPERTIES field's parts in the order the store writes them: KEYS, TAGS, UNIQ_KEY,
+    /// then the user's properties; absent parts are skipped and the rest joined by `\x02`.
+    fn props_len(&self, i: usize) -> usize {
+        let mut len = 0;
+        let mut parts = 0;
+        for (name, value) in NAMED.iter().zip([self.keys, self.tags, self.uniq]) {
+            if let Some(v) = value.get(i) {
+                len += name.len() + 1 + v.len();
+                parts += 1;
+            }
+        }
+        if let Some(u) = self.user(i) {
+            len += u.len();
+            parts += 1;
+        }
+        len + parts.max(1) - 1
+    }
+
+    fn write_props(&self, i: usize, w: &mut Writer<'_>) {
+        let mut first = true;
+        for (name, value) in NAMED.iter().zip([self.keys, self.tags, self.uniq]) {
+            if let Some(v) = value.get(i) {
+                if !first {
+                    w.bytes(&[PROPERTY_SEPARATOR]);
+                }
+                first = false;
+                w.bytes(name);
+                w.bytes(&[NAME_VALUE_SEPARATOR]);
+                w.bytes(v);
+            }
+        }
+        if let Some(u) = self.user(i) {
+            if !first {
+                w.bytes(&[PROPERTY_SEPARATOR]);
+            }
+            w.bytes(u);
+        }
+    }
+
+    fn record_size(&self, i: usize, props_len: usize) -> usize {
+        let body = self.bodies.get(i).map_or(0, |b| b.len());
+        // Host fields are 8 bytes (IPv4 + port) or 20 (IPv6 + port); the fixed part counts 8.
+        layout::FIXED_SIZE_V4 + body + self.topic(i).len() + props_len + self.born_host(i).len() - 8
+            + self.store_host.len()
+            - 8
+    }
+}
+
+impl EncodeBatch {
+    fn view(&self) -> View<'_> {
+        View {
+            topics: self.topics.view(),
+            topic_codes: self.topic_codes.get(),
+            queue_ids: self.queue_ids.get(),
+            flags: self.flags.get(),
+            sys_flags: self.sys_flags.get(),
+            reconsume: self.reconsume.get(),
+            prep_tx: self.prep_tx.get(),
+            born_ts: self.born_ts.get(),
+            born_missing: self.born_missing.as_ref().map(|c| c.get()),
+            born_hosts: self.born_hosts.view(),
+            born_codes: self.born_codes.get(),
+            store_host: &self.store_host,
+            bodies: self.bodies.view(),
+            keys: self.keys.view(),
+            tags: self.tags.view(),
+            uniq: self.uniq.view(),
+            user_props: self.user_props.as_ref().map(|u| u.view()),
+        }
+    }
+}
+
+#[pymethods]
+impl EncodeBatch {
+    /// Borrow a validated batch's columns. Every per-row column has `n` rows; `topic_codes`
+    /// and `born_codes` index the `topics` and `born_hosts` tables. String columns are
+    /// `(data, offsets, validity)` triples (see `pipeline.native.strings`).
+    #[new]
+    #[pyo3(signature = (
+        *, n, topics, topic_codes, queue_ids, flags, sys_flags, reconsume, prep_tx, born_ts,
+        born_missing, born_hosts, born_codes, store_host, bodies, keys, tags, uniq, user_props
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        n: usize,
+        topics: &Bound<'_, PyAny>,
+        topic_codes: &Bound<'_, PyAny>,
+        queue_ids: &Bound<'_, PyAny>,
+        flags: &Bound<'_, PyAny>,
+        sys_flags: &Bound<'_, PyAny>,
+        reconsume: &Bound<'_, PyAny>,
+        prep_tx: &Bound<'_, PyAny>,
+        born_ts: &Bound<'_, PyAny>,
+        born_missing: &Bound<'_, PyAny>,
+        born_hosts: &Bound<'_, PyAny>,
+        born_codes: &Bound<'_, PyAny>,
+        store_host: Vec<u8>,
+        bodies: &Bound<'_, PyAny>,
+        keys: &Bound<'_, PyAny>,
+        tags: &Bound<'_, PyAny>,
+        uniq: &Bound<'_, PyAny>,
+        user_props: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let batch = EncodeBatch {
+            n,
+            topics: Strings::new(topics, "topics")?,
+            topic_codes: Col::new(topic_codes, "topic_codes")?,
+            queue_ids: Col::new(queue_ids, "queue_ids")?,
+            flags: Col::new(flags, "flags")?,
+            sys_flags: Col::new(sys_flags, "sys_flags")?,
+            reconsume: Col::new(reconsume, "reconsume")?,
+            prep_tx: Col::new(prep_tx, "prep_tx")?,
+            born_ts: Col::new(born_ts, "born_ts")?,
+            born_missing: if born_missing.is_none() {
+                None
+            } else {
+                Some(Bytes::new(born_missing, "born_missing")?)
+            },
+            born_hosts: Strings::new(born_hosts, "born_hosts")?,
+            born_codes: Col::new(born_codes, "born_codes")?,
+            store_host,
+            bodies: Strings::new(bodies, "bodies")?,
+            keys: Strings::new(keys, "keys")?,
+            tags: Strings::new(tags, "tags")?,
+            uniq: Strings::new(uniq, "uniq")?,
+            user_props: if user_props.is_none() {
+                None
+            } else {
+                Some(Strings::new(user_props, "user_props")?)
+            },
+        };
+        batch.check()?;
+        Ok(batch)
+    }
+
+    /// Fill `props_lens` and `sizes` (int64, `n` rows): each message's PROPERTIES length and
+    /// whole record size.
+    fn measure(
+        &self,
+        py: Python<'_>,
+        props_lens: &Bound<'_, PyAny>,
+        sizes: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let (pl, sz) = (
+            OutCol::<i64>::new(props_lens, "props_lens")?,
+            OutCol::<i64>::new(sizes, "sizes")?,
+        );
+        let (pl, sz) = (pl.get(), sz.get());
+        require_len("props_lens", pl.len(), self.n)?;
+        require_len("sizes", sz.len(), self.n)?;
+        let v = self.view();
+        py.detach(|| {
+            for i in 0..v.bodies.len() {
+                let p = v.props_len(i);
+                pl[i] = p as i64;
+                sz[i] = v.record_size(i, p) as i64;
+            }
+        });
+        Ok(())
+    }
+
+    /// Fill `out` (int64, `n` rows) with each message's ConsumeQueue tagsCode.
+    fn tags_codes(&self, py: Python<'_>, out: &Bound<'_, PyAny>) -> PyResult<()> {
+        let out = OutCol::<i64>::new(out, "tags_codes")?;
+        let out = out.get();
+        require_len("tags_codes", out.len(), self.n)?;
+        let tags = self.tags.view();
+        py.detach(|| {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = hash::tags_code(tags.get(i));
+            }
+        });
+        Ok(())
+    }
+
+    /// Index entries in RocketMQ's order (per message: UNIQ_KEY, then each KEYS token;
+    /// ROLLBACK transactions get none), as two native-endian arrays: the message row of each
+    /// entry (int64) and its key hash (int32).
+    fn index_keys<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+        let v = self.view();
+        let (rows, hashes) = py.detach(|| {
+            let mut rows = Vec::with_capacity(v.bodies.len() * 16);
+            let mut hashes = Vec::with_capacity(v.bodies.len() * 8);
+            for i in 0..v.bodies.len() {
+                if !layout::indexed(v.sys_flags[i]) {
+                    continue;
+                }
+                hash::for_each_index_key(v.topic(i), v.uniq.get(i), v.keys.get(i), |h| {
+                    push_i64(&mut rows, i as i64);
+                    push_i32(&mut hashes, h);
+                });
+            }
+            (rows, hashes)
+        });
+        Ok((PyBytes::new(py, &rows), PyBytes::new(py, &hashes)))
+    }
+
+    /// Write records `lo..hi` back to back into `dest` from byte `dest_pos` (a segment's
+    /// mapping). `phys`, `queue_offsets` and `sizes` are per-row int64 columns; the records
+    /// must be contiguous in the log (`phys[i + 1] == phys[i] + sizes[i]`). Rows whose
+    /// ``born_missing`` is set take ``store_ts`` as their born timestamp. Checks every bound
+    /// before writing anything.
+    #[allow(clippy::too_many_arguments)]
+    fn encode(
+        &self,
+        py: Python<'_>,
+        dest: &Bound<'_, PyAny>,
+        dest_pos: usize,
+        lo: usize,
+        hi: usize,
+        phys: &Bound<'_, PyAny>,
+        queue_offsets: &Bound<'_, PyAny>,
+        sizes: &Bound<'_, PyAny>,
+        store_ts: i64,
+    ) -> PyResult<()> {
+        let dest = OutBytes::new(dest, "dest")?;
+        let (phys, qo, sz) = (
+            Col::<i64>::new(phys, "phys")?,
+            Col::<i64>::new(queue_offsets, "queue_offsets")?,
+            Col::<i64>::new(sizes, "sizes")?,
+        );
+        let (phys, qo, sz) = (phys.get(), qo.get(), sz.get());
+        for (what, len) in [
+            ("phys", phys.len()),
+            ("queue_offsets", qo.len()),
+            ("sizes", sz.len()),
+        ] {
+            require_len(what, len, self.n)?;
+        }
+        if lo > hi || hi > self.n {
+            return Err(PyValueError::new_err(format!(
+                "rows {lo}..{hi} outside 0..{}",
+                self.n
+            )));
+        }
+        let out = dest.get();
+        let total: i64 = sz[lo..hi].iter().sum();
+        if dest_pos as u64 + total as u64 > out.len() as u64 {
+            return Err(PyValueError::new_err(format!(
+                "{total} bytes at {dest_pos} run past the segment's {} bytes",
+                out.len()
+            )));
+        }
+        for i in lo..hi.saturating_sub(1) {
+            if phys[i + 1] != phys[i] + sz[i] {
+                return Err(PyValueError::new_err(format!(
+                    "rows {i} and {}: records are not contiguous",
+                    i + 1
+                )));
+            }
+        }
+        let v = self.view();
+        let region = &mut out[dest_pos..dest_pos + total as usize];
+        py.detach(|| encode_run(&v, region, lo, hi, phys, qo, sz, store_ts))
+    }
+
+    fn __len__(&self) -> usize {
+        self.n
+    }
+}
+
+impl EncodeBatch {
+    fn check(&self) -> PyResult<()> {
+        let n = self.n;
+        let rows = [
+            ("topic_codes", self.topic_codes.get().len()),
+            ("queue_ids", self.queue_ids.get().len()),
+            ("flags", self.flags.get().len()),
+            ("sys_flags", self.sys_flags.get().len()),
+            ("reconsume", self.reconsume.get().len()),
+            ("prep_tx", self.prep_tx.get().len()),
+            ("born_ts", self.born_ts.get().len()),
+            ("born_codes", self.born_codes.get().len()),
+            ("bodies", self.bodies.view().len()),
+            ("keys", self.keys.view().len()),
+            ("tags", self.tags.view().len()),
+            ("uniq", self.uniq.view().len()),
+        ];
+        for (what, len) in rows {
+            require_len(what, len, n)?;
+        }
+        if let Some(m) = &self.born_missing {
+            require_len("born_missing", m.get().len(), n)?;
+        }
+        if let Some(u) = &self.user_props {
+            require_len("user_props", u.view().len(), n)?;
+        }
+        let tables = [
+            (
+                "topic_codes",
+                self.topic_codes.get(),
+                self.topics.view().len(),
+            ),
+            (
+                "born_codes",
+                self.born_codes.get(),
+                self.born_hosts.view().len(),
+            ),
+        ];
+        for (what, codes, len) in tables {
+            if codes.iter().any(|&c| c < 0 || c as usize >= len) {
+                return Err(PyValueError::new_err(format!(
+                    "{what}: a code outside 0..{len}"
+                )));
+            }
+        }
+        let hosts = self.born_hosts.view();
+        for k in 0..hosts.len() {
+            if !matches!(hosts.get(k).map(|h| h.len()), Some(8) | Some(20)) {
+                return Err(PyValueError::new_err(
+                    "born_hosts: each must be 8 or 20 bytes",
+                ));
+            }
+        }
+        if !matches!(self.store_host.len(), 8 | 20) {
+            return Err(PyValueError::new_err("store_host must be 8 or 20 bytes"));
+        }
+        let topics = self.topics.view();
+        for k in 0..topics.len() {
+            if !matches!(topics.get(k).map(|t| t.len()), Some(1..=127)) {
+                return Err(PyValueError::new_err("topics: each must be 1-127 bytes"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn encode_run(
+    v: &View<'_>,
+    region: &mut [u8],
+    lo: usize,
+    hi: usize,
+    phys: &[i64],
+    queue_offsets: &[i64],
+    sizes: &[i64],
+    store_ts: i64,
+) -> PyResult<()> {
+    let mut at = 0usize;
+    for i in lo..hi {
+        let size = sizes[i] as usize;
+        let props_len = v.props_len(i);
+        if v.record_size(i, props_len) != size || props_len > i16::MAX as usize {
+            return Err(PyValueError::new_err(format!(
+                "row {i}: size {size} does not match the record's fields"
+            )));
+        }
+        let body = v.bodies.get(i).unwrap_or(b"");
+        let topic = v.topic(i);
+        let born_ts = match v.born_missing {
+            Some(m) if m[i] != 0 => store_ts,
+            _ => v.born_ts[i],
+        };
+        let mut w = Writer {
+            buf: &mut region[at..at + size],
+            pos: 0,
+        };
+        w.i32(size as i32);
+        w.i32(MAGIC);
+        w.i32(hash::body_crc(body));
+        w.i32(v.queue_ids[i]);
+        w.i32(v.flags[i]);
+        w.i64(queue_offsets[i]);
+        w.i64(phys[i]);
+        w.i32(v.sys_flags[i]);
+        w.i64(born_ts);
+        w.bytes(v.born_host(i));
+        w.i64(store_ts);
+        w.bytes(v.store_host);
+        w.i32(v.reconsume[i]);
+        w.i64(v.prep_tx[i]);
+        w.i32(body.len() as i32);
+        w.bytes(body);
+        w.bytes(&[topic.len() as u8]);
+        w.bytes(topic);
+        w.i16(props_len as i16);
+        v.write_props(i, &mut w);
+        debug_assert_eq!(w.pos, size);
+        at += size;
+    }
+    Ok(())
+}
+
+/// BODYCRC of each body in `bodies` (a `(data, offsets, validity)` triple) into `out` (int32).
+#[pyfunction]
+pub fn body_crcs(
+    py: Python<'_>,
+    bodies: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let bodies = Strings::new(bodies, "bodies")?;
+    let out = OutCol::<i32>::new(out, "out")?;
+    let (b, o) = (bodies.view(), out.get());
+    require_len("out", o.len(), b.len())?;
+    py.detach(|| {
+        for (i, slot) in o.iter_mut().enumerate() {
+            *slot = hash::body_crc(b.get(i).unwrap_or(b""));
+        }
+    });
+    Ok(())
+}
+
+/// Java `String.hashCode` of each string (0 for null) into `out` (int32).
+#[pyfunction]
+pub fn java_hashes(
+    py: Python<'_>,
+    strings: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let strings = Strings::new(strings, "strings")?;
+    let out = OutCol::<i32>::new(out, "out")?;
+    let (s, o) = (strings.view(), out.get());
+    require_len("out", o.len(), s.len())?;
+    py.detach(|| {
+        for (i, slot) in o.iter_mut().enumerate() {
+            *slot = s.get(i).map_or(0, hash::java_hash);
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,84 @@
+//! Appending entries to an IndexFile's hash chains (layout in `pipeline/indexfile.py`).
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::buffers::{require_len, Col, OutBytes};
+use crate::layout::{be_i32, Writer};
+
+const SLOT_SIZE: usize = 4;
+const ENTRY_SIZE: usize = 20;
+
+/// RocketMQ's `IndexFile.putKey`, once per entry, in order: entry number `index_count + k`
+/// gets `hashes[k]`, `phys[k]`, its time difference to `begin_ts` in whole seconds, and the
+/// slot's previous head (0 if the head is out of range), and becomes the slot's head.
+///
+/// `slots` and `entries` are the file's slot table and entry area (big-endian, mapped).
+/// Returns how many slots went from empty to used. The caller keeps the header.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn index_put(
+    py: Python<'_>,
+    slots: &Bound<'_, PyAny>,
+    entries: &Bound<'_, PyAny>,
+    index_count: usize,
+    begin_ts: i64,
+    hashes: &Bound<'_, PyAny>,
+    phys: &Bound<'_, PyAny>,
+    times: &Bound<'_, PyAny>,
+) -> PyResult<usize> {
+    let (slots, entries) = (
+        OutBytes::new(slots, "slots")?,
+        OutBytes::new(entries, "entries")?,
+    );
+    let (h, p, t) = (
+        Col::<i32>::new(hashes, "hashes")?,
+        Col::<i64>::new(phys, "phys")?,
+        Col::<i64>::new(times, "times")?,
+    );
+    let (h, p, t) = (h.get(), p.get(), t.get());
+    require_len("phys", p.len(), h.len())?;
+    require_len("times", t.len(), h.len())?;
+    let (slots, entries) = (slots.get(), entries.get());
+    let slot_num = slots.len() / SLOT_SIZE;
+    if slot_num == 0 || (index_count + h.len()) * ENTRY_SIZE > entries.len() {
+        return Err(PyValueError::new_err(format!(
+            "{} entries from number {index_count} do not fit the index file",
+            h.len()
+        )));
+    }
+    if h.iter().any(|&k| k < 0) {
+        return Err(PyValueError::new_err(
+            "index key hashes must not be negative",
+        ));
+    }
+    Ok(py.detach(|| {
+        let mut count = index_count;
+        let mut new_slots = 0;
+        for k in 0..h.len() {
+            let slot = (h[k] as usize % slot_num) * SLOT_SIZE;
+            let mut prev = be_i32(slots, slot);
+            if prev <= 0 || prev as usize > count {
+                prev = 0;
+                new_slots += 1;
+            }
+            // Java's long division truncates toward zero; out-of-range differences clamp.
+            let diff = if begin_ts <= 0 {
+                0
+            } else {
+                ((t[k] - begin_ts) / 1000).clamp(0, i32::MAX as i64) as i32
+            };
+            let mut w = Writer {
+                buf: &mut entries[count * ENTRY_SIZE..],
+                pos: 0,
+            };
+            w.i32(h[k]);
+            w.i64(p[k]);
+            w.i32(diff);
+            w.i32(prev);
+            slots[slot..slot + SLOT_SIZE].copy_from_slice(&(count as i32).to_be_bytes());
+            count += 1;
+        }
+        new_slots
+    }))
+}

@@ -1,0 +1,27 @@
+//! rocketstore's native core: the per-message work of the store, exposed to Python as
+//! `pipeline._native`.
+//!
+//! Python keeps the orchestration (files, placement, recovery decisions, Spark); every loop
+//! over messages lives here and runs with the GIL released. Inputs arrive as buffers borrowed
+//! from numpy, Arrow or a segment's mapping (see [`buffers`]); nothing is copied on the way
+//! in. Bad arguments raise `ValueError`; a panic surfaces as PyO3's `PanicException`, which
+//! the Python wrappers in `pipeline/native.py` turn into the store's own errors.
+
+mod buffers;
+mod encode;
+mod hash;
+mod index;
+mod layout;
+mod scan;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<encode::EncodeBatch>()?;
+    m.add_function(wrap_pyfunction!(encode::body_crcs, m)?)?;
+    m.add_function(wrap_pyfunction!(encode::java_hashes, m)?)?;
+    m.add_function(wrap_pyfunction!(index::index_put, m)?)?;
+    m.add_function(wrap_pyfunction!(scan::walk, m)?)?;
+    Ok(())
+}
