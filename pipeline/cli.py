@@ -253,7 +253,9 @@ def cmd_query_msgid(args: argparse.Namespace) -> int:
 
 def cmd_recover(args: argparse.Namespace) -> int:
     """Open the store for writing (which runs recovery), print the report, close it cleanly."""
-    with MessageStore(args.store, StoreConfig.load(args.config), create=False) as store:
+    with MessageStore(
+        args.store, StoreConfig.load(args.config), create=False, full_check=True
+    ) as store:
         report = store.recovery.to_json()
     if args.json:
         _emit(report)

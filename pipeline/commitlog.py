@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from pipeline import record
+from pipeline import native, record
 from pipeline.errors import CorruptRecordError, OffsetOutOfRangeError, StoreError
 from pipeline.mapped_file import MappedFile
 from pipeline.segments import SegmentQueue
@@ -102,41 +102,41 @@ class CommitLog:
         return phys, blanks
 
     # -- writing ----------------------------------------------------------------------------
+    def prepare_segments(self, start: int, end: int) -> None:
+        """Create every segment a write of ``[start, end)`` needs before any byte is written
+        (the segment holding ``start`` included, when it is the next one)."""
+        if not self.segments.files:
+            self.segments.segment_for_write(start)
+        self.segments.prepare(end)
+
     def write(self, phys: int, data: bytes | bytearray | memoryview) -> None:
-        """Write encoded records that start at ``phys`` and lie in one segment."""
+        """Write bytes already encoded (records that start at ``phys``, in one segment)."""
         mf = self.segments.segment_for_write(phys)
         rel = phys - mf.base
         if rel + len(data) > mf.size:
             raise StoreError(f"{mf.path}: {len(data)} bytes at {rel} cross the segment end")
         mf.write_at(rel, data)
 
-    def write_frames(
+    def write_encoded(
         self,
-        phys: int,
-        frames: memoryview,
-        frame_offsets: list[int],
-        bodies: memoryview,
-        body_offsets: list[int],
+        encoder: native.EncodeBatch,
+        lo: int,
+        hi: int,
+        phys: npt.NDArray[np.int64],
+        queue_offsets: npt.NDArray[np.int64],
+        sizes: npt.NDArray[np.int64],
+        store_ts: int,
     ) -> None:
-        """Write records given as frames around bodies (see :func:`encode.encode_frames`):
-        frame 0, body 0, frame 1, ..., frame n, straight into the segment with one copy each."""
-        total = (frame_offsets[-1] - frame_offsets[0]) + (body_offsets[-1] - body_offsets[0])
-        mf = self.segments.segment_for_write(phys)
-        rel = phys - mf.base
-        if rel + total > mf.size:
-            raise StoreError(f"{mf.path}: {total} bytes at {rel} cross the segment end")
-        out = mf.buffer
-        pos = rel
-        for i in range(len(body_offsets) - 1):
-            a, z = frame_offsets[i], frame_offsets[i + 1]
-            out[pos : pos + z - a] = frames[a:z]
-            pos += z - a
-            a, z = body_offsets[i], body_offsets[i + 1]
-            out[pos : pos + z - a] = bodies[a:z]
-            pos += z - a
-        a, z = frame_offsets[-2], frame_offsets[-1]
-        out[pos : pos + z - a] = frames[a:z]
-        mf.wrote_position = max(mf.wrote_position, rel + total)
+        """Encode records ``lo:hi`` of a prepared batch straight into the segment that holds
+        ``phys[lo]``; they must lie in that one segment, back to back."""
+        start = int(phys[lo])
+        mf = self.segments.segment_for_write(start)
+        rel = start - mf.base
+        end = rel + int(phys[hi - 1] + sizes[hi - 1]) - start
+        if end > mf.size:
+            raise StoreError(f"{mf.path}: records {lo}..{hi} at {rel} cross the segment end")
+        encoder.encode(mf.buffer, rel, lo, hi, phys, queue_offsets, sizes, store_ts)
+        mf.wrote_position = max(mf.wrote_position, end)
 
     def write_blank(self, phys: int) -> None:
         mf = self.segments.segment_for_write(phys)
@@ -227,25 +227,19 @@ class CommitLog:
             return -1
         return record.store_timestamp_at(mf.buffer, rel)
 
-    def scan(self, start: int, *, check_crc: bool) -> Iterator[tuple[int, record.ScannedRecord]]:
-        """(physical offset, scanned fields) of each record from ``start`` to the first invalid
-        one; see :meth:`walk`."""
+    def walks(self, start: int, *, check_crc: bool) -> Iterator[native.Walk]:
+        """The native record walk (:func:`pipeline.native.walk`) of each segment from ``start``
+        (a record boundary) to the first invalid record: one :class:`~pipeline.native.Walk` per
+        segment. A blank, or a record that ends exactly at the segment's end, moves on to the
+        next segment; anything else ends the walk, and the last walk's ``end`` is where."""
         for mf in self.segments.segments_from(start):
             rel = max(0, start - mf.base)
-            buf = mf.buffer
-            limit = mf.size
-            while rel + 8 <= limit:
-                size, magic = record.SIZE_MAGIC.unpack_from(buf, rel)
-                if magic == record.BLANK_MAGIC and size == limit - rel:
-                    break
-                scanned = record.scan_record(buf, rel, limit, mf.base + rel, check_crc=check_crc)
-                if scanned is None:
-                    return
-                yield mf.base + rel, scanned
-                rel += size
-            else:
-                if rel != limit:
-                    return
+            w = native.walk(mf.buffer, rel, mf.size, mf.base, check_crc=check_crc)
+            yield w
+            if w.stop == native.STOP_INVALID or (
+                w.stop == native.STOP_END and w.end != mf.base + mf.size
+            ):
+                return
 
     def walk(self, start: int, *, check_crc: bool) -> Iterator[tuple[int, int]]:
         """(physical offset, size) of each record from ``start`` to the first invalid one.
@@ -254,5 +248,5 @@ class CommitLog:
         bad size or a CRC mismatch: this is the scan recovery uses to find the end of the log.
         The caller learns where it stopped from the last yielded record.
         """
-        for phys, scanned in self.scan(start, check_crc=check_crc):
-            yield phys, scanned[0]
+        for w in self.walks(start, check_crc=check_crc):
+            yield from zip(w.phys.tolist(), w.sizes.tolist(), strict=True)

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from pipeline import failpoints
 from pipeline.config import CQ_UNIT_SIZE
 from pipeline.errors import OffsetOutOfRangeError, StoreError
 from pipeline.segments import SegmentQueue
@@ -227,6 +228,7 @@ class ConsumeQueue:
         skips them; a gap (``start > max_offset``) in a non-empty queue is refused, because a
         consumer would read holes as the end of the queue.
         """
+        failpoints.hit("consumequeue-append")
         have = self.max_offset
         if start < have:
             skip = have - start

@@ -2,8 +2,8 @@
 
 A :class:`DispatchBatch` describes a run of records column by column. It comes either straight
 from a batch put (:func:`from_prepared`, which already has every column) or from the CommitLog
-bytes (:func:`from_commitlog`, used on open and after a crash, resuming at any record
-boundary). Both feed :func:`apply`, so what a put dispatches is exactly what a rebuild from the
+bytes through the native record walk (:func:`from_walks`, :func:`from_commitlog`, used on open
+and after a crash, resuming at any record boundary). Both feed :func:`apply`, so what a put dispatches is exactly what a rebuild from the
 log would produce.
 
 Rules (RocketMQ's): PREPARED and ROLLBACK transaction records get no ConsumeQueue unit;
@@ -16,19 +16,18 @@ Thread-safety: none; runs on the store's writer.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
 
-from pipeline import record
+from pipeline import native, record
 from pipeline.commitlog import CommitLog
 from pipeline.consumequeue import ConsumeQueue, make_units
-from pipeline.encode import PreparedBatch, index_keys
+from pipeline.encode import PreparedBatch
 from pipeline.errors import CorruptRecordError
 from pipeline.index_service import IndexService
-from pipeline.javahash import java_hash_array
 
 
 @dataclasses.dataclass
@@ -47,6 +46,27 @@ class DispatchBatch:
 
     def __len__(self) -> int:
         return len(self.phys)
+
+    def select(self, rows: npt.NDArray[np.bool_]) -> DispatchBatch:
+        """The batch's records where ``rows`` is set (a prefix, as used here), with their
+        index entries."""
+        keep = np.flatnonzero(rows)
+        renumber = np.full(len(self.phys), -1, dtype=np.int64)
+        renumber[keep] = np.arange(len(keep))
+        entries = rows[self.key_rows]
+        return DispatchBatch(
+            phys=self.phys[keep],
+            sizes=self.sizes[keep],
+            topics=self.topics,
+            topic_codes=self.topic_codes[keep],
+            queue_ids=self.queue_ids[keep],
+            queue_offsets=self.queue_offsets[keep],
+            tags_codes=self.tags_codes[keep],
+            sys_flags=self.sys_flags[keep],
+            store_ts=self.store_ts[keep],
+            key_rows=renumber[self.key_rows[entries]],
+            key_hashes=self.key_hashes[entries],
+        )
 
     @property
     def end(self) -> int:
@@ -75,75 +95,69 @@ def from_prepared(
     )
 
 
+def from_walks(walks: Iterable[native.Walk]) -> DispatchBatch:
+    """A dispatch batch from native record walks (see :meth:`CommitLog.walks`), in order."""
+    parts = [w for w in walks if len(w)]
+    if not parts:
+        return DispatchBatch(
+            *(np.zeros(0, np.int64),) * 2,
+            [],
+            np.zeros(0, np.int32),
+            np.zeros(0, np.int32),
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int32),
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int32),
+        )
+    topics: dict[str, int] = {}
+    codes = []
+    key_rows = []
+    first_row = 0
+    for w in parts:
+        remap = np.array([topics.setdefault(t, len(topics)) for t in w.topics], dtype=np.int32)
+        codes.append(remap[w.topic_codes])
+        key_rows.append(w.key_rows + first_row)
+        first_row += len(w)
+
+    def cat(name: str) -> Any:
+        return np.concatenate([getattr(w, name) for w in parts])
+
+    return DispatchBatch(
+        phys=cat("phys"),
+        sizes=cat("sizes"),
+        topics=list(topics),
+        topic_codes=np.concatenate(codes),
+        queue_ids=cat("queue_ids"),
+        queue_offsets=cat("queue_offsets"),
+        tags_codes=cat("tags_codes"),
+        sys_flags=cat("sys_flags"),
+        store_ts=cat("store_ts"),
+        key_rows=np.concatenate(key_rows),
+        key_hashes=cat("key_hashes"),
+    )
+
+
 def from_commitlog(
     log: CommitLog, start: int, end: int, *, check_crc: bool = False
 ) -> DispatchBatch:
     """Parse the records in ``[start, end)``; ``start`` must be a record boundary and ``end``
     where a recovery scan stopped (records are not CRC-checked again unless asked)."""
-    scanned: list[tuple[int, record.ScannedRecord]] = []
-    for phys, fields in log.scan(start, check_crc=check_crc):
-        if phys >= end:
+    walks = []
+    for w in log.walks(start, check_crc=check_crc):
+        walks.append(w)
+        if w.end >= end:
             break
-        scanned.append((phys, fields))
-    last = scanned[-1][0] + scanned[-1][1][0] if scanned else start
+    batch = from_walks(walks)
+    keep = batch.phys < end
+    if not keep.all():
+        batch = batch.select(keep)
+    last = batch.end if len(batch) else start
     if last < end:
         mf = log.segments.find(last)
         raise CorruptRecordError(str(mf.path), last, "not a valid record inside the recovered log")
-    return from_scanned(scanned)
-
-
-def from_scanned(scanned: list[tuple[int, record.ScannedRecord]]) -> DispatchBatch:
-    """A dispatch batch from records already scanned (by recovery's walk)."""
-    topics: dict[bytes, int] = {}
-    codes: list[int] = []
-    tags: list[str | None] = []
-    keys: list[str | None] = []
-    uniq: list[str | None] = []
-    keys_name, tags_name, uniq_name = (
-        record.PROPERTY_KEYS.encode(),
-        record.PROPERTY_TAGS.encode(),
-        record.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode(),
-    )
-    for _, (_, _, _, _, _, topic, props) in scanned:
-        tag = key = uq = None
-        for item in props.split(b"\x02"):
-            name, sep, value = item.partition(b"\x01")
-            if sep and value:
-                if name == tags_name:
-                    tag = value.decode("utf-8", "replace")
-                elif name == keys_name:
-                    key = value.decode("utf-8", "replace")
-                elif name == uniq_name:
-                    uq = value.decode("utf-8", "replace")
-        codes.append(topics.setdefault(topic, len(topics)))
-        tags.append(tag)
-        keys.append(key)
-        uniq.append(uq)
-    n = len(scanned)
-    columns = np.array([fields[:5] for _, fields in scanned], dtype=np.int64).reshape(n, 5)
-    topic_list = [t.decode("utf-8", "replace") for t in topics]
-    topic_codes = np.array(codes, dtype=np.int32)
-    sys_flags = columns[:, 3].astype(np.int32)
-    key_rows, key_hashes = index_keys(
-        topic_list,
-        topic_codes,
-        pa.array(uniq, pa.string()),
-        pa.array(keys, pa.string()),
-        sys_flags,
-    )
-    return DispatchBatch(
-        phys=np.array([p for p, _ in scanned], dtype=np.int64),
-        sizes=columns[:, 0].copy(),
-        topics=topic_list,
-        topic_codes=topic_codes,
-        queue_ids=columns[:, 1].astype(np.int32),
-        queue_offsets=columns[:, 2].copy(),
-        tags_codes=java_hash_array(pa.array(tags, pa.string())).astype(np.int64),
-        sys_flags=sys_flags,
-        store_ts=columns[:, 4].copy(),
-        key_rows=key_rows,
-        key_hashes=key_hashes,
-    )
+    return batch
 
 
 def group_rows(

@@ -1,10 +1,10 @@
-"""Vectorised batch encoding: an Arrow batch of messages -> validated columns -> record bytes.
+"""Batch preparation: an Arrow batch of messages -> validated columns -> the native encoder.
 
-:func:`prepare` validates a whole batch before anything is written (all or nothing) and derives
-every per-message value the CommitLog, ConsumeQueue and IndexFile need: encoded properties,
-record sizes, tag hashes and index key hashes. :func:`encode_records` then builds the bytes of a
-run of records with Arrow's element-wise binary join over fixed-width numpy headers, so the only
-per-message Python work in a batch put is the body CRC.
+:func:`prepare` validates a whole batch before anything is written (all or nothing, whole-column
+checks with numpy and Arrow) and hands the columns to :class:`pipeline.native.EncodeBatch`,
+which derives every per-message value the CommitLog, ConsumeQueue and IndexFile need (PROPERTIES
+lengths, record sizes, tag hashes, index key hashes) and later writes the records straight into
+the mapped segment. The readable reference for one record is :func:`pipeline.record.encode_record`.
 
 Pure functions; thread-safe.
 """
@@ -12,13 +12,11 @@ Pure functions; thread-safe.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
 import random
 import re
 import socket
 import time
-import zlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,17 +24,10 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import record
+from pipeline import native, record
 from pipeline.config import StoreConfig
 from pipeline.errors import InvalidMessageError, MessageTooLargeError
-from pipeline.javahash import (
-    abs_index_hash,
-    binary_offsets,
-    combine_prefix,
-    java_hash,
-    java_hash_array,
-    utf16_lengths,
-)
+from pipeline.javahash import binary_offsets
 from pipeline.message import COLUMNS, Message, messages_to_table
 
 TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
@@ -47,50 +38,29 @@ RESERVED_PROPERTIES = (
 )
 # Compute functions are given Arrow scalars, never Python literals: converting a literal costs
 # a failed optional import inside pyarrow on every call, which dominated small puts.
-_EMPTY = pa.scalar(b"", pa.binary())
 _EMPTY_STR = pa.scalar("", pa.string())
 _NULL_STR = pa.scalar(None, pa.string())
 _NAME_SEP = pa.scalar("\x01", pa.string())
 _PROP_SEP = pa.scalar("\x02", pa.string())
 
 
-def _mid_dtype(store_host_len: int) -> np.dtype:
-    return np.dtype(
-        [
-            ("store_ts", ">i8"),
-            ("store_host", f"S{store_host_len}"),
-            ("reconsume", ">i4"),
-            ("prep_tx", ">i8"),
-            ("body_len", ">i4"),
-        ]
-    )
-
-
 @dataclasses.dataclass
 class PreparedBatch:
-    """A validated batch, column by column (numpy arrays of length ``n`` unless noted)."""
+    """A validated batch, column by column (numpy arrays of length ``n`` unless noted), and the
+    native encoder that borrows its columns."""
 
     n: int
     topics: list[str]  # distinct topics
     topic_codes: npt.NDArray[np.int32]
     queue_ids: npt.NDArray[np.int32]
-    bodies: pa.BinaryArray
-    body_lens: npt.NDArray[np.int64]
-    flags: npt.NDArray[np.int32]
     sys_flags: npt.NDArray[np.int32]  # with the host v6 bits set
-    reconsume: npt.NDArray[np.int32]
-    prep_tx: npt.NDArray[np.int64]
-    born_ts: npt.NDArray[np.int64]
-    born_ts_missing: npt.NDArray[np.bool_] | None  # rows that take the store timestamp
-    born_codes: npt.NDArray[np.int32]
-    born_hosts: list[bytes]  # distinct BORNHOST field bytes (address + port)
-    props_pieces: list[pa.Array | pa.Scalar]  # joined element-wise, they give PROPERTIES
     props_lens: npt.NDArray[np.int64]
     tags_codes: npt.NDArray[np.int64]
     uniq_keys: pa.StringArray
     key_rows: npt.NDArray[np.int64]  # per index entry: the message it belongs to
     key_hashes: npt.NDArray[np.int32]  # per index entry: abs hash of "topic#key"
     sizes: npt.NDArray[np.int64]
+    encoder: native.EncodeBatch
 
     @property
     def transaction_types(self) -> npt.NDArray[np.int32]:
@@ -331,23 +301,42 @@ def prepare(
         filled[~missing_uniq] = uniq_keys.filter(pa.array(~missing_uniq)).to_pylist()
         filled[missing_uniq] = fresh.to_pylist()
         uniq_keys = pa.array(filled, pa.string()) if not missing_uniq.all() else fresh
-    props_pieces, props_lens = _props_pieces(keys_str, tags, uniq_keys, user_props)
+    for values, what in ((keys_str, "keys"), (tags, "tags"), (uniq_keys, "uniqKey")):
+        _check_separators(values, what)
+    user_part = None
+    if user_props is not None and user_props.null_count < n:
+        # Each pair ends with \x02 here; the record carries none after the last.
+        pairs = _encode_user_props(user_props).view(pa.binary())
+        user_part = pc.binary_slice(pairs, 0, -1) if len(pairs) else pairs
+    encoder = native.EncodeBatch(
+        n=n,
+        topics=native.table_of([t.encode("utf-8") for t in topics]),
+        topic_codes=np.ascontiguousarray(topic_codes, dtype=np.int32),
+        queue_ids=queue_ids.astype(np.int32),
+        flags=flags.astype(np.int32),
+        sys_flags=sys_flags,
+        reconsume=reconsume.astype(np.int32),
+        prep_tx=prep_tx,
+        born_ts=born_ts,
+        born_missing=None if born_ts_missing is None else born_ts_missing.view(np.uint8),
+        born_hosts=native.table_of(born_hosts),
+        born_codes=np.ascontiguousarray(born_codes, dtype=np.int32),
+        store_host=store_field,
+        bodies=native.strings(body_col),
+        keys=native.strings(keys_str),
+        tags=native.strings(tags),
+        uniq=native.strings(uniq_keys),
+        user_props=None if user_part is None else native.strings(user_part),
+    )
+    props_lens = np.empty(n, dtype=np.int64)
+    sizes = np.empty(n, dtype=np.int64)
+    encoder.measure(props_lens, sizes)
     _fail(
         InvalidMessageError,
         "properties",
         props_lens > record.MAX_PROPERTIES_LENGTH,
         f"encoded properties longer than {record.MAX_PROPERTIES_LENGTH} bytes",
     )
-
-    topic_lens = np.array([len(t.encode("utf-8")) for t in topics], dtype=np.int64)[topic_codes]
-    sizes = (
-        record.FIXED_SIZE_V4
-        + body_lens
-        + topic_lens
-        + props_lens
-        + np.where(born_v6, record.HOST_EXTRA_V6, 0)
-        + (record.HOST_EXTRA_V6 if store_v6 else 0)
-    ).astype(np.int64)
     limit = config.mapped_file_size_commitlog - record.BLANK_SIZE
     _fail(
         MessageTooLargeError,
@@ -355,32 +344,22 @@ def prepare(
         sizes > limit,
         f"record larger than a CommitLog segment can hold ({limit} bytes)",
     )
-
-    tags_codes = java_hash_array(tags).astype(np.int64)
+    tags_codes = np.empty(n, dtype=np.int64)
+    encoder.tags_codes(tags_codes)
     key_rows, key_hashes = index_keys(topics, topic_codes, uniq_keys, keys_str, sys_flags)
-
     return PreparedBatch(
         n=n,
         topics=topics,
         topic_codes=topic_codes,
         queue_ids=queue_ids.astype(np.int32),
-        bodies=body_col,
-        body_lens=body_lens,
-        flags=flags.astype(np.int32),
         sys_flags=sys_flags,
-        reconsume=reconsume.astype(np.int32),
-        prep_tx=prep_tx,
-        born_ts=born_ts,
-        born_ts_missing=born_ts_missing,
-        born_codes=born_codes,
-        born_hosts=born_hosts,
-        props_pieces=props_pieces,
         props_lens=props_lens,
         tags_codes=tags_codes,
         uniq_keys=uniq_keys,
         key_rows=key_rows,
         key_hashes=key_hashes,
         sizes=sizes,
+        encoder=encoder,
     )
 
 
@@ -494,81 +473,6 @@ def _check_separators(values: pa.Array, what: str) -> None:
     )
 
 
-def _props_pieces(
-    keys: pa.StringArray, tags: pa.StringArray, uniq: pa.StringArray, user: pa.Array | None
-) -> tuple[list[pa.Array | pa.Scalar], npt.NDArray[np.int64]]:
-    """The PROPERTIES field of every message (KEYS, TAGS, UNIQ_KEY, then user properties) as
-    pieces to join element-wise, and each message's field length.
-
-    When every part is present in all rows or in none (the usual case), the field is literal
-    names and separators around the value columns, so it is never built on its own: the
-    pieces go straight into the record join. Otherwise it is built per row here.
-    """
-    named = [
-        (record.PROPERTY_KEYS, keys, "keys"),
-        (record.PROPERTY_TAGS, tags, "tags"),
-        (record.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq, "uniqKey"),
-    ]
-    for _, values, what in named:
-        _check_separators(values, what)
-    n = len(keys)
-    user_part = None
-    if user is not None and user.null_count < len(user):
-        user_part = _encode_user_props(user)
-    parts: list[tuple[str, pa.Array]] = [
-        (f"{name}\x01", values.view(pa.binary())) for name, values, _ in named
-    ]
-    uniform = all(v.null_count in (0, n) for _, v in parts) and (
-        user_part is None or user_part.null_count == 0
-    )
-    if uniform:
-        pieces: list[pa.Array | pa.Scalar] = []
-        lens = np.zeros(n, dtype=np.int64)
-        literal = b""
-        for prefix, values in parts:
-            if values.null_count == n:
-                continue
-            literal += (b"\x02" if pieces or literal else b"") + prefix.encode()
-            pieces.append(pa.scalar(literal, pa.binary()))
-            lens += len(literal) + np.diff(binary_offsets(values))
-            pieces.append(values)
-            literal = b""
-        if user_part is not None:
-            # user_part ends with \x02 per pair; rows with no user properties are empty.
-            up = user_part.view(pa.binary())
-            up_lens = np.diff(binary_offsets(up))
-            if pieces and np.all(up_lens > 0):
-                pieces.append(pa.scalar(b"\x02", pa.binary()))
-                lens += 1
-            if np.all(up_lens > 0) or not pieces:
-                pieces.append(pc.binary_slice(up, 0, -1) if len(up) else up)
-                lens += np.maximum(up_lens - 1, 0)
-            else:
-                uniform = False
-        if uniform:
-            return pieces, lens
-
-    # General case: some rows lack a part; build each row's field.
-    def part(prefix: str, values: pa.Array) -> pa.Array:
-        return pc.fill_null(
-            pc.binary_join_element_wise(
-                pa.scalar(prefix.encode(), pa.binary()),
-                values,
-                pa.scalar(b"\x02", pa.binary()),
-                pa.scalar(b"", pa.binary()),
-            ),
-            pa.scalar(b"", pa.binary()),
-        )
-
-    joined_parts = [part(prefix, values) for prefix, values in parts]
-    if user_part is not None:
-        joined_parts.append(pc.fill_null(user_part.view(pa.binary()), pa.scalar(b"", pa.binary())))
-    joined = pc.binary_join_element_wise(*joined_parts, pa.scalar(b"", pa.binary()))
-    # Every present part ends with \x02; RocketMQ writes no trailing separator.
-    props = pc.binary_slice(joined, 0, -1) if len(joined) else joined
-    return [props], np.diff(binary_offsets(props))
-
-
 def _encode_user_props(user: pa.Array) -> pa.Array:
     user = _unsliced(user)
     n = len(user)
@@ -639,172 +543,11 @@ def index_keys(
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
     """Index entries in RocketMQ's order: UNIQ_KEY, then each KEYS token, per message;
     ROLLBACK transactions get none. Returns (message row, key hash) per entry."""
-    prefix_by_topic = np.array([java_hash(f"{t}#") for t in topics], dtype=np.int64)
-
-    def hashed(rows: npt.NDArray[np.int64], strings: pa.Array) -> npt.NDArray[np.int32]:
-        if not len(rows):
-            return np.zeros(0, dtype=np.int32)
-        combined = combine_prefix(
-            prefix_by_topic[topic_codes[rows]], java_hash_array(strings), utf16_lengths(strings)
-        )
-        return abs_index_hash(combined)
-
-    uniq_valid = ~uniq.is_null().to_numpy(zero_copy_only=False)
-    uniq_rows = np.flatnonzero(uniq_valid)
-    uniq_hash = hashed(uniq_rows, uniq if uniq_valid.all() else uniq.filter(pa.array(uniq_valid)))
-    if keys.null_count == len(keys):
-        rows, hashes = uniq_rows, uniq_hash
-    else:
-        tokens = pc.split_pattern(keys, " ")
-        flat = pc.list_flatten(tokens)
-        parents = pc.list_parent_indices(tokens).to_numpy(zero_copy_only=False).astype(np.int64)
-        nonempty = np.diff(binary_offsets(flat)) > 0
-        if not nonempty.all():
-            flat = flat.filter(pa.array(nonempty))
-            parents = parents[nonempty]
-        key_hash = hashed(parents, flat)
-        if len(parents) == len(uniq_rows) == len(keys) and np.array_equal(parents, uniq_rows):
-            # One key per message, all with a UNIQ_KEY: entries simply alternate.
-            rows = np.repeat(uniq_rows, 2)
-            hashes = np.empty(2 * len(uniq_rows), dtype=np.int32)
-            hashes[0::2] = uniq_hash
-            hashes[1::2] = key_hash
-        else:
-            rows = np.concatenate((uniq_rows, parents))
-            hashes = np.concatenate((uniq_hash, key_hash))
-            # Stable by message keeps UNIQ_KEY first, then KEYS tokens in their order.
-            order = np.argsort(rows, kind="stable")
-            rows, hashes = rows[order], hashes[order]
-    keep = (sys_flags[rows] & record.TRANSACTION_MASK) != record.TRANSACTION_ROLLBACK_TYPE
-    if not keep.all():
-        rows, hashes = rows[keep], hashes[keep]
-    return rows, hashes
-
-
-# -- encoding --------------------------------------------------------------------------------
-
-
-def _fixed(arr: npt.NDArray[np.void]) -> pa.BinaryArray:
-    n = len(arr)
-    offsets = np.arange(n + 1, dtype=np.int32) * arr.dtype.itemsize
-    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(arr)])
-
-
-# Bodies at least this long on average are written around the record join (see
-# encode_frames): copying them once more into the joined buffer would cost more than the
-# per-record Python work of placing them separately.
-LARGE_BODY = 1024
-
-
-def body_crcs(bodies: pa.BinaryArray) -> npt.NDArray[np.int32]:
-    """BODYCRC of every body. The one per-message Python loop of a batch put."""
-    crc = zlib.crc32
-    n = len(bodies)
-    offsets = binary_offsets(bodies)
-    if n and (offsets[-1] - offsets[0]) >= LARGE_BODY * n:
-        # Large bodies: CRC them in place through views rather than copying each into bytes.
-        view = memoryview(bodies.buffers()[2]).cast("B")
-        bounds = offsets.tolist()
-        values = np.fromiter(
-            (crc(view[a:b]) for a, b in itertools.pairwise(bounds)),
-            dtype=np.int64,
-            count=n,
-        )
-    else:
-        values = np.fromiter(map(crc, bodies.to_pylist()), dtype=np.int64, count=n)
-    return (values & 0x7FFFFFFF).astype(np.int32)
-
-
-def uses_frames(b: PreparedBatch) -> bool:
-    """Whether the batch's bodies are large enough to be placed by :func:`encode_frames`."""
-    return b.n > 0 and int(b.body_lens.sum()) >= LARGE_BODY * b.n
-
-
-@dataclasses.dataclass(frozen=True)
-class Placement:
-    """Where and when a batch's records go: what encoding needs beyond the batch itself."""
-
-    phys: npt.NDArray[np.int64]
-    queue_offsets: npt.NDArray[np.int64]
-    store_ts: int
-    crcs: npt.NDArray[np.int32]
-    store_host: bytes
-
-
-def _record_parts(
-    b: PreparedBatch, lo: int, hi: int, where: Placement
-) -> tuple[list[pa.Array | pa.Scalar], list[pa.Array | pa.Scalar]]:
-    """The pieces of records ``lo:hi`` before the body and after it, for an element-wise join."""
-    n = hi - lo
-    head = np.empty(n, dtype=record.HEAD_DTYPE)
-    head["size"] = b.sizes[lo:hi]
-    head["magic"] = record.MAGIC
-    head["crc"] = where.crcs[lo:hi]
-    head["queue_id"] = b.queue_ids[lo:hi]
-    head["flag"] = b.flags[lo:hi]
-    head["queue_offset"] = where.queue_offsets[lo:hi]
-    head["phys"] = where.phys[lo:hi]
-    head["sys_flag"] = b.sys_flags[lo:hi]
-    if b.born_ts_missing is None:  # no bornTimestamp column: born when stored
-        head["born_ts"] = where.store_ts
-    else:
-        head["born_ts"] = np.where(b.born_ts_missing[lo:hi], where.store_ts, b.born_ts[lo:hi])
-    mid = np.empty(n, dtype=_mid_dtype(len(where.store_host)))
-    mid["store_ts"] = where.store_ts
-    mid["store_host"] = where.store_host
-    mid["reconsume"] = b.reconsume[lo:hi]
-    mid["prep_tx"] = b.prep_tx[lo:hi]
-    mid["body_len"] = b.body_lens[lo:hi]
-    codes = pa.array(b.born_codes[lo:hi])
-    born_hosts = pa.array(b.born_hosts, pa.binary()).take(codes)
-    topic_pieces = pa.array(
-        [bytes((len(t.encode("utf-8")),)) + t.encode("utf-8") for t in b.topics], pa.binary()
-    ).take(pa.array(b.topic_codes[lo:hi]))
-    plen = np.empty(n, dtype=">i2")
-    plen[:] = b.props_lens[lo:hi]
-    before: list[pa.Array | pa.Scalar] = [_fixed(head), born_hosts, _fixed(mid)]
-    after: list[pa.Array | pa.Scalar] = [
-        topic_pieces,
-        _fixed(plen.view(np.dtype([("len", ">i2")]))),
-        *(p.slice(lo, n) if isinstance(p, pa.Array) else p for p in b.props_pieces),
-    ]
-    return before, after
-
-
-def _values(arr: pa.Array) -> tuple[pa.Buffer, npt.NDArray[np.int64]]:
-    offsets = binary_offsets(arr)
-    return arr.buffers()[2], offsets
-
-
-def encode_records(
-    b: PreparedBatch,
-    lo: int,
-    hi: int,
-    where: Placement,
-) -> tuple[pa.Buffer, npt.NDArray[np.int64]]:
-    """The bytes of records ``lo:hi``, back to back (they must be contiguous in the log), and
-    each record's start in them (``n + 1`` offsets, relative to the joined array)."""
-    before, after = _record_parts(b, lo, hi, where)
-    joined = pc.binary_join_element_wise(*before, b.bodies.slice(lo, hi - lo), *after, _EMPTY)
-    data, start = _values(joined)
-    return data.slice(int(start[0]), int(start[-1] - start[0])), start
-
-
-def encode_frames(
-    b: PreparedBatch,
-    lo: int,
-    hi: int,
-    where: Placement,
-) -> tuple[pa.Buffer, npt.NDArray[np.int64]]:
-    """Records ``lo:hi`` without their bodies: ``n + 1`` frames, where frame ``i`` is what lies
-    between body ``i - 1`` and body ``i`` (the end of one record and the start of the next).
-    Returns the frames' bytes and their ``n + 2`` offsets into them. Writing frame 0, body 0,
-    frame 1, body 1, ... frame n gives exactly :func:`encode_records`' bytes."""
-    before, after = _record_parts(b, lo, hi, where)
-    pre = pc.binary_join_element_wise(*before, _EMPTY)
-    post = pc.binary_join_element_wise(*after, _EMPTY)
-    empty = pa.array([b""], pa.binary())
-    frames = pc.binary_join_element_wise(
-        pa.concat_arrays([empty, post]), pa.concat_arrays([pre, empty]), _EMPTY
+    rows, hashes = native.index_keys(
+        native.table_of([t.encode("utf-8") for t in topics]),
+        np.ascontiguousarray(topic_codes, dtype=np.int32),
+        native.strings(uniq),
+        native.strings(keys),
+        np.ascontiguousarray(sys_flags, dtype=np.int32),
     )
-    return _values(frames)
+    return np.frombuffer(rows, dtype=np.int64), np.frombuffer(hashes, dtype=np.int32)

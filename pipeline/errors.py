@@ -81,3 +81,17 @@ class DiskFullError(StoreError):
         self.store = store
         self.used_ratio = used_ratio
         self.threshold = threshold
+
+
+class StoreFailedError(StoreError):
+    """A write failed part-way (an I/O error, a full disk, an injected fault), so the store
+    stopped taking writes: what the failed put wrote may be incomplete, and only recovery can
+    tell which of its messages landed. Close the store and open it again; recovery on that open
+    completes or drops the failed put's messages exactly, as after a crash. Reads still work.
+    """
+
+
+class SegmentCreateError(StoreError):
+    """A file the put needs (a CommitLog segment) could not be created: no space, no file
+    descriptor left, no permission. Nothing of the put was written; the store is unchanged and
+    takes the next put."""

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from pipeline import failpoints, native
 from pipeline.mapped_file import MappedFile
 
 HEADER = struct.Struct(">qqqqii")
@@ -122,49 +123,26 @@ class IndexFile:
         take = min(len(key_hashes), self.index_num - self.index_count)
         if take <= 0:
             return 0
-        hashes = key_hashes[:take].astype(np.int64)
-        phys = phy_offsets[:take]
-        times = store_timestamps[:take]
+        failpoints.hit("index-put")
+        phys = np.ascontiguousarray(phy_offsets[:take], dtype=np.int64)
+        times = np.ascontiguousarray(store_timestamps[:take], dtype=np.int64)
+        buf = self._mf.buffer
+        slots_end = HEADER_SIZE + SLOT_SIZE * self.slot_num
+        new_slots = native.index_put(
+            buf[HEADER_SIZE:slots_end],
+            buf[slots_end:],
+            self.index_count,
+            self.begin_timestamp,
+            np.ascontiguousarray(key_hashes[:take], dtype=np.int32),
+            phys,
+            times,
+        )
         if self.index_count <= 1:
+            # As putKey: the first entry's time difference is taken from the header as it was
+            # (0, or where the previous file ended), then the file begins at that entry.
             self.begin_phy_offset = int(phys[0])
             self.begin_timestamp = int(times[0])
-        slots = hashes % self.slot_num
-        # An entry's predecessor is the previous batch entry in its slot, or what the slot held
-        # before the batch for the first one. Sorting (slot, position) packed in one int64
-        # orders entries by slot, keeps batch order inside a slot, and makes the slot-table
-        # reads and writes below sweep memory in order instead of at random.
-        packed = np.sort(slots << 32 | np.arange(take, dtype=np.int64))
-        order = packed & 0xFFFFFFFF
-        s_sorted = packed >> 32
-        numbers_sorted = self.index_count + order
-        first_of_slot = np.ones(take, dtype=bool)
-        first_of_slot[1:] = s_sorted[1:] != s_sorted[:-1]
-        heads = s_sorted[first_of_slot]
-        old = self._slots[heads].astype(np.int64)
-        old[(old <= 0) | (old > self.index_count)] = 0
-        prev_sorted = np.empty(take, dtype=np.int64)
-        prev_sorted[first_of_slot] = old
-        prev_sorted[~first_of_slot] = numbers_sorted[:-1][~first_of_slot[1:]]
-        prev = np.empty(take, dtype=np.int64)
-        prev[order] = prev_sorted
-        if self.begin_timestamp <= 0:
-            diffs = np.zeros(take, dtype=np.int64)
-        else:
-            # Java's long division truncates toward zero; differences below 0 are clamped anyway.
-            diffs = np.clip((times - self.begin_timestamp) // 1000, 0, INT_MAX)
-        # Fill a local array and copy it into the mapping once: field-wise writes through the
-        # 20-byte stride of the mapped entries would cost several passes over it.
-        block = np.empty(take, dtype=ENTRY_DTYPE)
-        block["key_hash"] = hashes
-        block["phy_offset"] = phys
-        block["time_diff"] = diffs
-        block["prev_index"] = prev
-        start = self.index_count
-        self._entries[start : start + take] = block
-        last_of_slot = np.ones(take, dtype=bool)
-        last_of_slot[:-1] = first_of_slot[1:]
-        self._slots[s_sorted[last_of_slot]] = numbers_sorted[last_of_slot]
-        self.hash_slot_count += int(np.count_nonzero(old == 0))
+        self.hash_slot_count += new_slots
         self.index_count += take
         self.end_phy_offset = int(phys[-1])
         self.end_timestamp = int(times[-1])

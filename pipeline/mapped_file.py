@@ -22,6 +22,7 @@ import mmap
 import os
 from pathlib import Path
 
+from pipeline import failpoints
 from pipeline.errors import NotAStoreError, StoreError
 
 NAME_DIGITS = 20
@@ -50,6 +51,7 @@ def _create_full_size(path: Path, size: int) -> None:
     leaves at most a ``*.creating`` file, which loaders ignore and writable opens remove."""
     if path.exists():
         raise StoreError(f"segment {path} already exists; refusing to overwrite it")
+    failpoints.hit("segment-create")
     tmp = path.with_name(path.name + TMP_SUFFIX)
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:

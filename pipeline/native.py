@@ -23,6 +23,7 @@ from pipeline import _native
 StringTriple = tuple[Any, npt.NDArray[np.int64], npt.NDArray[np.uint8] | None]
 EncodeBatch = _native.EncodeBatch
 index_put = _native.index_put
+index_keys = _native.index_keys
 
 _EMPTY = b""
 
@@ -42,7 +43,7 @@ def strings(arr: pa.Array) -> StringTriple:
     if bufs[1] is None:
         offsets = np.zeros(n + 1, dtype=np.int64)
     else:
-        raw = np.frombuffer(bufs[1], dtype=width)
+        raw: npt.NDArray[Any] = np.frombuffer(bufs[1], dtype=width)
         offsets = raw[arr.offset : arr.offset + n + 1].astype(np.int64)
     data = bufs[2] if bufs[2] is not None else _EMPTY
     valid = None

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import dispatch, record
+from pipeline import dispatch, native, record
 from pipeline.checkpoint import StoreCheckpoint
 from pipeline.commitlog import CommitLog
 from pipeline.consumequeue import ConsumeQueue
@@ -86,42 +86,45 @@ def _record_end(log: CommitLog, phys: int, size: int | None) -> int | None:
         mf = log.segments.find(phys)
     except OffsetOutOfRangeError:
         return None
-    scanned = record.scan_record(mf.buffer, phys - mf.base, mf.size, phys, check_crc=True)
-    if scanned is None or (size is not None and scanned[0] != size):
+    w = native.walk(mf.buffer, phys - mf.base, mf.size, mf.base, check_crc=True, max_records=1)
+    if not len(w) or (size is not None and int(w.sizes[0]) != size):
         return None
-    return phys + scanned[0]
+    return phys + int(w.sizes[0])
 
 
 def dispatched_end(log: CommitLog, queues: list[ConsumeQueue], index: IndexService | None) -> int:
-    """Physical offset just past the newest record the derived files know about, verified
-    against the CommitLog; the CommitLog's min offset when they know none."""
-    best = log.min_offset
+    """The nearest point every derived file reached: just past the newest record the
+    ConsumeQueues point at, or the newest the index holds, whichever is older, each verified
+    against the CommitLog. The CommitLog's min offset when they know none, or when the index
+    holds nothing although the queues do (it must be rebuilt)."""
+    queue_end: int | None = None
     for cq in queues:
         if cq.max_offset > cq.min_offset:
             last = cq.read(cq.max_offset - 1, 1)
             if len(last):
                 end = _record_end(log, int(last[0]["offset"]), int(last[0]["size"]))
                 if end is not None:
-                    best = max(best, end)
-    if index is not None and index.files and index.files[-1].entry_count > 0:
-        end = _record_end(log, index.end_phy_offset, None)
-        if end is not None:
-            best = max(best, end)
-    return best
+                    queue_end = end if queue_end is None else max(queue_end, end)
+    if queue_end is None:
+        return log.min_offset
+    if index is None:
+        return queue_end
+    if not index.files or index.files[-1].entry_count == 0:
+        return log.min_offset
+    index_end = _record_end(log, index.end_phy_offset, None)
+    return log.min_offset if index_end is None else min(queue_end, index_end)
 
 
-def find_end(
-    log: CommitLog, start: int, *, check_crc: bool
-) -> tuple[int, list[tuple[int, record.ScannedRecord]]]:
+def find_end(log: CommitLog, start: int, *, check_crc: bool) -> tuple[int, list[native.Walk]]:
     """Walk from ``start`` (a record boundary) to the first invalid record. Returns its offset
-    and the records walked (kept, so that re-dispatching them needs no second scan).
+    and the walks (kept, so that re-dispatching them needs no second scan).
 
     A walk that meets a blank goes on in the next segment; if that holds nothing valid, the end
     is the blank's position, where RocketMQ's recovery also leaves it.
     """
-    scanned = list(log.scan(start, check_crc=check_crc))
-    end = scanned[-1][0] + scanned[-1][1][0] if scanned else start
-    return end, scanned
+    walks = list(log.walks(start, check_crc=check_crc))
+    ends = [int(w.phys[-1] + w.sizes[-1]) for w in walks if len(w)]
+    return (ends[-1] if ends else start), walks
 
 
 def third_last_start(log: CommitLog) -> int:
@@ -163,15 +166,18 @@ _HEAD_CHECK = np.dtype(
 
 
 def damaged_queues(
-    log: CommitLog, queues: dict[tuple[str, int], ConsumeQueue]
+    log: CommitLog, queues: dict[tuple[str, int], ConsumeQueue], *, last_only: bool = False
 ) -> list[tuple[str, int]]:
     """Queues with a unit that does not point at a record of that queue: the record at the
     unit's offset must lie inside the log and have the magic code, the unit's size, the queue's
-    id and the unit's queue offset. Every unit is checked, vectorised per segment."""
+    id and the unit's queue offset. Every unit is checked, vectorised per segment; with
+    ``last_only``, only each queue's last unit (what a clean close vouches for the rest)."""
     files = log.segments.files
     bad: list[tuple[str, int]] = []
     for key, cq in queues.items():
         lo, hi = cq.min_offset, cq.max_offset
+        if last_only:
+            lo = max(lo, hi - 1)
         if hi <= lo:
             continue
         if not files:
@@ -248,6 +254,7 @@ def recover(
     read_only: bool,
     check_crc: bool,
     queue_factory: Callable[[str, int], ConsumeQueue],
+    full_check: bool = False,
 ) -> RecoveryReport:
     started = time.perf_counter()
     report = RecoveryReport(abort_file_found=abnormal)
@@ -266,7 +273,8 @@ def recover(
     report.scan_start = start
     end, walked = find_end(log, start, check_crc=check_crc)
     report.commitlog_end = end
-    last = walked[-1][0] if walked else -1
+    lasts = [int(w.phys[-1]) for w in walked if len(w)]
+    last = lasts[-1] if lasts else -1
     report.last_record_offset = last
     if last < 0 and trusted is not None and progress is not None and start > log.min_offset:
         report.last_record_offset = progress.last_record_offset
@@ -274,22 +282,25 @@ def recover(
         report.bytes_truncated = log.cut(end)
     log.set_end(end)
     if not read_only:
-        # After a crash, what was dispatched after the start point may be partial (one queue's
-        # units written, another's not): drop it all and dispatch it again from the log.
-        cut_at = start if abnormal else end
-        for cq in queue_list:
-            report.units_dropped += cq.truncate_after_physical(cut_at)
-        if index is not None:
-            report.index_entries_dropped = index.truncate_from(
-                cut_at, lambda phys: log.store_timestamp(phys, record.FIXED_SIZE_V4)
-            )
-        redispatch_from = dispatched_end(log, queue_list, index)
-        if abnormal:
-            redispatch_from = min(redispatch_from, start)
+        # What was dispatched after the start point may be partial (one queue's units
+        # written, another's not, the index behind): drop it all and dispatch it again from the
+        # log. A trusted progress file names the durable dispatch point; without one, after a
+        # crash, it is the start point; after a clean shutdown, the end.
+        cut_at = start if (trusted is not None or abnormal) else end
+        _drop_derived(log, queue_list, index, cut_at, report)
+        if index is not None and index_damaged(log, index):
+            # Unlike RocketMQ, an impossible index is dropped and dispatched again.
+            index.destroy()
+            report.index_rebuilt = True
+        # Derived files that lag further (deleted, or cut short by a failed write) are
+        # dispatched again from where the furthest behind of them stopped.
+        redispatch_from = min(cut_at, dispatched_end(log, queue_list, index))
+        if redispatch_from < cut_at:
+            _drop_derived(log, queue_list, index, redispatch_from, report)
         report.redispatch_from = redispatch_from
         if redispatch_from < end:
             batch = (
-                dispatch.from_scanned(walked)
+                dispatch.from_walks(walked)
                 if redispatch_from == start
                 else dispatch.from_commitlog(log, redispatch_from, end)
             )
@@ -304,8 +315,8 @@ def recover(
         # Units below the CommitLog's first offset are expected after retention: skip them.
         cq.correct_min_offset(log.min_offset)
     if not read_only:
-        # Unlike RocketMQ, rebuild ConsumeQueues and an index that do not match the log.
-        rebuild = damaged_queues(log, queues)
+        # Unlike RocketMQ, rebuild ConsumeQueues that do not match the log.
+        rebuild = damaged_queues(log, queues, last_only=trusted is not None and not full_check)
         if progress is not None and trusted is not None:
             # Queues the last flush recorded that are now missing or shorter.
             for name, length in progress.queues.items():
@@ -313,18 +324,33 @@ def recover(
                 have = queues.get((topic, int(qid)))
                 if (have is None or have.max_offset < length) and (topic, int(qid)) not in rebuild:
                     rebuild.append((topic, int(qid)))
-        index_bad = index is not None and index_damaged(log, index)
-        if rebuild or index_bad:
+        if rebuild:
             for key in rebuild:
                 if key in queues:
                     queues.pop(key).destroy()
-            if index_bad and index is not None:
-                index.destroy()
-            batch = dispatch.from_commitlog(log, log.min_offset, end)
-            dispatch.apply(batch, queue_factory, index)
+            for w in log.walks(log.min_offset, check_crc=False):
+                # One segment at a time, so a rebuild's memory is bounded by a segment; queues
+                # that are intact skip the units they hold.
+                part = dispatch.from_walks([w])
+                dispatch.apply(part.select(part.phys < end), queue_factory, None)
             report.queues_rebuilt = [f"{t}/{q}" for t, q in rebuild]
-            report.index_rebuilt = index_bad
             for cq in queues.values():  # the rebuilt queues are new objects
                 cq.correct_min_offset(log.min_offset)
     report.duration_ms = (time.perf_counter() - started) * 1000
     return report
+
+
+def _drop_derived(
+    log: CommitLog,
+    queues: list[ConsumeQueue],
+    index: IndexService | None,
+    phys: int,
+    report: RecoveryReport,
+) -> None:
+    """Forget ConsumeQueue units and index entries of records at ``phys`` or later."""
+    for cq in queues:
+        report.units_dropped += cq.truncate_after_physical(phys)
+    if index is not None:
+        report.index_entries_dropped += index.truncate_from(
+            phys, lambda at: log.store_timestamp(at, record.FIXED_SIZE_V4)
+        )

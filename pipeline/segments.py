@@ -134,11 +134,12 @@ class SegmentQueue:
 
     # -- writing ----------------------------------------------------------------------------
     def segment_for_write(self, offset: int) -> MappedFile:
-        """The segment ``offset`` falls in, creating it (and only it) when it is the next one."""
+        """The segment ``offset`` falls in, creating it (and only it) when it is the next one.
+        A segment created ahead by :meth:`prepare` is returned as it is."""
         base = offset - offset % self.segment_size
         last = self.last
-        if last is not None and last.base == base:
-            return last
+        if last is not None and last.base >= base:
+            return self.find(offset)
         if last is not None and base != last.base + self.segment_size:
             raise OffsetOutOfRangeError(
                 f"{self.directory}: cannot write at {offset}: last segment is {last.path.name}"
@@ -156,8 +157,27 @@ class SegmentQueue:
         self.files.append(mf)
         return mf
 
+    def prepare(self, end: int) -> None:
+        """Create, ahead of writing, every missing segment up to the one holding offset
+        ``end - 1``, so that a write of ``[max_offset, end)`` needs no new file. Write positions
+        do not change: segments created here count as empty until written."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        while self.files and self.files[-1].base + self.segment_size < end:
+            base = self.files[-1].base + self.segment_size
+            self.files.append(
+                MappedFile(
+                    self.directory / segment_name(base),
+                    base,
+                    self.segment_size,
+                    read_only=self.read_only,
+                    create=True,
+                )
+            )
+
     def flush(self) -> None:
         for mf in reversed(self.files):
+            if mf.wrote_position == 0:
+                continue  # created ahead by prepare(), nothing written yet
             if mf.flushed_position >= mf.wrote_position:
                 break
             mf.flush()

@@ -21,6 +21,12 @@ Contract:
   ``SYNC_FLUSH``, once per batch) and dispatched to the ConsumeQueues and index. A batch is all
   or nothing with respect to validation: a bad message refuses the whole batch before anything
   is written.
+* Fail-stop: a put either returns with the CommitLog, every ConsumeQueue and the index
+  consistent, or raises. A put that fails before writing a byte (validation, a full disk, a
+  segment that cannot be created) leaves the store unchanged and usable. One that fails after
+  (an I/O error while writing or dispatching) raises :class:`StoreFailedError`, and so does
+  every later write of this ``MessageStore``: reopen the store, and recovery repairs it
+  exactly, from the durable dispatch point recorded by the last complete flush.
 * :meth:`close` flushes everything, writes the checkpoint, removes ``abort`` and unlocks.
 """
 
@@ -37,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from pipeline import dispatch, encode, record
+from pipeline import dispatch, encode, failpoints, record
 from pipeline.background import PeriodicTask
 from pipeline.checkpoint import StoreCheckpoint
 from pipeline.commitlog import CommitLog
@@ -49,10 +55,11 @@ from pipeline.errors import (
     NotAStoreError,
     OffsetOutOfRangeError,
     ReadOnlyStoreError,
+    SegmentCreateError,
     StoreClosedError,
+    StoreFailedError,
 )
 from pipeline.index_service import IndexService
-from pipeline.javahash import binary_offsets
 from pipeline.lock import DirectoryLock
 from pipeline.message import Message
 from pipeline.progress import FlushProgress
@@ -61,8 +68,6 @@ from pipeline.retention import RUN_INTERVAL_MS, RetentionService, statvfs_used_r
 from pipeline.subscription import Subscription
 
 STORE_ENTRIES = ("commitlog", "consumequeue", "index", "config", "checkpoint", "abort", "lock")
-MAX_CHUNK_BYTES = 64 * 1024 * 1024
-MAX_CHUNK_RECORDS = 1 << 16
 MAX_TIMESTAMP = 2**63 - 1
 SCAN_BUDGET_BYTES = 16000  # RocketMQ's floor on ConsumeQueue bytes one filtered pull scans
 
@@ -151,8 +156,10 @@ class MessageStore:
         create: bool = True,
         clock_ms: Callable[[], int] = _wall_clock_ms,
         disk_usage: Callable[[Path], float] | None = None,
+        full_check: bool = False,
     ) -> None:
         self.path = Path(path)
+        self.full_check = full_check
         self.config = config or StoreConfig()
         self.read_only = read_only
         self.clock_ms = clock_ms
@@ -162,6 +169,7 @@ class MessageStore:
         self._flusher: PeriodicTask | None = None
         self._cleaner: PeriodicTask | None = None
         self.retention: RetentionService | None = None
+        self._failure: BaseException | None = None
         self._check_directory(create)
         if not read_only:
             self._lock = DirectoryLock(self.path)
@@ -249,7 +257,10 @@ class MessageStore:
         last = self.recovery.last_record_offset
         if last >= 0:
             self._last_record = (last, self.commitlog.store_timestamp(last, record.FIXED_SIZE_V4))
-        self._flushed_end = -1 if self.recovery.records_redispatched else self.commitlog.max_offset
+        # Everything before this offset is in the CommitLog and dispatched to the ConsumeQueues
+        # and the index: the durable dispatch point a flush records.
+        self._dispatched_end = self.commitlog.max_offset
+        self._flushed_end = -1 if self.recovery.records_redispatched else self._dispatched_end
         self._flushed_at = time.monotonic()
 
     def _recover(self) -> RecoveryReport:
@@ -263,6 +274,7 @@ class MessageStore:
             read_only=self.read_only,
             check_crc=self.config.check_crc_on_recover,
             queue_factory=self._queue,
+            full_check=self.full_check,
         )
         self._next_queue_offset = {key: cq.max_offset for key, cq in self.queues.items()}
         return report
@@ -283,28 +295,62 @@ class MessageStore:
             raise StoreClosedError(f"{self.path}: store is closed")
         if write and self.read_only:
             raise ReadOnlyStoreError(f"{self.path}: store was opened read-only")
+        if write and self._failure is not None:
+            raise StoreFailedError(
+                f"{self.path}: an earlier put failed part-way ({self._failure!r}); the store "
+                "takes no more writes until it is closed and opened again, which recovers it"
+            ) from self._failure
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The error that stopped writes (see the fail-stop contract), or None."""
+        return self._failure
 
     def flush(self, *, force: bool = False) -> None:
         """Flush CommitLog, ConsumeQueues and index, then record how far in the progress file
         and the checkpoint. Called by the background flusher every flushIntervalCommitLog ms
         and on close; safe to call from any thread."""
-        self._check_open(write=True)
+        if self._closed:
+            raise StoreClosedError(f"{self.path}: store is closed")
+        if self.read_only:
+            raise ReadOnlyStoreError(f"{self.path}: store was opened read-only")
         with self._mutex:
-            end = self.commitlog.max_offset
+            # After a failed put the files still flush, but the progress file keeps naming the
+            # last point every derived file reached, so recovery redoes the failed put's tail.
+            end = self._dispatched_end
             if end == self._flushed_end and not force:
                 return
-            self.commitlog.flush()
-            for cq in self.queues.values():
-                cq.flush()
-            if self.index is not None:
-                self.index.flush()
-            if self._last_record is not None:
-                last_offset, last_ts = self._last_record
-                lengths = {f"{t}/{q}": cq.max_offset for (t, q), cq in self.queues.items()}
-                FlushProgress(end, last_offset, last_ts, lengths).write(self.path / "config")
-            self._write_checkpoint()
+            try:
+                self._flush_files(end)
+            except BaseException as exc:
+                # An msync or write that failed may have lost pages the page cache held, so
+                # nothing after it can be vouched for: stop writing, as after a failed put.
+                self._failure = self._failure or exc
+                raise StoreFailedError(
+                    f"{self.path}: flush failed ({exc!r}); the store takes no more writes "
+                    "until it is closed and opened again, which recovers it"
+                ) from exc
             self._flushed_end = end
             self._flushed_at = time.monotonic()
+
+    def _flush_files(self, end: int) -> None:
+        failpoints.hit("flush")
+        self.commitlog.flush()
+        for cq in self.queues.values():
+            cq.flush()
+        if self.index is not None:
+            self.index.flush()
+        if self._failure is not None:
+            # After a failure the progress file and the checkpoint keep naming the last point
+            # that was whole and flushed; recovery redoes what follows.
+            return
+        if self._last_record is not None:
+            failpoints.hit("progress-write")
+            last_offset, last_ts = self._last_record
+            lengths = {f"{t}/{q}": cq.max_offset for (t, q), cq in self.queues.items()}
+            FlushProgress(end, last_offset, last_ts, lengths).write(self.path / "config")
+        failpoints.hit("checkpoint-write")
+        self._write_checkpoint()
 
     def writer_lock(self) -> threading.RLock:
         """The lock every write takes (puts, flushes, retention); hold it to run maintenance
@@ -406,13 +452,34 @@ class MessageStore:
                 self._store_host_field,
                 False,
             )
-        queue_offsets = self._assign_queue_offsets(b)
+        queue_offsets, next_offsets = self._assign_queue_offsets(b)
         phys, blanks = self.commitlog.plan(b.sizes)
-        crcs = encode.body_crcs(b.bodies)
-        self._write_records(b, phys, blanks, queue_offsets, now, crcs)
-        if self.config.sync_flush:
-            self.commitlog.flush()
-        dispatch.apply(dispatch.from_prepared(b, phys, queue_offsets, now), self._queue, self.index)
+        # Every segment the batch needs exists before its first byte is written, so the
+        # common failure (no space or no descriptor for a new file) leaves the store unchanged.
+        try:
+            self.commitlog.prepare_segments(int(phys[0]), int(phys[-1] + b.sizes[-1]))
+        except OSError as exc:
+            raise SegmentCreateError(
+                f"{self.path / 'commitlog'}: cannot create a segment for a put of {b.n} "
+                f"message(s): {exc}; nothing was written"
+            ) from exc
+        try:
+            self._write_records(b, phys, blanks, queue_offsets, now)
+            if self.config.sync_flush:
+                failpoints.hit("flush")
+                self.commitlog.flush()
+            dispatch.apply(
+                dispatch.from_prepared(b, phys, queue_offsets, now), self._queue, self.index
+            )
+        except BaseException as exc:
+            self._failure = exc
+            raise StoreFailedError(
+                f"{self.path}: put of {b.n} message(s) at CommitLog offset {int(phys[0])} "
+                f"failed part-way ({exc!r}); the store takes no more writes until it is "
+                "closed and opened again, which recovers it"
+            ) from exc
+        self._next_queue_offset.update(next_offsets)
+        self._dispatched_end = int(phys[-1] + b.sizes[-1])
         self._last_record = (int(phys[-1]), now)
         if time.monotonic() - self._flushed_at >= self.config.flush_interval_commitlog / 1000:
             # Back-to-back puts can keep the flusher thread from the lock; flushing here when
@@ -428,18 +495,22 @@ class MessageStore:
             self.config.sync_flush,
         )
 
-    def _assign_queue_offsets(self, b: encode.PreparedBatch) -> npt.NDArray[np.int64]:
-        """Next queue offsets per (topic, queueId), in batch order; 0 for messages that get no
-        ConsumeQueue unit (PREPARED / ROLLBACK), which do not consume an offset."""
+    def _assign_queue_offsets(
+        self, b: encode.PreparedBatch
+    ) -> tuple[npt.NDArray[np.int64], dict[tuple[str, int], int]]:
+        """Queue offsets per (topic, queueId) in batch order, 0 for messages that get no
+        ConsumeQueue unit (PREPARED / ROLLBACK), which do not consume an offset; and each
+        queue's next offset once the batch is stored (taken only when the put succeeds)."""
         offsets = np.zeros(b.n, dtype=np.int64)
+        next_offsets: dict[tuple[str, int], int] = {}
         rows = np.flatnonzero(dispatch.consume_queue_mask(b.sys_flags))
         for part in dispatch.group_rows(b.topic_codes, b.queue_ids, rows):
             first = int(part[0])
             key = (b.topics[int(b.topic_codes[first])], int(b.queue_ids[first]))
             base = self._next_queue_offset.get(key, 0)
             offsets[part] = base + np.arange(len(part), dtype=np.int64)
-            self._next_queue_offset[key] = base + len(part)
-        return offsets
+            next_offsets[key] = base + len(part)
+        return offsets, next_offsets
 
     def _write_records(
         self,
@@ -448,40 +519,19 @@ class MessageStore:
         blanks: list[int],
         queue_offsets: npt.NDArray[np.int64],
         now: int,
-        crcs: npt.NDArray[np.int32],
     ) -> None:
-        seg = self.config.mapped_file_size_commitlog
-        segment_of = phys // seg
-        ends = np.cumsum(b.sizes)
-        where = encode.Placement(phys, queue_offsets, now, crcs, self._store_host_field)
-        frames = encode.uses_frames(b)
-        bodies_view = memoryview(b.bodies.buffers()[2] or b"").cast("B")
-        body_offsets = binary_offsets(b.bodies).tolist() if frames else []
+        """Encode the batch straight into the CommitLog's mapped segments, one run of records
+        per segment, with the END_OF_FILE blanks between them."""
+        segment_of = phys // self.config.mapped_file_size_commitlog
+        bounds = np.flatnonzero(segment_of[1:] != segment_of[:-1]) + 1
         blank_iter = iter(blanks)
         next_blank = next(blank_iter, None)
-        lo = 0
-        while lo < b.n:
-            # A run stays inside one segment and within the chunk limits.
-            seg_end = int(np.searchsorted(segment_of, segment_of[lo], side="right"))
-            base = int(ends[lo - 1]) if lo else 0
-            byte_cap = int(np.searchsorted(ends, base + MAX_CHUNK_BYTES, side="right"))
-            hi = min(seg_end, lo + MAX_CHUNK_RECORDS, max(byte_cap, lo + 1))
+        for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), b.n], strict=True):
             while next_blank is not None and next_blank < int(phys[lo]):
                 self.commitlog.write_blank(next_blank)
                 next_blank = next(blank_iter, None)
-            encoder = encode.encode_frames if frames else encode.encode_records
-            data, frame_offsets = encoder(b, lo, hi, where)
-            if frames:
-                self.commitlog.write_frames(
-                    int(phys[lo]),
-                    memoryview(data).cast("B"),
-                    frame_offsets.tolist(),
-                    bodies_view,
-                    body_offsets[lo : hi + 1],
-                )
-            else:
-                self.commitlog.write(int(phys[lo]), memoryview(data))
-            lo = hi
+            failpoints.hit("commitlog-write")
+            self.commitlog.write_encoded(b.encoder, lo, hi, phys, queue_offsets, b.sizes, now)
 
     # -- reading ----------------------------------------------------------------------------
     def topics(self) -> list[str]:

@@ -1,4 +1,5 @@
-"""pipeline/javahash.py: Java String.hashCode, scalar and vectorised, and the derived hashes."""
+"""pipeline/javahash.py: Java String.hashCode, the scalar reference and the native batch
+hash (which must agree with it and with values Java itself gives), and the derived hashes."""
 
 from __future__ import annotations
 
@@ -9,13 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.javahash import (
-    abs_index_hash,
-    combine_prefix,
     index_key_hash,
     java_hash,
     java_hash_array,
     tags_code,
-    utf16_lengths,
 )
 
 INT_MIN = -(2**31)
@@ -108,13 +106,6 @@ def test_index_key_hash() -> None:
     assert index_key_hash("TopicTest", key) == 0
 
 
-def test_abs_index_hash_array() -> None:
-    hashes = np.array([0, 5, -5, INT_MIN, 2**31 - 1, -(2**31) + 1], dtype=np.int32)
-    out = abs_index_hash(hashes)
-    assert out.dtype == np.int32
-    assert out.tolist() == [0, 5, 5, 0, 2**31 - 1, 2**31 - 1]
-
-
 @settings(max_examples=150, deadline=None)
 @given(st.lists(TEXT, max_size=30))
 def test_array_equals_scalar_any_text(values: list[str]) -> None:
@@ -169,34 +160,6 @@ def test_dictionary_array_with_nulls_hashes_nulls_as_zero() -> None:
     assert java_hash_array(dict_arr).tolist() == [2598920, 2598919, 2598920, 0]
 
 
-@settings(max_examples=150, deadline=None)
-@given(TEXT, st.lists(TEXT, min_size=1, max_size=20))
-def test_combine_prefix_equals_hash_of_concatenation(prefix: str, suffixes: list[str]) -> None:
-    suffix_arr = pa.array(suffixes, pa.string())
-    lengths = utf16_lengths(suffix_arr)
-    assert lengths.tolist() == [len(s.encode("utf-16-be")) // 2 for s in suffixes]
-    combined = combine_prefix(java_hash(prefix), java_hash_array(suffix_arr), lengths)
-    assert combined.tolist() == [java_hash(prefix + s) for s in suffixes]
-
-
-def test_combine_prefix_per_row_prefixes() -> None:
-    prefixes = ["TopicA#", "T#", "😀#"]
-    suffixes = ["k1", "", "key😀"]
-    arr = pa.array(suffixes)
-    out = combine_prefix(
-        np.array([java_hash(p) for p in prefixes], dtype=np.int64),
-        java_hash_array(arr),
-        utf16_lengths(arr),
-    )
-    assert out.tolist() == [java_hash(p + s) for p, s in zip(prefixes, suffixes, strict=True)]
-
-
-def test_utf16_lengths_with_nulls_and_slices() -> None:
-    arr = pa.array(["ab", None, "😀", "é"]).slice(1)
-    assert utf16_lengths(arr).tolist() == [0, 2, 1]
-    assert utf16_lengths(pa.array(["abc", None, ""]).slice(0, 2)).tolist() == [3, 0]
-
-
 def repeated_text_hash(ch: str, n: int) -> int:
     """hashCode of ``ch * n`` for a BMP character, from the geometric series (no loop)."""
     # sum(31**k, k < n) = (31**n - 1) / 30, reduced mod 2**32 without losing the division
@@ -224,7 +187,7 @@ def test_large_batch_crossing_internal_chunks(ch: str) -> None:
 
 
 @given(st.integers(1, 40), st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=50))
-def test_equal_length_strings_take_the_column_path_and_agree(width: int, seeds: list[int]) -> None:
+def test_equal_length_strings_agree(width: int, seeds: list[int]) -> None:
     strings = [f"{s:040x}"[:width] for s in seeds]
     assert all(len(s) == width for s in strings)
     got = java_hash_array(pa.array(strings).slice(0))

@@ -258,31 +258,6 @@ impl EncodeBatch {
         Ok(())
     }
 
-    /// Index entries in RocketMQ's order (per message: UNIQ_KEY, then each KEYS token;
-    /// ROLLBACK transactions get none), as two native-endian arrays: the message row of each
-    /// entry (int64) and its key hash (int32).
-    fn index_keys<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
-        let v = self.view();
-        let (rows, hashes) = py.detach(|| {
-            let mut rows = Vec::with_capacity(v.bodies.len() * 16);
-            let mut hashes = Vec::with_capacity(v.bodies.len() * 8);
-            for i in 0..v.bodies.len() {
-                if !layout::indexed(v.sys_flags[i]) {
-                    continue;
-                }
-                hash::for_each_index_key(v.topic(i), v.uniq.get(i), v.keys.get(i), |h| {
-                    push_i64(&mut rows, i as i64);
-                    push_i32(&mut hashes, h);
-                });
-            }
-            (rows, hashes)
-        });
-        Ok((PyBytes::new(py, &rows), PyBytes::new(py, &hashes)))
-    }
-
     /// Write records `lo..hi` back to back into `dest` from byte `dest_pos` (a segment's
     /// mapping). `phys`, `queue_offsets` and `sizes` are per-row int64 columns; the records
     /// must be contiguous in the log (`phys[i + 1] == phys[i] + sizes[i]`). Rows whose
@@ -505,4 +480,61 @@ pub fn java_hashes(
         }
     });
     Ok(())
+}
+
+/// Index entries in RocketMQ's order (per message: UNIQ_KEY, then each KEYS token; ROLLBACK
+/// transactions get none), as two native-endian arrays: each entry's message row (int64) and
+/// key hash (int32). `topics` is a table that `topic_codes` index; `uniq` and `keys` are
+/// string columns (KEYS space-separated).
+#[pyfunction]
+pub fn index_keys<'py>(
+    py: Python<'py>,
+    topics: &Bound<'py, PyAny>,
+    topic_codes: &Bound<'py, PyAny>,
+    uniq: &Bound<'py, PyAny>,
+    keys: &Bound<'py, PyAny>,
+    sys_flags: &Bound<'py, PyAny>,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    let (topics, uniq, keys) = (
+        Strings::new(topics, "topics")?,
+        Strings::new(uniq, "uniq")?,
+        Strings::new(keys, "keys")?,
+    );
+    let (codes, flags) = (
+        Col::<i32>::new(topic_codes, "topic_codes")?,
+        Col::<i32>::new(sys_flags, "sys_flags")?,
+    );
+    let (t, u, k, c, f) = (
+        topics.view(),
+        uniq.view(),
+        keys.view(),
+        codes.get(),
+        flags.get(),
+    );
+    for (what, len) in [("uniq", u.len()), ("keys", k.len()), ("sys_flags", f.len())] {
+        require_len(what, len, c.len())?;
+    }
+    if c.iter().any(|&x| x < 0 || x as usize >= t.len()) {
+        return Err(PyValueError::new_err(
+            "topic_codes: a code outside the topic table",
+        ));
+    }
+    let (rows, hashes) = py.detach(|| {
+        let prefixes: Vec<i32> = (0..t.len())
+            .map(|j| hash::topic_prefix(t.get(j).unwrap_or(b"")))
+            .collect();
+        let mut rows = Vec::with_capacity(c.len() * 16);
+        let mut hashes = Vec::with_capacity(c.len() * 8);
+        for i in 0..c.len() {
+            if !layout::indexed(f[i]) {
+                continue;
+            }
+            hash::for_each_index_key(prefixes[c[i] as usize], u.get(i), k.get(i), |h| {
+                push_i64(&mut rows, i as i64);
+                push_i32(&mut hashes, h);
+            });
+        }
+        (rows, hashes)
+    });
+    Ok((PyBytes::new(py, &rows), PyBytes::new(py, &hashes)))
 }

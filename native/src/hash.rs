@@ -21,9 +21,15 @@ pub fn java_hash(bytes: &[u8]) -> i32 {
     java_hash_from(0, bytes)
 }
 
-/// IndexFile key hash of `topic#key`: `abs(hashCode)`, with `Integer.MIN_VALUE` mapped to 0.
-pub fn index_key_hash(topic: &[u8], key: &[u8]) -> i32 {
-    let h = java_hash_from(java_hash_from(java_hash(topic), b"#"), key);
+/// The hash state after `topic#`, from which every key of the topic's index entries goes on.
+pub fn topic_prefix(topic: &[u8]) -> i32 {
+    java_hash_from(java_hash(topic), b"#")
+}
+
+/// IndexFile key hash of `topic#key` from the topic's [`topic_prefix`]: `abs(hashCode)`,
+/// with `Integer.MIN_VALUE` mapped to 0.
+pub fn index_key_hash(prefix: i32, key: &[u8]) -> i32 {
+    let h = java_hash_from(prefix, key);
     if h == i32::MIN {
         0
     } else {
@@ -84,19 +90,20 @@ pub fn tags_code(tags: Option<&[u8]>) -> i64 {
 }
 
 /// Calls `f` with the key hash of each index entry RocketMQ's `buildIndex` makes for a
-/// message: the UNIQ_KEY, then every non-empty space-separated KEYS token.
+/// message of the topic whose [`topic_prefix`] is `prefix`: the UNIQ_KEY, then every
+/// non-empty space-separated KEYS token.
 pub fn for_each_index_key(
-    topic: &[u8],
+    prefix: i32,
     uniq: Option<&[u8]>,
     keys: Option<&[u8]>,
     mut f: impl FnMut(i32),
 ) {
     if let Some(u) = uniq {
-        f(index_key_hash(topic, u));
+        f(index_key_hash(prefix, u));
     }
     if let Some(k) = keys {
         for token in k.split(|&b| b == b' ').filter(|t| !t.is_empty()) {
-            f(index_key_hash(topic, token));
+            f(index_key_hash(prefix, token));
         }
     }
 }
@@ -128,15 +135,12 @@ mod tests {
     #[test]
     fn index_keys_in_rocketmq_order() {
         let mut got = vec![];
-        for_each_index_key(b"T", Some(b"U"), Some(b" k1  k2 "), |h| got.push(h));
-        assert_eq!(
-            got,
-            vec![
-                index_key_hash(b"T", b"U"),
-                index_key_hash(b"T", b"k1"),
-                index_key_hash(b"T", b"k2")
-            ]
-        );
-        assert_eq!(index_key_hash(b"T", b"U"), java_hash(b"T#U").abs());
+        let p = topic_prefix(b"T");
+        for_each_index_key(p, Some(b"U"), Some(b" k1  k2 "), |h| got.push(h));
+        let want: Vec<i32> = ["T#U", "T#k1", "T#k2"]
+            .iter()
+            .map(|k| java_hash(k.as_bytes()).abs())
+            .collect();
+        assert_eq!(got, want);
     }
 }

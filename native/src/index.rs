@@ -10,8 +10,10 @@ const SLOT_SIZE: usize = 4;
 const ENTRY_SIZE: usize = 20;
 
 /// RocketMQ's `IndexFile.putKey`, once per entry, in order: entry number `index_count + k`
-/// gets `hashes[k]`, `phys[k]`, its time difference to `begin_ts` in whole seconds, and the
-/// slot's previous head (0 if the head is out of range), and becomes the slot's head.
+/// gets `hashes[k]`, `phys[k]`, its time difference to the file's begin timestamp in whole
+/// seconds, and the slot's previous head (0 if the head is out of range), and becomes the
+/// slot's head. `begin_ts` is the header's begin timestamp before the call; a file's first
+/// entry (number 1) is measured against it and then becomes the file's beginning.
 ///
 /// `slots` and `entries` are the file's slot table and entry area (big-endian, mapped).
 /// Returns how many slots went from empty to used. The caller keeps the header.
@@ -53,9 +55,9 @@ pub fn index_put(
         ));
     }
     Ok(py.detach(|| {
-        let mut count = index_count;
+        let mut begin_ts = begin_ts;
         let mut new_slots = 0;
-        for k in 0..h.len() {
+        for (k, count) in (index_count..index_count + h.len()).enumerate() {
             let slot = (h[k] as usize % slot_num) * SLOT_SIZE;
             let mut prev = be_i32(slots, slot);
             if prev <= 0 || prev as usize > count {
@@ -77,7 +79,9 @@ pub fn index_put(
             w.i32(diff);
             w.i32(prev);
             slots[slot..slot + SLOT_SIZE].copy_from_slice(&(count as i32).to_be_bytes());
-            count += 1;
+            if count <= 1 {
+                begin_ts = t[k];
+            }
         }
         new_slots
     }))

@@ -201,7 +201,8 @@ fn walk_columns(
         end: start,
         ..Default::default()
     };
-    let mut codes: HashMap<&[u8], usize> = HashMap::new();
+    // Topic -> (code, hash prefix of "topic#").
+    let mut codes: HashMap<&[u8], (usize, i32)> = HashMap::new();
     let mut rel = start;
     loop {
         if c.count >= max_records || rel + 8 > limit {
@@ -222,9 +223,9 @@ fn walk_columns(
             }
         };
         let row = c.count as i64;
-        let code = *codes.entry(r.topic).or_insert_with(|| {
+        let (code, prefix) = *codes.entry(r.topic).or_insert_with(|| {
             c.topics.push(r.topic.to_vec());
-            c.topics.len() - 1
+            (c.topics.len() - 1, hash::topic_prefix(r.topic))
         });
         let reserved = hash::reserved(r.props);
         push_i64(&mut c.phys, base + rel as i64);
@@ -236,7 +237,7 @@ fn walk_columns(
         push_i64(&mut c.tags_codes, hash::tags_code(reserved.tags));
         push_i32(&mut c.topic_codes, code as i32);
         if indexed(r.sys_flag) {
-            hash::for_each_index_key(r.topic, reserved.uniq, reserved.keys, |h| {
+            hash::for_each_index_key(prefix, reserved.uniq, reserved.keys, |h| {
                 push_i64(&mut c.key_rows, row);
                 push_i32(&mut c.key_hashes, h);
             });

@@ -1,0 +1,59 @@
+"""Type stubs of the native core (the Rust crate in native/); see pipeline/native.py."""
+
+from typing import Any
+
+class EncodeBatch:
+    def __init__(
+        self,
+        *,
+        n: int,
+        topics: Any,
+        topic_codes: Any,
+        queue_ids: Any,
+        flags: Any,
+        sys_flags: Any,
+        reconsume: Any,
+        prep_tx: Any,
+        born_ts: Any,
+        born_missing: Any,
+        born_hosts: Any,
+        born_codes: Any,
+        store_host: bytes,
+        bodies: Any,
+        keys: Any,
+        tags: Any,
+        uniq: Any,
+        user_props: Any,
+    ) -> None: ...
+    def measure(self, props_lens: Any, sizes: Any) -> None: ...
+    def tags_codes(self, out: Any) -> None: ...
+    def encode(
+        self,
+        dest: Any,
+        dest_pos: int,
+        lo: int,
+        hi: int,
+        phys: Any,
+        queue_offsets: Any,
+        sizes: Any,
+        store_ts: int,
+    ) -> None: ...
+    def __len__(self) -> int: ...
+
+def body_crcs(bodies: Any, out: Any) -> None: ...
+def java_hashes(strings: Any, out: Any) -> None: ...
+def index_keys(
+    topics: Any, topic_codes: Any, uniq: Any, keys: Any, sys_flags: Any
+) -> tuple[bytes, bytes]: ...
+def index_put(
+    slots: Any,
+    entries: Any,
+    index_count: int,
+    begin_ts: int,
+    hashes: Any,
+    phys: Any,
+    times: Any,
+) -> int: ...
+def walk(
+    buf: Any, start: int, limit: int, base: int, check_crc: bool, max_records: int = ...
+) -> dict[str, Any]: ...

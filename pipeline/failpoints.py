@@ -1,0 +1,96 @@
+"""Failpoints: named steps of the write path where a test can make the store fail.
+
+Each write step calls :func:`hit` with its name before it changes anything on disk:
+
+============================ ==================================================================
+``segment-create``           creating a CommitLog, ConsumeQueue or index file
+``commitlog-write``          writing a run of records into a CommitLog segment
+``consumequeue-append``      appending units to one ConsumeQueue
+``index-put``                adding entries to an IndexFile
+``flush``                    msync of the store's files
+``progress-write``           writing ``config/rocketstore.json``
+``checkpoint-write``         writing ``checkpoint``
+============================ ==================================================================
+
+A test arms a failpoint with :func:`arm` (in-process) or with the environment variable
+``ROCKETSTORE_FAILPOINTS="name=action[@n],..."`` (read once at import, for writer subprocesses),
+where ``action`` is ``raise`` (:class:`InjectedFault`, an ``OSError``) or ``kill`` (SIGKILL of
+the process, as a crash at that exact point), fired on the ``n``-th hit (default 1).
+
+Not a user option: nothing in the sink, the source or the CLI exposes it. Unarmed, a hit costs
+one lookup in an empty dict. Thread-safe enough for tests: arming is not synchronised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import signal
+
+ENV = "ROCKETSTORE_FAILPOINTS"
+NAMES = (
+    "segment-create",
+    "commitlog-write",
+    "consumequeue-append",
+    "index-put",
+    "flush",
+    "progress-write",
+    "checkpoint-write",
+)
+
+
+class InjectedFault(OSError):
+    """The I/O error an armed failpoint raises."""
+
+
+@dataclasses.dataclass
+class _Armed:
+    action: str
+    after: int
+    hits: int = 0
+
+
+_armed: dict[str, _Armed] = {}
+
+
+def arm(name: str, action: str = "raise", nth: int = 1) -> None:
+    """Make the ``nth`` next hit of ``name`` fail with ``action`` (``raise`` or ``kill``)."""
+    if name not in NAMES:
+        raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(NAMES)}")
+    if action not in ("raise", "kill"):
+        raise ValueError(f"failpoint action must be 'raise' or 'kill', got {action!r}")
+    if nth < 1:
+        raise ValueError(f"failpoint hit number must be >= 1, got {nth}")
+    _armed[name] = _Armed(action, nth)
+
+
+def disarm_all() -> None:
+    _armed.clear()
+
+
+def hit(name: str) -> None:
+    """Fail here if a test armed ``name``; otherwise do nothing."""
+    if not _armed:
+        return
+    armed = _armed.get(name)
+    if armed is None:
+        return
+    armed.hits += 1
+    if armed.hits < armed.after:
+        return
+    del _armed[name]
+    if armed.action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise InjectedFault(errno.EIO, f"injected fault at failpoint {name!r}")
+
+
+def _from_env(text: str) -> None:
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, spec = item.partition("=")
+        action, _, nth = spec.partition("@")
+        arm(name, action or "raise", int(nth) if nth else 1)
+
+
+if os.environ.get(ENV):
+    _from_env(os.environ[ENV])
