@@ -57,3 +57,21 @@ def index_put(
 def walk(
     buf: Any, start: int, limit: int, base: int, check_crc: bool, max_records: int = ...
 ) -> dict[str, Any]: ...
+def encode_one(
+    dest: Any,
+    pos: int,
+    topic: bytes,
+    body: bytes,
+    props: bytes,
+    queue_id: int,
+    flag: int,
+    queue_offset: int,
+    phys: int,
+    sys_flag: int,
+    born_ts: int,
+    born_host: bytes,
+    store_ts: int,
+    store_host: bytes,
+    reconsume: int,
+    prep_tx: int,
+) -> tuple[int, int, list[int]]: ...

@@ -21,6 +21,7 @@ dispatcher re-creates any unit missing after a crash from the CommitLog.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from pipeline.errors import OffsetOutOfRangeError, StoreError
 from pipeline.segments import SegmentQueue
 
 UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
+UNIT = struct.Struct(">qiq")  # the same 20 bytes, for one unit
 assert UNIT_DTYPE.itemsize == CQ_UNIT_SIZE
 PRE_BLANK_SIZE = 0x7FFFFFFF
 
@@ -254,6 +256,25 @@ class ConsumeQueue:
             pos += n
         if len(units):
             self.max_physic_offset = int(units[-1]["offset"]) + int(units[-1]["size"])
+
+    def room_for_one(self, queue_offset: int) -> bool:
+        """Whether unit ``queue_offset`` is the next one and fits the last file as it is (the
+        single-put path's precondition)."""
+        last = self.segments.last
+        return (
+            last is not None
+            and last.end == queue_offset * CQ_UNIT_SIZE
+            and last.wrote_position + CQ_UNIT_SIZE <= last.size
+        )
+
+    def append_one(self, phys: int, size: int, tags_code: int) -> None:
+        """Append one unit where :meth:`room_for_one` said it fits."""
+        failpoints.hit("consumequeue-append")
+        last = self.segments.last
+        assert last is not None
+        UNIT.pack_into(last.buffer, last.wrote_position, phys, size, tags_code)
+        last.wrote_position += CQ_UNIT_SIZE
+        self.max_physic_offset = phys + size
 
     def _fill_pre_blank(self, start: int) -> None:
         pos = start * CQ_UNIT_SIZE

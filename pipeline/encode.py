@@ -90,19 +90,37 @@ class UniqKeyGenerator:
             + random.getrandbits(32).to_bytes(4, "big"),
             dtype=np.uint8,
         )
+        self._prefix_hex = self._prefix.tobytes().hex().upper()
         self._seq = 0
+        self._month = (0, -1)  # [start, end) in ms of the month the last id was made in
+
+    def _since_month_start(self, now_ms: int) -> int:
+        start, end = self._month
+        if not start <= now_ms < end:
+            t = time.gmtime(now_ms / 1000)
+            first = (t.tm_year, t.tm_mon, 1, 0, 0, 0, 0, 0, 0)
+            nxt = (t.tm_year + t.tm_mon // 12, t.tm_mon % 12 + 1, 1, 0, 0, 0, 0, 0, 0)
+            start = int(time.mktime(first) - time.timezone) * 1000
+            end = int(time.mktime(nxt) - time.timezone) * 1000
+            self._month = (start, end)
+        return max(0, now_ms - start) & 0xFFFFFFFF
+
+    def _take(self, n: int, now_ms: int) -> int:
+        start = max(self._seq, self._since_month_start(now_ms) << 16)
+        self._seq = start + n
+        return start
 
     def generate(self, n: int, now_ms: int) -> pa.StringArray:
-        t = time.gmtime(now_ms / 1000)
-        month_start = int(time.mktime((t.tm_year, t.tm_mon, 1, 0, 0, 0, 0, 0, 0)) - time.timezone)
-        since = max(0, now_ms - month_start * 1000) & 0xFFFFFFFF
-        start = max(self._seq, since << 16)
+        start = self._take(n, now_ms)
         seqs = (np.arange(n, dtype=np.uint64) + np.uint64(start)) & np.uint64((1 << 48) - 1)
-        self._seq = start + n
         raw = np.empty((n, 16), dtype=np.uint8)
         raw[:, :10] = self._prefix
         raw[:, 10:] = seqs.astype(">u8").view(np.uint8).reshape(n, 8)[:, 2:]
         return hex_fixed(raw)
+
+    def next_id(self, now_ms: int) -> str:
+        """One id, exactly as ``generate(1, now_ms)`` would make it (the single-put path)."""
+        return f"{self._prefix_hex}{self._take(1, now_ms) & ((1 << 48) - 1):012X}"
 
 
 # Two ASCII hex digits of every byte value, as one little-endian uint16 each.

@@ -43,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from pipeline import dispatch, encode, failpoints, record
+from pipeline import dispatch, encode, failpoints, native, record
 from pipeline.background import PeriodicTask
 from pipeline.checkpoint import StoreCheckpoint
 from pipeline.commitlog import CommitLog
@@ -69,6 +69,7 @@ from pipeline.subscription import Subscription
 
 STORE_ENTRIES = ("commitlog", "consumequeue", "index", "config", "checkpoint", "abort", "lock")
 MAX_TIMESTAMP = 2**63 - 1
+_INT_MAX = 2**31 - 1
 SCAN_BUDGET_BYTES = 16000  # RocketMQ's floor on ConsumeQueue bytes one filtered pull scans
 
 
@@ -250,6 +251,13 @@ class MessageStore:
             self.index.load()
         self.recovery = self._recover()
         self._store_host_field = record.encode_host(cfg.store_host)[0]
+        self._store_host_hex = self._store_host_field.hex().upper()
+        # Born host = store host on the single-put path: both v6 bits or neither.
+        v6 = len(self._store_host_field) == 20
+        self._plain_sys_flag = (
+            record.BORNHOST_V6_FLAG | record.STOREHOSTADDRESS_V6_FLAG if v6 else 0
+        )
+        self._plain_topics: set[str] = set()
         self._uniq = encode.UniqKeyGenerator()
         # (offset, store time) of the newest record this process wrote: what the progress file
         # names as the last flushed record.
@@ -421,8 +429,148 @@ class MessageStore:
         return cq
 
     def put(self, message: Message) -> PutResult:
-        """Store one message (a batch of one)."""
-        return next(self.put_batch([message]).results())
+        """Store one message.
+
+        A plain message (no transaction bits, born host or reserved property names) that fits
+        the current CommitLog segment, ConsumeQueue file and index file takes a path that
+        builds no Arrow table; anything else is put as a batch of one. Both write the same
+        bytes and give the same result, errors included.
+        """
+        self._check_open(write=True)
+        with self._mutex:
+            if self._flusher is not None:
+                self._flusher.raise_if_failed()
+            if self.retention is not None:
+                self.retention.check_put()
+            now = self.clock_ms()
+            done = self._put_one(message, now)
+            if done is not None:
+                return done
+            return next(self._put_batch([message], now).results())
+
+    def _put_one(self, m: Message, now: int) -> PutResult | None:
+        """The single-put path, or None (nothing done) when ``m`` needs the batch path."""
+        cfg = self.config
+        topic, body = m.topic, m.body
+        if type(topic) is not str or type(body) is not bytes or m.sys_flag or m.born_host:
+            return None
+        if topic not in self._plain_topics:
+            if encode.topic_problem(topic) is not None:
+                return None
+            self._plain_topics.add(topic)
+        qid, flag = m.queue_id, m.flag
+        if not (type(qid) is int and 0 <= qid <= _INT_MAX and type(flag) is int):
+            return None
+        if not (-_INT_MAX - 1 <= flag <= _INT_MAX) or m.reconsume_times:
+            return None
+        if m.prepared_transaction_offset or len(body) > cfg.max_message_size:
+            return None
+        parts = []
+        index_entries = 1  # the UNIQ_KEY, then one per KEYS token
+        keys = m.keys
+        if keys is not None:
+            tokens = keys.split(" ") if isinstance(keys, str) else keys
+            if not all(type(k) is str for k in tokens):
+                return None
+            text = " ".join(k for k in tokens if k) if isinstance(keys, str) else " ".join(tokens)
+            if text:
+                parts.append(f"KEYS\x01{text}")
+                index_entries += sum(1 for k in text.split(" ") if k)
+        if m.tags:
+            if type(m.tags) is not str:
+                return None
+            parts.append(f"TAGS\x01{m.tags}")
+        uniq = m.uniq_key or self._uniq.next_id(now)
+        parts.append(f"UNIQ_KEY\x01{uniq}")
+        if m.properties:
+            for name, value in m.properties.items():
+                if type(name) is not str or type(value) is not str or not name:
+                    return None
+                if name in encode.RESERVED_PROPERTIES:
+                    return None
+                parts.append(f"{name}\x01{value}")
+        text = "\x02".join(parts)
+        if "\x01" in uniq or "\x02" in uniq or text.count("\x01") != len(parts):
+            return None  # a separator inside a value: the batch path names the field
+        if text.count("\x02") != len(parts) - 1:
+            return None
+        try:
+            props = text.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+        topic_b = topic.encode("utf-8")
+        born_ts = now if m.born_timestamp is None else m.born_timestamp
+        if type(born_ts) is not int or not -(2**63) <= born_ts < 2**63:
+            return None
+        store_host = self._store_host_field
+        size = record.record_size(len(body), len(topic_b), len(props), False, False) + 2 * (
+            len(store_host) - 8
+        )
+        log = self.commitlog
+        pos = log.max_offset
+        seg = cfg.mapped_file_size_commitlog
+        if len(props) > record.MAX_PROPERTIES_LENGTH or pos % seg + size + 8 > seg:
+            return None
+        try:
+            mf = log.segments.find(pos)
+        except OffsetOutOfRangeError:
+            return None
+        cq = self.queues.get((topic, qid))
+        queue_offset = self._next_queue_offset.get((topic, qid), 0)
+        if cq is None or not cq.room_for_one(queue_offset):
+            return None
+        index = self.index
+        if index is not None and not index.room_for(index_entries):
+            return None
+        try:
+            failpoints.hit("commitlog-write")
+            _, tags_code, hashes = native.encode_one(
+                mf.buffer,
+                pos - mf.base,
+                topic_b,
+                body,
+                props,
+                qid,
+                flag,
+                queue_offset,
+                pos,
+                self._plain_sys_flag,
+                born_ts,
+                store_host,
+                now,
+                store_host,
+                0,
+                0,
+            )
+            mf.wrote_position = pos - mf.base + size
+            if cfg.sync_flush:
+                failpoints.hit("flush")
+                log.flush()
+            cq.append_one(pos, size, tags_code)
+            if index is not None:
+                for h in hashes:
+                    index.files[-1].put_one(h, pos, now)
+        except BaseException as exc:
+            self._failure = exc
+            raise StoreFailedError(
+                f"{self.path}: put of 1 message at CommitLog offset {pos} failed part-way "
+                f"({exc!r}); the store takes no more writes until it is closed and opened "
+                "again, which recovers it"
+            ) from exc
+        self._next_queue_offset[(topic, qid)] = queue_offset + 1
+        self._dispatched_end = pos + size
+        self._last_record = (pos, now)
+        if time.monotonic() - self._flushed_at >= cfg.flush_interval_commitlog / 1000:
+            self.flush()
+        return PutResult(
+            "PUT_OK",
+            f"{self._store_host_hex}{pos:016X}",
+            pos,
+            queue_offset,
+            size,
+            now,
+            uniq,
+        )
 
     def put_batch(self, batch: pa.Table | pa.RecordBatch | Sequence[Message]) -> BatchPutResult:
         """Store a batch of messages (see :mod:`pipeline.message` for the columns).
@@ -433,14 +581,16 @@ class MessageStore:
         with self._mutex:
             return self._put_batch(batch)
 
-    def _put_batch(self, batch: pa.Table | pa.RecordBatch | Sequence[Message]) -> BatchPutResult:
+    def _put_batch(
+        self, batch: pa.Table | pa.RecordBatch | Sequence[Message], now: int | None = None
+    ) -> BatchPutResult:
         if self._flusher is not None:
             self._flusher.raise_if_failed()
         if self.retention is not None:
             # Refused before anything is encoded or written; the cached verdict of the last
             # disk check, so the put path never measures the disk itself.
             self.retention.check_put()
-        now = self.clock_ms()
+        now = self.clock_ms() if now is None else now
         b = encode.prepare(batch, self.config, self._uniq, now)
         if b.n == 0:
             return BatchPutResult(

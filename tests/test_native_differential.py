@@ -9,6 +9,7 @@ sees; the native hashes and CRCs must equal the reference functions.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import tempfile
 import zlib
@@ -22,6 +23,7 @@ from test_encode import messages
 
 from pipeline import native, record
 from pipeline.config import StoreConfig
+from pipeline.errors import InvalidMessageError
 from pipeline.javahash import java_hash
 from pipeline.message import Message
 from pipeline.store import MessageStore
@@ -309,3 +311,63 @@ def test_index_keys_skip_rollback_and_empty_tokens() -> None:
     assert np.frombuffer(hashes, np.int32).tolist() == [
         key_hash("T", k) for k in ("U0", "a", "b", "d")
     ]
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(batch=st.lists(messages(), min_size=1, max_size=30))
+def test_single_puts_write_what_batches_of_one_write(tmp_path: Path, batch: list[Message]) -> None:
+    """``put`` takes its own path for plain messages; the bytes must be the batch path's."""
+    batch = [
+        dataclasses.replace(m, uniq_key=m.uniq_key or f"{i:032X}") for i, m in enumerate(batch)
+    ]
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    outcomes: dict[str, list[object]] = {}
+    for name, single in (("single", True), ("batch", False)):
+        clock = iter(range(10**12, 10**12 + 10**7, 700))
+        got = outcomes[name] = []
+        with MessageStore(root / name, CONFIG, clock_ms=lambda c=clock: next(c)) as store:
+            for m in batch:
+                try:
+                    if single:
+                        r = store.put(m)
+                        got.append((r.msg_id, r.queue_offset, r.store_size, r.uniq_key))
+                    else:
+                        b = next(store.put_batch([m]).results())
+                        got.append((b.msg_id, b.queue_offset, b.store_size, b.uniq_key))
+                except InvalidMessageError as exc:
+                    got.append(str(exc))
+    assert outcomes["single"] == outcomes["batch"]
+
+    def files(path: Path) -> dict[str, bytes]:
+        return {
+            str(p.relative_to(path)): p.read_bytes()
+            for sub in ("commitlog", "consumequeue", "index")
+            for p in sorted((path / sub).rglob("*"))
+            if p.is_file()
+        }
+
+    assert files(root / "single") == files(root / "batch")
+
+
+def test_plain_single_puts_take_the_single_put_path(tmp_path: Path, monkeypatch) -> None:
+    calls = []
+    real = native.encode_one
+    monkeypatch.setattr(native, "encode_one", lambda *a: calls.append(a[3]) or real(*a))
+    plain = [
+        Message("TopicA", f"body {i}".encode(), queue_id=i % 3, keys=[f"k{i}", "x y"], tags="T")
+        for i in range(200)
+    ]
+    roomy = StoreConfig(
+        mapped_file_size_commitlog=1 << 20,
+        mapped_file_size_consume_queue=20 * 1000,
+        max_hash_slot_num=101,
+        max_index_num=1000,
+    )
+    with MessageStore(tmp_path / "s", roomy) as store:
+        results = [store.put(m) for m in plain]
+        found = store.query_by_key("TopicA", "k150")
+    assert len(calls) == 197  # all but the first put of each queue, which creates its file
+    assert [m.commit_log_offset for m in found] == [results[150].commit_log_offset]
+    assert found[0].body == b"body 150"

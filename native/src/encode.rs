@@ -538,3 +538,77 @@ pub fn index_keys<'py>(
     });
     Ok((PyBytes::new(py, &rows), PyBytes::new(py, &hashes)))
 }
+
+/// One message, encoded straight into `dest` at `pos` (the single-put path: no batch columns
+/// to build). Hosts are their 8- or 20-byte fields; `props` is the whole PROPERTIES field,
+/// whose KEYS, TAGS and UNIQ_KEY the derived values are read from. Returns the record size,
+/// the ConsumeQueue tagsCode and the index key hashes (none for a ROLLBACK).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn encode_one(
+    dest: &Bound<'_, PyAny>,
+    pos: usize,
+    topic: &[u8],
+    body: &[u8],
+    props: &[u8],
+    queue_id: i32,
+    flag: i32,
+    queue_offset: i64,
+    phys: i64,
+    sys_flag: i32,
+    born_ts: i64,
+    born_host: &[u8],
+    store_ts: i64,
+    store_host: &[u8],
+    reconsume: i32,
+    prep_tx: i64,
+) -> PyResult<(usize, i64, Vec<i32>)> {
+    if !matches!(born_host.len(), 8 | 20) || !matches!(store_host.len(), 8 | 20) {
+        return Err(PyValueError::new_err("hosts must be 8 or 20 bytes"));
+    }
+    if topic.is_empty() || topic.len() > 127 || props.len() > i16::MAX as usize {
+        return Err(PyValueError::new_err("topic or properties out of range"));
+    }
+    let size = layout::FIXED_SIZE_V4 + body.len() + topic.len() + props.len() + born_host.len() - 8
+        + store_host.len()
+        - 8;
+    let dest = OutBytes::new(dest, "dest")?;
+    let out = dest.get();
+    if pos + size > out.len() {
+        return Err(PyValueError::new_err(format!(
+            "{size} bytes at {pos} run past the segment's {} bytes",
+            out.len()
+        )));
+    }
+    let mut w = Writer {
+        buf: &mut out[pos..pos + size],
+        pos: 0,
+    };
+    w.i32(size as i32);
+    w.i32(MAGIC);
+    w.i32(hash::body_crc(body));
+    w.i32(queue_id);
+    w.i32(flag);
+    w.i64(queue_offset);
+    w.i64(phys);
+    w.i32(sys_flag);
+    w.i64(born_ts);
+    w.bytes(born_host);
+    w.i64(store_ts);
+    w.bytes(store_host);
+    w.i32(reconsume);
+    w.i64(prep_tx);
+    w.i32(body.len() as i32);
+    w.bytes(body);
+    w.bytes(&[topic.len() as u8]);
+    w.bytes(topic);
+    w.i16(props.len() as i16);
+    w.bytes(props);
+    let reserved = hash::reserved(props);
+    let mut keys = Vec::new();
+    if layout::indexed(sys_flag) {
+        let prefix = hash::topic_prefix(topic);
+        hash::for_each_index_key(prefix, reserved.uniq, reserved.keys, |h| keys.push(h));
+    }
+    Ok((size, hash::tags_code(reserved.tags), keys))
+}
