@@ -7,13 +7,14 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench import common, recovery, spark_sink, spark_source, store
+from bench import common, core, recovery, spark_sink, spark_source, store
 from bench.common import Options, PartResult
 
 # Part name -> its runner, in the order ``python -m bench`` runs them. Later parts (the Spark
 # sink and source) register here.
 PARTS: dict[str, Callable[[Options], PartResult]] = {
     "store": store.run,
+    "core": core.run,
     "recovery": recovery.run,
     "sink": spark_sink.run,
     "source": spark_source.run,

@@ -61,10 +61,16 @@ class ConsumeQueue:
         self.max_physic_offset = -1  # end (offset + size) of the last unit's record
 
     # -- loading ----------------------------------------------------------------------------
-    def load(self) -> None:
+    def load(self, length: int | None = None) -> None:
         """Map the files and find the end of the queue: the first invalid unit of the last file
-        that has any (RocketMQ scans the last three files the same way)."""
+        that has any (RocketMQ scans the last three files the same way).
+
+        ``length`` is the queue's length as the last flush recorded it: when the unit before it
+        is valid and the one at it is not, that is the end, and no file is scanned (so a clean
+        open does not grow with the queue)."""
         self.segments.load()
+        if length is not None and self._end_at(length):
+            return
         files = self.segments.files
         # Trailing files with no valid unit at all (pre-allocated, or emptied by a crash) do not
         # hold the end; step back to the last file that has units.
@@ -83,6 +89,35 @@ class ConsumeQueue:
                 break
         self.min_logic_offset = self.segments.min_offset
 
+    def _end_at(self, length: int) -> bool:
+        """Take ``length`` as the end if the units around it say so; False changes nothing."""
+        files = self.segments.files
+        pos = length * CQ_UNIT_SIZE
+        if not files or pos <= files[0].base:
+            return False
+        at = (pos - 1 - files[0].base) // self.file_size
+        if at >= len(files):
+            return False
+        mf = files[at]
+        rel = pos - mf.base
+        last = UNIT.unpack_from(mf.buffer, rel - CQ_UNIT_SIZE)
+        if last[0] < 0 or last[1] <= 0:
+            return False
+        following = (
+            (mf, rel)
+            if rel < self.file_size
+            else ((files[at + 1], 0) if at + 1 < len(files) else (None, 0))
+        )
+        if following[0] is not None:
+            offset, size, _ = UNIT.unpack_from(following[0].buffer, following[1])
+            if offset >= 0 and size > 0:
+                return False
+        for i, f in enumerate(files):
+            f.wrote_position = f.flushed_position = f.size if i < at else rel if i == at else 0
+        self.max_physic_offset = last[0] + last[1]
+        self.min_logic_offset = self.segments.min_offset
+        return True
+
     def correct_min_offset(self, min_commitlog_offset: int) -> None:
         """Skip leading units whose messages the CommitLog no longer holds (RocketMQ's
         ``correctMinOffset``)."""
@@ -93,6 +128,10 @@ class ConsumeQueue:
         """The min logic offset :meth:`correct_min_offset` sets, computed as if the files before
         ``files[first_file]`` were gone (retention's dry run). Changes nothing."""
         first = self.segments.files[first_file]
+        if first.wrote_position >= CQ_UNIT_SIZE:
+            offset, size, _ = UNIT.unpack_from(first.buffer, 0)
+            if offset >= min_commitlog_offset and 0 < size != PRE_BLANK_SIZE:
+                return first.base  # the usual case: nothing of this file was deleted
         units = self._file_units(first_file)[: first.wrote_position // CQ_UNIT_SIZE]
         live = np.flatnonzero(
             (units["offset"] >= min_commitlog_offset)
@@ -290,6 +329,10 @@ class ConsumeQueue:
         """Drop units whose record does not end by ``phys_end``; returns how many were dropped."""
         have = self.max_offset
         lo, hi = self.min_offset, have
+        if hi > lo:
+            last = self.read(hi - 1, 1)[0]
+            if int(last["offset"]) + int(last["size"]) <= phys_end:
+                return 0  # the usual case on open: the queue ends before the cut
         # Units are in CommitLog order, so the ones to drop are a suffix: binary search it.
         while lo < hi:
             mid = (lo + hi) // 2

@@ -182,6 +182,8 @@ class IndexFile:
         moved down their chains to the newest remaining entry. ``store_time(offset)`` gives a
         kept message's store time, for the new end timestamp. Returns the entries dropped."""
         count = self.index_count
+        if count <= 1 or self.end_phy_offset < phys:
+            return 0  # every entry is of an earlier message (entries are in CommitLog order)
         used = self._entries[1:count]
         keep = 1 + int(np.searchsorted(used["phy_offset"].astype(np.int64), phys, side="left"))
         if keep >= count:

@@ -292,9 +292,13 @@ def recover(
             # Unlike RocketMQ, an impossible index is dropped and dispatched again.
             index.destroy()
             report.index_rebuilt = True
-        # Derived files that lag further (deleted, or cut short by a failed write) are
-        # dispatched again from where the furthest behind of them stopped.
-        redispatch_from = min(cut_at, dispatched_end(log, queue_list, index))
+        # Derived files that lag further (deleted or emptied; without a progress file, any
+        # that stopped short) are dispatched again from where the furthest behind stopped.
+        # With one, the files before its point are vouched for, and trailing records that
+        # make no unit or entry (transactions, no keys) must not count as a lag.
+        redispatch_from = cut_at
+        if trusted is None or _derived_lost(log, queues, index, progress):
+            redispatch_from = min(cut_at, dispatched_end(log, queue_list, index))
         if redispatch_from < cut_at:
             _drop_derived(log, queue_list, index, redispatch_from, report)
         report.redispatch_from = redispatch_from
@@ -354,3 +358,22 @@ def _drop_derived(
         report.index_entries_dropped += index.truncate_from(
             phys, lambda at: log.store_timestamp(at, record.FIXED_SIZE_V4)
         )
+
+
+def _derived_lost(
+    log: CommitLog,
+    queues: dict[tuple[str, int], ConsumeQueue],
+    index: IndexService | None,
+    progress: FlushProgress | None,
+) -> bool:
+    """Whether a derived file the last flush recorded is gone or shorter, or the index is empty
+    although the log is not."""
+    if progress is not None:
+        for name, length in progress.queues.items():
+            topic, _, qid = name.rpartition("/")
+            have = queues.get((topic, int(qid)))
+            if have is None or have.max_offset < length:
+                return True
+    if index is not None and log.max_offset > log.min_offset:
+        return not index.files or index.files[-1].entry_count == 0
+    return False

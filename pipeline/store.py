@@ -231,6 +231,8 @@ class MessageStore:
         )
         self.commitlog.load()
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._progress = FlushProgress.read(self.path / "config")
+        lengths = self._progress.queues if self._progress is not None else {}
         cq_root = self.path / "consumequeue"
         if cq_root.is_dir():
             for topic_dir in sorted(cq_root.iterdir()):
@@ -238,7 +240,8 @@ class MessageStore:
                     continue
                 for qdir in sorted(topic_dir.iterdir()):
                     if qdir.is_dir() and qdir.name.isdigit():
-                        self._queue(topic_dir.name, int(qdir.name)).load()
+                        length = lengths.get(f"{topic_dir.name}/{qdir.name}")
+                        self._queue(topic_dir.name, int(qdir.name)).load(length)
         self.index: IndexService | None = None
         if cfg.message_index_enable:
             self.index = IndexService(
@@ -277,7 +280,7 @@ class MessageStore:
             queues=self.queues,
             index=self.index,
             checkpoint=self.checkpoint,
-            progress=FlushProgress.read(self.path / "config"),
+            progress=self._progress,
             abnormal=self.abort_file_found,
             read_only=self.read_only,
             check_crc=self.config.check_crc_on_recover,
