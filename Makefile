@@ -12,8 +12,16 @@ DEMO_SECONDS ?= 60
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-8s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
+
+# The install compiles the native core: say so before pip does, when cargo is missing.
+$(STAMP): pyproject.toml $(NATIVE_SOURCES)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rocketstore needs Python >= 3.11, found " + sys.version.split()[0])'
+	@command -v cargo >/dev/null 2>&1 || { \
+		echo "rocketstore's native core is a Rust crate and there is no 'cargo' on PATH."; \
+		echo "Install a Rust toolchain (1.85 or later), e.g. 'curl https://sh.rustup.rs | sh'"; \
+		echo "or 'sudo apt install cargo' where the distribution's is recent enough."; \
+		exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
@@ -21,7 +29,8 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## Create .venv and install rocketstore with its dev tools
 
-test: $(STAMP) ## Run the whole test suite
+test: $(STAMP) ## Run the whole test suite (the crate's unit tests, then pytest)
+	cd native && cargo test --release --quiet
 	$(PY) -m pytest -q
 
 demo: java $(STAMP) ## Run the whole Spark pipeline for a minute, then print what it did
@@ -45,14 +54,16 @@ java:
 bench: $(STAMP) ## Run the benchmarks in bench/ (figures in bench/README.md)
 	$(PY) -m bench
 
-lint: $(STAMP) ## ruff (lint and format check) and mypy
+lint: $(STAMP) ## ruff (lint and format check), mypy, cargo fmt --check and clippy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	cd native && cargo fmt --check && cargo clippy --all-targets -- -D warnings
 
-format: $(STAMP) ## Format the code with ruff
+format: $(STAMP) ## Format the code with ruff and cargo fmt
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+	cd native && cargo fmt
 
 clean: ## Remove the demo store and caches (keeps .venv)
 	rm -rf data .pytest_cache .mypy_cache .ruff_cache bench/out

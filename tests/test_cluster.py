@@ -1,7 +1,12 @@
 """The jobs on a real Spark standalone cluster: a master and two workers on 127.0.0.1, started
 from the pip-installed pyspark, and ``spark-submit --master spark://...`` of ``ingest`` and
-``export`` against one store root, with the package shipped as ``--py-files`` and one executor
-on each worker.
+``export`` against one store root, with one executor on each worker.
+
+The project reaches the nodes as the README says it must, with its compiled core: a wheel built
+by ``pip wheel .`` and installed into the Python environment the driver and the executors run
+(``--py-files`` cannot carry an extension module). That environment sees the third-party
+packages of the test's virtualenv but not the project's editable install, so the jobs can only
+run if the wheel works.
 
 Every process the test starts is stopped by its PID at the end, whatever happens.
 """
@@ -15,10 +20,10 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 import urllib.error
 import urllib.request
-import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,7 +44,6 @@ pytestmark = [
 ROWS = 2000
 START_TIMEOUT = 90.0
 SUBMIT_TIMEOUT = 300.0
-PACKAGES = ("pipeline", "sink", "source", "jobs")
 STORE_TOML = "mappedFileSizeCommitLog = 1048576\nmaxHashSlotNum = 4096\nmaxIndexNum = 65536\n"
 
 
@@ -164,14 +168,15 @@ class Cluster:
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
 
-    def submit(self, script: str, *args: str, py_files: Path) -> subprocess.CompletedProcess[str]:
+    def submit(self, script: str, *args: str, python: Path) -> subprocess.CompletedProcess[str]:
         cmd = [
             str(Path(sys.executable).parent / "spark-submit"),
             "--master", self.url,
             "--total-executor-cores", "2",
             "--executor-cores", "1",
             "--executor-memory", "512m",
-            "--py-files", str(py_files),
+            "--conf", f"spark.pyspark.python={python}",
+            "--conf", f"spark.pyspark.driver.python={python}",
             # As the README says to: the project's Spark settings and quiet logging.
             "--properties-file", str(ROOT / "conf" / "spark-defaults.conf"),
             str(ROOT / "jobs" / script),
@@ -200,13 +205,40 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         c.stop()
 
 
-def package_zip(path: Path) -> Path:
-    """The project's packages in one zip, as ``--py-files`` ships them to every node."""
-    with zipfile.ZipFile(path, "w") as z:
-        for package in PACKAGES:
-            for f in sorted((ROOT / package).rglob("*.py")):
-                z.write(f, f.relative_to(ROOT).as_posix())
-    return path
+def node_python(base: Path) -> Path:
+    """A Python environment for the cluster's driver and executors: a virtualenv that sees the
+    test's third-party packages (a ``.pth`` line naming their site-packages, whose own ``.pth``
+    files, the editable install's among them, are not run) and the project only as the wheel
+    ``pip wheel .`` builds from this checkout."""
+    wheels = base / "wheels"
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=SUBMIT_TIMEOUT,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr[-4000:]
+    (wheel,) = wheels.glob("rocketstore-*.whl")
+    env = base / "node-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    site = next((env / "lib").glob("python*/site-packages"))
+    (site / "third_party.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), wheel],
+        check=True,
+        timeout=SUBMIT_TIMEOUT,
+    )
+    python = env / "bin" / "python"
+    where = subprocess.run(
+        [str(python), "-c", "import pipeline._native, pipeline; print(pipeline.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd=base,
+        check=True,
+    ).stdout.strip()
+    assert Path(where).is_relative_to(site), where
+    return python
 
 
 def app_dirs(work: Path) -> set[str]:
@@ -227,7 +259,7 @@ def test_ingest_and_export_on_a_standalone_cluster(cluster: Cluster, tmp_path: P
         )
     store, config = tmp_path / "store", tmp_path / "store.toml"
     config.write_text(STORE_TOML)
-    zipped = package_zip(tmp_path / "rocketstore.zip")
+    python = node_python(tmp_path)
     common = ["--store", str(store), "--store-config", str(config), "--topic", "events"]
 
     ingested = cluster.submit(
@@ -241,7 +273,7 @@ def test_ingest_and_export_on_a_standalone_cluster(cluster: Cluster, tmp_path: P
         "--queues", "2",
         "--max-files-per-trigger", "1",
         "--trigger", "available-now",
-        py_files=zipped,
+        python=python,
     )  # fmt: skip
     assert ingested.returncode == 0, ingested.stderr[-4000:]
     # spark-submit passes the Python driver's stderr on as its stdout.
@@ -256,7 +288,7 @@ def test_ingest_and_export_on_a_standalone_cluster(cluster: Cluster, tmp_path: P
         "--format", "parquet",
         "--max-messages-per-trigger", "1000",
         "--trigger", "available-now",
-        py_files=zipped,
+        python=python,
     )  # fmt: skip
     assert exported.returncode == 0, exported.stderr[-4000:]
 

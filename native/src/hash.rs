@@ -48,15 +48,12 @@ pub fn body_crc(body: &[u8]) -> i32 {
 /// item without a separator is skipped, and a later duplicate name wins when collected.
 pub fn properties(raw: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
     raw.split(|&b| b == 2).filter_map(|item| {
-        let mut parts: Vec<&[u8]> = item.split(|&b| b == 1).collect();
-        while parts.last().is_some_and(|p| p.is_empty()) {
-            parts.pop();
-        }
-        if parts.len() == 2 {
-            Some((parts[0], parts[1]))
-        } else {
-            None
-        }
+        // Two parts once trailing empty ones are dropped: a non-empty value, and nothing but
+        // separators after it.
+        let mut parts = item.split(|&b| b == 1);
+        let name = parts.next()?;
+        let value = parts.next()?;
+        (!value.is_empty() && parts.all(|p| p.is_empty())).then_some((name, value))
     })
 }
 
