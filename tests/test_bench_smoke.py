@@ -84,3 +84,28 @@ def test_recovery_benchmark_quick(
         assert len(p["runs"]) == 2 and p["encoded_bytes"] > 0
         for key in ("sync_msgs_per_s", "async_msgs_per_s", "raw_msgs_per_s", "sync_over_raw"):
             _positive(p[key])
+
+
+def test_core_benchmark_quick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+    from bench.cli import main
+
+    out = tmp_path / "out"
+    assert main(["core", "--quick", "--runs", "2", "--out", str(out)]) == 0
+
+    printed = capsys.readouterr().out
+    assert "single put" in printed and "clean open" in printed and "rebuild" in printed
+
+    data = json.loads((out / "core-latest.json").read_text())
+    assert data["part"] == "core"
+    assert not list((out / "tmp").iterdir()), "scratch stores must be removed"
+    single = data["single"]
+    assert len(single["runs"]) == 2 and single["messages"] == data["sizes"]["single_puts"]
+    _positive(single["put_msgs_per_s"])
+    _positive(single["write_msgs_per_s"])
+    opened = data["open"]
+    assert len(opened["opens"]) == len(opened["rebuilds"]) == 2
+    for key in ("open_big_ms", "open_small_ms", "rebuild_records_per_s", "rebuild_read_mb_per_s"):
+        _positive(opened[key])
