@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from pipeline import dispatch, encode, record
+from pipeline import dispatch, durability, encode, record
 from pipeline.background import PeriodicTask
 from pipeline.checkpoint import StoreCheckpoint
 from pipeline.commitlog import CommitLog
@@ -54,6 +54,7 @@ from pipeline.errors import (
 from pipeline.index_service import IndexService
 from pipeline.javahash import binary_offsets
 from pipeline.lock import DirectoryLock
+from pipeline.mappings import MappingCache
 from pipeline.message import Message
 from pipeline.progress import FlushProgress
 from pipeline.recovery import RecoveryReport, recover
@@ -214,8 +215,12 @@ class MessageStore:
         self.abort_file_found = (self.path / "abort").exists()
         if not self.read_only:
             for sub in ("commitlog", "consumequeue", "index", "config"):
-                (self.path / sub).mkdir(exist_ok=True)
+                durability.make_dirs(self.path / sub)
+            # Durable before anything is written: after a power cut, the next open must know
+            # the shutdown was not clean.
             (self.path / "abort").touch()
+            durability.fsync_dir(self.path)
+        self.mappings = MappingCache(cfg.max_mapped_files)
         self.checkpoint = StoreCheckpoint.read(self.path / "checkpoint")
         self.commitlog = CommitLog(
             self.path / "commitlog", cfg.mapped_file_size_commitlog, read_only=self.read_only
@@ -238,6 +243,7 @@ class MessageStore:
                 cfg.max_index_num,
                 read_only=self.read_only,
                 clock_ms=self.clock_ms,
+                cache=self.mappings,
             )
             self.index.load()
         self.recovery = self._recover()
@@ -356,7 +362,7 @@ class MessageStore:
             if self.index is not None:
                 self.index.close()
             if not self.read_only:
-                (self.path / "abort").unlink(missing_ok=True)
+                durability.remove(self.path / "abort")
             if self._lock is not None:
                 self._lock.release()
 
@@ -370,6 +376,7 @@ class MessageStore:
                 queue_id,
                 self.config.mapped_file_size_consume_queue,
                 read_only=self.read_only,
+                cache=self.mappings,
             )
             self.queues[(topic, queue_id)] = cq
         return cq
