@@ -151,7 +151,7 @@ def test_a_cut_at_every_barrier_of_a_workload(tmp_path: Path, flush: str) -> Non
     script = make_script(seed=11)
     total = barrier_count(tmp_path, script, config)
     assert total > 50  # the workload rolls files and flushes: many barriers
-    lost_acked = 0
+    lost_acked = acked_total = survived_total = 0
     for k in range(1, total + 1):
         path = tmp_path / f"cut{k}"
         run = run_script(path, script, config, k)
@@ -159,8 +159,13 @@ def test_a_cut_at_every_barrier_of_a_workload(tmp_path: Path, flush: str) -> Non
         context = f"{flush}, cut at barrier {k} of {total}"
         survived = check_after_cut(path, run, config, context)
         lost_acked += max(0, len(run.acked) - survived)
+        acked_total += len(run.acked)
+        survived_total += survived
         if flush == SYNC_FLUSH:
             assert survived >= len(run.acked), context
+    print(
+        f"\n{flush}: {total} cuts; {acked_total} acknowledged, {survived_total} survived, {lost_acked} acknowledged lost"
+    )
     if flush == ASYNC_FLUSH:
         # Not vacuous: some cuts must have lost acknowledged, unflushed messages.
         assert lost_acked > 0
