@@ -23,6 +23,7 @@ import os
 import struct
 from pathlib import Path
 
+from pipeline import durability
 from pipeline.errors import NotAStoreError
 
 LAYOUT = struct.Struct(">qqq")
@@ -52,8 +53,10 @@ class StoreCheckpoint:
 
     def write(self, path: Path, *, sync: bool) -> None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        created = False
         try:
             if os.fstat(fd).st_size != FILE_SIZE:
+                created = True  # new (or of a foreign size): its name and size need syncing
                 os.ftruncate(fd, FILE_SIZE)
             os.pwrite(
                 fd,
@@ -62,7 +65,9 @@ class StoreCheckpoint:
                 ),
                 0,
             )
-            if sync:
-                os.fsync(fd)
+            if sync or created:
+                durability.fsync(fd, path)
         finally:
             os.close(fd)
+        if created:
+            durability.fsync_dir(path.parent)

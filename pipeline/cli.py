@@ -52,7 +52,7 @@ from pipeline.config import StoreConfig
 from pipeline.errors import InvalidMessageError, StoreError
 from pipeline.message import Message
 from pipeline.record import MessageExt
-from pipeline.store import MAX_TIMESTAMP, MessageStore
+from pipeline.store import MAX_TIMESTAMP, MessageStore, PutResult
 
 PROG = "rocketstore"
 DUMP_PAGE = 1000
@@ -672,18 +672,41 @@ def _refusal(line: int, reason: str, status: str = "MESSAGE_ILLEGAL") -> dict[st
     return {"line": line, "status": status, "error": f"line {line}: {reason}"}
 
 
+class BatchFailed(Exception):
+    """A put failed for another reason than a refused message: ``results`` holds the lines
+    already answered (refusals), ``pending`` the lines of the failed put, whose records start
+    at CommitLog offset ``start`` if any landed."""
+
+    def __init__(
+        self,
+        results: dict[int, dict[str, Any]],
+        pending: list[tuple[int, Message]],
+        start: int,
+        cause: BaseException,
+    ) -> None:
+        super().__init__(str(cause))
+        self.results = results
+        self.pending = pending
+        self.start = start
+        self.cause = cause
+
+
 def _store(store: MessageStore, batch: list[tuple[int, Message]]) -> dict[int, dict[str, Any]]:
     """Put a batch, dropping each message the store refuses and retrying the rest.
 
     The store validates a whole batch before writing anything and names the first bad
     message's position; when that position is unusable, messages are put one at a time.
+    Any other failure raises :class:`BatchFailed`.
     """
     out: dict[int, dict[str, Any]] = {}
     pending = list(batch)
     while pending:
+        start = store.max_phy_offset
         try:
             result = store.put_batch([m for _, m in pending])
-        except InvalidMessageError as exc:
+        except (StoreError, OSError) as exc:
+            if not isinstance(exc, InvalidMessageError):
+                raise BatchFailed(out, pending, start, exc) from exc
             if len(pending) > 1 and not 0 <= exc.index < len(pending):
                 for item in pending:
                     out.update(_store(store, [item]))
@@ -692,16 +715,66 @@ def _store(store: MessageStore, batch: list[tuple[int, Message]]) -> dict[int, d
             out[line] = _refusal(line, _ROW_SUFFIX.sub("", exc.reason))
             continue
         for (line, _), r in zip(pending, result.results(), strict=True):
+            out[line] = _stored(line, r)
+        break
+    return out
+
+
+def _stored(line: int, r: PutResult | MessageExt) -> dict[str, Any]:
+    return {
+        "line": line,
+        "status": "PUT_OK",
+        "msgId": r.msg_id,
+        "commitLogOffset": r.commit_log_offset,
+        "queueOffset": r.queue_offset,
+        "storeTimestamp": r.store_timestamp,
+        "uniqKey": r.uniq_key,
+    }
+
+
+def _records_from(args: argparse.Namespace, start: int, limit: int) -> list[MessageExt]:
+    """Up to ``limit`` records from CommitLog offset ``start`` on, as a read-only open finds
+    the log now (what recovery keeps)."""
+    found: list[MessageExt] = []
+    with MessageStore(args.store, StoreConfig.load(args.config), read_only=True) as ro:
+        seg = ro.config.mapped_file_size_commitlog
+        pos, end = start, ro.max_phy_offset
+        while pos < end and len(found) < limit:
+            if not ro.commitlog.starts_record(pos):
+                pos = (pos // seg + 1) * seg  # an END_OF_FILE blank: the next segment
+                continue
+            msg = ro.get_message(pos)
+            found.append(msg)
+            pos += msg.store_size
+    return found
+
+
+def _landed(args: argparse.Namespace, failed: BatchFailed) -> dict[int, dict[str, Any]]:
+    """Results for the lines of a failed put: the records it left in the CommitLog (a prefix
+    of the put, in order) are stored, the other lines are not. When the log cannot be read
+    back, the lines are reported as UNKNOWN."""
+    out = dict(failed.results)
+    reason = f"{type(failed.cause).__name__}: {failed.cause}"
+    try:
+        found = _records_from(args, failed.start, len(failed.pending))
+    except (StoreError, OSError) as exc:
+        for line, _ in failed.pending:
             out[line] = {
                 "line": line,
-                "status": r.status,
-                "msgId": r.msg_id,
-                "commitLogOffset": r.commit_log_offset,
-                "queueOffset": r.queue_offset,
-                "storeTimestamp": r.store_timestamp,
-                "uniqKey": r.uniq_key,
+                "status": "UNKNOWN",
+                "error": f"line {line}: the put failed ({reason}) and the log could not be "
+                f"read back ({exc}): run `rocketstore recover`, then look for it",
             }
-        break
+        return out
+    for k, (line, m) in enumerate(failed.pending):
+        if k < len(found) and (found[k].topic, found[k].body) == (m.topic, m.body):
+            out[line] = _stored(line, found[k])
+        else:
+            out[line] = {
+                "line": line,
+                "status": "NOT_STORED",
+                "error": f"line {line}: not stored: the put failed: {reason}",
+            }
     return out
 
 
@@ -721,11 +794,24 @@ def cmd_produce(args: argparse.Namespace) -> int:
                         good.append((line, parse_line(raw)))
                     except Refused as exc:
                         results[line] = _refusal(line, exc.reason, exc.status)
-                results.update(_store(store, good))
+                failed: BatchFailed | None = None
+                try:
+                    results.update(_store(store, good))
+                except BatchFailed as exc:
+                    failed = exc
+                    results.update(_landed(args, exc))
                 for line, _ in batch:
                     refused += results[line]["status"] != "PUT_OK"
                     sys.stdout.write(_json_line(results[line]) + "\n")
                 sys.stdout.flush()
+                if failed is not None:
+                    # The store refuses writes after such a failure until it is reopened.
+                    _note(
+                        f"error: a put failed at line {batch[0][0]}-{batch[-1][0]}: "
+                        f"{failed}; the results above say which lines are stored; no line "
+                        "after them was read"
+                    )
+                    return 1
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()

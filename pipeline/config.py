@@ -43,6 +43,7 @@ _FIELDS: dict[str, tuple[str, type]] = {
     "deleteWhen": ("delete_when", str),
     "diskMaxUsedSpaceRatio": ("disk_max_used_space_ratio", int),
     "checkCRCOnRecover": ("check_crc_on_recover", bool),
+    "maxMappedFiles": ("max_mapped_files", int),
     "brokerIP1": ("broker_ip1", str),
     "listenPort": ("listen_port", int),
 }
@@ -65,6 +66,8 @@ class StoreConfig:
     delete_when: str = "04"
     disk_max_used_space_ratio: int = 75
     check_crc_on_recover: bool = True
+    # Not a RocketMQ setting: how many ConsumeQueue and IndexFile mappings stay open at once.
+    max_mapped_files: int = 1024
     broker_ip1: str = "127.0.0.1"
     listen_port: int = 10911
     ignored_keys: tuple[str, ...] = dataclasses.field(default=(), compare=False)
@@ -105,6 +108,7 @@ class StoreConfig:
         need(self.flush_interval_commitlog >= 1, "flushIntervalCommitLog", "must be >= 1 ms")
         need(self.max_message_size >= 1, "maxMessageSize", "must be >= 1")
         need(self.max_msgs_num_batch >= 1, "maxMsgsNumBatch", "must be >= 1")
+        need(self.max_mapped_files >= 2, "maxMappedFiles", "must be >= 2")
         need(self.file_reserved_time >= 0, "fileReservedTime", "must be >= 0 hours")
         need(
             all(_is_hour(h) for h in self.delete_when.split(";")),

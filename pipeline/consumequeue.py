@@ -31,6 +31,7 @@ import numpy.typing as npt
 from pipeline import failpoints
 from pipeline.config import CQ_UNIT_SIZE
 from pipeline.errors import OffsetOutOfRangeError, StoreError
+from pipeline.mappings import MappingCache
 from pipeline.segments import SegmentQueue
 
 UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
@@ -50,13 +51,22 @@ def make_units(offsets: npt.ArrayLike, sizes: npt.ArrayLike, tags_codes: npt.Arr
 
 
 class ConsumeQueue:
-    def __init__(self, root: Path, topic: str, queue_id: int, file_size: int, *, read_only: bool):
+    def __init__(
+        self,
+        root: Path,
+        topic: str,
+        queue_id: int,
+        file_size: int,
+        *,
+        read_only: bool,
+        cache: MappingCache | None = None,
+    ):
         self.topic = topic
         self.queue_id = queue_id
         self.directory = root / topic / str(queue_id)
         self.file_size = file_size
         self.units_per_file = file_size // CQ_UNIT_SIZE
-        self.segments = SegmentQueue(self.directory, file_size, read_only=read_only)
+        self.segments = SegmentQueue(self.directory, file_size, read_only=read_only, cache=cache)
         self.min_logic_offset = 0  # byte offset of the first unit still pointing at live data
         self.max_physic_offset = -1  # end (offset + size) of the last unit's record
 

@@ -9,8 +9,6 @@ Thread-safety: none (one writer per store).
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,10 +16,12 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from pipeline import durability
 from pipeline.errors import StoreError
 from pipeline.indexfile import IndexFile
 from pipeline.javahash import index_key_hash
 from pipeline.mapped_file import remove_leftovers
+from pipeline.mappings import MappingCache
 
 NAME_LENGTH = 17
 
@@ -41,7 +41,9 @@ class IndexService:
         *,
         read_only: bool,
         clock_ms: Callable[[], int],
+        cache: MappingCache | None = None,
     ) -> None:
+        self.cache = cache
         self.directory = directory
         self.slot_num = slot_num
         self.index_num = index_num
@@ -61,7 +63,9 @@ class IndexService:
         )
         for path in names:
             self.files.append(
-                IndexFile(path, self.slot_num, self.index_num, read_only=self.read_only)
+                IndexFile(
+                    path, self.slot_num, self.index_num, read_only=self.read_only, cache=self.cache
+                )
             )
 
     def close(self) -> None:
@@ -78,8 +82,7 @@ class IndexService:
             raise StoreError(f"{self.directory}: refusing to delete the last index file")
         f = self.files.pop(0)
         f.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(f.path)
+        durability.remove(f.path)
 
     @property
     def end_phy_offset(self) -> int:
@@ -91,7 +94,7 @@ class IndexService:
         return self.files[-1].end_timestamp if self.files else 0
 
     def _new_file(self) -> IndexFile:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        durability.make_dirs(self.directory)
         ms = self.clock_ms()
         name = index_file_name(ms)
         # Two files created in one millisecond would collide; names must also sort in order.
@@ -99,6 +102,11 @@ class IndexService:
             ms += 1
             name = index_file_name(ms)
         prev = self.files[-1] if self.files else None
+        # The full file is made durable before the next one exists, and the next one's header
+        # (where it begins) with it: after a power cut, a later file never follows a partial
+        # one, and recovery's cut of the index (by beginPhyOffset) finds the right file.
+        if prev is not None:
+            prev.flush()
         f = IndexFile(
             self.directory / name,
             self.slot_num,
@@ -107,9 +115,10 @@ class IndexService:
             create=True,
             prev_end_phy=prev.end_phy_offset if prev else 0,
             prev_end_ts=prev.end_timestamp if prev else 0,
+            cache=self.cache,
         )
-        if prev is not None:
-            prev.flush()
+        f.write_header()
+        f.flush()
         self.files.append(f)
         return f
 
@@ -150,7 +159,7 @@ class IndexService:
         """Delete every index file (to rebuild the index from the CommitLog)."""
         for f in self.files:
             f.close()
-            f.path.unlink(missing_ok=True)
+            durability.remove(f.path)
         self.files = []
 
     def truncate_from(self, phys: int, store_time: Callable[[int], int]) -> int:
@@ -162,7 +171,7 @@ class IndexService:
             dropped += f.entry_count
             f.close()
             if not self.read_only:
-                f.path.unlink(missing_ok=True)
+                durability.remove(f.path)
         if self.files:
             dropped += self.files[-1].truncate_from(phys, store_time)
         return dropped

@@ -41,6 +41,7 @@ import numpy.typing as npt
 
 from pipeline import failpoints, native
 from pipeline.mapped_file import MappedFile
+from pipeline.mappings import MappingCache
 
 HEADER = struct.Struct(">qqqqii")
 HEADER_SIZE = HEADER.size  # 40
@@ -65,18 +66,18 @@ class IndexFile:
         create: bool = False,
         prev_end_phy: int = 0,
         prev_end_ts: int = 0,
+        cache: MappingCache | None = None,
     ) -> None:
         self.path = path
         self.slot_num = slot_num
         self.index_num = index_num
         size = HEADER_SIZE + SLOT_SIZE * slot_num + ENTRY_SIZE * index_num
-        self._mf = MappedFile(path, 0, size, read_only=read_only, create=create)
-        buf = self._mf.buffer
-        self._slots = np.frombuffer(buf, dtype=">i4", count=slot_num, offset=HEADER_SIZE)
-        self._entries = np.frombuffer(
-            buf, dtype=ENTRY_DTYPE, count=index_num, offset=HEADER_SIZE + SLOT_SIZE * slot_num
+        self._mf = MappedFile(path, 0, size, read_only=read_only, create=create, cache=cache)
+        # Read without mapping: a store lists its index files at open, and maps one only when
+        # a look-up or a put needs its slots and entries.
+        fields: tuple[int, int, int, int, int, int] = HEADER.unpack_from(
+            self._mf.read(0, HEADER_SIZE), 0
         )
-        fields: tuple[int, int, int, int, int, int] = HEADER.unpack_from(buf, 0)
         self.begin_timestamp: int = fields[0]
         self.end_timestamp: int = fields[1]
         self.begin_phy_offset: int = fields[2]
@@ -91,6 +92,20 @@ class IndexFile:
             self.index_count = 1
         self._mf.wrote_position = self._mf.size
 
+    # Views made per use, not kept: a kept view would pin the mapping (see pipeline.mappings).
+    @property
+    def _slots(self) -> npt.NDArray[np.int32]:
+        return np.frombuffer(self._mf.buffer, dtype=">i4", count=self.slot_num, offset=HEADER_SIZE)
+
+    @property
+    def _entries(self) -> npt.NDArray[np.void]:
+        return np.frombuffer(
+            self._mf.buffer,
+            dtype=ENTRY_DTYPE,
+            count=self.index_num,
+            offset=HEADER_SIZE + SLOT_SIZE * self.slot_num,
+        )
+
     @property
     def is_full(self) -> bool:
         return self.index_count >= self.index_num
@@ -99,7 +114,7 @@ class IndexFile:
     def entry_count(self) -> int:
         return self.index_count - 1
 
-    def _write_header(self) -> None:
+    def write_header(self) -> None:
         HEADER.pack_into(
             self._mf.buffer,
             0,
@@ -148,7 +163,7 @@ class IndexFile:
         self.index_count += take
         self.end_phy_offset = int(phys[-1])
         self.end_timestamp = int(times[-1])
-        self._write_header()
+        self.write_header()
         return take
 
     def put_one(self, key_hash: int, phys: int, store_ts: int) -> None:
@@ -174,7 +189,7 @@ class IndexFile:
             self.begin_phy_offset, self.begin_timestamp = phys, store_ts
         self.index_count = count + 1
         self.end_phy_offset, self.end_timestamp = phys, store_ts
-        self._write_header()
+        self.write_header()
 
     def truncate_from(self, phys: int, store_time: Callable[[int], int]) -> int:
         """Drop the entries of messages at CommitLog offset ``phys`` or later (they are at the end:
@@ -206,7 +221,7 @@ class IndexFile:
         else:
             self.end_phy_offset = self.begin_phy_offset
             self.end_timestamp = self.begin_timestamp
-        self._write_header()
+        self.write_header()
         return count - keep
 
     # -- reading ----------------------------------------------------------------------------
@@ -257,6 +272,4 @@ class IndexFile:
         self._mf.flush()
 
     def close(self) -> None:
-        del self._slots
-        del self._entries
         self._mf.close()

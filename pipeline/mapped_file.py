@@ -8,12 +8,19 @@ full-size (sparse) and never grown or shrunk.
 What lies past :attr:`wrote_position` is unspecified (zeros in a file we created). The write
 position is not stored in the file: the owner (CommitLog, ConsumeQueue) derives it when loading.
 
+A segment holds no file descriptor: the file is opened, mapped and closed again (the mapping
+keeps the file itself). With a :class:`~pipeline.mappings.MappingCache` it is mapped lazily, on
+first use, and the cache unmaps the least recently used segments when too many are mapped; a
+segment whose bytes are in use (a zero-copy view is alive) is never unmapped.
+
 Thread-safety: none. A segment belongs to one writer; concurrent readers in other processes map
 the file read-only and see bytes as the page cache has them, so they must only trust data that a
 higher layer says is complete.
 
-Crash behaviour: writes land in the page cache; :meth:`flush` (``msync``) makes a range durable.
-After a crash, any suffix of unflushed writes may be missing or torn.
+Crash behaviour: writes land in the page cache; :meth:`flush` (``msync``, or ``fsync`` when the
+segment was unmapped since) makes them durable. After a crash, any suffix of unflushed writes may
+be missing or torn. Creating a segment is durable when the constructor returns (the file is
+sized, fsynced, renamed into place and its directory fsynced).
 """
 
 from __future__ import annotations
@@ -22,8 +29,9 @@ import mmap
 import os
 from pathlib import Path
 
-from pipeline import failpoints
+from pipeline import durability, failpoints
 from pipeline.errors import NotAStoreError, StoreError
+from pipeline.mappings import MappingCache
 
 NAME_DIGITS = 20
 PAGE = mmap.PAGESIZE
@@ -46,9 +54,10 @@ TMP_SUFFIX = ".creating"
 
 def _create_full_size(path: Path, size: int) -> None:
     """Create a sparse, full-size file at ``path`` (as RocketMQ's RandomAccessFile.setLength),
-    atomically: sized under a temporary name, then renamed into place, so a crash can never
-    leave a segment of the wrong size (which would make the store refuse to open). A crash
-    leaves at most a ``*.creating`` file, which loaders ignore and writable opens remove."""
+    atomically and durably: sized under a temporary name and fsynced, then renamed into place
+    and the directory fsynced, so neither a crash nor a power cut can leave a segment of the
+    wrong size (which would make the store refuse to open). A crash leaves at most a
+    ``*.creating`` file, which loaders ignore and writable opens remove."""
     if path.exists():
         raise StoreError(f"segment {path} already exists; refusing to overwrite it")
     failpoints.hit("segment-create")
@@ -56,23 +65,27 @@ def _create_full_size(path: Path, size: int) -> None:
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.ftruncate(fd, size)
+        durability.fsync(fd, tmp)
     finally:
         os.close(fd)
-    os.rename(tmp, path)
+    durability.replace(tmp, path)
 
 
 def remove_leftovers(directory: Path) -> None:
     """Delete ``*.creating`` files a crash left in ``directory``."""
     if directory.is_dir():
         for leftover in directory.glob("*" + TMP_SUFFIX):
-            leftover.unlink(missing_ok=True)
+            durability.remove(leftover)
 
 
 class MappedFile:
-    """A memory-mapped segment of ``size`` bytes whose first byte is log offset ``base``."""
+    """A memory-mapped segment of ``size`` bytes whose first byte is log offset ``base``.
+
+    Without ``cache`` the file is mapped at once and stays mapped until :meth:`close`; with it,
+    the file is only checked here and mapped when its bytes are first used."""
 
     __slots__ = (
-        "_fd",
+        "_cache",
         "_mm",
         "_view",
         "base",
@@ -83,41 +96,85 @@ class MappedFile:
         "wrote_position",
     )
 
-    def __init__(self, path: Path, base: int, size: int, *, read_only: bool, create: bool = False):
+    def __init__(
+        self,
+        path: Path,
+        base: int,
+        size: int,
+        *,
+        read_only: bool,
+        create: bool = False,
+        cache: MappingCache | None = None,
+    ):
         self.path = path
         self.base = base
         self.size = size
         self.read_only = read_only
         self.wrote_position = 0
         self.flushed_position = 0
-        flags = os.O_RDONLY if read_only else os.O_RDWR
+        self._cache = cache
+        self._mm: mmap.mmap | None = None
+        self._view: memoryview | None = None
         if create:
             if read_only:
                 raise StoreError(f"cannot create segment {path} in a read-only store")
             _create_full_size(path, size)
+        if cache is None:
+            self._map()
+        else:
+            try:
+                actual = os.stat(path).st_size
+            except OSError as exc:
+                raise StoreError(f"cannot open segment {path}: {exc.strerror}") from exc
+            self._check_size(actual)
+
+    def _check_size(self, actual: int) -> None:
+        if actual != self.size:
+            raise NotAStoreError(
+                f"{self.path}: segment is {actual} bytes, expected exactly {self.size} "
+                "(check the mappedFileSize* settings match the store)"
+            )
+
+    def _map(self) -> memoryview:
+        flags = os.O_RDONLY if self.read_only else os.O_RDWR
         try:
-            self._fd = os.open(path, flags, 0o644)
+            fd = os.open(self.path, flags)
         except OSError as exc:
-            raise StoreError(f"cannot open segment {path}: {exc.strerror}") from exc
+            raise StoreError(f"cannot open segment {self.path}: {exc.strerror}") from exc
         try:
-            actual = os.fstat(self._fd).st_size
-            if actual != size:
-                raise NotAStoreError(
-                    f"{path}: segment is {actual} bytes, expected exactly {size} "
-                    "(check the mappedFileSize* settings match the store)"
-                )
-            access = mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE
-            self._mm = mmap.mmap(self._fd, size, access=access)
-        except BaseException:
-            os.close(self._fd)
-            raise
+            self._check_size(os.fstat(fd).st_size)
+            access = mmap.ACCESS_READ if self.read_only else mmap.ACCESS_WRITE
+            self._mm = mmap.mmap(fd, self.size, access=access)
+        finally:
+            # The mapping holds the file; a descriptor per segment would run into `ulimit -n`.
+            os.close(fd)
         self._view = memoryview(self._mm)
+        if self._cache is not None:
+            self._cache.admit(self)
+        return self._view
 
     # -- access -----------------------------------------------------------------------------
     @property
     def buffer(self) -> memoryview:
-        """The whole mapping. Slices are zero-copy; do not keep them past :meth:`close`."""
-        return self._view
+        """The whole mapping (mapped now if it is not). Slices are zero-copy; do not keep them
+        past :meth:`close`. While one is alive the segment stays mapped."""
+        view = self._view
+        if view is None:
+            return self._map()
+        if self._cache is not None:
+            self._cache.touch(self)
+        return view
+
+    @property
+    def mapped(self) -> bool:
+        return self._view is not None
+
+    def read(self, position: int, n: int) -> bytes:
+        """A copy of ``n`` bytes at ``position``, read without mapping an unmapped file."""
+        if self._view is not None:
+            return bytes(self._view[position : position + n])
+        with open(self.path, "rb", buffering=0) as f:
+            return os.pread(f.fileno(), n, position)
 
     @property
     def end(self) -> int:
@@ -139,23 +196,34 @@ class MappedFile:
         n = len(data)
         if position < 0 or position + n > self.size:
             raise StoreError(f"{self.path}: write of {n} bytes at {position} exceeds {self.size}")
-        self._view[position : position + n] = data
+        self.buffer[position : position + n] = data
         if position + n > self.wrote_position:
             self.wrote_position = position + n
 
     def flush(self) -> None:
-        """Make everything written so far durable (``msync`` of the unflushed, page-aligned range)."""
+        """Make everything written so far durable (``msync`` of the unflushed, page-aligned range;
+        ``fsync`` of the file when it was unmapped since the writes)."""
         if self.read_only or self.flushed_position >= self.wrote_position:
             return
-        start = (self.flushed_position // PAGE) * PAGE
-        self._mm.flush(start, self.wrote_position - start)
+        self.sync_range(self.flushed_position, self.wrote_position)
         self.flushed_position = self.wrote_position
 
-    def try_close(self) -> bool:
-        """Close unless a zero-copy view of the mapping is still alive (then return False and
-        stay open and usable). Retention uses it so that a segment a reader still holds is
-        kept until a later attempt rather than left half-closed."""
-        if self._mm.closed:
+    def sync_range(self, start: int, end: int) -> None:
+        """Make ``[start, end)`` durable, whatever the write position says (recovery uses it for
+        bytes it zeroed behind the write position)."""
+        if self.read_only or end <= start:
+            return
+        if self._mm is None:
+            durability.fsync_path(self.path)
+            return
+        start = (start // PAGE) * PAGE
+        durability.msync(self._mm, start, end - start, self.path)
+
+    def unmap(self) -> bool:
+        """Drop the mapping (the file stays; it is mapped again when next used), unless a
+        zero-copy view is still alive: then return False and stay mapped. Written but unflushed
+        bytes stay in the page cache, and :meth:`flush` fsyncs the file for them."""
+        if self._mm is None or self._view is None:
             return True
         try:
             self._view.release()
@@ -166,15 +234,27 @@ class MappedFile:
         except BufferError:
             self._view = memoryview(self._mm)
             return False
-        os.close(self._fd)
+        self._mm = None
+        self._view = None
+        if self._cache is not None:
+            self._cache.forget(self)
         return True
 
+    def try_close(self) -> bool:
+        """Close unless a zero-copy view of the mapping is still alive (then return False and
+        stay open and usable). Retention uses it so that a segment a reader still holds is
+        kept until a later attempt rather than left half-closed."""
+        return self.unmap()
+
     def close(self) -> None:
-        if self._mm.closed:
+        if self._mm is None or self._view is None:
             return
         self._view.release()
         self._mm.close()
-        os.close(self._fd)
+        self._mm = None
+        self._view = None
+        if self._cache is not None:
+            self._cache.forget(self)
 
     def __repr__(self) -> str:
         return f"MappedFile({self.path.name}, wrote={self.wrote_position}/{self.size})"

@@ -28,6 +28,8 @@ import os
 import zlib
 from pathlib import Path
 
+from pipeline import durability
+
 FILE_NAME = "rocketstore.json"
 VERSION = 1
 
@@ -84,12 +86,7 @@ class FlushProgress:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.write(fd, payload.encode())
-            os.fsync(fd)
+            durability.fsync(fd, tmp)
         finally:
             os.close(fd)
-        os.replace(tmp, config_dir / FILE_NAME)
-        dir_fd = os.open(config_dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        durability.replace(tmp, config_dir / FILE_NAME)

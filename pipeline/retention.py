@@ -334,14 +334,6 @@ def _stat(path: Path) -> tuple[int, int, int]:
     return st.st_size, st.st_blocks * 512, st.st_mtime_ns // 1_000_000
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class RetentionService:
     """Deletes a store's expired files and watches its disk (see the module docstring).
 
@@ -553,12 +545,10 @@ class RetentionService:
             if done >= limit:
                 rnd.complete = False
                 break
-            if rnd.execute:
-                if not segments.delete_first():
-                    rnd.deferred.append(mf.path)
-                    rnd.complete = False
-                    break
-                _fsync_dir(segments.directory)
+            if rnd.execute and not segments.delete_first():
+                rnd.deferred.append(mf.path)
+                rnd.complete = False
+                break
             rnd.files.append(FileDeletion(mf.path, KIND_COMMITLOG, size, allocated, reason, mtime))
             done += 1
             freed += allocated
@@ -634,4 +624,5 @@ def _derived(path: Path, kind: str, stat: tuple[int, int, int]) -> FileDeletion:
 
 def _last_unit_offset(mf: MappedFile) -> int:
     """CommitLog offset of a full ConsumeQueue file's last unit."""
-    return int(_LONG.unpack_from(mf.buffer, mf.size - CQ_UNIT_SIZE)[0])
+    # Read, not mapped: retention looks at old files nothing else is using.
+    return int(_LONG.unpack(mf.read(mf.size - CQ_UNIT_SIZE, _LONG.size))[0])

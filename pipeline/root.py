@@ -41,7 +41,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import javahash
+from pipeline import durability, javahash
 from pipeline.errors import ConfigError, NotAStoreError
 
 TOPICS_FILE = "topics.json"
@@ -230,13 +230,8 @@ def atomic_write(path: Path, text: str) -> None:
     with open(tmp, "w") as f:
         f.write(text)
         f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+        durability.fsync(f.fileno(), tmp)
+    durability.replace(tmp, path)
 
 
 def select_queues(

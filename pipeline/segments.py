@@ -7,31 +7,45 @@ the next segment when the last one is full, and truncates or drops segments past
 Files whose names are not 20-digit offsets are ignored (RocketMQ ignores them too). Segments
 must be contiguous; a gap is reported as :class:`NotAStoreError` naming the missing file.
 
+With a :class:`~pipeline.mappings.MappingCache` the segments are listed and sized when loaded
+and mapped on first use (see :mod:`pipeline.mappings`); without one they are mapped when loaded.
+
+Every file created or deleted here is made durable with an fsync of the directory
+(:mod:`pipeline.durability`); bytes zeroed by :meth:`SegmentQueue.truncate` are synced at once.
+
 Thread-safety: none; one writer per store. Read-only queues never create or change files.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from pipeline import durability
 from pipeline.errors import NotAStoreError, OffsetOutOfRangeError, StoreError
 from pipeline.mapped_file import MappedFile, parse_segment_name, remove_leftovers, segment_name
+from pipeline.mappings import MappingCache
 
 
 class SegmentQueue:
-    def __init__(self, directory: Path, segment_size: int, *, read_only: bool) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        segment_size: int,
+        *,
+        read_only: bool,
+        cache: MappingCache | None = None,
+    ) -> None:
         self.directory = directory
         self.segment_size = segment_size
         self.read_only = read_only
+        self.cache = cache
         self.files: list[MappedFile] = []
         self.empty_removed: list[Path] = []
 
     # -- loading ----------------------------------------------------------------------------
     def load(self) -> None:
-        """Map every segment in the directory, in offset order. Write positions start at full;
+        """Open every segment in the directory, in offset order. Write positions start at full;
         the owner sets the last segments' positions after scanning them."""
         if not self.directory.is_dir():
             return
@@ -50,7 +64,7 @@ class SegmentQueue:
             _, empty = found.pop()
             self.empty_removed.append(empty)
             if not self.read_only:
-                empty.unlink()
+                durability.remove(empty)
         expected: int | None = None
         for base, path in found:
             if base % self.segment_size != 0:
@@ -63,7 +77,9 @@ class SegmentQueue:
                     f"{self.directory}: segment {segment_name(expected)} is missing "
                     f"(found {path.name} after it)"
                 )
-            mf = MappedFile(path, base, self.segment_size, read_only=self.read_only)
+            mf = MappedFile(
+                path, base, self.segment_size, read_only=self.read_only, cache=self.cache
+            )
             mf.wrote_position = mf.flushed_position = self.segment_size
             self.files.append(mf)
             expected = base + self.segment_size
@@ -128,8 +144,7 @@ class SegmentQueue:
         if not mf.try_close():
             return False
         del self.files[0]
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(mf.path)
+        durability.remove(mf.path)
         return True
 
     # -- writing ----------------------------------------------------------------------------
@@ -144,7 +159,7 @@ class SegmentQueue:
             raise OffsetOutOfRangeError(
                 f"{self.directory}: cannot write at {offset}: last segment is {last.path.name}"
             )
-        self.directory.mkdir(parents=True, exist_ok=True)
+        durability.make_dirs(self.directory)
         if last is not None:
             last.wrote_position = self.segment_size
         mf = MappedFile(
@@ -153,6 +168,7 @@ class SegmentQueue:
             self.segment_size,
             read_only=self.read_only,
             create=True,
+            cache=self.cache,
         )
         self.files.append(mf)
         return mf
@@ -161,7 +177,7 @@ class SegmentQueue:
         """Create, ahead of writing, every missing segment up to the one holding offset
         ``end - 1``, so that a write of ``[max_offset, end)`` needs no new file. Write positions
         do not change: segments created here count as empty until written."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        durability.make_dirs(self.directory)
         while self.files and self.files[-1].base + self.segment_size < end:
             base = self.files[-1].base + self.segment_size
             self.files.append(
@@ -171,6 +187,7 @@ class SegmentQueue:
                     self.segment_size,
                     read_only=self.read_only,
                     create=True,
+                    cache=self.cache,
                 )
             )
 
@@ -192,7 +209,7 @@ class SegmentQueue:
                 dropped += mf.wrote_position
                 mf.close()
                 if not self.read_only:
-                    os.unlink(mf.path)
+                    durability.remove(mf.path)
             else:
                 keep.append(mf)
         self.files = keep
@@ -202,6 +219,9 @@ class SegmentQueue:
             dropped += last.wrote_position - pos
             if not self.read_only:
                 zero_range(last, pos, last.wrote_position)
+                # Synced now: after a power cut the cut-off bytes must not come back behind
+                # records written later, where recovery would take them for new ones.
+                last.sync_range(pos, last.wrote_position)
             last.wrote_position = pos
             last.flushed_position = min(last.flushed_position, pos)
         return dropped

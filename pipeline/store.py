@@ -43,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from pipeline import dispatch, encode, failpoints, native, record
+from pipeline import dispatch, durability, encode, failpoints, native, record
 from pipeline.background import PeriodicTask
 from pipeline.checkpoint import StoreCheckpoint
 from pipeline.commitlog import CommitLog
@@ -61,6 +61,7 @@ from pipeline.errors import (
 )
 from pipeline.index_service import IndexService
 from pipeline.lock import DirectoryLock
+from pipeline.mappings import MappingCache
 from pipeline.message import Message
 from pipeline.progress import FlushProgress
 from pipeline.recovery import RecoveryReport, recover
@@ -223,8 +224,12 @@ class MessageStore:
         self.abort_file_found = (self.path / "abort").exists()
         if not self.read_only:
             for sub in ("commitlog", "consumequeue", "index", "config"):
-                (self.path / sub).mkdir(exist_ok=True)
+                durability.make_dirs(self.path / sub)
+            # Durable before anything is written: after a power cut, the next open must know
+            # the shutdown was not clean.
             (self.path / "abort").touch()
+            durability.fsync_dir(self.path)
+        self.mappings = MappingCache(cfg.max_mapped_files)
         self.checkpoint = StoreCheckpoint.read(self.path / "checkpoint")
         self.commitlog = CommitLog(
             self.path / "commitlog", cfg.mapped_file_size_commitlog, read_only=self.read_only
@@ -250,6 +255,7 @@ class MessageStore:
                 cfg.max_index_num,
                 read_only=self.read_only,
                 clock_ms=self.clock_ms,
+                cache=self.mappings,
             )
             self.index.load()
         self.recovery = self._recover()
@@ -337,6 +343,8 @@ class MessageStore:
                 # An msync or write that failed may have lost pages the page cache held, so
                 # nothing after it can be vouched for: stop writing, as after a failed put.
                 self._failure = self._failure or exc
+                if not isinstance(exc, Exception):
+                    raise
                 raise StoreFailedError(
                     f"{self.path}: flush failed ({exc!r}); the store takes no more writes "
                     "until it is closed and opened again, which recovers it"
@@ -413,7 +421,7 @@ class MessageStore:
             if self.index is not None:
                 self.index.close()
             if not self.read_only:
-                (self.path / "abort").unlink(missing_ok=True)
+                durability.remove(self.path / "abort")
             if self._lock is not None:
                 self._lock.release()
 
@@ -427,6 +435,7 @@ class MessageStore:
                 queue_id,
                 self.config.mapped_file_size_consume_queue,
                 read_only=self.read_only,
+                cache=self.mappings,
             )
             self.queues[(topic, queue_id)] = cq
         return cq
@@ -555,6 +564,8 @@ class MessageStore:
                     index.files[-1].put_one(h, pos, now)
         except BaseException as exc:
             self._failure = exc
+            if not isinstance(exc, Exception):
+                raise  # an interrupt or exit: stop writes, but let it through as it is
             raise StoreFailedError(
                 f"{self.path}: put of 1 message at CommitLog offset {pos} failed part-way "
                 f"({exc!r}); the store takes no more writes until it is closed and opened "
@@ -626,6 +637,8 @@ class MessageStore:
             )
         except BaseException as exc:
             self._failure = exc
+            if not isinstance(exc, Exception):
+                raise  # an interrupt or exit: stop writes, but let it through as it is
             raise StoreFailedError(
                 f"{self.path}: put of {b.n} message(s) at CommitLog offset {int(phys[0])} "
                 f"failed part-way ({exc!r}); the store takes no more writes until it is "

@@ -35,8 +35,20 @@ IndexFiles
     its entry.
 
 A unit or entry that points at a damaged record is not checked further (the record is reported).
-A store whose writer stopped between appending and dispatching shows its newest records as
-``cq-missing-unit`` until a writable open dispatches them again.
+
+A consistent snapshot
+    While another process writes the store (it holds the ``lock``), the scan stops at the
+    durable point recorded when it starts (``config/rocketstore.json``: the flushed CommitLog
+    offset and each queue's length then, all of whose units and index entries were on disk
+    before the file was written). Records, units and index entries past it are the writer's
+    work in progress and are not checked, so appends during the scan report nothing. Without
+    a progress file the bound is the end of the log that the read-only open found.
+
+After a crash
+    A writer that stopped between appending and dispatching leaves its newest records without
+    their ConsumeQueue units or index entries (``cq-missing-unit``, ``index-missing-entry``).
+    When such a record lies past the durable point, the problem says so, and that
+    ``rocketstore recover`` (or the next writable open) repairs it.
 When a unit and the record it points at disagree, the problem is blamed on the side the rest of
 the store contradicts: a unit pointing at a record that its own unit (the one at the record's
 topic, queue id and queue offset) already claims is wrong itself, and so are units that point
@@ -124,7 +136,9 @@ from pipeline.indexfile import (
     IndexFile,
 )
 from pipeline.javahash import java_hash_array
+from pipeline.lock import is_locked_elsewhere
 from pipeline.mapped_file import MappedFile, segment_name
+from pipeline.progress import FlushProgress
 from pipeline.store import MessageStore
 
 I64 = npt.NDArray[np.int64]
@@ -190,6 +204,8 @@ class VerifyReport:
     index_files: int = 0
     index_entries: int = 0  # entries checked against their record
     seconds: float = 0.0
+    # CommitLog offset the scan stopped at because a writer was appending (None: the whole log)
+    snapshot_end: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -217,6 +233,7 @@ class VerifyReport:
             "counters": self.counters(),
             "seconds": round(self.seconds, 3),
             "problemsSuppressed": self.suppressed,
+            "snapshotEnd": self.snapshot_end,
             "problems": [p.to_json() for p in self.problems],
         }
 
@@ -344,6 +361,18 @@ class _Verifier:
         self.seg_size = self.log.segment_size
         self.base0 = self.files[0].base if self.files else 0
         self.log_end = self.files[-1].base + self.seg_size if self.files else 0
+        flushed = FlushProgress.read(store.path / "config")
+        self.durable_end = flushed.flushed_offset if flushed is not None else None
+        self.crashed = (store.path / "abort").exists()
+        # Queue lengths at the snapshot ("topic/queueId" -> length); None: no bound.
+        self.queue_lengths: dict[str, int] | None = None
+        if store.read_only and is_locked_elsewhere(store.path):
+            if flushed is not None and flushed.flushed_offset >= self.base0:
+                self.log_end = min(self.log_end, flushed.flushed_offset)
+                self.queue_lengths = flushed.queues
+            else:
+                self.log_end = min(self.log_end, store.commitlog.max_offset)
+            self.report.snapshot_end = self.log_end
         self._arrays: dict[int, npt.NDArray[np.uint8]] = {}
         self._counts: dict[tuple[str, str], int] = {}
         self.topic_ids: dict[bytes, int] = {}
@@ -394,6 +423,19 @@ class _Verifier:
         self.damaged.append((phys, stop))
         self.report.damaged_bytes += stop - phys
 
+    def repair_note(self, phys: int) -> str:
+        """Why a record past the durable point lacks a unit or an entry, and what repairs it."""
+        if self.durable_end is not None and phys >= self.durable_end:
+            where = f"past the durable point {self.durable_end} (config/rocketstore.json)"
+        elif self.durable_end is None and self.crashed:
+            where = "after a writer stopped without closing the store (abort file present)"
+        else:
+            return ""
+        return (
+            f"; the record is {where}: the writer stopped before dispatching it, and "
+            "`rocketstore recover` (or the next writable open) repairs it"
+        )
+
     def seg_index(self, phys: int) -> int:
         return (phys - self.base0) // self.seg_size
 
@@ -433,6 +475,12 @@ class _Verifier:
             per_file = cq.units_per_file
             parts = [np.frombuffer(mf.buffer, dtype=UNIT_DTYPE, count=per_file) for mf in files]
             units = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            first = files[0].base // CQ_UNIT_SIZE
+            if self.queue_lengths is not None:
+                # A writer is appending: units past the snapshot's length are not checked.
+                units = units[
+                    : max(0, self.queue_lengths.get(f"{cq.topic}/{cq.queue_id}", 0) - first)
+                ]
             offsets = units["offset"].astype(np.int64)
             sizes = units["size"].astype(np.int64)
             tags = units["tags_code"].astype(np.int64)
@@ -489,7 +537,7 @@ class _Verifier:
             i = self.seg_index(pos)
             mf = self.files[i]
             buf = mf.buffer
-            limit = mf.size
+            limit = min(mf.size, self.log_end - mf.base)
             rel = pos - mf.base
             chunk_end = min(limit, rel + CHUNK_BYTES)
             starts: list[int] = []
@@ -517,6 +565,8 @@ class _Verifier:
         mf = self.files[i]
         limit = mf.size
         phys = mf.base + r
+        if phys >= self.log_end:
+            return None  # the end of the snapshot
         if r >= limit:
             return mf.base + limit
         a = self.array(i)
@@ -1057,7 +1107,7 @@ class _Verifier:
                 where / segment_name(base) if pos >= 0 else where,
                 pos - base if pos >= 0 else pos,
                 f"no unit points at the record at {int(self.starts[r])} ({topic}/{qid} "
-                f"offset {qoff})",
+                f"offset {qoff}){self.repair_note(int(self.starts[r]))}",
             )
 
     # -- IndexFiles -------------------------------------------------------------------------
@@ -1120,7 +1170,8 @@ class _Verifier:
                 f.path,
                 HEADER_SIZE + SLOT_SIZE * (h % f.slot_num),
                 f"no entry for key hash {h} of the record at {phys} "
-                f"({self.topic_name(int(self.rec_topic[r]))}); it belongs in this slot's chain",
+                f"({self.topic_name(int(self.rec_topic[r]))}); it belongs in this slot's chain"
+                + self.repair_note(phys),
             )
 
     def check_index_file(self, f: IndexFile, *, last: bool) -> tuple[I64, int]:
@@ -1131,6 +1182,28 @@ class _Verifier:
             return self._check_index_file(f, mm, last)
         finally:
             del mm
+
+    def _index_snapshot(
+        self, slots: I64, entries: npt.NDArray[np.void]
+    ) -> tuple[int, I64, npt.NDArray[np.void]]:
+        """The entries of the file being written that lie before the snapshot's end, and its
+        slots as they were then: a slot head past them is followed down its chain. Entries are
+        copied after the slots, and a writer sets a slot only after writing its entry, so every
+        head read has its entry in the copy."""
+        entries = entries.copy()
+        phy = entries["phy_offset"][1:].astype(np.int64)
+        used = np.flatnonzero(phy > 0)
+        end = int(used[-1]) + 1 if len(used) else 0
+        count = 1 + int(np.searchsorted(phy[:end], self.log_end))
+        prev = entries["prev_index"].astype(np.int64)
+        heads = slots.copy()
+        for _ in range(len(entries)):
+            over = np.flatnonzero(heads >= count)
+            if not len(over):
+                break
+            heads[over] = prev[np.clip(heads[over], 0, len(prev) - 1)]
+        entries[count:] = np.zeros(len(entries) - count, dtype=ENTRY_DTYPE)
+        return count, heads, entries
 
     def _check_index_file(
         self, f: IndexFile, mm: npt.NDArray[np.uint8], last: bool
@@ -1145,6 +1218,12 @@ class _Verifier:
         begin_ts, end_ts, begin_phy, end_phy, slot_count, raw_count = header
         slots = np.frombuffer(mm, dtype=">i4", count=slot_num, offset=HEADER_SIZE).astype(np.int64)
         entries = np.frombuffer(mm, dtype=ENTRY_DTYPE, count=index_num, offset=entries_at)
+        count = min(max(raw_count, 1), index_num)
+        # In a file a writer is filling, the header, slots and tail move during the scan.
+        moving = False
+        if self.report.snapshot_end is not None:
+            count, slots, entries = self._index_snapshot(slots, entries)
+            moving = last or count < raw_count
 
         def head(field: int, detail: str) -> None:
             name, at = _HEADER_FIELDS[field]
@@ -1154,11 +1233,10 @@ class _Verifier:
             head(5, f"outside [0, maxIndexNum={index_num}]")
         elif not last and raw_count != index_num:
             head(5, f"the file is not full (maxIndexNum={index_num}), yet a later one exists")
-        count = min(max(raw_count, 1), index_num)
         used_slots = int(np.count_nonzero(slots))
         if not 0 <= slot_count <= slot_num:
             head(4, f"outside [0, maxHashSlotNum={slot_num}]")
-        elif slot_count != used_slots:
+        elif slot_count != used_slots and not moving:
             head(4, f"but {used_slots} slots are in use")
         if count > 1 and begin_ts > end_ts:
             head(0, f"after endTimestamp {end_ts}")
@@ -1168,7 +1246,7 @@ class _Verifier:
         if raw_entries[0].any():
             self.problem("index-unused-entry", path, entries_at, "entry 0 (never used) is not zero")
         tail = np.flatnonzero(raw_entries[count:].any(axis=1))
-        if len(tail):
+        if len(tail) and not moving:
             j = count + int(tail[0])
             self.problem(
                 "index-unused-entry",
@@ -1271,7 +1349,7 @@ class _Verifier:
                 "index-entry-time", path, entry_at(j + 1), f"negative timeDiff {int(time_diff[j])}"
             )
         # Header against the entries.
-        if count > 1:
+        if count > 1 and not moving:
             if begin_phy != phy[0]:
                 head(2, f"but entry 1 is at {int(phy[0])}")
             if end_phy != phy[-1]:

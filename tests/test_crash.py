@@ -671,7 +671,8 @@ def test_kill9_with_preallocated_segment_and_torn_tail(tmp_path: Path) -> None:
     apply_cycle(
         model, kill_cycle(store_dir, tmp_path, "writer-1", flush, rng, SEQ_SPAN + 1, min_acks=4)
     )
-    segments = sorted((store_dir / "commitlog").iterdir())
+    # A kill between sizing a new segment and renaming it into place leaves a *.creating file.
+    segments = sorted(p for p in (store_dir / "commitlog").iterdir() if p.name.isdigit())
     last = segments[-1]
     base = int(last.name)
     end = raw_end(last)
@@ -721,10 +722,11 @@ def test_kill9_between_creating_and_sizing_a_segment(tmp_path: Path) -> None:
     apply_cycle(
         model, kill_cycle(store_dir, tmp_path, "writer-1", flush, rng, SEQ_SPAN + 1, min_acks=4)
     )
-    last = sorted((store_dir / "commitlog").iterdir())[-1]
+    # A kill between sizing a new segment and renaming it leaves a *.creating file.
+    last = sorted(p for p in (store_dir / "commitlog").iterdir() if p.name.isdigit())[-1]
     (store_dir / "commitlog" / f"{int(last.name) + SEGMENT:020d}").touch(exist_ok=False)
     queue_dir = sorted(p for p in (store_dir / "consumequeue").glob("*/*") if p.is_dir())[0]
-    cq_last = sorted(queue_dir.iterdir())[-1]
+    cq_last = sorted(p for p in queue_dir.iterdir() if p.name.isdigit())[-1]
     cq_size = GEOMETRY["mapped_file_size_consume_queue"]
     (queue_dir / f"{int(cq_last.name) + cq_size:020d}").touch(exist_ok=False)
 

@@ -1,0 +1,91 @@
+"""Every durability barrier of the store: ``msync`` of a mapping, ``fsync`` of a file, ``fsync``
+of a directory, and the directory operations that need one.
+
+The store never calls ``mmap.flush``, ``os.fsync`` or ``os.fdatasync`` itself, nor renames or
+deletes a store file itself: it calls :func:`msync`, :func:`fsync`, :func:`fsync_dir`,
+:func:`replace` and :func:`remove` here, looked up on this module at call time. A test replaces
+those names with a recorder (``tests/powercut.py``) that remembers what each barrier made
+durable and can then simulate a power cut; in production they are these plain functions, so the
+indirection costs one attribute look-up per barrier and nothing per write.
+
+When a directory needs an fsync (POSIX makes a new, renamed or deleted name durable only then):
+
+* a file created, renamed into place or deleted: its directory;
+* a directory created: its parent (:func:`make_dirs` does it for each level it creates).
+
+Thread-safety: the functions hold no state.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+
+def _msync(mm: mmap.mmap, start: int, length: int, path: Path) -> None:
+    """Write ``[start, start + length)`` of a shared mapping of ``path`` to disk (``start``
+    page-aligned)."""
+    mm.flush(start, length)
+
+
+def _fsync(fd: int, path: Path) -> None:
+    """Write an open file's data and size to disk (``path`` names it, for a recorder)."""
+    os.fsync(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make the names in directory ``path`` durable (created, renamed and deleted entries)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+msync = _msync
+fsync = _fsync
+fsync_dir = _fsync_dir
+
+
+def fsync_path(path: Path) -> None:
+    """Write a file that is not open (a segment whose mapping was dropped) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fsync(fd, path)
+    finally:
+        os.close(fd)
+
+
+def make_dirs(path: Path) -> None:
+    """``mkdir -p`` that makes each directory it creates durable (fsyncs its parent)."""
+    if path.is_dir():
+        return
+    missing: list[Path] = []
+    at = path
+    while not at.is_dir():
+        missing.append(at)
+        at = at.parent
+    for directory in reversed(missing):
+        # Another writer may create the same directory at the same moment (exist_ok).
+        directory.mkdir(exist_ok=True)
+        fsync_dir(directory.parent)
+
+
+def _replace(tmp: Path, path: Path) -> None:
+    """Rename ``tmp`` (already fsynced) over ``path`` and make the rename durable."""
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def _remove(path: Path) -> None:
+    """Delete a file (gone already is fine) and make the deletion durable."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    fsync_dir(path.parent)
+
+
+replace = _replace
+remove = _remove
