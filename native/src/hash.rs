@@ -42,15 +42,13 @@ pub fn body_crc(body: &[u8]) -> i32 {
 /// item without a separator is skipped, and a later duplicate name wins when collected.
 pub fn properties(raw: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
     raw.split(|&b| b == 2).filter_map(|item| {
-        let mut parts: Vec<&[u8]> = item.split(|&b| b == 1).collect();
-        while parts.last().is_some_and(|p| p.is_empty()) {
-            parts.pop();
-        }
-        if parts.len() == 2 {
-            Some((parts[0], parts[1]))
-        } else {
-            None
-        }
+        // Dropping trailing empty parts is dropping trailing separators; what is left has
+        // exactly two parts when it holds exactly one separator.
+        let end = item.iter().rposition(|&b| b != 1).map_or(0, |p| p + 1);
+        let item = &item[..end];
+        let sep = item.iter().position(|&b| b == 1)?;
+        let (name, value) = (&item[..sep], &item[sep + 1..]);
+        (!value.contains(&1)).then_some((name, value))
     })
 }
 
