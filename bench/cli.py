@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench import common, recovery, spark_sink, spark_source, store
+from bench import common, decode, recovery, spark_sink, spark_source, store
 from bench.common import Options, PartResult
 
 # Part name -> its runner, in the order ``python -m bench`` runs them. Later parts (the Spark
@@ -15,6 +15,7 @@ from bench.common import Options, PartResult
 PARTS: dict[str, Callable[[Options], PartResult]] = {
     "store": store.run,
     "recovery": recovery.run,
+    "decode": decode.run,
     "sink": spark_sink.run,
     "source": spark_source.run,
 }

@@ -84,3 +84,20 @@ def test_recovery_benchmark_quick(
         assert len(p["runs"]) == 2 and p["encoded_bytes"] > 0
         for key in ("sync_msgs_per_s", "async_msgs_per_s", "raw_msgs_per_s", "sync_over_raw"):
             _positive(p[key])
+
+
+def test_decode_benchmark_quick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+    from bench.cli import main
+
+    out = tmp_path / "out"
+    assert main(["decode", "--quick", "--runs", "2", "--out", str(out), "--no-pin"]) == 0
+    assert "into the source's columns" in capsys.readouterr().out
+    data = json.loads((out / "decode-latest.json").read_text())
+    assert data["messages"] == 50_000 and len(data["runs"]) == 2
+    assert len(data["load_avg_before"]) == 3
+    for key in ("decode_msgs_per_s", "raw_msgs_per_s", "ipc_msgs_per_s", "decode_over_raw"):
+        _positive(data[key])
+    assert not list((out / "tmp").iterdir()), "scratch stores must be removed"

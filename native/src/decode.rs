@@ -24,7 +24,7 @@ use pyo3::types::PyDict;
 use crate::buffers::{require_len, Bytes, Col};
 use crate::hash;
 use crate::layout::*;
-use crate::owned::{Data, Owned};
+use crate::owned::{Data, Owned, Recycled};
 use crate::scan::scan_record;
 
 /// Optional column groups (a bit mask); the fixed-width columns and `topic` always come.
@@ -49,12 +49,12 @@ struct Strs {
 
 impl Strs {
     fn new(rows: usize, bytes: usize, nullable: bool) -> Self {
-        let mut offsets = Vec::with_capacity(rows + 1);
+        let mut offsets = Recycled::take(rows + 1);
         offsets.push(0);
         Strs {
             offsets,
-            data: Vec::with_capacity(bytes),
-            valid: nullable.then(|| Vec::with_capacity(rows.div_ceil(8))),
+            data: Recycled::take(bytes),
+            valid: nullable.then(|| Recycled::take(rows.div_ceil(8))),
             rows: 0,
             nulls: 0,
         }
@@ -119,7 +119,7 @@ struct Nested {
 
 impl Nested {
     fn new(rows: usize, map: bool) -> Self {
-        let mut offsets = Vec::with_capacity(rows + 1);
+        let mut offsets = Recycled::take(rows + 1);
         offsets.push(0);
         Nested {
             offsets,
@@ -183,17 +183,17 @@ impl Columns {
     fn new(n: usize, groups: u32, body_bytes: usize) -> Self {
         let want = |g: u32| groups & g != 0;
         Columns {
-            phys: Vec::with_capacity(n),
-            size: Vec::with_capacity(n),
-            queue_id: Vec::with_capacity(n),
-            queue_offset: Vec::with_capacity(n),
-            sys_flag: Vec::with_capacity(n),
-            flag: Vec::with_capacity(n),
-            born_ts: Vec::with_capacity(n),
-            store_ts: Vec::with_capacity(n),
-            reconsume: Vec::with_capacity(n),
-            prep_tx: Vec::with_capacity(n),
-            body_crc: Vec::with_capacity(n),
+            phys: Recycled::take(n),
+            size: Recycled::take(n),
+            queue_id: Recycled::take(n),
+            queue_offset: Recycled::take(n),
+            sys_flag: Recycled::take(n),
+            flag: Recycled::take(n),
+            born_ts: Recycled::take(n),
+            store_ts: Recycled::take(n),
+            reconsume: Recycled::take(n),
+            prep_tx: Recycled::take(n),
+            body_crc: Recycled::take(n),
             topic: Strs::new(n, n * 16, false),
             body: want(BODY).then(|| Strs::new(n, body_bytes, false)),
             properties: want(PROPERTIES).then(|| Nested::new(n, true)),
@@ -240,12 +240,11 @@ impl<'a> Pairs<'a> {
 
     fn parse(&mut self, raw: &'a [u8]) {
         self.pairs.clear();
-        self.index.clear();
+        if !self.index.is_empty() {
+            self.index.clear();
+        }
         for (name, value) in hash::properties(raw) {
-            self.add(
-                String::from_utf8_lossy(name),
-                String::from_utf8_lossy(value),
-            );
+            self.add(text(name), text(value));
         }
     }
 
@@ -276,6 +275,15 @@ impl<'a> Pairs<'a> {
             .iter()
             .find(|p| p.0 == name)
             .map(|p| p.1.as_ref())
+    }
+}
+
+/// UTF-8 bytes as text, malformed sequences as U+FFFD (checking first: the lossy decoder is
+/// several times slower on the valid text that is the rule).
+fn text(bytes: &[u8]) -> Cow<'_, str> {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => Cow::Borrowed(s),
+        Err(_) => String::from_utf8_lossy(bytes),
     }
 }
 
@@ -347,12 +355,15 @@ fn format_host(field: &[u8], out: &mut Vec<u8>) {
     let _ = write!(out, "]:{port}");
 }
 
+/// Uppercase hex of at most 28 bytes (an IPv6 msgId's), appended to `out` in one copy.
 fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
-    for &b in bytes {
-        out.push(DIGITS[(b >> 4) as usize]);
-        out.push(DIGITS[(b & 15) as usize]);
+    let mut text = [0u8; 56];
+    for (pair, &b) in text.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[(b >> 4) as usize];
+        pair[1] = DIGITS[(b & 15) as usize];
     }
+    out.extend_from_slice(&text[..2 * bytes.len().min(28)]);
 }
 
 /// A record that failed its checks: its row in the call, its physical offset, and why.
