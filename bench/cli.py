@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench import common, core, recovery, spark_sink, spark_source, store
+from bench import common, core, decode, recovery, spark_sink, spark_source, store
 from bench.common import Options, PartResult
 
 # Part name -> its runner, in the order ``python -m bench`` runs them. Later parts (the Spark
@@ -16,6 +16,7 @@ PARTS: dict[str, Callable[[Options], PartResult]] = {
     "store": store.run,
     "core": core.run,
     "recovery": recovery.run,
+    "decode": decode.run,
     "sink": spark_sink.run,
     "source": spark_source.run,
 }

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from pipeline import record
+from pipeline import native, queueread, record
 from pipeline.config import StoreConfig
 from pipeline.errors import InvalidMessageError, StoreError
 from pipeline.message import Message
@@ -173,14 +173,9 @@ def cmd_dump(args: argparse.Namespace) -> int:
         if args.topic is not None and not infos:
             _note(f"note: no queue of topic {args.topic!r} in {args.store}")
         for info in infos:
-            offset = info.min_offset
-            while offset < info.max_offset:
-                result = store.get_messages(info.topic, info.queue_id, offset, DUMP_PAGE)
-                for m in result.messages:
+            for batch in queueread.queue_batches(store, info.topic, info.queue_id, page=DUMP_PAGE):
+                for m in native.messages(batch):
                     _emit(m.to_json())
-                if result.next_begin_offset <= offset:
-                    break
-                offset = result.next_begin_offset
     return 0
 
 

@@ -1,9 +1,10 @@
 """The Python face of the native core (``pipeline._native``, the Rust crate in ``native/``).
 
 Every loop over messages runs in compiled code with the GIL released: record encoding straight
-into a mapped segment, body CRCs, Java string hashes, index chains and the record walk. This
-module adapts Arrow and numpy columns to the crate's buffer arguments and turns its results
-into numpy arrays; the readable reference for every format stays in :mod:`pipeline.record`.
+into a mapped segment, body CRCs, Java string hashes, index chains, the record walk and the
+record decoder. This module adapts Arrow and numpy columns to the crate's buffer arguments and
+turns its results into numpy and Arrow arrays (the decoder's without a copy); the readable
+reference for every format stays in :mod:`pipeline.record`.
 
 Thread-safety: the functions are pure over their arguments; the caller owns any buffer it
 passes as an output (the store's single writer owns its segments).
@@ -12,6 +13,8 @@ passes as an output (the store's single writer owns its segments).
 from __future__ import annotations
 
 import dataclasses
+import enum
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -19,6 +22,8 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from pipeline import _native
+from pipeline.errors import CorruptRecordError
+from pipeline.record import MessageExt
 
 StringTriple = tuple[Any, npt.NDArray[np.int64], npt.NDArray[np.uint8] | None]
 EncodeBatch = _native.EncodeBatch
@@ -147,3 +152,170 @@ def walk(
         stop=int(raw["stop"]),
         reason=str(raw["reason"]),
     )
+
+
+class Columns(enum.IntFlag):
+    """The optional column groups of :func:`decode` (the numbers and ``topic`` always come)."""
+
+    BODY = _native.DECODE_BODY
+    PROPERTIES = _native.DECODE_PROPERTIES
+    KEYS = _native.DECODE_KEYS
+    TAGS = _native.DECODE_TAGS
+    UNIQ_KEY = _native.DECODE_UNIQ_KEY
+    HOSTS = _native.DECODE_HOSTS  # bornHost and storeHost
+    MSG_ID = _native.DECODE_MSG_ID
+    ALL = BODY | PROPERTIES | KEYS | TAGS | UNIQ_KEY | HOSTS | MSG_ID
+
+
+PROPERTIES_TYPE = pa.map_(pa.string(), pa.string())
+KEYS_TYPE = pa.list_(pa.string())
+# (column, crate name, type) in the order of :func:`decode`'s batches; the names are
+# MessageExt's getters, as in :meth:`pipeline.record.MessageExt.to_json`. Timestamps are ms.
+_FIXED = (
+    ("commitLogOffset", "phys", pa.int64()),
+    ("storeSize", "size", pa.int32()),
+    ("queueId", "queue_id", pa.int32()),
+    ("queueOffset", "queue_offset", pa.int64()),
+    ("sysFlag", "sys_flag", pa.int32()),
+    ("flag", "flag", pa.int32()),
+    ("bornTimestamp", "born_ts", pa.int64()),
+    ("storeTimestamp", "store_ts", pa.int64()),
+    ("reconsumeTimes", "reconsume", pa.int32()),
+    ("preparedTransactionOffset", "prep_tx", pa.int64()),
+    ("bodyCRC", "body_crc", pa.int32()),
+)
+_VARIABLE = (
+    ("topic", "topic", pa.string()),
+    ("body", "body", pa.binary()),
+    ("properties", "properties", PROPERTIES_TYPE),
+    ("keys", "keys", KEYS_TYPE),
+    ("tags", "tags", pa.string()),
+    ("uniqKey", "uniq_key", pa.string()),
+    ("bornHost", "born_host", pa.string()),
+    ("storeHost", "store_host", pa.string()),
+    ("msgId", "msg_id", pa.string()),
+)
+
+
+def _buffer(owned: Any) -> pa.Buffer | None:
+    return None if owned is None else pa.py_buffer(owned)
+
+
+def _strings(raw: Any, n: int, t: pa.DataType) -> pa.Array:
+    offsets, data, valid, nulls = raw
+    return pa.Array.from_buffers(
+        t, n, [_buffer(valid), _buffer(offsets), _buffer(data)], null_count=nulls
+    )
+
+
+def _arrow(raw: Any, n: int, t: pa.DataType) -> pa.Array:
+    """One decoded column as an Arrow array over the crate's buffers (no copy)."""
+    if not isinstance(raw, tuple):
+        return pa.Array.from_buffers(t, n, [None, _buffer(raw)])
+    if not (pa.types.is_list(t) or pa.types.is_map(t)):
+        return _strings(raw, n, t)
+    offsets, valid, nulls, items, values = raw
+    names = _strings(items, len(items[0]) // 4 - 1, pa.string())
+    if pa.types.is_list(t):
+        child = names
+    else:
+        child = pa.StructArray.from_arrays(
+            [names, _strings(values, len(names), pa.string())],
+            fields=[t.key_field, t.item_field],
+        )
+    return pa.Array.from_buffers(
+        t, n, [_buffer(valid), _buffer(offsets)], null_count=nulls, children=[child]
+    )
+
+
+def decode(
+    buf: Any,
+    rel: npt.NDArray[np.int64],
+    base: int,
+    *,
+    path: str,
+    limit: int | None = None,
+    sizes: npt.NDArray[np.int64] | None = None,
+    check_crc: bool = True,
+    columns: Columns = Columns.ALL,
+) -> pa.RecordBatch:
+    """Decode the records at relative positions ``rel`` of one segment's bytes ``buf`` (an
+    mmap, memoryview or bytes; trusted up to ``limit``, default all), whose first byte is
+    physical offset ``base``. ``sizes``, when given, are the sizes the records' ConsumeQueue
+    units claim.
+
+    Every record is checked as the walk checks it (magic, sizes, field lengths,
+    PHYSICALOFFSET, the body CRC when ``check_crc``), against its unit's size, and for a
+    UTF-8 topic; the first that fails raises :class:`CorruptRecordError` naming ``path`` and
+    the record's physical offset, and nothing is returned.
+
+    Returns one batch, a row per position: ``commitLogOffset``, ``storeSize``, ``queueId``,
+    ``queueOffset``, ``sysFlag``, ``flag``, ``bornTimestamp`` and ``storeTimestamp`` (int64
+    ms), ``reconsumeTimes``, ``preparedTransactionOffset``, ``bodyCRC``, ``topic``, then the
+    groups of ``columns``: ``body``; ``properties`` (a map read as
+    :func:`pipeline.record.decode_properties` reads it); ``keys`` (KEYS split at spaces, empty
+    tokens dropped; null without KEYS); ``tags`` and ``uniqKey`` (null when absent);
+    ``bornHost`` and ``storeHost`` (``ip:port``, IPv6 ``[addr]:port``); ``msgId``. The batch
+    owns its memory: ``buf`` may be closed afterwards.
+    """
+    rel = np.ascontiguousarray(rel, dtype=np.int64)
+    if sizes is not None:
+        sizes = np.ascontiguousarray(sizes, dtype=np.int64)
+    end = (1 << 62) if limit is None else limit
+    try:
+        raw = _native.decode(buf, rel, base, end, sizes, check_crc, int(columns))
+    except BaseException as exc:
+        # A panic outside the record loop (the loop catches its own) is a bug in the crate,
+        # but still a bad read of this segment, not a reason to take the process down.
+        if type(exc).__name__ != "PanicException":
+            raise
+        at = base + int(rel[0]) if len(rel) else base
+        raise CorruptRecordError(path, at, f"decoder failed: {exc}") from None
+    if raw["error"] is not None:
+        _, phys, reason = raw["error"]
+        raise CorruptRecordError(path, int(phys), str(reason))
+    n = len(rel)
+    names: list[str] = []
+    arrays: list[pa.Array] = []
+    for name, key, t in _FIXED + _VARIABLE:
+        if raw[key] is not None:
+            names.append(name)
+            arrays.append(_arrow(raw[key], n, t))
+    return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def record_starts(
+    buf: Any, rel: npt.NDArray[np.int64], base: int, limit: int | None = None
+) -> npt.NDArray[np.bool_]:
+    """Which positions ``rel`` hold the start of a record, intact or not (a whole header with
+    the magic code and the right PHYSICALOFFSET): for index look-ups, whose candidates may
+    point anywhere."""
+    rel = np.ascontiguousarray(rel, dtype=np.int64)
+    end = (1 << 62) if limit is None else limit
+    return np.frombuffer(memoryview(_native.record_starts(buf, rel, base, end)), dtype=np.bool_)
+
+
+def messages(batch: pa.RecordBatch) -> Iterator[MessageExt]:
+    """The rows of a :func:`decode` batch with every column group, as
+    :class:`~pipeline.record.MessageExt` (what the single-record reader returns)."""
+    cols = {name: batch.column(name).to_pylist() for name in batch.schema.names}
+    for i in range(batch.num_rows):
+        yield MessageExt(
+            topic=cols["topic"][i],
+            queue_id=cols["queueId"][i],
+            queue_offset=cols["queueOffset"][i],
+            commit_log_offset=cols["commitLogOffset"][i],
+            store_size=cols["storeSize"][i],
+            store_timestamp=cols["storeTimestamp"][i],
+            born_timestamp=cols["bornTimestamp"][i],
+            born_host=cols["bornHost"][i],
+            store_host=cols["storeHost"][i],
+            sys_flag=cols["sysFlag"][i],
+            flag=cols["flag"][i],
+            reconsume_times=cols["reconsumeTimes"][i],
+            prepared_transaction_offset=cols["preparedTransactionOffset"][i],
+            body_crc=cols["bodyCRC"][i],
+            properties=dict(cols["properties"][i]),
+            body=cols["body"][i],
+            msg_id=cols["msgId"][i],
+        )

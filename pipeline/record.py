@@ -175,19 +175,25 @@ def encode_properties(props: Mapping[str, str]) -> bytes:
 
 
 def decode_properties(raw: bytes | memoryview) -> dict[str, str]:
-    """Inverse of :func:`encode_properties`, keeping the stored order.
+    """Inverse of :func:`encode_properties`, keeping the stored order; RocketMQ 4.9.x's
+    ``MessageDecoder.string2messageProperties`` rule, the one every reader of this project
+    follows (the native decoder too).
 
-    Like RocketMQ's ``string2messageProperties``, an item without a name/value separator is
-    skipped.
+    Items split on ``\x02``; each item splits on ``\x01`` as Java's ``String.split`` does
+    (trailing empty parts dropped) and is kept only when that gives exactly two parts. So an
+    item without a separator, one with an empty value (``k\x01``) and one with a second
+    separator (``k\x01a\x01b``) are skipped; an empty name (``\x01v``) is kept. A later item
+    of the same name replaces the earlier one's value. Bytes that are not UTF-8 decode as
+    U+FFFD, as Java's ``new String(bytes, UTF_8)`` does.
     """
     if not raw:
         return {}
     text = bytes(raw).decode("utf-8", errors="replace")
     props: dict[str, str] = {}
     for item in text.split(PROPERTY_SEPARATOR):
-        name, sep, value = item.partition(NAME_VALUE_SEPARATOR)
-        if sep:
-            props[name] = value
+        parts = item.rstrip(NAME_VALUE_SEPARATOR).split(NAME_VALUE_SEPARATOR)
+        if len(parts) == 2:
+            props[parts[0]] = parts[1]
     return props
 
 

@@ -9,8 +9,9 @@ micro-batch trigger can afford, and a writer may be appending in another process
 What is offered (the ``max`` of :meth:`BrokerView.queue_bounds`) is safe to read while a writer
 appends: the writer writes a record into the CommitLog before the ConsumeQueue unit that points
 at it, so every valid unit's record is already there. The last unit and its record are checked
-anyway (unit non-zero; record magic, size, physical offset, queue, queue offset and body CRC),
-and a unit whose record is not complete yet is not offered until it is.
+anyway (unit non-zero; the record by the native walk: magic, size, physical offset, queue,
+queue offset and body CRC), and a unit whose record is not complete yet is not offered until
+it is.
 
 The first readable offset (``min``) follows retention: the first unit that still points into
 the CommitLog (RocketMQ's ``correctMinOffset``), past any pre-blank units.
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
-from pipeline import record
+from pipeline import native, record
 from pipeline.config import CQ_UNIT_SIZE
 from pipeline.consumequeue import PRE_BLANK_SIZE
 from pipeline.errors import StoreError
@@ -254,12 +255,12 @@ class BrokerView:
                 return i + 1  # nothing to check: a pre-blank, or a record retention deleted
             raw = log.read(offset, size)
             if raw is not None and len(raw) == size:
-                scanned = record.scan_record(raw, 0, size, offset, check_crc=True)
-                if scanned is not None and (scanned[0], scanned[1], scanned[2]) == (
-                    size,
-                    queue_id,
-                    i,
-                ):
+                got = native.walk(raw, 0, size, offset, check_crc=True, max_records=1)
+                if len(got) == 1 and (
+                    int(got.sizes[0]),
+                    int(got.queue_ids[0]),
+                    int(got.queue_offsets[0]),
+                ) == (size, queue_id, i):
                     return i + 1
             i -= 1
         # A long run of units whose records do not check out is damage, not a write in

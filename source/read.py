@@ -7,11 +7,11 @@ reads:
 1. the ConsumeQueue units ``[start, end)`` of its queue (``pread``, in chunks of
    :data:`CHUNK_UNITS`), checked non-empty;
 2. drops units whose tagsCode is not a subscribed tag's hash (no CommitLog read for them);
-3. decodes the records the rest point at, segment by segment (:mod:`source.decode`), checking
-   each is the unit's (topic, queue, queue offset) and intact (CRC);
-4. builds the columns (properties map, keys, tags) with Arrow compute, keeps the messages whose
-   real tag is subscribed, decodes avro/json bodies if asked, and yields one
-   ``pyarrow.RecordBatch`` per chunk, of exactly the schema Spark declared.
+3. decodes the records the rest point at, segment by segment, with the native decoder
+   (:func:`pipeline.native.decode`: every record checked, CRC included, and turned into Arrow
+   columns in compiled code), checking each is the unit's (topic, queue, queue offset);
+4. keeps the messages whose real tag is subscribed, decodes avro/json bodies if asked, and
+   yields one ``pyarrow.RecordBatch`` per chunk, of exactly the schema Spark declared.
 
 Files retention deleted after planning (a ConsumeQueue file or a CommitLog segment) are data
 loss: :class:`~source.errors.DataLossError` with ``failOnDataLoss=true``, else the messages are
@@ -35,7 +35,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import bodyformat, record
+from pipeline import bodyformat, native, record
 from pipeline.config import CQ_UNIT_SIZE, StoreConfig
 from pipeline.consumequeue import PRE_BLANK_SIZE, UNIT_DTYPE
 from pipeline.errors import ConfigError, CorruptRecordError, StoreError
@@ -45,14 +45,6 @@ from pipeline.mapped_file import segment_name
 from pipeline.root import StoreRoot
 from pipeline.subscription import Subscription
 from source.brokerview import list_segments
-from source.decode import (
-    Records,
-    binary_offsets,
-    constant_strings,
-    decode_segment,
-    record_starts,
-    slices,
-)
 from source.errors import DataLossError
 from source.planning import KeyRange, QueueRange
 
@@ -61,9 +53,6 @@ log = logging.getLogger("rocketstore.source")
 CHUNK_UNITS = 1 << 16  # units per record batch: bounds memory, amortises the fixed costs
 CHUNK_BYTES = 64 << 20
 DEFAULT_INDEX_RATIO = 4  # RocketMQ's default maxIndexNum / maxHashSlotNum
-
-PROP_KEYS = record.PROPERTY_KEYS
-PROP_TAGS = record.PROPERTY_TAGS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,29 +72,44 @@ class ReadContext:
     def subscription(self) -> Subscription:
         return Subscription.parse(self.sub_expression)
 
+    @property
+    def columns(self) -> native.Columns:
+        """The column groups the decoder must build for this schema (tags always: the
+        subscription filters on them; properties for avro/json: they name each body's
+        schema)."""
+        names = set(self.schema.names)
+        want = native.Columns.TAGS
+        if "body" in names or self.body_schema is not None:
+            want |= native.Columns.BODY
+        if "properties" in names or self.body_schema is not None:
+            want |= native.Columns.PROPERTIES
+        if "keys" in names:
+            want |= native.Columns.KEYS
+        if names & {"bornHost", "storeHost"}:
+            want |= native.Columns.HOSTS
+        if "msgId" in names:
+            want |= native.Columns.MSG_ID
+        return want
+
 
 # -- files ----------------------------------------------------------------------------------------
 
 
 class _Segment:
-    """A CommitLog segment mapped read-only, as numpy and Arrow views of the same bytes."""
+    """A CommitLog segment mapped read-only."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         fd = os.open(path, os.O_RDONLY)
         try:
-            self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            self.mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)  # the mapping keeps the file; retention may unlink it meanwhile
-        self.data: npt.NDArray[np.uint8] | None = np.frombuffer(self._mm, dtype=np.uint8)
-        self.buffer: pa.Buffer | None = pa.py_buffer(self._mm)
 
     def close(self) -> None:
-        self.data = None
-        self.buffer = None
         # A view that escaped (it should not) keeps the mapping until it is collected.
         with contextlib.suppress(BufferError):
-            self._mm.close()
+            self.mm.close()
 
 
 class _SegmentCache:
@@ -181,83 +185,16 @@ def _unit_location(cq_dir: Path, queue_offset: int) -> tuple[str, int]:
 # -- columns --------------------------------------------------------------------------------------
 
 
-def _utf8(arr: pa.Array) -> pa.Array:
-    try:
-        return arr.cast(pa.string())
-    except pa.ArrowInvalid:
-        # RocketMQ decodes property bytes leniently; so do we, for the (rare) batch that needs it.
-        return pa.array(
-            [None if v is None else v.decode("utf-8", errors="replace") for v in arr.to_pylist()],
-            pa.string(),
-        )
+def _timestamps(ms: pa.Array, t: pa.DataType) -> pa.Array:
+    values = np.asarray(ms, dtype=np.int64)
+    return pa.array(values * 1000, pa.int64()).view(t) if t.unit == "us" else ms.view(t)
 
 
-@dataclasses.dataclass
-class Properties:
-    """The parsed properties of ``n`` messages: names, values and each pair's message."""
-
-    n: int
-    names: pa.Array
-    values: pa.Array
-    parent: npt.NDArray[np.int64]
-
-    @classmethod
-    def parse(cls, raw: pa.Array) -> Properties:
-        """Split ``name\x01value\x02...`` for every message; pairs without ``\x01`` are
-        skipped, as RocketMQ's ``string2messageProperties`` skips them.
-
-        Works on the concatenated bytes with numpy: the separators' positions give every
-        pair's name and value range, which :func:`~source.decode.slices` copies out.
-        """
-        n = len(raw)
-        offsets = binary_offsets(raw).astype(np.int64)
-        data_buf = raw.buffers()[2] or pa.py_buffer(b"")
-        data = np.frombuffer(data_buf, dtype=np.uint8, count=int(offsets[-1]))
-        items = np.flatnonzero(data == ord(record.PROPERTY_SEPARATOR))
-        pairs = np.flatnonzero(data == ord(record.NAME_VALUE_SEPARATOR))
-        # Items run from a message's start or just after a \x02 to the next \x02 or the
-        # message's end; both lists are merges of two sorted runs.
-        nonempty = offsets[1:] > offsets[:-1]
-        starts = np.sort(np.concatenate((offsets[:-1][nonempty], items + 1)), kind="stable")
-        ends = np.sort(np.concatenate((offsets[1:][nonempty], items)), kind="stable")
-        first = np.searchsorted(pairs, starts)
-        sep = pairs[np.minimum(first, max(len(pairs) - 1, 0))] if len(pairs) else starts
-        whole = (first < len(pairs)) & (sep < ends)
-        starts, ends, sep = starts[whole], ends[whole], sep[whole]
-        parent = np.searchsorted(offsets, starts, side="right") - 1
-        names = _utf8(slices(data_buf, starts, sep))
-        values = _utf8(slices(data_buf, sep + 1, ends))
-        return cls(n, names, values, parent.astype(np.int64))
-
-    def get(self, name: str) -> pa.Array:
-        """The value of property ``name`` per message (null where absent; the last wins)."""
-        mask = np.asarray(pc.equal(self.names, name))
-        hits = np.flatnonzero(mask)
-        pos = np.full(self.n, -1, dtype=np.int64)
-        pos[self.parent[hits]] = hits
-        return self.values.take(pa.array(pos, mask=pos < 0))
-
-    def as_map(self, map_type: pa.DataType) -> pa.Array:
-        counts = np.bincount(self.parent, minlength=self.n)
-        offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
-        return pa.MapArray.from_arrays(pa.array(offsets), self.names, self.values, type=map_type)
-
-
-def split_keys(keys: pa.Array, list_type: pa.DataType) -> pa.Array:
-    """KEYS values (space-separated) as lists without empty tokens; null stays null."""
-    parts = pc.split_pattern(keys.fill_null(""), record.KEY_SEPARATOR)
-    flat = parts.flatten()
-    parent = np.asarray(pc.list_parent_indices(parts), dtype=np.int64)
-    keep = np.asarray(pc.not_equal(flat, "")).astype(bool)
-    counts = np.bincount(parent[keep], minlength=len(keys))
-    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
-    return pa.ListArray.from_arrays(
-        pa.array(offsets), flat.filter(pa.array(keep)), type=list_type, mask=keys.is_null()
-    )
-
-
-def _timestamps(ms: npt.NDArray[np.int64], t: pa.DataType) -> pa.Array:
-    return pa.array(ms * 1000, pa.int64()).view(t) if t.unit == "us" else pa.array(ms, t)
+def constant_strings(value: str, n: int) -> pa.Array:
+    """``n`` copies of ``value`` as a string array."""
+    raw = value.encode("utf-8")
+    offsets = np.arange(n + 1, dtype=np.int32) * len(raw)
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(raw * n))
 
 
 class BatchBuilder:
@@ -277,56 +214,49 @@ class BatchBuilder:
             got = self._schemas[fingerprint] = bodyformat.BodySchema.from_document(doc)
         return got
 
-    def build(self, recs: Records, topic: str) -> pa.RecordBatch | None:
-        props = Properties.parse(recs.props)
-        tags = props.get(PROP_TAGS)
+    def build(self, recs: pa.RecordBatch, topic: str) -> pa.RecordBatch | None:
         if not self.sub.matches_all:
             assert self.sub.tags is not None
-            wanted = pc.is_in(tags, value_set=pa.array(sorted(self.sub.tags), pa.string()))
-            keep = np.asarray(wanted.fill_null(False))
-            if not keep.all():
-                recs = recs.take(keep)
-                props = Properties.parse(recs.props)
-                tags = props.get(PROP_TAGS)
-        n = len(recs)
+            wanted = pc.is_in(
+                recs.column("tags"), value_set=pa.array(sorted(self.sub.tags), pa.string())
+            )
+            recs = recs.filter(wanted.fill_null(False))
+        n = recs.num_rows
         if n == 0:
             return None
         schema = self.ctx.schema
+        # The decoder's columns already have the schema's names; the rest are made here.
         cols: dict[str, pa.Array] = {
             "topic": constant_strings(topic, n),
             "brokerName": constant_strings(self.broker, n),
-            "queueId": pa.array(recs.queue_id, pa.int32()),
-            "queueOffset": pa.array(recs.queue_offset, pa.int64()),
-            "commitLogOffset": pa.array(recs.phys, pa.int64()),
-            "msgId": recs.msg_id,
-            "keys": split_keys(props.get(PROP_KEYS), schema.field("keys").type),
-            "tags": tags,
-            "properties": props.as_map(schema.field("properties").type),
-            "bornTimestamp": _timestamps(recs.born_ts, schema.field("bornTimestamp").type),
-            "storeTimestamp": _timestamps(recs.store_ts, schema.field("storeTimestamp").type),
-            "bornHost": recs.born_host,
-            "storeHost": recs.store_host,
-            "flag": pa.array(recs.flag, pa.int32()),
-            "sysFlag": pa.array(recs.sys_flag, pa.int32()),
-            "reconsumeTimes": pa.array(recs.reconsume, pa.int32()),
         }
-        if self.ctx.body_format == "binary" or self.ctx.body_schema is None:
-            cols["body"] = recs.body
-        else:
-            cols.update(self._decode_bodies(recs, props))
+        for name in schema.names:
+            if name in cols or name not in recs.schema.names:
+                continue
+            col = recs.column(name)
+            target = schema.field(name).type
+            if pa.types.is_timestamp(target):
+                cols[name] = _timestamps(col, target)
+            else:
+                # Same layout, maybe other child field names (keys' "element").
+                cols[name] = col if col.type == target else col.view(target)
+        if self.ctx.body_format != "binary" and self.ctx.body_schema is not None:
+            cols.update(self._decode_bodies(recs))
         return pa.RecordBatch.from_arrays([cols[name] for name in schema.names], schema=schema)
 
-    def _decode_bodies(self, recs: Records, props: Properties) -> dict[str, pa.Array]:
+    def _decode_bodies(self, recs: pa.RecordBatch) -> dict[str, pa.Array]:
         reader = self.ctx.body_schema
         assert reader is not None
-        fingerprints = props.get(bodyformat.SCHEMA_PROPERTY).to_pylist()
-        phys = recs.phys
+        fingerprints = pc.map_lookup(
+            recs.column("properties"), bodyformat.SCHEMA_PROPERTY, "first"
+        ).to_pylist()
+        phys = np.asarray(recs.column("commitLogOffset"))
 
         def where(i: int) -> tuple[str, int]:
             return f"{self.where(int(phys[i]))} ({self.broker})", int(phys[i])
 
         table = bodyformat.decode_bodies(
-            recs.body.to_pylist(),
+            recs.column("body").to_pylist(),
             fingerprints,
             self.ctx.body_format,
             reader,
@@ -350,7 +280,6 @@ def read_queue_range(rng: QueueRange, ctx: ReadContext) -> Iterator[pa.RecordBat
     segments = _SegmentCache(broker / "commitlog")
     builder = BatchBuilder(ctx, rng.broker, lambda phys: str(_segment_path(segments, phys)))
     sub = ctx.subscription
-    topic_bytes = rng.topic.encode("utf-8")
     try:
         pos = rng.start
         while pos < rng.end:
@@ -376,12 +305,12 @@ def read_queue_range(rng: QueueRange, ctx: ReadContext) -> Iterator[pa.RecordBat
                 ~gone & ~pre_blank & ~expired & sub.hash_filter(units["tags_code"].astype(np.int64))
             )
             parts, lost = _decode_units(
-                segments, phys[want], size[want], offsets[want], rng, cq_dir, topic_bytes
+                segments, phys[want], size[want], offsets[want], rng, cq_dir, ctx.columns
             )
             lost_ranges = _runs(offsets[expired]) + _runs(lost)
             _lost(ctx, rng, [(a, b, "its CommitLog segment was deleted") for a, b in lost_ranges])
             if parts:
-                batch = builder.build(Records.concat(parts), rng.topic)
+                batch = builder.build(pa.concat_batches(parts), rng.topic)
                 if batch is not None:
                     yield batch
             pos = stop
@@ -424,10 +353,10 @@ def _decode_units(
     offsets: npt.NDArray[np.int64],
     rng: QueueRange,
     cq_dir: Path,
-    topic: bytes,
-) -> tuple[list[Records], npt.NDArray[np.int64]]:
-    """Records of the given units, checked to be theirs; and the offsets whose segment is gone."""
-    parts: list[Records] = []
+    columns: native.Columns,
+) -> tuple[list[pa.RecordBatch], npt.NDArray[np.int64]]:
+    """pa.RecordBatch of the given units, checked to be theirs; and the offsets whose segment is gone."""
+    parts: list[pa.RecordBatch] = []
     lost: list[npt.NDArray[np.int64]] = []
     if len(phys) == 0:
         return parts, offsets[:0]
@@ -439,17 +368,11 @@ def _decode_units(
     for idx in np.split(np.arange(len(phys)), cuts):
         base = int(bases[idx[0]])
         seg = segments.get(base)
-        if seg is None or seg.data is None or seg.buffer is None:
+        if seg is None:
             lost.append(offsets[idx])
             continue
-        recs = decode_segment(
-            seg.data,
-            seg.buffer,
-            phys[idx] - base,
-            base=base,
-            path=str(seg.path),
-            topic=topic,
-            sizes=size[idx],
+        recs = native.decode(
+            seg.mm, phys[idx] - base, base, path=str(seg.path), sizes=size[idx], columns=columns
         )
         _check_owner(recs, rng, offsets[idx], cq_dir)
         parts.append(recs)
@@ -457,24 +380,26 @@ def _decode_units(
 
 
 def _check_owner(
-    recs: Records,
+    recs: pa.RecordBatch,
     rng: QueueRange,
     offsets: npt.NDArray[np.int64],
     cq_dir: Path,
 ) -> None:
     """Each record must be its unit's: a unit pointing elsewhere is the ConsumeQueue's fault."""
-    wrong = (recs.queue_id != rng.queue_id) | (recs.queue_offset != offsets)
-    wrong |= ~recs.topic_ok
+    queue_id = np.asarray(recs.column("queueId"))
+    queue_offset = np.asarray(recs.column("queueOffset"))
+    topic_ok = np.asarray(pc.equal(recs.column("topic"), rng.topic))
+    wrong = (queue_id != rng.queue_id) | (queue_offset != offsets) | ~topic_ok
     if wrong.any():
         i = int(np.flatnonzero(wrong)[0])
         path, at = _unit_location(cq_dir, int(offsets[i]))
-        other = "" if recs.topic_ok[i] else "another topic's "
+        other = "" if topic_ok[i] else "another topic's "
         raise CorruptRecordError(
             path,
             at,
             f"unit {int(offsets[i])} of {rng.topic}/{rng.queue_id} points at CommitLog offset "
-            f"{int(recs.phys[i])}, whose record is {other}queue {int(recs.queue_id[i])} offset "
-            f"{int(recs.queue_offset[i])}",
+            f"{recs.column('commitLogOffset')[i]}, whose record is {other}queue "
+            f"{int(queue_id[i])} offset {int(queue_offset[i])}",
         )
 
 
@@ -533,41 +458,39 @@ def read_key(kr: KeyRange, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
     segments = _SegmentCache(broker / "commitlog")
     builder = BatchBuilder(ctx, kr.broker, lambda phys: str(_segment_path(segments, phys)))
     try:
-        parts: list[Records] = []
+        parts: list[pa.RecordBatch] = []
         live = (
             candidates[candidates >= segments.min_offset]
             if segments.segment_size
             else candidates[:0]
         )
         bases = live - live % max(segments.segment_size, 1)
+        columns = ctx.columns | native.Columns.KEYS | native.Columns.UNIQ_KEY
         for base in np.unique(bases).tolist():
             seg = segments.get(base)
-            if seg is None or seg.data is None or seg.buffer is None:
+            if seg is None:
                 continue
             rel = live[bases == base] - base
-            rel = rel[record_starts(seg.data, rel, base)]
-            recs = decode_segment(
-                seg.data, seg.buffer, rel, base=base, path=str(seg.path), topic=kr.topic.encode()
-            )
-            parts.append(recs.take(_key_matches(recs, kr)))
+            rel = rel[native.record_starts(seg.mm, rel, base)]
+            recs = native.decode(seg.mm, rel, base, path=str(seg.path), columns=columns)
+            parts.append(recs.filter(_key_matches(recs, kr)))
         if parts:
-            batch = builder.build(Records.concat(parts), kr.topic)
+            batch = builder.build(pa.concat_batches(parts), kr.topic)
             if batch is not None:
                 yield batch
     finally:
         segments.close()
 
 
-def _key_matches(recs: Records, kr: KeyRange) -> npt.NDArray[np.bool_]:
-    props = Properties.parse(recs.props)
-    keys = split_keys(props.get(PROP_KEYS), pa.list_(pa.string()))
-    has_key = np.zeros(len(recs), dtype=bool)
-    flat = keys.flatten()
+def _key_matches(recs: pa.RecordBatch, kr: KeyRange) -> npt.NDArray[np.bool_]:
+    keys = recs.column("keys")
+    has_key = np.zeros(recs.num_rows, dtype=bool)
     parent = np.asarray(pc.list_parent_indices(keys), dtype=np.int64)
-    has_key[parent[np.asarray(pc.equal(flat, kr.key)).astype(bool)]] = True
-    uniq = props.get(record.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
-    has_key |= np.asarray(pc.equal(uniq, kr.key).fill_null(False)).astype(bool)
-    tx = recs.sys_flag & record.TRANSACTION_MASK
+    has_key[parent[np.asarray(pc.equal(keys.flatten(), kr.key)).astype(bool)]] = True
+    has_key |= np.asarray(pc.equal(recs.column("uniqKey"), kr.key).fill_null(False)).astype(bool)
+    tx = np.asarray(recs.column("sysFlag")) & record.TRANSACTION_MASK
     visible = (tx == record.TRANSACTION_NOT_TYPE) | (tx == record.TRANSACTION_COMMIT_TYPE)
-    in_time = (recs.store_ts >= kr.begin) & (recs.store_ts <= kr.end)
-    return np.asarray(has_key & visible & in_time & recs.topic_ok)
+    store_ts = np.asarray(recs.column("storeTimestamp"))
+    in_time = (store_ts >= kr.begin) & (store_ts <= kr.end)
+    topic_ok = np.asarray(pc.equal(recs.column("topic"), kr.topic))
+    return np.asarray(has_key & visible & in_time & topic_ok)

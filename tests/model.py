@@ -97,6 +97,13 @@ def properties_of(m: Message, uniq_key: str) -> dict[str, str]:
     return props
 
 
+def read_back(props: dict[str, str]) -> dict[str, str]:
+    """The stored properties as a reader sees them: RocketMQ's ``string2messageProperties``
+    keeps only items that split into exactly two non-empty-ended parts, so a property stored
+    with an empty value does not come back."""
+    return {name: value for name, value in props.items() if value}
+
+
 def encode_properties(props: dict[str, str]) -> bytes:
     return "\x02".join(f"{k}\x01{v}" for k, v in props.items()).encode("utf-8")
 
@@ -216,7 +223,7 @@ class StoreModel:
                 reconsume_times=m.reconsume_times,
                 prepared_transaction_offset=m.prepared_transaction_offset,
                 body_crc=zlib.crc32(m.body) & 0x7FFFFFFF,
-                properties=properties_of(m, uniq),
+                properties=read_back(properties_of(m, uniq)),
                 body=bytes(m.body),
                 msg_id=self.msg_id(phys),
             )

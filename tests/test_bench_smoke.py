@@ -109,3 +109,20 @@ def test_core_benchmark_quick(
     assert len(opened["opens"]) == len(opened["rebuilds"]) == 2
     for key in ("open_big_ms", "open_small_ms", "rebuild_records_per_s", "rebuild_read_mb_per_s"):
         _positive(opened[key])
+
+
+def test_decode_benchmark_quick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+    from bench.cli import main
+
+    out = tmp_path / "out"
+    assert main(["decode", "--quick", "--runs", "2", "--out", str(out), "--no-pin"]) == 0
+    assert "into the source's columns" in capsys.readouterr().out
+    data = json.loads((out / "decode-latest.json").read_text())
+    assert data["messages"] == 50_000 and len(data["runs"]) == 2
+    assert len(data["load_avg_before"]) == 3
+    for key in ("decode_msgs_per_s", "raw_msgs_per_s", "ipc_msgs_per_s", "decode_over_raw"):
+        _positive(data[key])
+    assert not list((out / "tmp").iterdir()), "scratch stores must be removed"

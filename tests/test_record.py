@@ -199,9 +199,12 @@ def test_decode_properties_skips_items_without_name_value_separator() -> None:
     assert record.decode_properties(memoryview(b"k\x01v")) == {"k": "v"}
 
 
-def test_decode_properties_value_may_contain_name_separator_after_first() -> None:
-    # Only the first \x01 separates name from value.
-    assert record.decode_properties(b"k\x01a\x01b") == {"k": "a\x01b"}
+def test_decode_properties_follows_rocketmq_split() -> None:
+    # Java's split drops trailing empty parts, and only items of exactly two parts count:
+    # a second separator or an empty value drops the item; an empty name does not.
+    assert record.decode_properties(b"k\x01a\x01b\x02j\x01ok") == {"j": "ok"}
+    assert record.decode_properties(b"e\x01\x02f\x01\x01\x02g\x01v\x01") == {"g": "v"}
+    assert record.decode_properties(b"\x01v\x02\x01\x02\x01\x01") == {"": "v"}
 
 
 # -- msgId -------------------------------------------------------------------------------

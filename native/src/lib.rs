@@ -8,10 +8,12 @@
 //! the Python wrappers in `pipeline/native.py` turn into the store's own errors.
 
 mod buffers;
+mod decode;
 mod encode;
 mod hash;
 mod index;
 mod layout;
+mod owned;
 mod scan;
 
 use pyo3::prelude::*;
@@ -25,5 +27,19 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode::encode_one, m)?)?;
     m.add_function(wrap_pyfunction!(index::index_put, m)?)?;
     m.add_function(wrap_pyfunction!(scan::walk, m)?)?;
+    m.add_class::<owned::Owned>()?;
+    m.add_function(wrap_pyfunction!(decode::decode, m)?)?;
+    m.add_function(wrap_pyfunction!(decode::record_starts, m)?)?;
+    for (name, bit) in [
+        ("DECODE_BODY", decode::BODY),
+        ("DECODE_PROPERTIES", decode::PROPERTIES),
+        ("DECODE_KEYS", decode::KEYS),
+        ("DECODE_TAGS", decode::TAGS),
+        ("DECODE_UNIQ_KEY", decode::UNIQ_KEY),
+        ("DECODE_HOSTS", decode::HOSTS),
+        ("DECODE_MSG_ID", decode::MSG_ID),
+    ] {
+        m.add(name, bit)?;
+    }
     Ok(())
 }

@@ -27,6 +27,7 @@ pub struct Scanned<'a> {
     pub store_ts: i64,
     pub topic: &'a [u8],
     pub props: &'a [u8],
+    pub body: &'a [u8],
     pub body_crc_ok: bool,
 }
 
@@ -118,6 +119,7 @@ pub fn scan_record(
         store_ts,
         topic,
         props: &buf[p..end],
+        body,
         body_crc_ok,
     })
 }
