@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -30,7 +28,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import sparkproc
 from conftest import ROOT
+from sparkproc import free_port, spark_home, tail
 from test_jobs import committed_files
 
 pytestmark = [
@@ -47,19 +47,6 @@ SUBMIT_TIMEOUT = 300.0
 STORE_TOML = "mappedFileSizeCommitLog = 1048576\nmaxHashSlotNum = 4096\nmaxIndexNum = 65536\n"
 
 
-def spark_home() -> Path:
-    import pyspark
-
-    return Path(pyspark.__file__).resolve().parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def master_state(ui_port: int) -> dict[str, Any] | None:
     """The master's JSON state (workers, applications), or None while it is not answering."""
     try:
@@ -68,12 +55,6 @@ def master_state(ui_port: int) -> dict[str, Any] | None:
             return state
     except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
         return None
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    if not path.exists():
-        return f"({path} missing)"
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 class Cluster:
@@ -158,15 +139,7 @@ class Cluster:
 
     def stop(self) -> None:
         """Stop every process started here, by PID: SIGTERM, then SIGKILL if it lingers."""
-        for proc, _ in reversed(self.procs):
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGTERM)
-        for proc, _ in reversed(self.procs):
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
+        sparkproc.stop([proc for proc, _ in reversed(self.procs)])
 
     def submit(self, script: str, *args: str, python: Path) -> subprocess.CompletedProcess[str]:
         cmd = [
