@@ -15,14 +15,17 @@ Per micro-batch (``__call__`` runs on the driver; the ``mapInArrow`` step on exe
 Exactly once: given a deterministic, replayable input (Spark's file sources, Kafka, the
 rocketstore source, ``rate``), every row is stored once across task retries and driver
 restarts. The sink id that keeps different queries apart is the streaming query's id, which
-survives restarts from the same checkpoint.
+survives restarts from the same checkpoint (:mod:`sink.identity` finds it, in a classic
+session and over Spark Connect alike).
+
+Over Spark Connect the client pickles the sink and Spark runs the copy in a Python process
+beside the server: that copy's ``last`` and ``history`` are the ones that change.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +36,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from sink.append import sink_fingerprint
+from sink.identity import QueryIdentity
 from sink.plan import Plan, prepare, route_batches
 from sink.rows import queue_expression
 from sink.settings import SinkSettings
@@ -71,18 +75,13 @@ class CommitLogSink:
         self.last: BatchSummary | None = None
         self.history: list[BatchSummary] = []
         self._partition_keys: dict[int, list[int]] = {}
+        self._query = QueryIdentity()
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         spark = df.sparkSession
         arrow_schema = to_arrow_schema(df.schema, timezone="UTC")
         plan = prepare(self.settings, arrow_schema)
-        sink_id = self.settings.sink_id or spark.sparkContext.getLocalProperty(
-            "sql.streaming.queryId"
-        )
-        if sink_id is None:
-            # Called outside a streaming query: there is no replay to recognise.
-            sink_id = str(uuid.uuid4())
-        fp = sink_fingerprint(sink_id)
+        fp = sink_fingerprint(self.settings.sink_id or self._query.id_of(df, batch_id))
 
         def append_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             ctx = TaskContext.get()
