@@ -1,11 +1,14 @@
 """What the jobs share: the Spark session, the ``conf/`` directory, and the options that several
 jobs take (reading the store, writing the store, writing files, triggers).
 
-Runs on the driver only. Every job is ``main(argv, spark=None) -> int``: with ``spark`` given it
-uses that session and leaves it running (tests, the demo); otherwise it builds one with
-:func:`build_session` and stops it at the end.
+Runs on the driver only (or, with ``--remote``, in the Spark Connect client). Every job is
+``main(argv, spark=None) -> int``: with ``spark`` given it uses that session and leaves it running
+(tests, the demo); with ``--remote sc://HOST:PORT`` (or ``$SPARK_REMOTE``) it connects to that
+Spark Connect server (:func:`connect_session`); otherwise it builds a local one with
+:func:`build_session`. A session it made is stopped at the end.
 
-Where settings come from, lowest first:
+Where settings of a session the job builds come from, lowest first (a Spark Connect server
+keeps its own, and gets only the job's own SQL settings):
 
 1. ``conf/spark-defaults.conf`` (see that file), applied only to keys spark-submit has not set;
 2. what spark-submit sets (``--master``, ``--conf``, ``--properties-file``);
@@ -111,6 +114,9 @@ def build_session(app_name: str, conf: dict[str, str] | None = None) -> SparkSes
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
+    # PySpark turns any builder into a Spark Connect client while SPARK_REMOTE is set; this
+    # function builds a local session (jobs honour SPARK_REMOTE before they get here).
+    os.environ.pop("SPARK_REMOTE", None)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     already: set[str] = set()
     if "PYSPARK_GATEWAY_PORT" in os.environ:
@@ -132,6 +138,46 @@ def build_session(app_name: str, conf: dict[str, str] | None = None) -> SparkSes
     return spark
 
 
+def connect_session(url: str, conf: dict[str, str] | None = None) -> SparkSession:
+    """A Spark Connect session with the server at ``url`` (``sc://HOST:PORT``), with the
+    ``rocketstore`` data source registered.
+
+    The server's settings stay as they are, except ``conf`` (runtime SQL settings only): the
+    local ``conf/spark-defaults.conf`` describes a local Spark, not somebody's server.
+    """
+    from pyspark.sql import SparkSession
+
+    if not url.startswith("sc://"):
+        raise JobError(f"--remote {url!r}: expected a Spark Connect URL, sc://HOST:PORT")
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    for key, value in (conf or {}).items():
+        spark.conf.set(key, value)
+    register(spark)
+    return spark
+
+
+def add_session_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--remote",
+        metavar="sc://HOST:PORT",
+        help="run on this Spark Connect server instead of a local Spark (default: "
+        "$SPARK_REMOTE when set); paths are then the server's",
+    )
+
+
+def remote_url(args: argparse.Namespace) -> str | None:
+    """``--remote``, else ``$SPARK_REMOTE``, else None (a local Spark)."""
+    url: str | None = args.remote or os.environ.get("SPARK_REMOTE") or None
+    return url
+
+
+def is_remote(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect session (whose queries run on the server)."""
+    from sink.identity import is_connect
+
+    return is_connect(spark)
+
+
 def register(spark: SparkSession) -> None:
     """Register the ``rocketstore`` data source (reader and writer) with ``spark``."""
     from source.datasource import register as register_source
@@ -141,15 +187,19 @@ def register(spark: SparkSession) -> None:
 
 @contextlib.contextmanager
 def session(
-    app_name: str, spark: SparkSession | None, conf: dict[str, str] | None = None
+    app_name: str,
+    spark: SparkSession | None,
+    conf: dict[str, str] | None = None,
+    remote: str | None = None,
 ) -> Iterator[SparkSession]:
-    """``spark`` as it is (left running), or a new session, built with ``conf`` on top of the
-    defaults and stopped on exit."""
+    """``spark`` as it is (left running), or a new session, stopped on exit: a Spark Connect
+    session with the server at ``remote``, or else a local one built with ``conf`` on top of
+    the defaults."""
     if spark is not None:
         register(spark)
         yield spark
         return
-    built = build_session(app_name, conf)
+    built = connect_session(remote, conf) if remote else build_session(app_name, conf)
     try:
         yield built
     finally:
@@ -269,9 +319,11 @@ def stop_between_batches(
     stopped. A batch planned meanwhile fails at the gate before appending anything, and is
     replayed whole on restart. Without a gate (file sinks, whose manifest leaves out what a
     stopped batch wrote), the query is stopped once it is between triggers, waiting at most
-    ``patience`` seconds for that.
+    ``patience`` seconds for that. Over Spark Connect the sink runs on the server, out of the
+    gate's reach, and the query is stopped between triggers too; a micro-batch that started
+    appending all the same is completed, exactly once, when the query is restarted.
     """
-    if gate is not None:
+    if gate is not None and not gate.remote:
         gate.close(patience)
     else:
         deadline = time.monotonic() + patience
@@ -415,6 +467,7 @@ def commit_log_sink(
     def arg(name: str) -> Any:
         return getattr(args, prefix.replace("-", "_") + name)
 
+    remote = is_remote(df.sparkSession)
     body_format = arg("body_format") or ("binary" if "body" in df.columns else "avro")
     options: dict[str, Any] = dict(arg("sink_option"))
     for key, value in (
@@ -425,7 +478,8 @@ def commit_log_sink(
     ):
         if value is not None:
             options[key] = value
-    return SinkGate(CommitLogSink(args.store, topic=topic, bodyFormat=body_format, **options))
+    sink = CommitLogSink(args.store, topic=topic, bodyFormat=body_format, **options)
+    return SinkGate(sink, remote=remote)
 
 
 class StopRequested(RuntimeError):
@@ -441,17 +495,25 @@ class SinkGate:
     Why a gate: Spark has no "stop after this micro-batch", and stopping a query while its sink
     appends leaves part of the batch in the store until a restart completes it. Thread-safe:
     Spark calls it on its callback thread, the job closes it from the main thread.
+
+    Over Spark Connect (``remote``) the client pickles the function and the server runs the
+    copy: a gate pickles as its bare sink, since closing it could not reach that copy.
     """
 
-    def __init__(self, sink: Any) -> None:
+    def __init__(self, sink: Any, *, remote: bool = False) -> None:
         self.sink = sink
+        self.remote = remote
         self._cond = threading.Condition()
         self._busy = False
         self._closed = False
 
+    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+        return _itself, (self.sink,)
+
     @property
     def history(self) -> Any:
-        """The sink's per-batch summaries (``BatchSummary``)."""
+        """The sink's per-batch summaries (``BatchSummary``); empty when ``remote``, where the
+        server's copy of the sink keeps them."""
         return self.sink.history
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
@@ -472,6 +534,10 @@ class SinkGate:
         with self._cond:
             self._closed = True
             return self._cond.wait_for(lambda: not self._busy, timeout)
+
+
+def _itself(obj: Any) -> Any:
+    return obj
 
 
 # -- writing files or the console ---------------------------------------------------------------------

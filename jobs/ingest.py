@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Exit status: 0 finished, 1 the query failed, 2 bad options.",
     )
+    common.add_session_options(parser)
     common.add_store_options(parser)
     parser.add_argument("--topic", required=True, help="topic the rows are stored in")
     parser.add_argument(
@@ -107,7 +108,9 @@ def input_stream(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
     if not args.input:
         raise common.JobError(f"--input DIR is required with --source {args.source}")
     folder = Path(args.input)
-    if not folder.is_dir():
+    # Over Spark Connect the folder is the server's: Spark itself reports a missing one.
+    local = not common.is_remote(spark)
+    if local and not folder.is_dir():
         raise common.JobError(f"--input {folder}: no such directory")
     options: dict[str, str] = {"header": "true"} if args.source == "csv" else {}
     options.update(dict(args.read_option))
@@ -117,13 +120,17 @@ def input_stream(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
     if args.schema:
         reader = reader.schema(args.schema)
     else:
-        reader = reader.schema(_infer_schema(spark, args.source, folder, options))
+        reader = reader.schema(_infer_schema(spark, args.source, folder, options, local))
     return reader.load(str(folder))
 
 
-def _infer_schema(spark: SparkSession, fmt: str, folder: Path, options: dict[str, str]) -> Any:
+def _infer_schema(
+    spark: SparkSession, fmt: str, folder: Path, options: dict[str, str], local: bool
+) -> Any:
     # Spark's file stream needs the schema up front; the files already there tell it.
-    if not any(p.is_file() and not p.name.startswith((".", "_")) for p in folder.iterdir()):
+    if local and not any(
+        p.is_file() and not p.name.startswith((".", "_")) for p in folder.iterdir()
+    ):
         raise common.JobError(
             f"--input {folder} is empty, so the schema cannot be inferred; give --schema DDL"
         )
@@ -165,10 +172,15 @@ def main(argv: list[str] | None = None, spark: SparkSession | None = None) -> in
     session, stopped at the end); returns the exit status."""
 
     def body(args: argparse.Namespace) -> int:
-        with common.session(PROG, spark) as session:
+        with common.session(PROG, spark, remote=common.remote_url(args)) as session:
             query, sink = start(session, args)
             common.log(PROG, f"started: {args.source} -> {args.store} topic {args.topic}")
             common.wait(query, args.timeout, sink)
+            if sink.remote:
+                # The server's copy of the sink kept the per-batch counts.
+                read, _ = common.rows_in_and_out(query)
+                common.log(PROG, f"done: {read} row(s) read and stored (over Spark Connect)")
+                return 0
             rows = sum(b.appended for b in sink.history)
             skipped = sum(b.skipped for b in sink.history)
             size = sum(b.bytes for b in sink.history)

@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Exit status: 0 finished, 1 the query failed, 2 bad options or SQL.",
     )
+    common.add_session_options(parser)
     common.add_store_options(parser)
     parser.add_argument(
         "--checkpoint", required=True, metavar="DIR", help="the query's checkpoint directory"
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None, spark: SparkSession | None = None) -> in
     session, stopped at the end); returns the exit status."""
 
     def body(args: argparse.Namespace) -> int:
-        with common.session(PROG, spark) as session:
+        with common.session(PROG, spark, remote=common.remote_url(args)) as session:
             query, sink = start(session, args)
             target = args.output_topic or args.output or "the console"
             common.log(PROG, f"started: {args.store} topic {args.topic} -> {target}")
