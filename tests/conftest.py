@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,20 @@ def spark():
     register(session)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The ``sc://127.0.0.1:PORT`` of one Spark Connect server for the whole run (see
+    tests/connect_server.py), started by the first test that asks for it."""
+    if shutil.which("java") is None:
+        pytest.skip("needs Java 17 on PATH to run a Spark Connect server")
+    pytest.importorskip("grpc", reason="the Spark Connect client needs pyspark[connect]")
+    from connect_server import ConnectServer
+
+    server = ConnectServer(tmp_path_factory.mktemp("connect-server"))
+    try:
+        server.start()
+        yield server.url
+    finally:
+        server.stop()
