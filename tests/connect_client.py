@@ -22,8 +22,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pyspark.errors import StreamingQueryException
+from pyspark.errors import PySparkException, StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from sinkutil import STORE_OPTIONS
 
 from sink.foreach import CommitLogSink
@@ -37,6 +38,21 @@ def orders(spark: SparkSession, folder: str) -> DataFrame:
     return (
         spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(folder).drop("id")
     )
+
+
+def start(writer: DataStreamWriter) -> StreamingQuery:
+    """``writer.start()``, tried again when the server failed to start the query's
+    ``foreachBatch`` worker: Spark gives a new Python process 10 seconds (a constant) to
+    connect back, which a 2-core machine busy with other test runs can miss. Nothing of the
+    query exists yet when that happens."""
+    tries = 3
+    while True:
+        tries -= 1
+        try:
+            return writer.start()
+        except PySparkException as exc:
+            if tries == 0 or "Python worker failed to connect back" not in str(exc):
+                raise
 
 
 def finish(queries: list[Any]) -> dict[str, Any]:
@@ -53,25 +69,20 @@ def finish(queries: list[Any]) -> dict[str, Any]:
 def sink(spark: SparkSession, folder: str, root: str, ck: str, *failpoint: str) -> dict[str, Any]:
     extra = {"failpoint": failpoint[0]} if failpoint else {}
     fn = CommitLogSink(root, topic="orders", **SINK, **extra)
-    q = (
-        orders(spark, folder)
-        .writeStream.foreachBatch(fn)
-        .option("checkpointLocation", ck)
-        .trigger(availableNow=True)
-        .start()
-    )
-    return finish([q])
+    writer = orders(spark, folder).writeStream.foreachBatch(fn).option("checkpointLocation", ck)
+    return finish([start(writer.trigger(availableNow=True))])
 
 
 def two_sinks(
     spark: SparkSession, in_a: str, in_b: str, root: str, ck_a: str, ck_b: str
 ) -> dict[str, Any]:
     queries = [
-        orders(spark, folder)
-        .writeStream.foreachBatch(CommitLogSink(root, topic="orders", **SINK))
-        .option("checkpointLocation", ck)
-        .trigger(availableNow=True)
-        .start()
+        start(
+            orders(spark, folder)
+            .writeStream.foreachBatch(CommitLogSink(root, topic="orders", **SINK))
+            .option("checkpointLocation", ck)
+            .trigger(availableNow=True)
+        )
         for folder, ck in ((in_a, ck_a), (in_b, ck_b))
     ]
     return finish(queries)
