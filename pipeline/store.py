@@ -51,6 +51,7 @@ from pipeline.errors import (
     ReadOnlyStoreError,
     StoreClosedError,
 )
+from pipeline.geometry import check_geometry
 from pipeline.index_service import IndexService
 from pipeline.javahash import binary_offsets
 from pipeline.lock import DirectoryLock
@@ -167,6 +168,10 @@ class MessageStore:
             self._lock = DirectoryLock(self.path)
             self._lock.acquire()
         try:
+            if not read_only:
+                # Before _open writes anything (the abort file above all): a refused open must
+                # leave the store as it was.
+                check_geometry(self.path, self.config)
             self._open()
         except BaseException:
             if self._lock is not None:
