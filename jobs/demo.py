@@ -49,6 +49,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from jobs import common, export, ingest, process
+from pipeline.output import format_table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -290,8 +291,8 @@ class Pipeline:
 
 def export_lag(paths: Paths, config: Any) -> int | None:
     """Messages of ``orders`` the export has not committed yet (None before its first batch)."""
-    from pipeline.cli import consumer_lag, read_committed_offsets
     from pipeline.errors import StoreError
+    from pipeline.lag import consumer_lag, read_committed_offsets
 
     ck = paths.checkpoints / "export-orders"
     try:
@@ -304,32 +305,22 @@ def export_lag(paths: Paths, config: Any) -> int | None:
     return sum(r.lag for r in rows if r.lag is not None)
 
 
+def _cell(v: object) -> str:
+    """A summary cell: numbers with thousands separators, ``-`` for nothing."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:,.2f}"
+    return str(v)
+
+
 def table(header: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "  ") -> str:
-    """An aligned text table; numbers right-aligned with thousands separators."""
-
-    def cell(v: object) -> str:
-        if v is None:
-            return "-"
-        if isinstance(v, bool):
-            return str(v).lower()
-        if isinstance(v, int):
-            return f"{v:,}"
-        if isinstance(v, float):
-            return f"{v:,.2f}"
-        return str(v)
-
-    cells = [list(header)] + [[cell(v) for v in r] for r in rows]
-    numeric = [
-        all(isinstance(r[i], int | float) or r[i] is None for r in rows) for i in range(len(header))
-    ]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = []
-    for r in cells:
-        parts = [
-            c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric, strict=True)
-        ]
-        lines.append(indent + "  ".join(parts).rstrip())
-    return "\n".join(lines)
+    """An aligned text table (the command line's layout), numbers with thousands separators."""
+    return format_table(header, rows, cell=_cell, indent=indent)
 
 
 def store_queues(paths: Paths, config: Any) -> list[tuple[str, str, int, int, int]]:
@@ -550,7 +541,7 @@ def summary(
 ) -> int:
     from pyspark.sql import functions as F
 
-    from pipeline.cli import consumer_lag, read_committed_offsets
+    from pipeline.lag import consumer_lag, read_committed_offsets
 
     ok = True
     say("== Summary " + "=" * 68)
