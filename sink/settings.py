@@ -33,10 +33,11 @@ SINK_OPTIONS = {
     "config": "store configuration file (TOML or broker.conf)",
     "locktimeoutms": "how long a task waits for a broker's lock (default 600000)",
     "sinkid": "identity of the writer for replay detection (default: the query id)",
-    "failpoint": "fault injection for tests: after_chunk:N or hang_after_chunk:N:FILE",
     "chunkrows": "rows appended per batch put (default 1000000)",
 }
 _SPARK_NOISE = {"checkpointlocation", "queryname", "mode"}
+# How the README spells the options this module reads in lower case.
+_NAMES = {"locktimeoutms": "lockTimeoutMs", "chunkrows": "chunkRows"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +53,6 @@ class SinkSettings:
     store_config: StoreConfig
     lock_timeout_ms: int = 600_000
     sink_id: str | None = None
-    failpoint: str | None = None
     chunk_rows: int = 1_000_000
 
     @classmethod
@@ -88,7 +88,6 @@ class SinkSettings:
             store_config=store_config,
             lock_timeout_ms=_positive(sink_values, "locktimeoutms") or 600_000,
             sink_id=sink_values.get("sinkid"),
-            failpoint=sink_values.get("failpoint"),
             chunk_rows=_positive(sink_values, "chunkrows") or 1_000_000,
         )
 
