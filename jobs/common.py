@@ -128,9 +128,9 @@ def build_session(app_name: str, conf: dict[str, str] | None = None) -> SparkSes
 
 def register(spark: SparkSession) -> None:
     """Register the ``rocketstore`` data source (reader and writer) with ``spark``."""
-    from source.datasource import register as register_source
+    import datasource
 
-    register_source(spark)
+    datasource.register(spark)
 
 
 @contextlib.contextmanager

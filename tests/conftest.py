@@ -77,7 +77,7 @@ def spark():
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    from source.datasource import register
+    from datasource import register
 
     register(session)
     yield session

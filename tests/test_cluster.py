@@ -39,7 +39,7 @@ pytestmark = [
 ROWS = 2000
 START_TIMEOUT = 90.0
 SUBMIT_TIMEOUT = 300.0
-PACKAGES = ("pipeline", "sink", "source", "jobs")
+PACKAGES = ("pipeline", "sink", "source", "datasource", "jobs")
 STORE_TOML = "mappedFileSizeCommitLog = 1048576\nmaxHashSlotNum = 4096\nmaxIndexNum = 65536\n"
 
 
