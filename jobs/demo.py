@@ -21,8 +21,11 @@ messages per topic and queue, throughput, end-to-end latency percentiles, the co
 where everything is. It also checks that every generated order is in the store once and in the
 export once: exit status 1 if not.
 
-Everything lives under ``--dir`` (default ``data/demo``); what an earlier run left there
-(``incoming/``, ``store/``, ``checkpoints/``, ``export/``) is removed first.
+Everything lives under ``--dir`` (default ``data/demo``): ``incoming/``, ``store/``,
+``checkpoints/`` and ``export/``, and a marker file ``.rocketstore-demo`` that lists them. What an
+earlier run made there is removed first, and only that: without the marker, a ``--dir`` that
+already holds one of those names is refused, since the demo did not make it. ``make clean``
+removes what the marker lists, and nothing else.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ ORDER_DDL = (
     "orderId STRING, customer STRING, orderType STRING, amount DOUBLE, currency STRING, "
     "items INT, eventTime TIMESTAMP"
 )
+MARKER = ".rocketstore-demo"
 WARMING = ("ingest", "process", "export-orders")
 WARM_UP_LIMIT = 120.0
 STEADY_BACKLOG_S = 10
@@ -160,9 +164,35 @@ class Paths:
         self.export_orders = root / "export" / "orders"
         self.export_stats = root / "export" / "order-stats"
 
+        self.marker = root / MARKER
+
     def made(self) -> list[Path]:
-        """Everything a run creates under the root."""
+        """Everything a run creates under the root (besides the marker)."""
         return [self.incoming, self.store, self.checkpoints, self.root / "export"]
+
+    def prepare(self) -> None:
+        """Make the root ready for a run, removing what an earlier run made there and nothing
+        else; raises :class:`~jobs.common.JobError` when a name the demo uses is taken by
+        something the demo did not make (no marker)."""
+        present = [p for p in self.made() if p.exists() or p.is_symlink()]
+        if present and not self.marker.is_file():
+            raise common.JobError(
+                f"--dir {self.root}: {', '.join(p.name for p in present)} not made by a demo run "
+                f"(no {MARKER} file there); choose another --dir, or move them away"
+            )
+        for old in present:
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old)
+            else:
+                old.unlink()
+        self.root.mkdir(parents=True, exist_ok=True)
+        # Written before anything else, so a run that dies half way is still known as the
+        # demo's; `make clean` deletes the names listed here.
+        names = "".join(f"{p.name}\n" for p in self.made())
+        self.marker.write_text(
+            f"# made by `make demo` (jobs/demo.py); removed by `make clean`\n{names}"
+        )
+        self.incoming.mkdir()
 
 
 def job_argv(paths: Paths, store_config: str) -> dict[str, list[str]]:
@@ -380,7 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--dir",
         default="data/demo",
-        help="working directory; an earlier run's files in it are removed (default data/demo)",
+        help="working directory (default data/demo); what an earlier demo run made in it is "
+        "removed, nothing else",
     )
     parser.add_argument(
         "--seconds",
@@ -419,11 +450,7 @@ def run(spark: SparkSession, args: argparse.Namespace) -> int:
     if not Path(store_config).is_file():
         raise common.JobError(f"--store-config {store_config}: no such file")
     config = StoreConfig.load(store_config)
-    # Only what an earlier demo run made goes: --dir may name a directory holding other things.
-    for old in paths.made():
-        if old.exists():
-            shutil.rmtree(old)
-    paths.incoming.mkdir(parents=True)
+    paths.prepare()
     if not os.environ.get("SPARK_LOG_LEVEL"):
         # The progress lines say how the queries keep up; Spark's warnings that a batch took
         # longer than its trigger interval would only bury them.
