@@ -9,9 +9,11 @@
     df.writeStream.format("rocketstore").option("path", root).option("topic", "orders").start()
 
 The class only says which face does what: the readers are in :mod:`source.format`, the writers
-in :mod:`sink.format`; neither package imports the other. Spark pickles the class by reference,
-so executors must be able to import this package (install rocketstore, or ship it with
-``--py-files`` beside ``pipeline``, ``sink`` and ``source``).
+in :mod:`sink.format`; neither package imports the other. Each face is imported when Spark asks
+for it, so a Python worker that unpickles the class for a read does not import the sink, nor
+one for a write the source. Spark pickles the class by reference, so executors must be able to
+import this package (install rocketstore, or ship it with ``--py-files`` beside ``pipeline``,
+``sink`` and ``source``).
 """
 
 from __future__ import annotations
@@ -20,9 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
 from pyspark.sql.types import StructType
-
-from sink import format as sink_format
-from source import format as source_format
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -39,19 +38,29 @@ class RocketStoreDataSource(DataSource):
         return "rocketstore"
 
     def schema(self) -> StructType:
-        return source_format.spark_schema(self.options)
+        from source.format import spark_schema
+
+        return spark_schema(self.options)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return source_format.RocketStoreBatchReader(self.options, schema)
+        from source.format import RocketStoreBatchReader
+
+        return RocketStoreBatchReader(self.options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return source_format.RocketStoreStreamReader(self.options, schema)
+        from source.format import RocketStoreStreamReader
+
+        return RocketStoreStreamReader(self.options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> Any:
-        return sink_format.batch_writer(self.options, schema, overwrite)
+        from sink.format import batch_writer
+
+        return batch_writer(self.options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
-        return sink_format.stream_writer(self.options, schema, overwrite)
+        from sink.format import stream_writer
+
+        return stream_writer(self.options, schema, overwrite)
 
 
 def register(spark: SparkSession) -> None:
