@@ -84,3 +84,23 @@ def test_recovery_benchmark_quick(
         assert len(p["runs"]) == 2 and p["encoded_bytes"] > 0
         for key in ("sync_msgs_per_s", "async_msgs_per_s", "raw_msgs_per_s", "sync_over_raw"):
             _positive(p[key])
+
+
+def test_startup_benchmark_quick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+    from bench.cli import main
+
+    out = tmp_path / "out"
+    assert main(["startup", "--quick", "--runs", "2", "--out", str(out)]) == 0
+    assert "rocketstore --help" in capsys.readouterr().out
+
+    data = json.loads((out / "startup-latest.json").read_text())
+    assert data["part"] == "startup" and data["runs"] == 2
+    assert not list((out / "tmp").iterdir()), "scratch stores must be removed"
+    for name in ("python", "help", "queues"):
+        assert len(data[name]["runs"]) == 2
+        _positive(data[name]["seconds"])
+    for name in ("help", "queues"):  # the child reports its own peak RSS
+        _positive(data[name]["max_rss_kib"])
