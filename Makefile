@@ -65,7 +65,18 @@ format: $(STAMP) ## Format the code with ruff and cargo fmt
 	$(VENV)/bin/ruff format .
 	cd native && cargo fmt
 
-clean: ## Remove the demo store and caches (keeps .venv)
-	rm -rf data .pytest_cache .mypy_cache .ruff_cache bench/out
+# Only what the demo made goes: the names its marker file lists, inside DEMO_DIR. A store of
+# your own (the README's data/store, say) is never touched.
+clean: ## Remove what `make demo` made, bench output and caches (keeps .venv and your data)
+	@marker='$(DEMO_DIR)/.rocketstore-demo'; \
+	if [ -f "$$marker" ]; then \
+		while IFS= read -r name; do \
+			case "$$name" in ''|'#'*|*/*|.|..) ;; *) rm -rf -- '$(DEMO_DIR)'/"$$name" ;; esac; \
+		done < "$$marker"; \
+		rm -f -- "$$marker"; \
+		rmdir -- '$(DEMO_DIR)' 2>/dev/null || true; \
+		echo "removed the demo's files in $(DEMO_DIR)"; \
+	fi
+	rm -rf .pytest_cache .mypy_cache .ruff_cache bench/out
 
 .PHONY: help venv test demo java bench lint format clean

@@ -149,7 +149,7 @@ def _session() -> tuple[Any, bool]:
     """The active session (a test's), or a new ``local[2]`` one that the caller stops."""
     from pyspark.sql import SparkSession
 
-    from source.datasource import register
+    from datasource import register
 
     spark = SparkSession.getActiveSession()
     owned = spark is None

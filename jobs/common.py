@@ -14,8 +14,9 @@ keeps its own, and gets only the job's own SQL settings):
 2. what spark-submit sets (``--master``, ``--conf``, ``--properties-file``);
 3. the job's own options.
 
-``conf/`` is ``$ROCKETSTORE_CONF_DIR`` when set, else the ``conf`` directory of the checkout the
-jobs run from, else ``./conf``.
+``conf/`` is ``$ROCKETSTORE_CONF_DIR`` when set, else ``conf`` in the current directory, as for
+the ``rocketstore`` command, the sink and the source (whose store settings, without
+``--store-config``, come from its ``store.toml`` when it exists, else the built-in defaults).
 """
 
 from __future__ import annotations
@@ -31,12 +32,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.counts import count_type
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 FILE_FORMATS = ("parquet", "json")
 OUTPUT_FORMATS = (*FILE_FORMATS, "console")
 BODY_FORMATS = ("binary", "avro", "json")
@@ -51,19 +53,11 @@ class JobError(Exception):
 
 
 def conf_dir() -> Path:
-    """The directory holding ``spark-defaults.conf``, ``log4j2.properties`` and ``store.toml``."""
-    env = os.environ.get("ROCKETSTORE_CONF_DIR")
-    if env:
-        return Path(env)
-    beside = PROJECT_ROOT / "conf"
-    # Shipped in a zip with --py-files, this file has no checkout around it.
-    return beside if beside.is_dir() else Path.cwd() / "conf"
+    """The directory holding ``spark-defaults.conf``, ``log4j2.properties`` and ``store.toml``:
+    the same for every tool (:func:`pipeline.config.conf_dir`)."""
+    from pipeline.config import conf_dir as shared
 
-
-def default_store_config() -> str | None:
-    """``conf/store.toml`` when it exists (else the sink's and source's built-in defaults)."""
-    path = conf_dir() / "store.toml"
-    return str(path) if path.is_file() else None
+    return shared()
 
 
 def read_properties(path: Path) -> dict[str, str]:
@@ -180,9 +174,9 @@ def is_remote(spark: SparkSession) -> bool:
 
 def register(spark: SparkSession) -> None:
     """Register the ``rocketstore`` data source (reader and writer) with ``spark``."""
-    from source.datasource import register as register_source
+    import datasource
 
-    register_source(spark)
+    datasource.register(spark)
 
 
 @contextlib.contextmanager
@@ -359,8 +353,9 @@ def add_store_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--store-config",
         metavar="FILE",
-        help="store settings, a .toml or broker.conf file (default: conf/store.toml); a store "
-        "must always be written with the same geometry",
+        help="store settings, a .toml or broker.conf file (default: conf/store.toml when it "
+        "exists, else the built-in defaults); a store must always be written with the same "
+        "geometry",
     )
 
 
@@ -409,9 +404,8 @@ def read_store(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
         reader = reader.option("subExpression", args.sub_expression)
     if args.input_body_format is not None:
         reader = reader.option("bodyFormat", args.input_body_format)
-    config = args.store_config or default_store_config()
-    if config is not None:
-        reader = reader.option("config", config)
+    if args.store_config is not None:
+        reader = reader.option("config", args.store_config)
     for key, value in args.read_option:
         reader = reader.option(key, value)
     return reader.load()
@@ -474,7 +468,7 @@ def commit_log_sink(
         ("brokers", arg("brokers")),
         ("queues", arg("queues")),
         ("shardingKey", arg("sharding_key")),
-        ("config", args.store_config or default_store_config()),
+        ("config", args.store_config),
     ):
         if value is not None:
             options[key] = value
@@ -583,14 +577,8 @@ def file_writer(
 # -- option types -------------------------------------------------------------------------------------
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not positive")
-    return value
+# The same check as the rocketstore command's and the sink's and source's options.
+positive_int = count_type(1)
 
 
 def positive_float(text: str) -> float:

@@ -21,8 +21,11 @@ messages per topic and queue, throughput, end-to-end latency percentiles, the co
 where everything is. It also checks that every generated order is in the store once and in the
 export once: exit status 1 if not.
 
-Everything lives under ``--dir`` (default ``data/demo``); what an earlier run left there
-(``incoming/``, ``store/``, ``checkpoints/``, ``export/``) is removed first.
+Everything lives under ``--dir`` (default ``data/demo``): ``incoming/``, ``store/``,
+``checkpoints/`` and ``export/``, and a marker file ``.rocketstore-demo`` that lists them. What an
+earlier run made there is removed first, and only that: without the marker, a ``--dir`` that
+already holds one of those names is refused, since the demo did not make it. ``make clean``
+removes what the marker lists, and nothing else.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from jobs import common, export, ingest, process
+from pipeline.output import format_table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -62,6 +66,7 @@ ORDER_DDL = (
     "orderId STRING, customer STRING, orderType STRING, amount DOUBLE, currency STRING, "
     "items INT, eventTime TIMESTAMP"
 )
+MARKER = ".rocketstore-demo"
 WARMING = ("ingest", "process", "export-orders")
 WARM_UP_LIMIT = 120.0
 STEADY_BACKLOG_S = 10
@@ -159,9 +164,35 @@ class Paths:
         self.export_orders = root / "export" / "orders"
         self.export_stats = root / "export" / "order-stats"
 
+        self.marker = root / MARKER
+
     def made(self) -> list[Path]:
-        """Everything a run creates under the root."""
+        """Everything a run creates under the root (besides the marker)."""
         return [self.incoming, self.store, self.checkpoints, self.root / "export"]
+
+    def prepare(self) -> None:
+        """Make the root ready for a run, removing what an earlier run made there and nothing
+        else; raises :class:`~jobs.common.JobError` when a name the demo uses is taken by
+        something the demo did not make (no marker)."""
+        present = [p for p in self.made() if p.exists() or p.is_symlink()]
+        if present and not self.marker.is_file():
+            raise common.JobError(
+                f"--dir {self.root}: {', '.join(p.name for p in present)} not made by a demo run "
+                f"(no {MARKER} file there); choose another --dir, or move them away"
+            )
+        for old in present:
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old)
+            else:
+                old.unlink()
+        self.root.mkdir(parents=True, exist_ok=True)
+        # Written before anything else, so a run that dies half way is still known as the
+        # demo's; `make clean` deletes the names listed here.
+        names = "".join(f"{p.name}\n" for p in self.made())
+        self.marker.write_text(
+            f"# made by `make demo` (jobs/demo.py); removed by `make clean`\n{names}"
+        )
+        self.incoming.mkdir()
 
 
 def job_argv(paths: Paths, store_config: str) -> dict[str, list[str]]:
@@ -290,8 +321,8 @@ class Pipeline:
 
 def export_lag(paths: Paths, config: Any) -> int | None:
     """Messages of ``orders`` the export has not committed yet (None before its first batch)."""
-    from pipeline.cli import consumer_lag, read_committed_offsets
     from pipeline.errors import StoreError
+    from pipeline.lag import consumer_lag, read_committed_offsets
 
     ck = paths.checkpoints / "export-orders"
     try:
@@ -304,32 +335,22 @@ def export_lag(paths: Paths, config: Any) -> int | None:
     return sum(r.lag for r in rows if r.lag is not None)
 
 
+def _cell(v: object) -> str:
+    """A summary cell: numbers with thousands separators, ``-`` for nothing."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:,.2f}"
+    return str(v)
+
+
 def table(header: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "  ") -> str:
-    """An aligned text table; numbers right-aligned with thousands separators."""
-
-    def cell(v: object) -> str:
-        if v is None:
-            return "-"
-        if isinstance(v, bool):
-            return str(v).lower()
-        if isinstance(v, int):
-            return f"{v:,}"
-        if isinstance(v, float):
-            return f"{v:,.2f}"
-        return str(v)
-
-    cells = [list(header)] + [[cell(v) for v in r] for r in rows]
-    numeric = [
-        all(isinstance(r[i], int | float) or r[i] is None for r in rows) for i in range(len(header))
-    ]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = []
-    for r in cells:
-        parts = [
-            c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric, strict=True)
-        ]
-        lines.append(indent + "  ".join(parts).rstrip())
-    return "\n".join(lines)
+    """An aligned text table (the command line's layout), numbers with thousands separators."""
+    return format_table(header, rows, cell=_cell, indent=indent)
 
 
 def store_queues(paths: Paths, config: Any) -> list[tuple[str, str, int, int, int]]:
@@ -389,7 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--dir",
         default="data/demo",
-        help="working directory; an earlier run's files in it are removed (default data/demo)",
+        help="working directory (default data/demo); what an earlier demo run made in it is "
+        "removed, nothing else",
     )
     parser.add_argument(
         "--seconds",
@@ -428,11 +450,7 @@ def run(spark: SparkSession, args: argparse.Namespace) -> int:
     if not Path(store_config).is_file():
         raise common.JobError(f"--store-config {store_config}: no such file")
     config = StoreConfig.load(store_config)
-    # Only what an earlier demo run made goes: --dir may name a directory holding other things.
-    for old in paths.made():
-        if old.exists():
-            shutil.rmtree(old)
-    paths.incoming.mkdir(parents=True)
+    paths.prepare()
     if not os.environ.get("SPARK_LOG_LEVEL"):
         # The progress lines say how the queries keep up; Spark's warnings that a batch took
         # longer than its trigger interval would only bury them.
@@ -550,7 +568,7 @@ def summary(
 ) -> int:
     from pyspark.sql import functions as F
 
-    from pipeline.cli import consumer_lag, read_committed_offsets
+    from pipeline.lag import consumer_lag, read_committed_offsets
 
     ok = True
     say("== Summary " + "=" * 68)

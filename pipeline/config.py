@@ -1,8 +1,13 @@
 """Store configuration, named as Apache RocketMQ's ``MessageStoreConfig`` names it.
 
-Settings are read from a TOML file (``conf/store.toml`` is the documented default) or from a
-RocketMQ ``broker.conf`` style properties file, so an operator's existing values carry over.
-Keys are RocketMQ's camelCase names in both formats.
+Settings are read from a TOML file or from a RocketMQ ``broker.conf`` style properties file, so
+an operator's existing values carry over. Keys are RocketMQ's camelCase names in both formats.
+
+Where settings come from, for every tool alike (the command line, the sink, the source and the
+jobs; see :meth:`StoreConfig.effective`): the file the user names, else ``store.toml`` in the
+configuration directory (``$ROCKETSTORE_CONF_DIR`` when set, else ``conf/`` in the current
+directory) when it exists, else the built-in defaults, which are RocketMQ 4.9.x's and are part
+of the package (this module), so an installed wheel has them too.
 
 * In TOML, an unknown key is an error: the file is ours, so a typo should not pass silently.
 * In a properties file, keys this store does not use (``brokerClusterName``, ``namesrvAddr``, …)
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +31,9 @@ from typing import Any
 from pipeline.errors import ConfigError
 
 ASYNC_FLUSH = "ASYNC_FLUSH"
+CONF_DIR_ENV = "ROCKETSTORE_CONF_DIR"
+DEFAULT_FILE = "store.toml"
+BUILT_IN = "built-in defaults"
 SYNC_FLUSH = "SYNC_FLUSH"
 CQ_UNIT_SIZE = 20
 
@@ -71,6 +80,8 @@ class StoreConfig:
     broker_ip1: str = "127.0.0.1"
     listen_port: int = 10911
     ignored_keys: tuple[str, ...] = dataclasses.field(default=(), compare=False)
+    # Where the settings came from (a file, or BUILT_IN), for messages; not a setting.
+    origin: str = dataclasses.field(default=BUILT_IN, compare=False)
 
     def __post_init__(self) -> None:
         self._check()
@@ -185,14 +196,41 @@ class StoreConfig:
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> StoreConfig:
-        """Read a ``.toml`` or broker.conf properties file (or the defaults, for ``None``)."""
+        """Read a ``.toml`` or broker.conf properties file (or the built-in defaults, for
+        ``None``)."""
         config = cls()
         if path is not None:
             values, strict = _read_file(Path(path))
             config = config.with_overrides(values, strict=strict)
+            config = dataclasses.replace(config, origin=str(path))
         if overrides:
             config = config.with_overrides(overrides)
         return config
+
+    @classmethod
+    def effective(cls, path: str | Path | None = None) -> StoreConfig:
+        """The settings a tool uses: the file ``path`` when given, else the configuration
+        directory's ``store.toml`` when it exists (:func:`default_file`), else the built-in
+        defaults. :attr:`origin` says which."""
+        return cls.load(path if path is not None else default_file())
+
+
+def conf_dir() -> Path:
+    """The configuration directory: ``$ROCKETSTORE_CONF_DIR`` when set, else ``conf`` in the
+    current directory. A variable naming no directory is an error, not a silent default."""
+    env = os.environ.get(CONF_DIR_ENV)
+    if not env:
+        return Path("conf")
+    path = Path(env)
+    if not path.is_dir():
+        raise ConfigError(f"{CONF_DIR_ENV}={env}: no such directory")
+    return path
+
+
+def default_file() -> Path | None:
+    """``store.toml`` of the configuration directory, when it exists."""
+    path = conf_dir() / DEFAULT_FILE
+    return path if path.is_file() else None
 
 
 def _read_file(path: Path) -> tuple[dict[str, Any], bool]:

@@ -36,12 +36,24 @@ RESERVED_PROPERTIES = (
     record.PROPERTY_TAGS,
     record.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
 )
+
+
+def _scalar(value: bytes | None, type_: pa.DataType) -> pa.Scalar:
+    """A binary or string scalar cut from an array built on raw buffers: ``pa.scalar`` (like
+    ``pa.array`` of Python values) imports pandas, about 170 ms, to rule out pandas inputs, and
+    every reading command of the CLI imports this module."""
+    if value is None:
+        return pa.nulls(1, type_)[0]
+    offsets = pa.py_buffer(np.array([0, len(value)], dtype=np.int32))
+    return pa.Array.from_buffers(type_, 1, [None, offsets, pa.py_buffer(value)])[0]
+
+
 # Compute functions are given Arrow scalars, never Python literals: converting a literal costs
 # a failed optional import inside pyarrow on every call, which dominated small puts.
-_EMPTY_STR = pa.scalar("", pa.string())
-_NULL_STR = pa.scalar(None, pa.string())
-_NAME_SEP = pa.scalar("\x01", pa.string())
-_PROP_SEP = pa.scalar("\x02", pa.string())
+_EMPTY_STR = _scalar(b"", pa.string())
+_NULL_STR = _scalar(None, pa.string())
+_NAME_SEP = _scalar(b"\x01", pa.string())
+_PROP_SEP = _scalar(b"\x02", pa.string())
 
 
 @dataclasses.dataclass

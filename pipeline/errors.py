@@ -62,7 +62,12 @@ class CorruptRecordError(StoreError):
         self.reason = reason
 
 
-class OffsetOutOfRangeError(StoreError, IndexError):
+class NotFoundError(StoreError, LookupError):
+    """What was asked for (a topic, a queue, a record at an offset, a message by id) is not in
+    the store. Nothing is wrong with the store."""
+
+
+class OffsetOutOfRangeError(NotFoundError, IndexError):
     """A CommitLog offset or queue offset outside what the store holds."""
 
 

@@ -254,13 +254,3 @@ def select_queues(
     empty = ~valid | (pc.binary_length(filled).to_numpy(zero_copy_only=False) == 0)
     chosen[empty] = row_ids[empty] % total
     return chosen.astype(np.int64)
-
-
-def require_positive(value: str | int, option: str) -> int:
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        n = 0
-    if n <= 0:
-        raise ConfigError(f"option {option}={value!r}: expected a positive integer")
-    return n

@@ -59,6 +59,7 @@ from pipeline.errors import (
     StoreClosedError,
     StoreFailedError,
 )
+from pipeline.geometry import check_geometry
 from pipeline.index_service import IndexService
 from pipeline.lock import DirectoryLock
 from pipeline.mappings import MappingCache
@@ -177,6 +178,10 @@ class MessageStore:
             self._lock = DirectoryLock(self.path)
             self._lock.acquire()
         try:
+            if not read_only:
+                # Before _open writes anything (the abort file above all): a refused open must
+                # leave the store as it was.
+                check_geometry(self.path, self.config)
             self._open()
         except BaseException:
             if self._lock is not None:

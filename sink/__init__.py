@@ -1,8 +1,8 @@
 """The writeStream side: Spark micro-batches into a rocketstore store root.
 
-``CommitLogSink`` is the ``foreachBatch`` face; ``format("rocketstore")`` (registered by
-:func:`register`) is the data source face. Both append each row exactly once for a
-deterministic input (see :mod:`sink.append`).
+``CommitLogSink`` is the ``foreachBatch`` face; the ``rocketstore`` data source's writers
+(:mod:`sink.format`, registered with :func:`datasource.register`) are the other. Both append
+each row exactly once for a deterministic input (see :mod:`sink.append`).
 """
 
 from __future__ import annotations
@@ -10,11 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
     from sink.foreach import CommitLogSink
 
-__all__ = ["CommitLogSink", "register"]
+__all__ = ["CommitLogSink"]
 
 
 def __getattr__(name: str) -> object:
@@ -25,10 +23,3 @@ def __getattr__(name: str) -> object:
 
         return CommitLogSink
     raise AttributeError(name)
-
-
-def register(spark: SparkSession) -> None:
-    """Register the ``rocketstore`` data source (reader and writer) with ``spark``."""
-    from source.datasource import register as _register
-
-    _register(spark)

@@ -45,6 +45,9 @@ from pipeline.errors import StoreError, StoreLockedError
 from pipeline.store import MessageStore
 
 UNIQ_BYTES = 16
+# Fault injection for the test suite, read by each append (on the executors, which inherit the
+# driver's environment): never set in use, and not an option of the sink.
+FAILPOINT_ENV = "ROCKETSTORE_TEST_FAILPOINT"
 
 
 class SinkReplayError(StoreError):
@@ -52,7 +55,8 @@ class SinkReplayError(StoreError):
 
 
 class SinkFailpoint(StoreError):
-    """Raised by the ``failpoint`` test option to simulate a task dying mid-append."""
+    """Raised by the test suite's fault injection (:data:`FAILPOINT_ENV`) to simulate a task
+    dying mid-append."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +138,6 @@ def append(
     slot: int,
     lock_timeout_ms: int,
     chunk_rows: int = 1_000_000,
-    failpoint: str | None = None,
     attempt: int = 0,
 ) -> AppendStats:
     """Append ``rows`` (message columns, in their final order) as (batch, slot) to the broker
@@ -165,7 +168,7 @@ def append(
             if len(result):
                 last = int(result.commit_log_offsets[-1])
             total_bytes += result.total_bytes
-            _failpoint(failpoint, i + 1, attempt, store)
+            _failpoint(i + 1, attempt, store)
     return AppendStats(path.name, slot, n, done, n - done, total_bytes, first, last)
 
 
@@ -183,22 +186,28 @@ def _check_same_rows(
         )
 
 
-def _failpoint(spec: str | None, chunks: int, attempt: int, store: MessageStore) -> None:
-    """Test-only fault injection, active on a task's first attempt only.
+def _failpoint(chunks: int, attempt: int, store: MessageStore) -> None:
+    """Test-only fault injection from ``$ROCKETSTORE_TEST_FAILPOINT``, on a task's first attempt
+    only.
 
-    ``after_chunk:N`` raises after N chunks; ``hang_after_chunk:N:FILE`` flushes, creates FILE
-    and blocks forever (for a test that kills the whole process while a batch is half done).
+    ``after_chunk:N:FILE`` raises after N chunks; ``hang_after_chunk:N:FILE`` flushes and blocks
+    forever (for a test that kills the whole process while a batch is half done). Either first
+    appends a line to FILE, so that a test sees that it fired.
     """
+    spec = os.environ.get(FAILPOINT_ENV)
     if not spec or attempt != 0:
         return
-    kind, _, arg = spec.partition(":")
-    count, _, marker = arg.partition(":")
+    kind, _, rest = spec.partition(":")
+    count, _, marker = rest.partition(":")
+    if kind not in ("after_chunk", "hang_after_chunk") or not count.isdigit() or not marker:
+        raise SinkFailpoint(f"{FAILPOINT_ENV}={spec!r}: expected KIND:N:FILE")
     if chunks != int(count):
         return
+    if kind == "hang_after_chunk":
+        store.flush()  # what this attempt stored is on disk before the test kills the process
+    with open(marker, "a", encoding="utf-8") as fired:
+        fired.write(f"{kind} pid={os.getpid()} broker={store.path.name} chunks={chunks}\n")
     if kind == "after_chunk":
         raise SinkFailpoint(f"failpoint {spec}: task stopped after {chunks} chunk(s)")
-    if kind == "hang_after_chunk":
-        store.flush()
-        Path(marker).write_text(str(os.getpid()))
-        while True:
-            time.sleep(3600)
+    while True:
+        time.sleep(3600)

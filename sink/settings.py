@@ -1,8 +1,9 @@
 """The sink's options: parsed and checked once, on the driver, into a picklable value.
 
 Both faces of the sink (the ``foreachBatch`` callable and the ``rocketstore`` data source
-writer) accept the same options, named as in the README. Store settings come from
-``conf/store.toml``, then the file named by ``config`` (TOML or a RocketMQ broker.conf), then
+writer) accept the same options, named as in the README. Store settings come from the file
+named by ``config`` (TOML or a RocketMQ broker.conf), else from ``conf/store.toml`` or the
+built-in defaults as for every tool (:meth:`~pipeline.config.StoreConfig.effective`), then from
 single options carrying RocketMQ ``MessageStoreConfig`` names (``flushDiskType``, ...).
 
 Runs on the driver; :class:`SinkSettings` travels to executors inside the tasks' closures.
@@ -12,15 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from pipeline import bodyformat, encode
 from pipeline.config import StoreConfig
+from pipeline.counts import parse_count
 from pipeline.errors import ConfigError
-from pipeline.root import DEFAULT_QUEUES, StoreRoot, TopicMeta, require_positive
-
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "conf" / "store.toml"
+from pipeline.root import DEFAULT_QUEUES, StoreRoot, TopicMeta
 
 # Sink options that are not store settings (lower-cased: Spark lower-cases option names).
 SINK_OPTIONS = {
@@ -33,10 +32,11 @@ SINK_OPTIONS = {
     "config": "store configuration file (TOML or broker.conf)",
     "locktimeoutms": "how long a task waits for a broker's lock (default 600000)",
     "sinkid": "identity of the writer for replay detection (default: the query id)",
-    "failpoint": "fault injection for tests: after_chunk:N or hang_after_chunk:N:FILE",
     "chunkrows": "rows appended per batch put (default 1000000)",
 }
 _SPARK_NOISE = {"checkpointlocation", "queryname", "mode"}
+# How the README spells the options this module reads in lower case.
+_NAMES = {"locktimeoutms": "lockTimeoutMs", "chunkrows": "chunkRows"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +52,6 @@ class SinkSettings:
     store_config: StoreConfig
     lock_timeout_ms: int = 600_000
     sink_id: str | None = None
-    failpoint: str | None = None
     chunk_rows: int = 1_000_000
 
     @classmethod
@@ -61,11 +60,8 @@ class SinkSettings:
         root = opts.pop("path", None)
         if not root:
             raise ConfigError("option path: the store root directory is required")
-        config_file = opts.pop("config", None)
-        # conf/store.toml holds RocketMQ's defaults, which are StoreConfig's own; when the
-        # package runs from a zip (--py-files) the file is not there and those apply.
-        default = DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None
-        store_config = StoreConfig.load(config_file or default)
+        # Resolved here, on the driver: executors get the settings, not a path to look up.
+        store_config = StoreConfig.effective(opts.pop("config", None))
         sink_values = {k: opts.pop(k) for k in list(opts) if k in SINK_OPTIONS}
         for k in _SPARK_NOISE:
             opts.pop(k, None)
@@ -88,7 +84,6 @@ class SinkSettings:
             store_config=store_config,
             lock_timeout_ms=_positive(sink_values, "locktimeoutms") or 600_000,
             sink_id=sink_values.get("sinkid"),
-            failpoint=sink_values.get("failpoint"),
             chunk_rows=_positive(sink_values, "chunkrows") or 1_000_000,
         )
 
@@ -105,4 +100,4 @@ class SinkSettings:
 
 def _positive(values: dict[str, Any], name: str) -> int | None:
     raw = values.get(name)
-    return None if raw is None else require_positive(raw, name)
+    return None if raw is None else parse_count(raw, f"option {_NAMES.get(name, name)}")

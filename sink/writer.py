@@ -86,7 +86,6 @@ def append_routed(
                 slot=b if slot is None else slot,
                 lock_timeout_ms=settings.lock_timeout_ms,
                 chunk_rows=settings.chunk_rows,
-                failpoint=settings.failpoint,
                 attempt=attempt,
             )
         )

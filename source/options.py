@@ -29,8 +29,9 @@ bodyFormat                  ``binary``, ``avro`` or ``json``                    
 key (batch)                 read the messages with this key (IndexFile look-up)
 startTimestamp (batch, key) store time in ms, inclusive                                0
 endTimestamp (batch, key)   store time in ms, inclusive                                no end
-config                      a store configuration file (.toml or broker.conf), for the
-                            IndexFile geometry of key reads
+config                      a store configuration file (.toml or broker.conf), for the conf/store.toml
+                            IndexFile geometry of key reads (used when it fits the     or built-in
+                            files, else RocketMQ's 1:4 slots to entries is assumed)
 =========================== ========================================================== ==========
 
 Precedence of the starting options, as Kafka's: ``startingOffsetsByTimestamp``, then
@@ -49,8 +50,9 @@ from pathlib import Path
 
 from pipeline.bodyformat import check_format
 from pipeline.config import StoreConfig
+from pipeline.counts import parse_count
 from pipeline.errors import ConfigError, NotAStoreError, StoreError
-from pipeline.root import StoreRoot, require_positive
+from pipeline.root import StoreRoot
 from source.offsets import OffsetSpec, parse_option, parse_timestamps_option
 
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
@@ -195,7 +197,7 @@ def parse(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
 
     def positive(name: str) -> int | None:
         raw = _get(options, name)
-        return None if raw is None else require_positive(raw, name)
+        return None if raw is None else parse_count(raw, f"option {name}")
 
     max_per_trigger = positive("maxMessagesPerTrigger")
     min_per_trigger = positive("minMessagesPerTrigger")
@@ -245,18 +247,18 @@ def parse(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
             "startTimestamp <= endTimestamp"
         )
 
-    config = None
     config_text = _get(options, "config")
-    if config_text is not None:
-        if not Path(config_text).is_file():
-            raise ConfigError(
-                f"option config={config_text!r}: no such file; expected a store configuration "
-                "file (.toml or broker.conf)"
-            )
-        try:
-            config = StoreConfig.load(config_text)
-        except StoreError as exc:
-            raise ConfigError(f"option config={config_text!r}: {exc}") from None
+    if config_text is not None and not Path(config_text).is_file():
+        raise ConfigError(
+            f"option config={config_text!r}: no such file; expected a store configuration "
+            "file (.toml or broker.conf)"
+        )
+    try:
+        # The same settings as every tool's (conf/store.toml, else the built-ins) unless the
+        # option names a file; resolved here, on the driver.
+        config = StoreConfig.effective(config_text)
+    except StoreError as exc:
+        raise ConfigError(f"option config={config_text!r}: {exc}") from None
 
     sub = _get(options, "subExpression")
     return ReadOptions(

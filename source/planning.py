@@ -7,7 +7,7 @@
   remainders, so the shares add up to the budget exactly and none exceeds its backlog).
 * :func:`split_ranges` splits big ranges so that a batch has at least ``minPartitions`` tasks.
 
-Contract with Spark (see :mod:`source.datasource`): every method runs in the driver's
+Contract with Spark (see :mod:`source.format`): every method runs in the driver's
 long-lived Python process; the planner keeps only what may be lost without harm (the time of
 the last trigger, for ``maxTriggerDelay``, and the ``availableNow`` target), because progress
 lives in the query's checkpoint as the offsets these methods return. Not thread-safe (Spark

@@ -407,10 +407,9 @@ def _check_owner(
 
 
 def index_geometry(index_dir: Path, config: StoreConfig | None) -> tuple[int, int] | None:
-    """(maxHashSlotNum, maxIndexNum) of a broker's IndexFiles: from the configuration when
-    given, else from the file size, assuming RocketMQ's 1:4 ratio of slots to entries."""
-    if config is not None:
-        return config.max_hash_slot_num, config.max_index_num
+    """(maxHashSlotNum, maxIndexNum) of a broker's IndexFiles: the configuration's when its
+    IndexFile size is the files' (the files are the truth for a reader), else from the file
+    size, assuming RocketMQ's 1:4 ratio of slots to entries."""
     files = (
         sorted(p for p in index_dir.iterdir() if p.is_file() and p.name.isdigit())
         if index_dir.is_dir()
@@ -419,12 +418,15 @@ def index_geometry(index_dir: Path, config: StoreConfig | None) -> tuple[int, in
     if not files:
         return None
     size = files[0].stat().st_size
+    if config is not None and config.index_file_size == size:
+        return config.max_hash_slot_num, config.max_index_num
     per_slot = SLOT_SIZE + DEFAULT_INDEX_RATIO * ENTRY_SIZE
     if (size - HEADER_SIZE) % per_slot:
         raise ConfigError(
-            f"{files[0]}: IndexFile of {size} bytes does not have RocketMQ's default 1:4 "
-            "slots to entries; set option config to the store's configuration file "
-            "(maxHashSlotNum, maxIndexNum)"
+            f"{files[0]}: IndexFile of {size} bytes fits neither the store settings (from "
+            f"{config.origin if config else 'none given'}) nor RocketMQ's default 1:4 slots to "
+            "entries; set option config to the store's configuration file (maxHashSlotNum, "
+            "maxIndexNum)"
         )
     slots = (size - HEADER_SIZE) // per_slot
     return slots, slots * DEFAULT_INDEX_RATIO

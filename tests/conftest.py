@@ -23,7 +23,22 @@ FIXTURE_CONFIG = StoreConfig(
 SMALL_CONFIG = FIXTURE_CONFIG
 
 
+_running: list[pytest.Item] = []
+
+
+@pytest.fixture(autouse=True)
+def _current_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Lets :func:`fixture_dir` see which test asks for a fixture store."""
+    _running.append(request.node)
+    yield
+    _running.pop()
+
+
 def fixture_dir(name: str) -> Path:
+    # `-m "not fixtures"` must leave out every test that reads ../shared; a test that forgets
+    # the marker fails here rather than slipping through.
+    if _running and _running[-1].get_closest_marker("fixtures") is None:
+        pytest.fail(f"{_running[-1].nodeid} reads the fixture store {name!r}: mark it fixtures")
     path = FIXTURES / name
     if not (path / "store").is_dir():
         pytest.skip(
@@ -78,7 +93,7 @@ def spark():
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    from source.datasource import register
+    from datasource import register
 
     register(session)
     yield session

@@ -2,7 +2,8 @@
 sink's fault tests (they need their own Spark master and must be able to SIGKILL the driver).
 
 usage: python tests/sink_job.py INPUT ROOT CHECKPOINT MASTER FACE [FAILPOINT]
-FACE is ``foreach`` or ``format``. Prints ``done <rows appended> <rows skipped>``.
+FACE is ``foreach`` or ``format``; FAILPOINT is a ``$ROCKETSTORE_TEST_FAILPOINT`` value (see
+sink/append.py), which the Spark tasks inherit. Prints ``done <rows appended> <rows skipped>``.
 """
 
 from __future__ import annotations
@@ -17,15 +18,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pyspark.sql import SparkSession
 from sinkutil import STORE_OPTIONS
 
+from datasource import register
+from sink.append import FAILPOINT_ENV
 from sink.foreach import CommitLogSink
-from source.datasource import register
 
 SCHEMA = "id long, keys string, tags string, properties map<string,string>, flag int, body binary"
 
 
 def main(argv: list[str]) -> int:
     folder, root, checkpoint, master, face = argv[:5]
-    failpoint = argv[5] if len(argv) > 5 else None
+    if len(argv) > 5:
+        # Set before Spark starts: its Python workers inherit the driver's environment.
+        os.environ[FAILPOINT_ENV] = argv[5]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (
         SparkSession.builder.master(master)
@@ -36,7 +40,7 @@ def main(argv: list[str]) -> int:
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(folder).drop("id")
-    extra = {"failpoint": failpoint, "chunkRows": "50"} if failpoint else {"chunkRows": "50"}
+    extra = {"chunkRows": "50"}
     if face == "foreach":
         sink = CommitLogSink(root, topic="orders", brokers=2, queues=2, **STORE_OPTIONS, **extra)
         writer = df.writeStream.foreachBatch(sink)

@@ -14,7 +14,7 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from source.datasource import register
+from datasource import register
 
 
 def main(argv: list[str]) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,23 +16,28 @@ def _positive(spread: dict[str, float]) -> None:
     assert 0 < spread["min"] <= spread["median"] <= spread["max"]
 
 
-def test_store_benchmark_quick(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def run_quick(part: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """``python -m bench PART --quick --runs 2`` in-process; the part's JSON, after checking
+    the options it records and that its scratch space is gone."""
     monkeypatch.syspath_prepend(str(ROOT))  # bench/ is a directory of the checkout, not installed
     from bench.cli import main
 
     out = tmp_path / "out"
-    assert main(["store", "--quick", "--runs", "2", "--out", str(out)]) == 0
+    assert main([part, "--quick", "--runs", "2", "--out", str(out)]) == 0
+    data: dict[str, Any] = json.loads((out / f"{part}-latest.json").read_text())
+    assert data["part"] == part
+    assert data["options"]["quick"] is True and data["options"]["runs"] == 2
+    assert not list((out / "tmp").iterdir()), "scratch stores must be removed"
+    return data
 
+
+def test_store_benchmark_quick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = run_quick("store", tmp_path, monkeypatch)
     printed = capsys.readouterr().out
     assert "machine:" in printed and "query_by_key" in printed
-
-    data = json.loads((out / "store-latest.json").read_text())
-    assert data["part"] == "store"
-    assert data["options"]["quick"] is True and data["options"]["runs"] == 2
     assert {"nproc", "python", "numpy", "pyarrow"} <= set(data["machine"])
-    assert not list((out / "tmp").iterdir()), "scratch stores must be removed"
 
     for name in ("put_small", "put_large"):
         put = data[name]
@@ -54,19 +60,9 @@ def test_store_benchmark_quick(
 def test_recovery_benchmark_quick(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.syspath_prepend(str(ROOT))
-    from bench.cli import main
-
-    out = tmp_path / "out"
-    assert main(["recovery", "--quick", "--runs", "2", "--out", str(out)]) == 0
-
+    data = run_quick("recovery", tmp_path, monkeypatch)
     printed = capsys.readouterr().out
     assert "open after kill -9" in printed and "SYNC_FLUSH" in printed
-
-    data = json.loads((out / "recovery-latest.json").read_text())
-    assert data["part"] == "recovery"
-    assert data["options"]["quick"] is True and data["options"]["runs"] == 2
-    assert not list((out / "tmp").iterdir()), "scratch stores must be removed"
 
     recovery = data["recovery"]
     assert len(recovery["runs"]) == 2
@@ -126,3 +122,16 @@ def test_decode_benchmark_quick(
     for key in ("decode_msgs_per_s", "raw_msgs_per_s", "ipc_msgs_per_s", "decode_over_raw"):
         _positive(data[key])
     assert not list((out / "tmp").iterdir()), "scratch stores must be removed"
+
+
+def test_startup_benchmark_quick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = run_quick("startup", tmp_path, monkeypatch)
+    assert "rocketstore --help" in capsys.readouterr().out
+    assert data["runs"] == 2
+    for name in ("python", "help", "queues"):
+        assert len(data[name]["runs"]) == 2
+        _positive(data[name]["seconds"])
+    for name in ("help", "queues"):  # the child reports its own peak RSS
+        _positive(data[name]["max_rss_kib"])

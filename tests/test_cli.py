@@ -19,6 +19,7 @@ from conftest import fixture_dir
 from pipeline import cli
 from pipeline.errors import InvalidMessageError
 from pipeline.message import Message
+from pipeline.produce import Item, batches
 from pipeline.store import MessageStore
 
 SCRIPT = Path(sys.executable).parent / "rocketstore"
@@ -112,7 +113,7 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     assert run(capsys, "get", tmp_path, "--topic", "T")[0] == 2  # --queue, --offset missing
     assert run(capsys, "nonsense")[0] == 2
     rc, _, err = run(capsys, "produce", tmp_path / "s", "--batch-size", "0")
-    assert rc == 2 and "less than 1" in err
+    assert rc == 2 and "argument --batch-size: expected a positive integer, got '0'" in err
 
 
 # -- produce and dump -------------------------------------------------------------------------
@@ -231,10 +232,15 @@ def test_bad_lines_are_reported_and_the_rest_stored(
             assert r["error"].startswith(f"line {r['line']}: ")
             assert "msgId" not in r
     errors = {r["line"]: r["error"] for r in results if "error" in r}
-    assert "JSON" in errors[2]
-    assert "bad topic!" in errors[3]
-    assert "maxMessageSize" in errors[5]
-    assert "topic" in errors[6]
+    assert (
+        errors[2]
+        == "line 2: not valid JSON: Expecting property name enclosed in double quotes at column 2"
+    )
+    assert errors[3].startswith("line 3: field 'topic' ('bad topic!') has characters outside")
+    assert errors[5] == (
+        "line 5: field 'body' is 65 bytes as UTF-8; at most maxMessageSize=64 are accepted"
+    )
+    assert errors[6] == "line 6: field 'topic' is missing"
     assert "exactly one" in errors[7]
     assert "base64" in errors[8]
     assert "queueId" in errors[9]
@@ -252,6 +258,37 @@ def test_bad_lines_are_reported_and_the_rest_stored(
     rc, out, _ = run(capsys, "dump", store, "--config", conf)
     bodies = [base64.b64decode(d["body"]).decode() for d in jsonl(out)]
     assert bodies == ["ok-1", "ok-4", "ok-18", "ok-16"]
+
+
+def test_produce_errors_speak_of_the_input_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    conf = tmp_path / "store.toml"
+    conf.write_text("maxMessageSize = 8\n")
+    truncated = '{"topic": "T", "body": "a"'
+    lines: list[object] = [
+        truncated,
+        {"topic": 5, "body": "a"},
+        {"topic": None, "body": "a"},
+        {"topic": "T", "bodyBase64": base64.b64encode(b"123456789").decode()},
+        {"topic": "T", "body": "a", "queueId": "1"},
+        {"topic": "T", "body": "a", "properties": []},
+        {"topic": "T", "body": "a", "keys": ["k", True]},
+        {"topic": "T", "body": "a", "flag": 1.5},
+    ]
+    rc, results, _ = produce(capsys, tmp_path, tmp_path / "store", lines, "--config", str(conf))
+    assert rc == 1
+    assert [r["error"] for r in results] == [
+        # The column is the line's own: where the object breaks off, not past the newline.
+        f"line 1: not valid JSON: Expecting ',' delimiter at column {len(truncated) + 1}",
+        "line 2: field 'topic' must be a string, got a number",
+        "line 3: field 'topic' is missing",
+        "line 4: field 'bodyBase64' decodes to 9 bytes; at most maxMessageSize=8 are accepted",
+        "line 5: field 'queueId' must be an integer, got a string",
+        "line 6: field 'properties' must be an object, got an array",
+        "line 7: field 'keys' must be a string, got true",
+        "line 8: field 'flag' must be an integer, got a number",
+    ]
 
 
 def test_bodies_may_hold_any_character(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -311,15 +348,15 @@ def test_properties_too_long(capsys: pytest.CaptureFixture[str], tmp_path: Path)
 
 
 def test_batches_close_at_the_batch_size() -> None:
-    q: queue.Queue[cli.Item] = queue.Queue()
+    q: queue.Queue[Item] = queue.Queue()
     for n in range(1, 6):
         q.put((n, b"x"))
     q.put(None)
-    got = [[n for n, _ in b] for b in cli._batches(q, 2, 60.0)]
+    got = [[n for n, _ in b] for b in batches(q, 2, 60.0)]
     assert got == [[1, 2], [3, 4], [5]]
     q.put(RuntimeError("input failed"))
     with pytest.raises(RuntimeError):
-        list(cli._batches(q, 2, 60.0))
+        list(batches(q, 2, 60.0))
 
 
 def test_dump_pages_through_large_queues_and_rolled_files(
@@ -466,14 +503,23 @@ def test_query_commands(capsys: pytest.CaptureFixture[str], sample: Path) -> Non
 
 def test_query_errors_are_one_line(capsys: pytest.CaptureFixture[str], sample: Path) -> None:
     rc, out, err = run(capsys, "query-offset", sample, 10**9)
-    assert rc == 2 and out == ""
-    assert_one_error_line(err)
+    assert rc == 3 and out == ""
+    assert_one_error_line(err, "outside the log")
     rc, _, err = run(capsys, "query-offset", sample, 3)  # inside the first record
-    assert rc == 2
-    assert_one_error_line(err)
+    assert rc == 3
+    assert_one_error_line(err, "no record starts at CommitLog offset 3")
     rc, _, err = run(capsys, "query-msgid", sample, "XYZ")
     assert rc == 2
     assert_one_error_line(err, "msgId")
+    # A well-formed id whose offset holds no record start: not found, not "damaged".
+    rc, out, _ = run(capsys, "query-offset", sample, 0, "--json")
+    msg_id = jsonl(out)[0]["msgId"]
+    rc, _, err = run(capsys, "query-msgid", sample, msg_id[:-1] + "3")
+    assert rc == 3
+    assert_one_error_line(err, "no record starts at CommitLog offset 3")
+    rc, out, err = run(capsys, "query-time", sample, "--topic", "T", "--queue", 7, "--timestamp", 0)
+    assert (rc, out) == (3, "")
+    assert_one_error_line(err, "topic 'T' has no queue 7 (its queues: 0, 1)")
 
 
 def test_reading_while_a_writer_has_the_store_open(

@@ -17,6 +17,7 @@ from pipeline.indexfile import HEADER
 from pipeline.store import MessageStore
 
 CLEAN = ["basic", "transactions"]
+pytestmark = pytest.mark.fixtures
 
 
 @pytest.mark.parametrize("name", CLEAN)

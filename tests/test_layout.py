@@ -1,5 +1,9 @@
 """A store rocketstore writes must look, file by file, like one RocketMQ 4.9.x writes, so that
-RocketMQ's DefaultMessageStore loads it: names, exact sizes, blanks, units and index headers."""
+RocketMQ's DefaultMessageStore loads it: names, exact sizes, blanks, units and index headers.
+
+Expected values come from outside the code under test: the records through tests/rawlog.py (an
+independent reader), tags codes and key hashes from Java's own ``hashCode`` (tests/javaref.py),
+checked against what RocketMQ 4.9.4 itself wrote into the fixture stores."""
 
 from __future__ import annotations
 
@@ -10,6 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
+from conftest import fixture_dir
+from javaref import KNOWN, index_key_hash
 from rawlog import commitlog_records
 
 from pipeline import record
@@ -17,9 +24,9 @@ from pipeline.checkpoint import FILE_SIZE
 from pipeline.config import StoreConfig
 from pipeline.consumequeue import UNIT_DTYPE
 from pipeline.indexfile import HEADER
-from pipeline.javahash import java_hash
 from pipeline.store import MessageStore
 
+TAGS = ("TagA", "TagB", "TagC")
 CONFIG = StoreConfig(
     mapped_file_size_commitlog=64 * 1024,
     mapped_file_size_consume_queue=20 * 50,
@@ -40,7 +47,7 @@ def write_sample(path: Path, n: int = 2000) -> None:
                         "body": [f"body-{i}-".encode() + b"x" * (i % 300) for i in idx],
                         "queueId": pa.array([(i // 2) % 4 for i in idx], pa.int32()),
                         "keys": [f"key-{i} grp-{i % 10}" for i in idx],
-                        "tags": [("TagA", "TagB", "TagC")[i % 3] for i in idx],
+                        "tags": [TAGS[i % 3] for i in idx],
                         "bornHost": ["[::1]:5006" if i % 7 == 6 else "127.0.0.1:5000" for i in idx],
                     }
                 )
@@ -97,7 +104,7 @@ def test_records_blanks_units_and_index_agree(tmp_path: Path) -> None:
             m = by_offset[int(u["offset"])]
             assert (m.topic, m.queue_id, m.queue_offset) == (topic, qid, offset)
             assert int(u["size"]) == m.store_size
-            assert int(u["tags_code"]) == java_hash(m.tags or "")
+            assert int(u["tags_code"]) == KNOWN[m.tags or ""]
             units_seen += 1
     assert units_seen == 2000
     # Index headers chain: each file starts where the previous ended.
@@ -109,21 +116,81 @@ def test_records_blanks_units_and_index_agree(tmp_path: Path) -> None:
         assert cur[2] >= prev[3] and cur[0] >= prev[1]
 
 
-def test_rebuilding_derived_files_reproduces_them(tmp_path: Path) -> None:
+def expected_units(path: Path) -> dict[tuple[str, int], bytes]:
+    """Every queue's ConsumeQueue bytes, built from the raw records alone: a 20-byte unit per
+    record in queue offset order, ``[offset (long), size (int), tagsCode (long)]`` big-endian,
+    tagsCode being Java's hashCode of the tag (0 without one)."""
+    queues: dict[tuple[str, int], list[tuple[int, bytes]]] = {}
+    for phys, raw in commitlog_records(path):
+        m = record.decode_record(raw, 0, phys=phys)
+        unit = struct.pack(">qiq", phys, len(raw), KNOWN[m.tags or ""])
+        queues.setdefault((m.topic, m.queue_id), []).append((m.queue_offset, unit))
+    return {q: b"".join(u for _, u in sorted(units)) for q, units in queues.items()}
+
+
+def index_entries(path: Path) -> list[tuple[int, int]]:
+    """(keyHash, phyOffset) of every entry of every IndexFile, each checked to be reachable from
+    its hash slot through the prevIndex chain, read with the documented layout only."""
+    slots_n, entries_n = CONFIG.max_hash_slot_num, CONFIG.max_index_num
+    found = []
+    for f in sorted((path / "index").iterdir()):
+        data = f.read_bytes()
+        count = HEADER.unpack_from(data, 0)[5]
+        slots = struct.unpack_from(f">{slots_n}i", data, 40)
+        entry = struct.Struct(">iqii")
+        base = 40 + 4 * slots_n
+        entries = [entry.unpack_from(data, base + 20 * i) for i in range(entries_n)]
+        chained = set()
+        for head in slots:
+            i = head
+            while i:
+                chained.add(i)
+                i = entries[i][3]
+        assert chained == set(range(1, count)), f"{f}: entries outside the slot chains"
+        for i in range(1, count):
+            key_hash, phys = entries[i][0], entries[i][1]
+            assert i in _chain(slots[key_hash % slots_n], entries)
+            found.append((key_hash, phys))
+    return found
+
+
+def _chain(head: int, entries: list[tuple[int, int, int, int]]) -> set[int]:
+    out = set()
+    while head:
+        out.add(head)
+        head = entries[head][3]
+    return out
+
+
+def test_rebuilding_derived_files_gives_rocketmqs_units_and_index(tmp_path: Path) -> None:
     path = tmp_path / "store"
     write_sample(path)
-    copy = tmp_path / "copy"
-    shutil.copytree(path, copy)
-    shutil.rmtree(copy / "consumequeue")
-    shutil.rmtree(copy / "index")
-    with MessageStore(copy, CONFIG) as store:
+    shutil.rmtree(path / "consumequeue")
+    shutil.rmtree(path / "index")
+    with MessageStore(path, CONFIG) as store:
         assert store.recovery.records_redispatched == 2000
-    for f in (path / "consumequeue").rglob("*"):
-        if f.is_file():
-            assert (copy / f.relative_to(path)).read_bytes() == f.read_bytes()
-    ours = [f.read_bytes() for f in sorted((copy / "index").iterdir())]
-    theirs = [f.read_bytes() for f in sorted((path / "index").iterdir())]
-    assert ours == theirs
+    for (topic, qid), units in expected_units(path).items():
+        files = sorted((path / "consumequeue" / topic / str(qid)).iterdir())
+        data = b"".join(f.read_bytes() for f in files)
+        assert data[: len(units)] == units
+        assert not any(data[len(units) :])
+    keys = []
+    for phys, raw in commitlog_records(path):
+        m = record.decode_record(raw, 0, phys=phys)
+        keys += [(index_key_hash(m.topic, k), phys) for k in [m.uniq_key, *m.keys]]
+    assert sorted(index_entries(path)) == sorted(keys)
+
+
+@pytest.mark.fixtures
+def test_tags_codes_are_the_ones_rocketmq_wrote() -> None:
+    """The Java hashCodes this file expects are what RocketMQ 4.9.4 put into its units."""
+    fixture = fixture_dir("basic")
+    codes = {}
+    for line in (fixture / "read.txt").read_text(encoding="utf-8").splitlines():
+        if line.startswith("CQ TopicA 0 "):
+            index = int(line.split()[3])
+            codes[TAGS[(index * 8) % 3]] = int(line.rsplit("tagsCode=", 1)[1])
+    assert codes == {tag: KNOWN[tag] for tag in TAGS}
 
 
 def test_checkpoint_records_the_newest_store_time(tmp_path: Path) -> None:

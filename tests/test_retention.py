@@ -8,7 +8,6 @@ size that holds the store's files (their allocated blocks) plus some other data.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import os
@@ -97,11 +96,6 @@ def fill(store: MessageStore, count: int, start: int = 0) -> None:
         store.put_batch(batch)
 
 
-def store_lock(store: MessageStore) -> contextlib.AbstractContextManager[object]:
-    lock = getattr(store, "_mutex", None)
-    return lock if lock is not None else contextlib.nullcontext()
-
-
 def age_segments(store: MessageStore, now: int, hours: list[float]) -> None:
     """Give CommitLog segment ``i`` the modification time ``now - hours[i]`` (oldest first);
     segments past the list keep their time."""
@@ -166,7 +160,7 @@ def service(
 
 
 def run(svc: RetentionService, now: int, **kw: object) -> retention.CleanReport:
-    with store_lock(svc.store):
+    with svc.store.writer_lock():
         return svc.run(now, **kw)  # type: ignore[arg-type]
 
 
@@ -507,7 +501,7 @@ def test_plan_changes_nothing_and_matches_the_run(make_store, tmp_path: Path) ->
     store.flush()
     snap = snapshot(store.path)
     infos = store.queue_infos()
-    with store_lock(store):
+    with store.writer_lock():
         plan = svc.plan(AT_04)
     assert plan.dry_run and plan.to_json()["dryRun"] is True
     assert snapshot(store.path) == snap
@@ -788,8 +782,8 @@ def test_a_clean_reopen_after_retention_rebuilds_nothing(make_store) -> None:
     path = store.path
     store.close()
     with MessageStore(path, CFG) as again:
-        assert getattr(again.recovery, "queues_rebuilt", []) == []
-        assert not getattr(again.recovery, "index_rebuilt", False)
+        assert again.recovery.queues_rebuilt == []
+        assert not again.recovery.index_rebuilt
         assert again.recovery.records_redispatched == 0
 
 
@@ -833,8 +827,6 @@ def test_runs_from_a_background_thread_while_puts_go_on(make_store) -> None:
     """The store's writer lock around run() is all it takes: puts from another thread go on
     while forced deletion keeps the disk under 85 %, and every kept message reads back."""
     store = make_store(count=200)
-    if getattr(store, "_mutex", None) is None:
-        pytest.skip("the store has no writer lock yet")
     svc, disk = service(store, max_files_per_run=3)
     # A 2 MiB disk with ~1.6 MiB of other data: the store may hold about 160 KiB.
     disk.capacity = 2 * 1024 * 1024
@@ -842,19 +834,32 @@ def test_runs_from_a_background_thread_while_puts_go_on(make_store) -> None:
     stop = threading.Event()
     errors: list[BaseException] = []
     deleted: list[retention.FileDeletion] = []
+    rounds = threading.Condition()
+    finished = [0]  # retention runs completed so far
 
     def cleaner() -> None:
+        # Runs back to back, as often as the writer lock lets it, beside the puts.
         try:
-            while not stop.wait(0.005):  # a scheduled service, every few milliseconds here
+            while not stop.is_set():
                 deleted.extend(run(svc, AT_10).deleted("commitlog"))
+                with rounds:
+                    finished[0] += 1
+                    rounds.notify_all()
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
+        with rounds:
+            rounds.notify_all()
 
     t = threading.Thread(target=cleaner)
     t.start()
     try:
         for start in range(200, 1400, 50):
             fill(store, 50, start=start)
+            # The puts never get more than one batch ahead of retention: wait for a run that
+            # started after this batch (the one under way may have started before it).
+            with rounds:
+                target = finished[0] + 2
+                assert rounds.wait_for(lambda goal=target: finished[0] >= goal or bool(errors), 60)
     finally:
         stop.set()
         t.join()

@@ -14,6 +14,7 @@ from pipeline.config import StoreConfig
 from pipeline.errors import InvalidMessageError, StoreLockedError
 from pipeline.store import MessageStore
 from sink.append import (
+    FAILPOINT_ENV,
     SinkFailpoint,
     SinkReplayError,
     append,
@@ -97,14 +98,29 @@ def test_replay_with_different_rows_fails(tmp_path: Path) -> None:
     assert len(stored(path)) == 10
 
 
-def test_failed_attempt_leaves_a_prefix_the_retry_completes(tmp_path: Path) -> None:
+def test_failed_attempt_leaves_a_prefix_the_retry_completes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "broker-0"
+    log = tmp_path / "fired"
+    monkeypatch.setenv(FAILPOINT_ENV, f"after_chunk:2:{log}")
     with pytest.raises(SinkFailpoint):
-        run(path, rows(100), chunk_rows=30, failpoint="after_chunk:2", attempt=0)
+        run(path, rows(100), chunk_rows=30, attempt=0)
+    assert len(log.read_text().splitlines()) == 1
     assert stored(path) == [b"body-%d" % i for i in range(60)]
-    retry = run(path, rows(100), chunk_rows=30, failpoint="after_chunk:2", attempt=1)
+    retry = run(path, rows(100), chunk_rows=30, attempt=1)  # retries: the failpoint is off
     assert (retry.skipped, retry.appended) == (60, 40)  # type: ignore[attr-defined]
     assert stored(path) == [b"body-%d" % i for i in range(100)]
+    assert len(log.read_text().splitlines()) == 1
+
+
+def test_failpoint_is_not_a_sink_option(tmp_path: Path) -> None:
+    from pipeline.errors import ConfigError
+    from sink.settings import SINK_OPTIONS, SinkSettings
+
+    assert "failpoint" not in SINK_OPTIONS
+    with pytest.raises(ConfigError, match="unknown store setting 'failpoint'"):
+        SinkSettings.from_options({"path": str(tmp_path), "failpoint": "after_chunk:1:x"})
 
 
 def test_bad_row_in_a_later_chunk_refuses_the_whole_append(tmp_path: Path) -> None:

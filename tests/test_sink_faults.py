@@ -67,10 +67,19 @@ def check_exactly_once(tmp_path: Path, rows: list[dict[str, object]]) -> None:
             assert verify(store).ok
 
 
+def fired(log: Path) -> list[str]:
+    """The lines the failpoint wrote each time it fired (see sink/append.py)."""
+    return log.read_text().splitlines() if log.exists() else []
+
+
 @pytest.mark.parametrize("face", ["foreach", "format"])
 def test_task_failing_mid_append_is_retried_without_duplicates(tmp_path: Path, face: str) -> None:
     rows = write_input(tmp_path / "in", files=2, rows_per_file=400)
-    out = finish(job(tmp_path, "local[2,3]", face, "after_chunk:2"))
+    log = tmp_path / "fired"
+    out = finish(job(tmp_path, "local[2,3]", face, f"after_chunk:2:{log}"))
+    # Tasks really died after two chunks (else this would test nothing); their retries
+    # completed the batches.
+    assert fired(log) and all(line.startswith("after_chunk ") for line in fired(log))
     if face == "foreach":
         appended, skipped = map(int, out.split()[1:3])
         # Broker tasks died after 2 chunks of 50 and were retried: the retries skipped what
@@ -86,9 +95,9 @@ def test_driver_killed_mid_batch_restarts_without_duplicates(tmp_path: Path, fac
     proc = job(tmp_path, "local[2]", face, f"hang_after_chunk:1:{marker}")
     try:
         deadline = time.monotonic() + 300
-        # The failpoint creates the marker once a task has appended one chunk and hangs; the
+        # The failpoint writes the marker once a task has appended one chunk and hangs; the
         # marker is the observable state this waits on.
-        while not marker.exists():
+        while not fired(marker):
             assert proc.poll() is None, proc.communicate()[1][-4000:]
             assert time.monotonic() < deadline, "the job never reached the failpoint"
             time.sleep(0.05)

@@ -6,6 +6,9 @@ The reader runs in its own process (``tests/source_e2e_reader.py``); the writer 
 ``df.write.format("rocketstore")`` appends from a thread of the test process, each waiting until
 the reader has planned another micro-batch (or a few seconds have passed), so that appends and
 reads interleave. Nothing waits by sleeping: every wait polls files the queries write.
+
+The random choices (append sizes, where the reader is killed) come from a seed drawn per run
+and printed in every failure; ``ROCKETSTORE_E2E_SEED=N`` runs with seed N again.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 READER = Path(__file__).resolve().parent / "source_e2e_reader.py"
 WAIT_S = 120
+SEED_ENV = "ROCKETSTORE_E2E_SEED"
 pytestmark = pytest.mark.slow
 
 
@@ -95,9 +99,18 @@ def start_reader(
 def test_killed_reader_restarts_exactly_once_beside_a_concurrent_sink(
     spark: Any, tmp_path: Path
 ) -> None:
-    seed = random.randrange(1 << 30)
-    rng = random.Random(seed)
-    print(f"seed {seed}")
+    seed = int(os.environ.get(SEED_ENV) or random.randrange(1 << 30))
+    try:
+        run_with_seed(spark, tmp_path, seed)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n[seed {seed}: rerun with {SEED_ENV}={seed}]") from exc
+
+
+def run_with_seed(spark: Any, tmp_path: Path, seed: int) -> None:
+    # One generator per thread: draws shared between the writer thread and this one would
+    # interleave differently on every run, and the seed would not reproduce them.
+    appends = random.Random(f"{seed}:appends")
+    kills = random.Random(f"{seed}:kills")
     root, checkpoint, out, log = (tmp_path / n for n in ("root", "ck", "out", "reader.log"))
     sink_write(spark, root, 0, 500)
     total = [500]
@@ -114,7 +127,7 @@ def test_killed_reader_restarts_exactly_once_beside_a_concurrent_sink(
                 deadline = time.monotonic() + 3
                 while batch_files(checkpoint, "offsets") == planned and time.monotonic() < deadline:
                     threading.Event().wait(0.05)
-                n = rng.randrange(50, 400)
+                n = appends.randrange(50, 400)
                 sink_write(spark, root, total[0], n)
                 total[0] += n
         except BaseException as exc:  # reported by the main thread
@@ -127,8 +140,8 @@ def test_killed_reader_restarts_exactly_once_beside_a_concurrent_sink(
             proc = start_reader(root, checkpoint, out, "stream", log)
             try:
                 commits = batch_files(checkpoint, "commits")
-                if rng.random() < 0.5:
-                    goal = commits + rng.randrange(1, 3)
+                if kills.random() < 0.5:
+                    goal = commits + kills.randrange(1, 3)
                     wait_for(
                         f"{goal} commits",
                         lambda goal=goal: batch_files(checkpoint, "commits") >= goal,
@@ -159,7 +172,7 @@ def test_killed_reader_restarts_exactly_once_beside_a_concurrent_sink(
 
     rows = spark.read.parquet(str(out)).collect()
     ids = sorted(int(r["keys"][0][1:]) for r in rows)
-    assert ids == list(range(total[0])), f"seed {seed}: {len(ids)} rows for {total[0]} messages"
+    assert ids == list(range(total[0])), f"{len(ids)} rows for {total[0]} messages"
     assert all(r["body"] == expected_body(int(r["keys"][0][1:])) for r in rows)
     assert len({(r["brokerName"], r["queueId"], r["queueOffset"]) for r in rows}) == len(rows)
     assert batch_files(checkpoint, "commits") >= 3

@@ -1,19 +1,16 @@
-"""The ``rocketstore`` Python data source: Spark's entry point to the store, both ways.
-
-Reading (this package)::
+"""The ``rocketstore`` data source's readers: ``spark.read`` and ``spark.readStream`` with
+``format("rocketstore")`` (the data source itself is :class:`datasource.RocketStoreDataSource`;
+its writers are in :mod:`sink.format`)::
 
     spark.readStream.format("rocketstore").option("path", root).option("topic", "orders").load()
     spark.read.format("rocketstore").option("path", root).option("topic", "orders").load()
-
-Writing goes to :mod:`sink.format` (:meth:`RocketStoreDataSource.writer`,
-:meth:`~RocketStoreDataSource.streamWriter`).
 
 The classes here are thin: options are parsed by :mod:`source.options`, offsets planned by
 :mod:`source.planning`, partitions read by :mod:`source.read`.
 
 Where things run (PySpark 4.3):
 
-* :meth:`RocketStoreDataSource.schema` and the readers' constructors run on the driver when
+* The data source's ``schema`` and the readers' constructors run on the driver when
   the query or batch read starts; bad options fail there, with
   :class:`~pipeline.errors.ConfigError` naming the option.
 * The stream reader's offset methods (``initialOffset``, ``latestOffset``, ``partitions``, ...)
@@ -27,11 +24,10 @@ Where things run (PySpark 4.3):
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
-    DataSource,
     DataSourceReader,
     DataSourceStreamReader,
     InputPartition,
@@ -50,9 +46,6 @@ from pipeline.errors import ConfigError
 from source import offsets, options, schema
 from source.planning import KeyRange, Limit, Planner, QueueRange
 from source.read import ReadContext, read_key, read_queue_range
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 
 class QueuePartition(InputPartition):
@@ -169,35 +162,9 @@ class RocketStoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         """Nothing to do: the store keeps no consumer state (progress is the checkpoint's)."""
 
 
-class RocketStoreDataSource(DataSource):
-    """The ``rocketstore`` format (see the module docstring)."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "rocketstore"
-
-    def schema(self) -> StructType:
-        opts = options.parse(self.options, streaming=None)
-        _, body = schema.body_format_and_schema(opts)
-        return from_arrow_schema(schema.arrow_schema(body))
-
-    def reader(self, schema: StructType) -> DataSourceReader:
-        return RocketStoreBatchReader(self.options, schema)
-
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return RocketStoreStreamReader(self.options, schema)
-
-    def writer(self, schema: StructType, overwrite: bool) -> Any:
-        from sink.format import batch_writer
-
-        return batch_writer(self.options, schema, overwrite)
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
-        from sink.format import stream_writer
-
-        return stream_writer(self.options, schema, overwrite)
-
-
-def register(spark: SparkSession) -> None:
-    """Make ``format("rocketstore")`` available in ``spark``."""
-    spark.dataSource.register(RocketStoreDataSource)
+def spark_schema(opts: Mapping[str, str]) -> StructType:
+    """The columns a read with ``opts`` produces (``body`` replaced by the topic's body columns
+    for avro or json topics); checks the options on the driver."""
+    parsed = options.parse(opts, streaming=None)
+    _, body = schema.body_format_and_schema(parsed)
+    return from_arrow_schema(schema.arrow_schema(body))

@@ -1,0 +1,68 @@
+"""The ``rocketstore`` Spark data source: one class, for reading and for writing.
+
+::
+
+    import datasource
+
+    datasource.register(spark)
+    spark.readStream.format("rocketstore").option("path", root).option("topic", "orders").load()
+    df.writeStream.format("rocketstore").option("path", root).option("topic", "orders").start()
+
+The class only says which face does what: the readers are in :mod:`source.format`, the writers
+in :mod:`sink.format`; neither package imports the other. Each face is imported when Spark asks
+for it, so a Python worker that unpickles the class for a read does not import the sink, nor
+one for a write the source. Spark pickles the class by reference, so executors must be able to
+import this package (install rocketstore, or ship it with ``--py-files`` beside ``pipeline``,
+``sink`` and ``source``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
+from pyspark.sql.types import StructType
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["RocketStoreDataSource", "register"]
+
+
+class RocketStoreDataSource(DataSource):
+    """``format("rocketstore")``: the options are the source's (README, source/options.py) for
+    reads and the sink's (sink/settings.py) for writes."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "rocketstore"
+
+    def schema(self) -> StructType:
+        from source.format import spark_schema
+
+        return spark_schema(self.options)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        from source.format import RocketStoreBatchReader
+
+        return RocketStoreBatchReader(self.options, schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from source.format import RocketStoreStreamReader
+
+        return RocketStoreStreamReader(self.options, schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> Any:
+        from sink.format import batch_writer
+
+        return batch_writer(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
+        from sink.format import stream_writer
+
+        return stream_writer(self.options, schema, overwrite)
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``format("rocketstore")`` available in ``spark``, for reading and writing."""
+    spark.dataSource.register(RocketStoreDataSource)

@@ -1,0 +1,283 @@
+"""The ``rocketstore`` commands that read or maintain a store directory (``produce`` is in
+:mod:`pipeline.produce`, ``lag`` in :mod:`pipeline.lag`).
+
+Each ``cmd_*`` takes the parsed arguments and returns the exit status; errors are raised
+(:class:`~pipeline.errors.StoreError` and its kinds) and reported by :mod:`pipeline.cli`.
+Reading commands open the store read-only: no lock, nothing written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from pipeline import native, queueread, record
+from pipeline.config import StoreConfig
+from pipeline.errors import NotFoundError
+from pipeline.output import emit, plain_cell, preview, print_table
+from pipeline.record import MessageExt
+from pipeline.store import MAX_TIMESTAMP, MessageStore
+
+DUMP_PAGE = 1000
+MESSAGE_COLUMNS = (
+    "topic",
+    "queueId",
+    "queueOffset",
+    "commitLogOffset",
+    "storeTimestamp",
+    "tags",
+    "keys",
+    "msgId",
+    "body",
+)
+
+
+def _message_row(m: MessageExt) -> list[object]:
+    return [
+        m.topic,
+        m.queue_id,
+        m.queue_offset,
+        m.commit_log_offset,
+        m.store_timestamp,
+        m.tags,
+        " ".join(m.keys),
+        m.msg_id,
+        preview(m.body),
+    ]
+
+
+def _print_messages(messages: Sequence[MessageExt], as_json: bool) -> None:
+    if as_json:
+        for m in messages:
+            emit(m.to_json())
+    elif messages:
+        print_table(MESSAGE_COLUMNS, [_message_row(m) for m in messages])
+
+
+def _print_message_detail(m: MessageExt, as_json: bool) -> None:
+    """One message: every field, one per line (or one JSON line)."""
+    if as_json:
+        emit(m.to_json())
+        return
+    fields = m.to_json()
+    fields["body"] = f"{preview(m.body, 200)} ({len(m.body)} bytes)"
+    props = fields.pop("properties")
+    rows: list[list[object]] = [[name, value] for name, value in fields.items()]
+    rows.append(["properties", ""])
+    rows.extend([f"  {name}", value] for name, value in props.items())
+    print_table(("field", "value"), rows)
+
+
+def _note(text: str) -> None:
+    sys.stderr.write(f"rocketstore: note: {text}\n")
+
+
+def _open(args: argparse.Namespace) -> MessageStore:
+    return MessageStore(args.store, StoreConfig.effective(args.config), read_only=True)
+
+
+def _check_queue(store: MessageStore, topic: str, queue_id: int) -> None:
+    """Raise :class:`NotFoundError` unless the store has queue ``queue_id`` of ``topic``."""
+    queues = [i.queue_id for i in store.queue_infos(topic)]
+    if not queues:
+        raise NotFoundError(f"{store.path}: no topic {topic!r} in this store")
+    if queue_id not in queues:
+        raise NotFoundError(
+            f"{store.path}: topic {topic!r} has no queue {queue_id} "
+            f"(its queues: {', '.join(map(str, queues))})"
+        )
+
+
+def _check_record_start(store: MessageStore, offset: int) -> None:
+    """Raise :class:`NotFoundError` unless a record starts at CommitLog offset ``offset``."""
+    low, high = store.min_phy_offset, store.max_phy_offset
+    if not low <= offset < high:
+        raise NotFoundError(
+            f"{store.path}: CommitLog offset {offset} is outside the log, which holds "
+            f"[{low}, {high})"
+        )
+    if not store.commitlog.starts_record(offset):
+        raise NotFoundError(
+            f"{store.path}: no record starts at CommitLog offset {offset} (it lies inside "
+            "another record, or past the end of a segment); records start where `dump` or "
+            "`queues` show their commitLogOffset"
+        )
+
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        infos = store.queue_infos(args.topic)
+        if args.topic is not None and not infos:
+            _note(f"no queue of topic {args.topic!r} in {args.store}")
+        for info in infos:
+            for batch in queueread.queue_batches(store, info.topic, info.queue_id, page=DUMP_PAGE):
+                for m in native.messages(batch):
+                    emit(m.to_json())
+    return 0
+
+
+def cmd_queues(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        infos = store.queue_infos(args.topic)
+    if args.topic is not None and not infos:
+        _note(f"no queue of topic {args.topic!r} in {args.store}")
+    header = ("topic", "queueId", "minOffset", "maxOffset", "maxPhysicOffset")
+    rows = [[i.topic, i.queue_id, i.min_offset, i.max_offset, i.max_physic_offset] for i in infos]
+    if args.json:
+        for row in rows:
+            emit(dict(zip(header, row, strict=True)))
+    elif rows:
+        print_table(header, rows)
+    return 0
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        r = store.get_messages(args.topic, args.queue, args.offset, args.max, args.tags)
+    summary = {
+        "status": r.status,
+        "nextBeginOffset": r.next_begin_offset,
+        "minOffset": r.min_offset,
+        "maxOffset": r.max_offset,
+    }
+    if args.json:
+        emit({**summary, "messages": [m.to_json() for m in r.messages]})
+    else:
+        sys.stdout.write("   ".join(f"{k}: {v}" for k, v in summary.items()) + "\n")
+        _print_messages(r.messages, False)
+    return 0
+
+
+def cmd_query_key(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        found = store.query_by_key(
+            args.topic,
+            args.key,
+            begin=args.begin,
+            end=MAX_TIMESTAMP if args.end is None else args.end,
+            max_count=args.max,
+        )
+    _print_messages(found, args.json)
+    return 0
+
+
+def cmd_query_time(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        _check_queue(store, args.topic, args.queue)
+        offset = store.offset_by_time(args.topic, args.queue, args.timestamp)
+    header = ("topic", "queueId", "timestamp", "offset")
+    row = [args.topic, args.queue, args.timestamp, offset]
+    if args.json:
+        emit(dict(zip(header, row, strict=True)))
+    else:
+        print_table(header, [row])
+    return 0
+
+
+def cmd_query_offset(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        _check_record_start(store, args.offset)
+        m = store.get_message(args.offset)
+    _print_message_detail(m, args.json)
+    return 0
+
+
+def cmd_query_msgid(args: argparse.Namespace) -> int:
+    _, offset = record.parse_msg_id(args.msgid)
+    with _open(args) as store:
+        _check_record_start(store, offset)
+        m = store.get_by_msg_id(args.msgid)
+    _print_message_detail(m, args.json)
+    return 0
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    """Open the store for writing (which runs recovery), print the report, close it cleanly."""
+    with MessageStore(
+        args.store, StoreConfig.effective(args.config), create=False, full_check=True
+    ) as store:
+        report = store.recovery.to_json()
+    if args.json:
+        emit(report)
+    else:
+        print_table(("field", "value"), [[k, v] for k, v in report.items()])
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Scan every record and index structure; print each problem; exit 1 if there is any."""
+    from pipeline.verify import verify
+
+    def progress(done: int, total: int) -> None:
+        if args.progress and total:
+            sys.stderr.write(f"\rverifying: {100 * done // total:3d} %")
+            sys.stderr.flush()
+
+    with _open(args) as store:
+        report = verify(store, progress=progress, max_per_kind=None if args.all else 100)
+    if args.progress:
+        sys.stderr.write("\n")
+    if args.json:
+        emit(report.to_json())
+    else:
+        if report.problems:
+            print_table(
+                ("kind", "file", "offset", "detail"),
+                [[p.kind, p.path, p.offset, p.detail] for p in report.problems],
+            )
+        state = "ok" if report.ok else f"{len(report.problems) + report.suppressed} problem(s)"
+        print(
+            f"{state}: {report.records} records, {report.units} units, "
+            f"{report.index_entries} index entries checked in {report.seconds:.2f}s"
+        )
+    return 0 if report.ok else 1
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    """Delete what retention allows now (or, with --dry-run, show it) and print the report."""
+    from pipeline.retention import CleanPlan, RetentionService
+
+    config = StoreConfig.effective(args.config)
+    with MessageStore(args.store, config, read_only=args.dry_run, create=False) as store:
+        service = RetentionService(store)
+        report: CleanPlan
+        if args.dry_run:
+            report = service.plan(force_expired=True, max_files=args.max_files)
+        else:
+            with store.writer_lock():
+                report = service.run(force_expired=True, max_files=args.max_files)
+    if args.json:
+        emit(report.to_json())
+        return 0
+    if report.files:
+        print_table(
+            ("file", "kind", "bytes", "reason"),
+            [[str(f.path), f.kind, f.bytes, f.reason] for f in report.files],
+        )
+    verb = "would delete" if args.dry_run else "deleted"
+    print(
+        f"{verb} {len(report.files)} file(s), {report.bytes} bytes; "
+        f"disk {report.disk_used_ratio:.1%} used"
+    )
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """The effective settings, and where they came from."""
+    config = StoreConfig.effective(args.config)
+    settings = config.to_rocketmq()
+    if args.json:
+        emit(
+            {
+                "settings": settings,
+                "source": config.origin,
+                "ignoredKeys": list(config.ignored_keys),
+            }
+        )
+        return 0
+    print_table(("setting", "value"), [[k, plain_cell(v)] for k, v in settings.items()])
+    sys.stdout.write(f"from: {config.origin}\n")
+    if config.ignored_keys:
+        sys.stdout.write(f"ignored (not store settings): {', '.join(config.ignored_keys)}\n")
+    return 0
