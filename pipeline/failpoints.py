@@ -15,7 +15,10 @@ Each write step calls :func:`hit` with its name before it changes anything on di
 A test arms a failpoint with :func:`arm` (in-process) or with the environment variable
 ``ROCKETSTORE_FAILPOINTS="name=action[@n],..."`` (read once at import, for writer subprocesses),
 where ``action`` is ``raise`` (:class:`InjectedFault`, an ``OSError``) or ``kill`` (SIGKILL of
-the process, as a crash at that exact point), fired on the ``n``-th hit (default 1).
+the process, as a crash at that exact point), fired on the ``n``-th hit (default 1), once per
+process. With ``ROCKETSTORE_FAILPOINTS_LOG=FILE`` a failpoint fires once across every process
+that shares FILE (Spark's Python workers, where a retried task may run in a fresh process): each
+firing appends a line to FILE, and a failpoint FILE already names stays quiet.
 
 Not a user option: nothing in the sink, the source or the CLI exposes it. Unarmed, a hit costs
 one lookup in an empty dict. Thread-safe enough for tests: arming is not synchronised.
@@ -29,6 +32,7 @@ import os
 import signal
 
 ENV = "ROCKETSTORE_FAILPOINTS"
+LOG_ENV = "ROCKETSTORE_FAILPOINTS_LOG"
 NAMES = (
     "segment-create",
     "commitlog-write",
@@ -80,6 +84,13 @@ def hit(name: str) -> None:
     if armed.hits < armed.after:
         return
     del _armed[name]
+    log = os.environ.get(LOG_ENV)
+    if log:
+        with open(log, "a+", encoding="utf-8") as out:
+            out.seek(0)
+            if any(line.split(" ", 1)[0] == name for line in out):
+                return  # fired already, in another process
+            out.write(f"{name} {armed.action} pid={os.getpid()}\n")
     if armed.action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     raise InjectedFault(errno.EIO, f"injected fault at failpoint {name!r}")

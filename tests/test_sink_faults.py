@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from sinkutil import CONFIG, read_back, write_input
 
+from pipeline import failpoints
 from pipeline.root import StoreRoot
 from pipeline.store import MessageStore
 from pipeline.verify import verify
@@ -26,7 +27,11 @@ JOB = Path(__file__).resolve().parent / "sink_job.py"
 
 
 def job(
-    tmp_path: Path, master: str, face: str, failpoint: str | None = None
+    tmp_path: Path,
+    master: str,
+    face: str,
+    failpoint: str | None = None,
+    env_extra: dict[str, str] | None = None,
 ) -> subprocess.Popen[str]:
     args = [
         sys.executable,
@@ -39,7 +44,7 @@ def job(
     ]
     if failpoint:
         args.append(failpoint)
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, **(env_extra or {}))
     return subprocess.Popen(
         args,
         stdout=subprocess.PIPE,
@@ -107,4 +112,20 @@ def test_driver_killed_mid_batch_restarts_without_duplicates(tmp_path: Path, fac
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
     finish(job(tmp_path, "local[2]", face))
+    check_exactly_once(tmp_path, rows)
+
+
+@pytest.mark.parametrize("face", ["foreach", "format"])
+@pytest.mark.parametrize("fault", ["consumequeue-append=raise@3", "index-put=raise@2"])
+def test_store_failing_mid_put_under_the_sink_is_retried_exactly_once(
+    tmp_path: Path, face: str, fault: str
+) -> None:
+    """An I/O error inside a store put (pipeline.failpoints, armed in every Python worker):
+    the store stops writes, the task fails, its retry reopens the broker (recovery completes
+    or drops the failed put) and appends only what is missing."""
+    rows = write_input(tmp_path / "in", files=2, rows_per_file=400)
+    log = tmp_path / "fired"
+    env = {failpoints.ENV: fault, failpoints.LOG_ENV: str(log)}
+    finish(job(tmp_path, "local[2,3]", face, env_extra=env))
+    assert fired(log), "the store fault never fired"
     check_exactly_once(tmp_path, rows)
