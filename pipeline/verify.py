@@ -101,11 +101,13 @@ rest are counted in :attr:`VerifyReport.suppressed`.
 How the scan reads the log: with the one native record walk (:func:`pipeline.native.walk`)
 that recovery and dispatch use, so it checks records exactly as they are read back, and the
 tagsCode and index keys it expects are the ones dispatch writes (the walk lists the key hashes:
-none for an empty UNIQ_KEY or KEYS token, none for a ROLLBACK record). A segment at a time:
-once the walk leaves a segment, the units and index entries that point into it are checked
-against its records and the records are dropped, so memory is bounded by one segment's records
-(about 100 bytes each), one IndexFile and one byte per ConsumeQueue unit, not by the store.
-The ConsumeQueues and IndexFiles are read from their mappings a file at a time.
+none for an empty UNIQ_KEY or KEYS token, none for a ROLLBACK record). :data:`CHUNK_RECORDS`
+records at a time: once a stretch of the log is walked, the units and index entries that point
+into it are checked against its records and the records are dropped, so memory does not grow
+with the store. What stays for the whole scan is one byte per ConsumeQueue unit (whether it
+matched its record) and the damaged stretches; each IndexFile's header, slots and chains are
+checked on their own, one file at a time, before the walk. ConsumeQueue and IndexFile entries
+are read from their mappings a file at a time, and bisected where their offsets ascend.
 
 Thread-safety: reads only. Run it on a store opened read-only, or from the writer's thread
 between puts.
