@@ -1384,11 +1384,12 @@ class _Verifier:
                 f"{len(tail)} non-zero entries after indexCount {raw_count}",
             )
         used = entries[1:count]
-        key_hash = used["key_hash"].astype(np.int64)
+        # The file's own widths: an IndexFile may hold 20M entries (160 MB per int64 column).
+        key_hash = used["key_hash"].astype(np.int32)
         phy = used["phy_offset"].astype(np.int64)
-        time_diff = used["time_diff"].astype(np.int64)
-        prev = used["prev_index"].astype(np.int64)
-        numbers = np.arange(1, count, dtype=np.int64)
+        time_diff = used["time_diff"].astype(np.int32)
+        prev = used["prev_index"].astype(np.int32)
+        numbers = np.arange(1, count, dtype=np.int32)
 
         def entry_at(number: int) -> int:
             return entries_at + ENTRY_SIZE * number
@@ -1430,8 +1431,8 @@ class _Verifier:
                 f"entry {j + 1} (slot {int(slot_of[j])}) links to entry {int(prev[j])} in slot "
                 f"{int(slot_of[prev[j] - 1])}",
             )
-        refs = np.bincount(prev[links], minlength=count) + np.bincount(
-            slots[heads], minlength=count
+        refs = np.bincount(
+            np.concatenate([prev[links], slots[heads].astype(np.int32)]), minlength=count
         )
         for number in (np.flatnonzero(refs[1:count] != 1) + 1).tolist():
             many = int(refs[number])
@@ -1445,7 +1446,7 @@ class _Verifier:
         # Entries go in CommitLog order, so those of messages retention deleted (below the
         # CommitLog's first offset) come first; one below it after a live one is damaged.
         live = phy >= self.base0
-        seen_live = np.cumsum(live) > 0
+        seen_live = np.logical_or.accumulate(live)
         expired = ~live & (phy >= 0) & ~seen_live
         # Entries pointing outside the log meet no segment's records: reported here.
         for j in np.flatnonzero(~expired & ((phy < self.base0) | (phy >= self.log_end))).tolist():
