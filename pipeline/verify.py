@@ -418,6 +418,7 @@ class _Verifier:
         self.damaged: list[tuple[int, int]] = []  # [start, end) of each damaged stretch
         self.damaged_starts: I64 = np.zeros(0, dtype=np.int64)
         self.damaged_ends: I64 = np.zeros(0, dtype=np.int64)
+        self.spans_stale = False  # damaged_starts/ends lag behind damaged
         self.queues: list[_Queue] = []
         self.queue_of: dict[tuple[int, int], _Queue] = {}
         # Units that point at a record of another queue that no unit claims: which side is
@@ -468,8 +469,7 @@ class _Verifier:
         stop = self.log_end if end is None else end
         self.damaged.append((phys, stop))
         self.report.damaged_bytes += stop - phys
-        spans = np.asarray(sorted(self.damaged), dtype=np.int64).reshape(-1, 2)
-        self.damaged_starts, self.damaged_ends = spans[:, 0].copy(), spans[:, 1].copy()
+        self.spans_stale = True
 
     def repair_note(self, phys: int) -> str:
         """Why a record past the durable point lacks a unit or an entry, and what repairs it."""
@@ -545,18 +545,26 @@ class _Verifier:
         return np.frombuffer(mf.buffer, dtype=UNIT_DTYPE, count=per_file)[:count]
 
     def checked_units(
-        self, q: _Queue, uf: _UnitFile, n: int, lo: int = 0, hi: int = 1 << 62
+        self,
+        q: _Queue,
+        uf: _UnitFile,
+        n: int,
+        lo: int = 0,
+        hi: int = 1 << 62,
+        most: int | None = None,
     ) -> _Units:
         """The units of file ``n`` that are checked against their records: valid ones from the
         queue's first real unit to its last valid one, whose records retention has not
-        deleted; only those pointing into ``[lo, hi)`` when the file's offsets ascend (else
-        the caller filters)."""
+        deleted; when the file's offsets ascend, only those pointing into ``[lo, hi)``, and
+        of them at most the first ``most`` (else the caller filters)."""
         units = self.file_units(q, n)
         a, b = uf.lo, uf.hi
         if uf.ascending:
             offset = units["offset"]
             a = bisect.bisect_left(offset, lo, a, b, key=int)
             b = bisect.bisect_left(offset, hi, a, b, key=int)
+            if most is not None:
+                b = min(b, a + most)
         units = units[a:b]
         offsets = units["offset"].astype(np.int64)
         sizes = units["size"].astype(np.int64)
@@ -892,7 +900,7 @@ class _Verifier:
             for n, uf in enumerate(q.parts):
                 if uf.max_off <= phys:
                     continue
-                offsets = self.checked_units(q, uf, n).offsets
+                offsets = self.checked_units(q, uf, n, phys + 1, most=MAX_CQ_CANDIDATES).offsets
                 later = offsets[offsets > phys]
                 found.append(later)
                 have += len(later)
@@ -992,6 +1000,10 @@ class _Verifier:
             rows = np.zeros(len(offsets), dtype=np.int64)
             found = np.zeros(len(offsets), dtype=bool)
         # Inside a damaged stretch: what is there cannot be checked (the stretch is reported).
+        if self.spans_stale:
+            spans = np.asarray(sorted(self.damaged), dtype=np.int64).reshape(-1, 2)
+            self.damaged_starts, self.damaged_ends = spans[:, 0].copy(), spans[:, 1].copy()
+            self.spans_stale = False
         if len(self.damaged_starts):
             span = np.searchsorted(self.damaged_starts, offsets, side="right") - 1
             damaged = (span >= 0) & (offsets < self.damaged_ends[np.maximum(span, 0)])
