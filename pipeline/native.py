@@ -89,7 +89,8 @@ STOP_INVALID = 2
 class Walk:
     """Records walked in one segment, column by column, and where and why the walk stopped.
 
-    ``topics`` are the distinct topic names ``topic_codes`` index. Index entries are listed in
+    ``topics`` are the distinct topic names ``topic_codes`` index (invalid UTF-8 replaced;
+    ``raw_topics`` holds them as stored, for a caller that must reject such a topic). Index entries are listed in
     RocketMQ's order (per record: UNIQ_KEY, then each KEYS token; none for ROLLBACK records):
     ``key_rows`` names each entry's record, ``key_hashes`` its key hash. ``end`` is the
     physical offset where the walk stopped; ``stop`` is :data:`STOP_END` (no more bytes or
@@ -108,6 +109,7 @@ class Walk:
     key_rows: npt.NDArray[np.int64]
     key_hashes: npt.NDArray[np.int32]
     topics: list[str]
+    raw_topics: list[bytes]
     end: int
     stop: int
     reason: str
@@ -148,6 +150,7 @@ def walk(
     return Walk(
         **cols,
         topics=[t.decode("utf-8", "replace") for t in raw["topics"]],
+        raw_topics=list(raw["topics"]),
         end=base + int(raw["end"]),
         stop=int(raw["stop"]),
         reason=str(raw["reason"]),

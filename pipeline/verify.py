@@ -98,10 +98,16 @@ index-missing-entry                 a key of a record has no entry (reported at 
 By default at most :data:`MAX_PROBLEMS_PER_KIND` problems of one kind are listed per file; the
 rest are counted in :attr:`VerifyReport.suppressed`.
 
-Performance: the CommitLog walk reads record headers in Python (a few hundred nanoseconds a
-record) and does everything else with numpy over the mapped segments, a chunk at a time; the
-ConsumeQueue and index checks are joins of numpy arrays. A million small messages verify in a
-few seconds.
+How the scan reads the log: with the one native record walk (:func:`pipeline.native.walk`)
+that recovery and dispatch use, so it checks records exactly as they are read back, and the
+tagsCode and index keys it expects are the ones dispatch writes (the walk lists the key hashes:
+none for an empty UNIQ_KEY or KEYS token, none for a ROLLBACK record). :data:`CHUNK_RECORDS`
+records at a time: once a stretch of the log is walked, the units and index entries that point
+into it are checked against its records and the records are dropped, so memory does not grow
+with the store. What stays for the whole scan is one byte per ConsumeQueue unit (whether it
+matched its record) and the damaged stretches; each IndexFile's header, slots and chains are
+checked on their own, one file at a time, before the walk. ConsumeQueue and IndexFile entries
+are read from their mappings a file at a time, and bisected where their offsets ascend.
 
 Thread-safety: reads only. Run it on a store opened read-only, or from the writer's thread
 between puts.
@@ -109,23 +115,19 @@ between puts.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from pipeline import record
+from pipeline import native, record
 from pipeline.config import CQ_UNIT_SIZE
 from pipeline.consumequeue import PRE_BLANK_SIZE, UNIT_DTYPE, ConsumeQueue
-from pipeline.encode import index_keys
-from pipeline.errors import CorruptRecordError
 from pipeline.indexfile import (
     ENTRY_DTYPE,
     ENTRY_SIZE,
@@ -135,7 +137,6 @@ from pipeline.indexfile import (
     SLOT_SIZE,
     IndexFile,
 )
-from pipeline.javahash import java_hash_array
 from pipeline.lock import is_locked_elsewhere
 from pipeline.mapped_file import MappedFile, segment_name
 from pipeline.progress import FlushProgress
@@ -146,7 +147,7 @@ Bools = npt.NDArray[np.bool_]
 Progress = Callable[[int, int], None]
 
 MAX_PROBLEMS_PER_KIND = 100
-CHUNK_BYTES = 8 << 20  # CommitLog bytes walked between two vectorised checks
+CHUNK_RECORDS = 1 << 17  # records walked, then checked against units and entries, at once
 SCAN_STEP = 4 << 20  # bytes searched at once for a magic code
 ZERO_STEP = 1 << 20  # bytes tested at once for non-zero content
 MAX_CQ_CANDIDATES = 256  # ConsumeQueue offsets tried as a resynchronisation point
@@ -259,93 +260,130 @@ def verify(
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def _read_be(a: npt.NDArray[np.uint8], at: I64, width: int) -> I64:
-    """Big-endian signed ints of ``width`` bytes at each offset of ``at`` (clipped into ``a``)."""
-    if not len(at):
-        return np.zeros(0, dtype=np.int64)
-    at = np.clip(at, 0, len(a) - width)
-    cols = a[at[:, None] + np.arange(width, dtype=np.int64)]
-    return np.ascontiguousarray(cols).view(f">i{width}").reshape(-1).astype(np.int64)
-
-
 def _resumed(target: int | None) -> str:
     return f"; next record at {target}" if target is not None else "; no valid record follows"
 
 
-def _gather(a: npt.NDArray[np.uint8], starts: I64, lengths: I64) -> pa.BinaryArray:
-    """The byte ranges ``a[starts[i] : starts[i] + lengths[i]]`` as one Arrow binary array."""
-    offsets = np.zeros(len(starts) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    total = int(offsets[-1])
-    if total:
-        idx = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1] - starts, lengths)
-        values = a[idx]
-    else:
-        values = np.zeros(0, dtype=np.uint8)
-    return pa.Array.from_buffers(
-        pa.large_binary(),
-        len(starts),
-        [None, pa.py_buffer(offsets), pa.py_buffer(values)],
-    )
+def _kind_of(reason: str) -> str:
+    """The problem kind of a whole-looking record the walk rejected, from its reason."""
+    if reason.startswith("PHYSICALOFFSET"):
+        return "commitlog-physical-offset"
+    if reason.startswith("body CRC"):
+        return "commitlog-crc"
+    return "commitlog-size"
 
 
-def _property_columns(props: pa.Array) -> dict[str, pa.Array]:
-    """TAGS, KEYS and UNIQ_KEY of each properties block (null when absent), read as
-    :func:`record.decode_properties` reads them: items split on \\x02, the name ends at the
-    first \\x01, the last of repeated names wins, invalid UTF-8 is replaced."""
-    try:
-        text = props.cast(pa.large_string())
-    except pa.ArrowInvalid:
-        text = pa.array(
-            [b.decode("utf-8", "replace") for b in props.to_pylist()], pa.large_string()
-        )
-    items = pc.split_pattern(text, record.PROPERTY_SEPARATOR)
-    flat = pc.list_flatten(items)
-    parents = pc.list_parent_indices(items).to_numpy(zero_copy_only=False).astype(np.int64)
-    out: dict[str, pa.Array] = {}
-    for name in (
-        record.PROPERTY_TAGS,
-        record.PROPERTY_KEYS,
-        record.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
-    ):
-        prefix = name + record.NAME_VALUE_SEPARATOR
-        hit = np.flatnonzero(
-            pc.starts_with(flat, prefix).to_numpy(zero_copy_only=False).astype(bool)
-        )
-        owner = parents[hit]
-        # Items come in order within a block: the last hit of each block is the one kept.
-        last = np.ones(len(hit), dtype=bool)
-        last[:-1] = owner[1:] != owner[:-1]
-        values = pc.utf8_slice_codeunits(flat.take(pa.array(hit[last])), len(prefix))
-        where = np.full(len(props), -1, dtype=np.int64)
-        where[owner[last]] = np.arange(int(np.count_nonzero(last)), dtype=np.int64)
-        out[name] = values.take(pa.array(where, mask=where < 0))
-    return out
+@dataclasses.dataclass
+class _UnitFile:
+    """One ConsumeQueue file of a queue: the units of it to check are ``[lo, hi)`` (relative to
+    the file), whose offsets lie in ``[min_off, max_off]`` (``min_off > max_off``: none)."""
+
+    mf: MappedFile
+    k0: int  # unit number (relative to the queue's first) of the file's unit 0
+    lo: int
+    hi: int
+    min_off: int
+    max_off: int
+    ascending: bool  # the offsets of units lo .. hi never go down: bisect them
 
 
 @dataclasses.dataclass
 class _Queue:
     cq: ConsumeQueue
-    files: list[MappedFile]
-    first: int  # queue offset of unit 0 of files[0]
-    offsets: I64
-    sizes: I64
-    tags: I64
-    checked: I64  # unit numbers (relative to `first`) to check against their records
+    first: int  # queue offset of unit 0 of its first file
+    length: int  # units in the files (up to the snapshot's length)
+    lead: int  # first unit that is not a pre-blank
+    last: int  # last valid unit
+    parts: list[_UnitFile]
+    good: Bools  # per unit: matches its record (filled in segment by segment)
 
 
 @dataclasses.dataclass
-class _Chunk:
-    """The valid records of one walked chunk of a segment, column by column."""
+class _Units:
+    """Units of one file selected for checking, column by column (``k``: unit numbers)."""
 
-    starts: I64
+    k: I64
+    offsets: I64
     sizes: I64
-    queue_ids: I64
+    tags: I64
+
+
+@dataclasses.dataclass
+class _IndexState:
+    """What the checks of one IndexFile's entries against the records need, between segments."""
+
+    f: IndexFile
+    entries_at: int
+    entries: npt.NDArray[np.void]  # used entries 1 .. count - 1 (mapped, or a snapshot copy)
+    begin_ts: int
+    min_phy: int
+    max_phy: int
+    ascending: bool  # the entries' phyOffsets never go down: bisect them
+    times_ok: bool  # whether entry time differences are checked against beginTimestamp
+
+    def entry_at(self, number: int) -> int:
+        return self.entries_at + ENTRY_SIZE * number
+
+
+@dataclasses.dataclass
+class _Segment:
+    """The valid records of one CommitLog segment, column by column, from the record walk."""
+
+    phys: I64
+    sizes: I64
+    queue_ids: npt.NDArray[np.int32]
     queue_offsets: I64
-    sys_flags: I64
+    sys_flags: npt.NDArray[np.int32]
     store_ts: I64
-    topic_ids: I64
-    props: pa.BinaryArray
+    tags_codes: I64
+    topic_ids: I64  # store-wide topic ids
+    key_rows: I64  # index entries the records need, in RocketMQ's order: record row ...
+    key_hashes: npt.NDArray[np.int32]  # ... and key hash
+
+    @classmethod
+    def of(cls, pieces: list[tuple[native.Walk, int, I64]]) -> _Segment:
+        """The first ``n`` records of each walk, whose topic codes ``ids`` map to topic ids.
+        The walk's columns are kept as they are (no copy) when one walk covers the segment."""
+
+        def cat(parts: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:
+            if len(parts) == 1:
+                return parts[0]
+            return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+        rows: list[I64] = []
+        hashes: list[npt.NDArray[np.int32]] = []
+        ids: list[I64] = []
+        done = 0
+        for w, n, tids in pieces:
+            if n == len(w):
+                rows.append(w.key_rows + done if done else w.key_rows)
+                hashes.append(w.key_hashes)
+            else:
+                keep = w.key_rows < n
+                rows.append(w.key_rows[keep] + done)
+                hashes.append(w.key_hashes[keep])
+            ids.append(tids[w.topic_codes[:n]])
+            done += n
+        return cls(
+            phys=cat([w.phys[:n] for w, n, _ in pieces]),
+            sizes=cat([w.sizes[:n] for w, n, _ in pieces]),
+            queue_ids=cat([w.queue_ids[:n] for w, n, _ in pieces]),
+            queue_offsets=cat([w.queue_offsets[:n] for w, n, _ in pieces]),
+            sys_flags=cat([w.sys_flags[:n] for w, n, _ in pieces]),
+            store_ts=cat([w.store_ts[:n] for w, n, _ in pieces]),
+            tags_codes=cat([w.tags_codes[:n] for w, n, _ in pieces]),
+            topic_ids=cat(ids),
+            key_rows=cat(rows),
+            key_hashes=cat(hashes),
+        )
+
+    def __len__(self) -> int:
+        return len(self.phys)
+
+    def dispatchable(self) -> Bools:
+        tx = self.sys_flags & record.TRANSACTION_MASK
+        ok: Bools = (tx == record.TRANSACTION_NOT_TYPE) | (tx == record.TRANSACTION_COMMIT_TYPE)
+        return ok
 
 
 class _Verifier:
@@ -377,10 +415,18 @@ class _Verifier:
         self._counts: dict[tuple[str, str], int] = {}
         self.topic_ids: dict[bytes, int] = {}
         self.topics: list[str] = []
-        self.chunks: list[_Chunk] = []
         self.damaged: list[tuple[int, int]] = []  # [start, end) of each damaged stretch
+        self.damaged_starts: I64 = np.zeros(0, dtype=np.int64)
+        self.damaged_ends: I64 = np.zeros(0, dtype=np.int64)
+        self.spans_stale = False  # damaged_starts/ends lag behind damaged
         self.queues: list[_Queue] = []
-        self.cq_starts: I64 = np.zeros(0, dtype=np.int64)
+        self.queue_of: dict[tuple[int, int], _Queue] = {}
+        # Units that point at a record of another queue that no unit claims: which side is
+        # wrong is known only once every unit has been matched (queue, unit, record fields).
+        self.mismatched: list[tuple[_Queue, int, int, int, int, int]] = []
+        self.indexes: list[_IndexState] = []
+        self.index_begins: list[int] = []  # beginPhyOffset of every IndexFile
+        self.oldest_indexed: int | None = None  # oldest record an index entry points at
         self.cl_total = sum(mf.size for mf in self.files)
         self.done = 0
         self.total = self.cl_total
@@ -408,7 +454,8 @@ class _Verifier:
     def release(self) -> None:
         self._arrays.clear()
         self.queues.clear()
-        self.chunks.clear()
+        self.queue_of.clear()
+        self.indexes.clear()
 
     def array(self, i: int) -> npt.NDArray[np.uint8]:
         a = self._arrays.get(i)
@@ -422,6 +469,7 @@ class _Verifier:
         stop = self.log_end if end is None else end
         self.damaged.append((phys, stop))
         self.report.damaged_bytes += stop - phys
+        self.spans_stale = True
 
     def repair_note(self, phys: int) -> str:
         """Why a record past the durable point lacks a unit or an entry, and what repairs it."""
@@ -443,121 +491,269 @@ class _Verifier:
         return self.topics[tid] if 0 <= tid < len(self.topics) else "?"
 
     def topic_id(self, topic: str) -> int:
-        raw = topic.encode("utf-8")
+        return self.raw_topic_id(topic.encode("utf-8"))
+
+    def raw_topic_id(self, raw: bytes) -> int:
+        """The store-wide id of a stored topic name; -2 when it is not valid UTF-8."""
         tid = self.topic_ids.get(raw)
         if tid is None:
+            try:
+                topic = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return -2
             tid = self.topic_ids[raw] = len(self.topics)
             self.topics.append(topic)
         return tid
+
+    def record_path(self, phys: int) -> Path:
+        return self.files[self.seg_index(phys)].path
+
+    def record_at(self, phys: int) -> native.Walk | None:
+        """The one whole, valid record (UTF-8 topic included) at ``phys``, or None."""
+        if not self.base0 <= phys < self.log_end:
+            return None
+        mf = self.files[self.seg_index(phys)]
+        limit = min(mf.size, self.log_end - mf.base)
+        w = native.walk(mf.buffer, phys - mf.base, limit, mf.base, check_crc=True, max_records=1)
+        if len(w) != 1 or self.raw_topic_id(w.raw_topics[0]) == -2:
+            return None
+        return w
 
     def run(self) -> VerifyReport:
         started = time.perf_counter()
         self.report.segments = len(self.files)
         self.report.commitlog_bytes = self.cl_total
         self.load_queues()
+        self.load_index()
         walked_from = self.done
         self.walk_commitlog()
         self.tick(walked_from + self.cl_total)
-        self.collect_records()
-        self.check_queues()
-        self.check_index()
+        self.check_mismatched()
+        self.check_ascending()
         self.tick(self.total)
         self.report.damaged_records = len(self.damaged)
         self.report.seconds = time.perf_counter() - started
         return self.report
 
     # -- ConsumeQueue units (read before the walk: they guide resynchronisation) -------------
+    def file_units(self, q: _Queue, n: int) -> npt.NDArray[np.void]:
+        """The units of the queue's file ``n`` (up to the snapshot's length): a view of the
+        mapping, to be dropped before the next file is used (mappings are bounded)."""
+        per_file = q.cq.units_per_file
+        count = max(0, min(per_file, q.length - n * per_file))
+        mf = q.cq.segments.files[n]
+        return np.frombuffer(mf.buffer, dtype=UNIT_DTYPE, count=per_file)[:count]
+
+    def checked_units(
+        self,
+        q: _Queue,
+        uf: _UnitFile,
+        n: int,
+        lo: int = 0,
+        hi: int = 1 << 62,
+        most: int | None = None,
+    ) -> _Units:
+        """The units of file ``n`` that are checked against their records: valid ones from the
+        queue's first real unit to its last valid one, whose records retention has not
+        deleted; when the file's offsets ascend, only those pointing into ``[lo, hi)``, and
+        of them at most the first ``most`` (else the caller filters)."""
+        units = self.file_units(q, n)
+        a, b = uf.lo, uf.hi
+        if uf.ascending:
+            offset = units["offset"]
+            a = bisect.bisect_left(offset, lo, a, b, key=int)
+            b = bisect.bisect_left(offset, hi, a, b, key=int)
+            if most is not None:
+                b = min(b, a + most)
+        units = units[a:b]
+        offsets = units["offset"].astype(np.int64)
+        sizes = units["size"].astype(np.int64)
+        keep = np.flatnonzero((offsets >= self.base0) & (sizes > 0))
+        return _Units(
+            k=uf.k0 + a + keep,
+            offsets=offsets[keep],
+            sizes=sizes[keep],
+            tags=units["tags_code"][keep].astype(np.int64),
+        )
+
     def load_queues(self) -> None:
         for (_, _), cq in sorted(self.store.queues.items()):
             files = list(cq.segments.files)
             if not files:
                 continue
             per_file = cq.units_per_file
-            parts = [np.frombuffer(mf.buffer, dtype=UNIT_DTYPE, count=per_file) for mf in files]
-            units = np.concatenate(parts) if len(parts) > 1 else parts[0]
             first = files[0].base // CQ_UNIT_SIZE
+            length = per_file * len(files)
             if self.queue_lengths is not None:
                 # A writer is appending: units past the snapshot's length are not checked.
-                units = units[
-                    : max(0, self.queue_lengths.get(f"{cq.topic}/{cq.queue_id}", 0) - first)
-                ]
-            offsets = units["offset"].astype(np.int64)
-            sizes = units["size"].astype(np.int64)
-            tags = units["tags_code"].astype(np.int64)
-            q = _Queue(cq, files, files[0].base // CQ_UNIT_SIZE, offsets, sizes, tags, offsets[:0])
-            valid = (offsets >= 0) & (sizes > 0)
+                length = min(
+                    length, max(0, self.queue_lengths.get(f"{cq.topic}/{cq.queue_id}", 0) - first)
+                )
+            q = _Queue(cq, first, length, -1, -1, [], np.zeros(0, dtype=bool))
             # RocketMQ's "pre-blank" units fill a queue's first file up to its first unit.
-            real = np.flatnonzero(sizes != PRE_BLANK_SIZE)
-            lead = int(real[0]) if len(real) else len(sizes)
-            present = np.flatnonzero(valid[lead:]) + lead
-            last = int(present[-1]) if len(present) else lead - 1
-            for k in (np.flatnonzero(~valid[lead : last + 1]) + lead).tolist():
-                self.unit_problem(
-                    q,
-                    k,
-                    "cq-hole",
-                    f"invalid unit (offset {int(offsets[k])}, size {int(sizes[k])}) before the "
-                    f"queue's last unit {q.first + last}: consumers stop here",
+            lead: int | None = None
+            last = -1
+            for n in range(len(files)):
+                units = self.file_units(q, n)
+                k0 = n * per_file
+                if lead is None:
+                    real = np.flatnonzero(units["size"] != PRE_BLANK_SIZE)
+                    if len(real):
+                        lead = k0 + int(real[0])
+                valid = np.flatnonzero((units["offset"] >= 0) & (units["size"] > 0))
+                if len(valid):
+                    last = max(last, k0 + int(valid[-1]))
+                del units
+            q.lead = length if lead is None else lead
+            q.last = max(last, q.lead - 1)
+            q.good = np.zeros(length, dtype=bool)
+            stray, stray_at = 0, -1
+            for n, mf in enumerate(files):
+                units = self.file_units(q, n)
+                k0 = n * per_file
+                lo = min(len(units), max(0, q.lead - k0))
+                hi = min(len(units), max(0, q.last + 1 - k0))
+                offsets = units["offset"].astype(np.int64)
+                sizes = units["size"].astype(np.int64)
+                tags = units["tags_code"].astype(np.int64)
+                del units
+                invalid = np.flatnonzero((offsets[lo:hi] < 0) | (sizes[lo:hi] <= 0)) + lo
+                for j in invalid.tolist():
+                    self.unit_problem(
+                        q,
+                        k0 + j,
+                        "cq-hole",
+                        f"invalid unit (offset {int(offsets[j])}, size {int(sizes[j])}) before "
+                        f"the queue's last unit {q.first + q.last}: consumers stop here",
+                    )
+                t = max(lo, hi)
+                extra = np.flatnonzero((offsets[t:] != 0) | (sizes[t:] != 0) | (tags[t:] != 0))
+                if len(extra):
+                    if stray_at < 0:
+                        stray_at = k0 + t + int(extra[0])
+                    stray += len(extra)
+                checked = (offsets[lo:hi] >= self.base0) & (sizes[lo:hi] > 0)
+                offs = offsets[lo:hi][checked]
+                q.parts.append(
+                    _UnitFile(
+                        mf,
+                        k0,
+                        lo,
+                        hi,
+                        int(offs.min()) if len(offs) else 1,
+                        int(offs.max()) if len(offs) else 0,
+                        bool(np.all(np.diff(offsets[lo:hi]) >= 0)),
+                    )
                 )
-            tail = last + 1
-            stray = np.flatnonzero((offsets[tail:] != 0) | (sizes[tail:] != 0) | (tags[tail:] != 0))
-            if len(stray):
-                k = tail + int(stray[0])
+                # Units past the log cannot meet a record in the segment-by-segment checks.
+                for j in (np.flatnonzero(checked & (offsets[lo:hi] >= self.log_end)) + lo).tolist():
+                    self.points_nowhere(q, k0 + j, int(offsets[j]), int(sizes[j]))
+            if stray:
                 self.unit_problem(
                     q,
-                    k,
+                    stray_at,
                     "cq-garbage-after-end",
-                    f"{len(stray)} non-zero unit(s) after the queue's last valid unit",
+                    f"{stray} non-zero unit(s) after the queue's last valid unit",
                 )
-            keep = present[offsets[present] >= self.base0] if len(present) else present
-            q.checked = keep.astype(np.int64)
             self.queues.append(q)
+            self.queue_of[(self.topic_id(cq.topic), cq.queue_id)] = q
             self.report.queues += 1
             self.tick(self.done + cq.file_size * len(files))
-        starts = [q.offsets[q.checked] for q in self.queues]
-        if starts:
-            self.cq_starts = np.sort(np.concatenate(starts))
 
     def unit_location(self, q: _Queue, k: int) -> tuple[Path, int]:
         per_file = q.cq.units_per_file
-        return q.files[k // per_file].path, (k % per_file) * CQ_UNIT_SIZE
+        return q.cq.segments.files[k // per_file].path, (k % per_file) * CQ_UNIT_SIZE
 
     def unit_problem(self, q: _Queue, k: int, kind: str, detail: str) -> None:
         path, pos = self.unit_location(q, k)
         self.problem(kind, path, pos, f"{q.cq.topic}/{q.cq.queue_id} unit {q.first + k}: {detail}")
 
-    # -- the CommitLog walk ------------------------------------------------------------------
+    def points_nowhere(self, q: _Queue, k: int, offset: int, size: int) -> None:
+        self.unit_problem(
+            q,
+            k,
+            "cq-unit-points-nowhere",
+            f"no record starts at CommitLog offset {offset} (unit size {size})",
+        )
+
+    # -- the CommitLog walk, and the checks of each segment ----------------------------------
     def walk_commitlog(self) -> None:
-        unpack = record.SIZE_MAGIC.unpack_from
-        magic_ok = record.MAGIC
-        min_size = record.FIXED_SIZE_V4
+        """Walk the log with the native record walk, :data:`CHUNK_RECORDS` records at a time;
+        once a stretch of the log is walked, check the units and index entries that point into
+        it against its records, then drop them (memory is bounded by a chunk of records, not
+        the store)."""
         pos: int | None = self.base0
         cq_done = self.done
+        pieces: list[tuple[native.Walk, int, I64]] = []
+        lo = self.base0  # start of the walked stretch not checked yet
         while pos is not None and pos < self.log_end:
             i = self.seg_index(pos)
+            while self.seg_index(lo) < i:
+                # The walk left the segment of ``lo``: check up to that segment's end.
+                hi = self.segment_end(lo)
+                self.check_stretch(pieces, lo, hi)
+                pieces, lo = [], hi
             mf = self.files[i]
-            buf = mf.buffer
             limit = min(mf.size, self.log_end - mf.base)
-            rel = pos - mf.base
-            chunk_end = min(limit, rel + CHUNK_BYTES)
-            starts: list[int] = []
-            r = rel
-            while r < chunk_end and r + 8 <= limit:
-                size, magic = unpack(buf, r)
-                if magic != magic_ok or size < min_size or r + size > limit:
-                    break
-                starts.append(r)
-                r += size
-            if starts:
-                target = self.check_chunk(i, starts)
-                if target != mf.base + r:
-                    pos = target
-                    if pos is not None:
-                        self.tick(cq_done + pos - self.base0)
-                    continue
-            pos = mf.base + r if chunk_end <= r < limit else self.boundary(i, r)
+            w = native.walk(
+                mf.buffer, pos - mf.base, limit, mf.base, check_crc=True, max_records=CHUNK_RECORDS
+            )
+            pos = self.walked(i, w, pieces, full=len(w) == CHUNK_RECORDS)
+            if pos is not None and sum(n for _, n, _ in pieces) >= CHUNK_RECORDS:
+                # Everything before ``pos`` is walked (or marked damaged): check it now.
+                self.check_stretch(pieces, lo, pos)
+                pieces, lo = [], pos
             if pos is not None:
                 self.tick(cq_done + pos - self.base0)
+        while lo < self.log_end:
+            hi = self.segment_end(lo)
+            self.check_stretch(pieces, lo, hi)
+            pieces, lo = [], hi
+
+    def segment_end(self, phys: int) -> int:
+        mf = self.files[self.seg_index(phys)]
+        return min(mf.base + mf.size, self.log_end)
+
+    def topic_codes(self, w: native.Walk) -> I64:
+        """Store-wide topic ids of a walk's topics (-2 for one that is not valid UTF-8)."""
+        return np.asarray([self.raw_topic_id(t) for t in w.raw_topics], dtype=np.int64)
+
+    def count(self, w: native.Walk, n: int) -> None:
+        self.report.records += n
+        self.report.record_bytes += int(w.sizes[:n].sum())
+
+    def walked(
+        self, i: int, w: native.Walk, pieces: list[tuple[native.Walk, int, I64]], *, full: bool
+    ) -> int | None:
+        """Keep the valid records of walk ``w`` of segment ``i``; returns where to go on.
+        ``full``: the walk stopped at its record limit, not at the end of the valid records."""
+        mf = self.files[i]
+        ids = self.topic_codes(w)
+        bad = np.flatnonzero(ids[w.topic_codes] == -2) if len(w) else np.zeros(0, dtype=np.int64)
+        n = int(bad[0]) if len(bad) else len(w)
+        if n:
+            pieces.append((w, n, ids))
+            self.count(w, n)
+        if len(bad):
+            return self.damaged_record(
+                int(w.phys[n]), "commitlog-topic", "topic is not valid UTF-8"
+            )
+        if full and w.stop == native.STOP_END:
+            return w.end
+        r = w.end - mf.base
+        if w.stop == native.STOP_INVALID:
+            limit = min(mf.size, self.log_end - mf.base)
+            size, magic = record.SIZE_MAGIC.unpack_from(mf.buffer, r)
+            if magic == record.MAGIC and size >= record.FIXED_SIZE_V4 and r + size <= limit:
+                # A whole record whose header or body is wrong inside.
+                return self.damaged_record(w.end, _kind_of(w.reason), w.reason)
+        return self.boundary(i, r)
+
+    def damaged_record(self, phys: int, kind: str, detail: str) -> int | None:
+        target = self.resync(phys)
+        self.mark(phys, target)
+        self.problem(kind, self.record_path(phys), phys, detail + _resumed(target))
+        return target
 
     def boundary(self, i: int, r: int) -> int | None:
         """Where to go on from segment ``i`` position ``r``, where the quick walk stopped (the
@@ -692,23 +888,30 @@ class _Verifier:
         size, magic = record.SIZE_MAGIC.unpack_from(mf.buffer, rel)
         if magic == record.BLANK_MAGIC:
             return bool(size == mf.size - rel)
-        if magic != record.MAGIC:
-            return False
-        try:
-            record.decode_record(
-                mf.buffer, rel, phys=phys, limit=mf.size, check_crc=True, with_body=False
-            )
-        except CorruptRecordError:
-            return False
-        return True
+        return self.record_at(phys) is not None
 
     def next_cq_start(self, phys: int) -> int | None:
         """The first ConsumeQueue offset after ``phys`` that looks like a record start (a unit
         whose offset field was damaged points into the middle of a record: skipped)."""
-        j = int(np.searchsorted(self.cq_starts, phys, side="right"))
-        for q in self.cq_starts[j : j + MAX_CQ_CANDIDATES].tolist():
-            if q < self.log_end and self.looks_like_record(q):
-                return int(q)
+        found: list[I64] = []
+        for q in self.queues:
+            # A queue's units ascend: its first files past ``phys`` hold its nearest offsets.
+            have = 0
+            for n, uf in enumerate(q.parts):
+                if uf.max_off <= phys:
+                    continue
+                offsets = self.checked_units(q, uf, n, phys + 1, most=MAX_CQ_CANDIDATES).offsets
+                later = offsets[offsets > phys]
+                found.append(later)
+                have += len(later)
+                if have >= MAX_CQ_CANDIDATES:
+                    break
+        if not found:
+            return None
+        near = np.unique(np.concatenate(found))[:MAX_CQ_CANDIDATES]
+        for c in near.tolist():
+            if c < self.log_end and self.looks_like_record(c):
+                return int(c)
         return None
 
     def resync(self, phys: int) -> int | None:
@@ -780,178 +983,27 @@ class _Verifier:
             lo = mf.base + mf.size
         return None
 
-    def check_chunk(self, i: int, rel_starts: list[int]) -> int | None:
-        """Check the records the quick walk found in segment ``i`` and keep the valid ones.
+    def check_stretch(self, pieces: list[tuple[native.Walk, int, I64]], lo: int, hi: int) -> None:
+        """Check the units and index entries that point into ``[lo, hi)`` (inside one
+        segment) against its records (the walk's ``pieces``)."""
+        seg = _Segment.of(pieces)
+        self.check_queues(seg, lo, hi)
+        self.check_entries(seg, lo, hi)
 
-        Returns where the walk goes on: the end of the last record when all are valid, else
-        the resynchronisation point after the first damaged record whose successor the quick
-        walk did not already find (None when nothing valid follows)."""
-        mf = self.files[i]
-        base = mf.base
-        a = self.array(i)
-        buf = mf.buffer
-        s = np.asarray(rel_starts, dtype=np.int64)
-        n = len(s)
-        size = _read_be(a, s, 4)
-        crc = _read_be(a, s + record.OFF_BODYCRC, 4)
-        queue_id = _read_be(a, s + record.OFF_QUEUEID, 4)
-        queue_offset = _read_be(a, s + record.OFF_QUEUEOFFSET, 8)
-        physical = _read_be(a, s + record.OFF_PHYSICALOFFSET, 8)
-        sys_flag = _read_be(a, s + record.OFF_SYSFLAG, 4)
-        born = np.where(sys_flag & record.BORNHOST_V6_FLAG, 20, 8)
-        stored = np.where(sys_flag & record.STOREHOSTADDRESS_V6_FLAG, 20, 8)
-        store_ts = _read_be(a, s + record.OFF_BORNHOST + born, 8)
-        body_len_at = record.OFF_BORNHOST + born + 8 + stored + 12
-        shaped = body_len_at + 4 <= size
-        body_len = _read_be(a, s + body_len_at, 4)
-        body_at = body_len_at + 4
-        shaped &= (body_len >= 0) & (body_at + body_len + 3 <= size)
-        topic_len_at = np.where(shaped, body_at + body_len, 0)
-        topic_len = a[np.clip(s + topic_len_at, 0, len(a) - 1)].astype(np.int64)
-        topic_at = topic_len_at + 1
-        props_len_at = topic_at + topic_len
-        shaped &= props_len_at + 2 <= size
-        props_len = _read_be(a, s + np.where(shaped, props_len_at, 0), 2)
-        props_at = props_len_at + 2
-        shaped &= (props_len >= 0) & (props_at + props_len == size)
-        placed = physical == base + s
-        good = shaped & placed
-        computed = np.zeros(n, dtype=np.int64)
-        crc_bad = np.zeros(n, dtype=bool)
-        rows = np.flatnonzero(good)
-        b0s = (s + body_at)[rows].tolist()
-        b1s = (s + body_at + body_len)[rows].tolist()
-        crcs = crc[rows].tolist()
-        crc32 = zlib.crc32
-        for j, k in enumerate(rows.tolist()):
-            c = crc32(buf[b0s[j] : b1s[j]]) & _CRC_MASK
-            if c != crcs[j]:
-                crc_bad[k] = True
-                computed[k] = c
-        topic_ids, topic_bad = self.topic_column(
-            _gather(a, s + topic_at, np.where(good, topic_len, 0))
-        )
-        props = _gather(a, s + props_at, np.where(good, props_len, 0))
-        bad = ~good | crc_bad | topic_bad
-        lo = 0
-        for f in np.flatnonzero(bad).tolist():
-            if f < lo:
-                continue
-            cols = (size, queue_id, queue_offset, sys_flag, store_ts, topic_ids)
-            self.keep(s, lo, f, base, cols, props)
-            phys = base + int(s[f])
-            if not shaped[f]:
-                kind = "commitlog-size"
-                detail = (
-                    f"field lengths do not add up to TOTALSIZE {int(size[f])} (body length "
-                    f"{int(body_len[f])}, sysflag 0x{int(sys_flag[f]) & 0xFFFFFFFF:X})"
-                )
-            elif not placed[f]:
-                kind = "commitlog-physical-offset"
-                detail = f"PHYSICALOFFSET field says {int(physical[f])}, record is at {phys}"
-            elif crc_bad[f]:
-                kind = "commitlog-crc"
-                detail = f"body CRC mismatch: stored {int(crc[f])}, computed {int(computed[f])}"
-            else:
-                kind = "commitlog-topic"
-                detail = "topic is not valid UTF-8"
-            target = self.resync(phys)
-            self.mark(phys, target)
-            self.problem(kind, mf.path, phys, detail + _resumed(target))
-            if target is None:
-                return None
-            if f + 1 < n and base + int(s[f + 1]) == target:
-                lo = f + 1
-                continue
-            return target
-        cols = (size, queue_id, queue_offset, sys_flag, store_ts, topic_ids)
-        self.keep(s, lo, n, base, cols, props)
-        return base + int(s[-1] + size[-1])
-
-    def topic_column(self, topics: pa.BinaryArray) -> tuple[I64, Bools]:
-        """Store-wide topic ids of raw topics (-1 for an empty range), and which are not UTF-8."""
-        encoded = topics.dictionary_encode()
-        names: list[bytes] = encoded.dictionary.to_pylist()
-        ids = np.empty(len(names), dtype=np.int64)
-        for j, raw in enumerate(names):
-            tid = self.topic_ids.get(raw)
-            if tid is None:
-                try:
-                    topic = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    tid = -2
-                else:
-                    tid = self.topic_ids[raw] = len(self.topics)
-                    self.topics.append(topic)
-            ids[j] = tid
-        codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        column = ids[codes] if len(ids) else np.full(len(codes), -1, dtype=np.int64)
-        return column, column == -2
-
-    def keep(
-        self,
-        s: I64,
-        lo: int,
-        hi: int,
-        base: int,
-        cols: tuple[I64, I64, I64, I64, I64, I64],
-        props: pa.BinaryArray,
-    ) -> None:
-        if hi <= lo:
-            return
-        size, queue_id, queue_offset, sys_flag, store_ts, topic_ids = cols
-        self.chunks.append(
-            _Chunk(
-                starts=base + s[lo:hi],
-                sizes=size[lo:hi],
-                queue_ids=queue_id[lo:hi],
-                queue_offsets=queue_offset[lo:hi],
-                sys_flags=sys_flag[lo:hi],
-                store_ts=store_ts[lo:hi],
-                topic_ids=topic_ids[lo:hi],
-                props=props[lo:hi],
-            )
-        )
-        self.report.records += hi - lo
-        self.report.record_bytes += int(size[lo:hi].sum())
-
-    # -- the records, as columns -------------------------------------------------------------
-    def collect_records(self) -> None:
-        def cat(name: str) -> I64:
-            parts = [getattr(c, name) for c in self.chunks]
-            return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-
-        self.starts = cat("starts")
-        self.sizes = cat("sizes")
-        self.queue_ids = cat("queue_ids")
-        self.queue_offsets = cat("queue_offsets")
-        self.sys_flags = cat("sys_flags")
-        self.store_ts = cat("store_ts")
-        self.rec_topic = cat("topic_ids")
-        props = (
-            pa.chunked_array([c.props for c in self.chunks], pa.large_binary()).combine_chunks()
-            if self.chunks
-            else pa.array([], pa.large_binary())
-        )
-        self.props = _property_columns(props)
-        self.tags = self.props[record.PROPERTY_TAGS]
-        tx = self.sys_flags & record.TRANSACTION_MASK
-        self.dispatchable: Bools = (tx == record.TRANSACTION_NOT_TYPE) | (
-            tx == record.TRANSACTION_COMMIT_TYPE
-        )
-        spans = np.asarray(sorted(self.damaged), dtype=np.int64).reshape(-1, 2)
-        self.damaged_starts, self.damaged_ends = spans[:, 0].copy(), spans[:, 1].copy()
-
-    def lookup(self, offsets: I64) -> tuple[I64, Bools, Bools]:
+    def lookup(self, seg: _Segment, offsets: I64) -> tuple[I64, Bools, Bools]:
         """(record row, is a valid record start, lies in a damaged stretch) per offset."""
-        n = len(self.starts)
+        n = len(seg)
         if n:
-            rows = np.minimum(np.searchsorted(self.starts, offsets), n - 1)
-            found = self.starts[rows] == offsets
+            rows = np.minimum(np.searchsorted(seg.phys, offsets), n - 1)
+            found = seg.phys[rows] == offsets
         else:
             rows = np.zeros(len(offsets), dtype=np.int64)
             found = np.zeros(len(offsets), dtype=bool)
         # Inside a damaged stretch: what is there cannot be checked (the stretch is reported).
+        if self.spans_stale:
+            spans = np.asarray(sorted(self.damaged), dtype=np.int64).reshape(-1, 2)
+            self.damaged_starts, self.damaged_ends = spans[:, 0].copy(), spans[:, 1].copy()
+            self.spans_stale = False
         if len(self.damaged_starts):
             span = np.searchsorted(self.damaged_starts, offsets, side="right") - 1
             damaged = (span >= 0) & (offsets < self.damaged_ends[np.maximum(span, 0)])
@@ -959,146 +1011,109 @@ class _Verifier:
             damaged = np.zeros(len(offsets), dtype=bool)
         return rows.astype(np.int64), found, damaged
 
-    def record_path(self, phys: int) -> Path:
-        return self.files[self.seg_index(phys)].path
-
     # -- ConsumeQueues against the records ---------------------------------------------------
-    def check_queues(self) -> None:
-        n = len(self.starts)
+    def check_queues(self, seg: _Segment, lo: int, hi: int) -> None:
+        n = len(seg)
         claimed = np.zeros(n, dtype=bool)
         pointed = np.zeros(n, dtype=bool)
-        joined: list[tuple[_Queue, I64, I64, Bools, Bools, Bools]] = []
-        # Per queue: which units are checked, and which of those match their record.
-        slots: dict[tuple[int, int], tuple[_Queue, Bools, Bools]] = {}
+        joined: list[tuple[_Queue, _Units, I64, Bools, Bools, Bools]] = []
         for q in self.queues:
-            k = q.checked
-            offsets = q.offsets[k]
-            rows, found, damaged = self.lookup(offsets)
             tid = self.topic_id(q.cq.topic)
-            matched = (
-                found
-                & (self.rec_topic[rows] == tid)
-                & (self.queue_ids[rows] == q.cq.queue_id)
-                & (self.queue_offsets[rows] == q.first + k)
-            )
-            claimed[rows[matched]] = True
-            pointed[rows[found]] = True
-            joined.append((q, k, rows, found, damaged, matched))
-            self.report.units += int(np.count_nonzero(found))
-            in_use = np.zeros(len(q.offsets), dtype=bool)
-            in_use[k] = True
-            good = np.zeros(len(q.offsets), dtype=bool)
-            good[k[matched]] = True
-            slots[(tid, q.cq.queue_id)] = (q, in_use, good)
-
-        def slot_misused(r: int) -> bool:
-            """Whether the unit at record ``r``'s own coordinates points at another record that
-            does not claim it either (units swapped or shifted, not the record damaged)."""
-            entry = slots.get((int(self.rec_topic[r]), int(self.queue_ids[r])))
-            if entry is None:
-                return False
-            q, in_use, good = entry
-            u = int(self.queue_offsets[r]) - q.first
-            return bool(0 <= u < len(in_use) and in_use[u] and not good[u])
-
-        blamed_records: set[int] = set()
-        tags_codes = self.tags_codes()
-        for q, k, rows, found, damaged, matched in joined:
-            topic = q.cq.topic
+            for f, uf in enumerate(q.parts):
+                if uf.max_off < lo or uf.min_off >= hi:
+                    continue
+                units = self.checked_units(q, uf, f, lo, hi)
+                into = np.flatnonzero((units.offsets >= lo) & (units.offsets < hi))
+                units = _Units(
+                    units.k[into], units.offsets[into], units.sizes[into], units.tags[into]
+                )
+                rows, found, damaged = self.lookup(seg, units.offsets)
+                matched = (
+                    found
+                    & (seg.topic_ids[rows] == tid)
+                    & (seg.queue_ids[rows] == q.cq.queue_id)
+                    & (seg.queue_offsets[rows] == q.first + units.k)
+                )
+                claimed[rows[matched]] = True
+                pointed[rows[found]] = True
+                q.good[units.k[matched]] = True
+                joined.append((q, units, rows, found, damaged, matched))
+                self.report.units += int(np.count_nonzero(found))
+        for q, units, rows, found, damaged, matched in joined:
             for j in np.flatnonzero(~found & ~damaged).tolist():
-                u = int(k[j])
-                self.unit_problem(
-                    q,
-                    u,
-                    "cq-unit-points-nowhere",
-                    f"no record starts at CommitLog offset {int(q.offsets[u])} "
-                    f"(unit size {int(q.sizes[u])})",
-                )
+                self.points_nowhere(q, int(units.k[j]), int(units.offsets[j]), int(units.sizes[j]))
             for j in np.flatnonzero(found & ~matched).tolist():
-                u, r = int(k[j]), int(rows[j])
-                says = (
-                    f"{self.topic_name(int(self.rec_topic[r]))}/{int(self.queue_ids[r])} "
-                    f"offset {int(self.queue_offsets[r])}"
-                )
-                phys = int(self.starts[r])
+                u, r = int(units.k[j]), int(rows[j])
+                phys = int(seg.phys[r])
+                fields = (int(seg.topic_ids[r]), int(seg.queue_ids[r]), int(seg.queue_offsets[r]))
                 if claimed[r]:
                     self.unit_problem(
                         q,
                         u,
                         "cq-unit-wrong-queue",
-                        f"points at the record at {phys}, which is {says} and has its own unit",
+                        f"points at the record at {phys}, which is {self.says(*fields)} and has "
+                        "its own unit",
                     )
-                elif slot_misused(r):
-                    self.unit_problem(
-                        q,
-                        u,
-                        "cq-unit-wrong-queue",
-                        f"points at the record at {phys}, which is {says}, where the unit points "
-                        "at yet another record (units swapped or shifted)",
-                    )
-                elif r not in blamed_records:
-                    blamed_records.add(r)
-                    path, pos = self.unit_location(q, u)
-                    self.problem(
-                        "commitlog-record-mismatch",
-                        self.record_path(phys),
-                        phys,
-                        f"record says {says}, but it is unit {q.first + u} of "
-                        f"{topic}/{q.cq.queue_id} ({path} @ {pos}) and no unit of its own "
-                        "points at it",
-                    )
+                else:
+                    self.mismatched.append((q, u, phys, *fields))
             fine = np.flatnonzero(matched)
-            u_good, r_good = k[fine], rows[fine]
-            for j in np.flatnonzero(q.sizes[u_good] != self.sizes[r_good]).tolist():
-                u, r = int(u_good[j]), int(r_good[j])
+            for j in fine[units.sizes[fine] != seg.sizes[rows[fine]]].tolist():
+                r = int(rows[j])
                 self.unit_problem(
                     q,
-                    u,
+                    int(units.k[j]),
                     "cq-unit-size-mismatch",
-                    f"size {int(q.sizes[u])}, but the record at {int(self.starts[r])} is "
-                    f"{int(self.sizes[r])} bytes",
+                    f"size {int(units.sizes[j])}, but the record at {int(seg.phys[r])} is "
+                    f"{int(seg.sizes[r])} bytes",
                 )
-            if topic != SCHEDULE_TOPIC:
-                for j in np.flatnonzero(q.tags[u_good] != tags_codes[r_good]).tolist():
-                    u, r = int(u_good[j]), int(r_good[j])
+            if q.cq.topic != SCHEDULE_TOPIC:
+                for j in fine[units.tags[fine] != seg.tags_codes[rows[fine]]].tolist():
+                    r = int(rows[j])
+                    phys = int(seg.phys[r])
                     self.unit_problem(
                         q,
-                        u,
+                        int(units.k[j]),
                         "cq-unit-tags-code",
-                        f"tagsCode {int(q.tags[u])}, but the record at {int(self.starts[r])} "
-                        f"has TAGS {self.tags[r].as_py()!r} (hash {int(tags_codes[r])}): the unit or "
+                        f"tagsCode {int(units.tags[j])}, but the record at {phys} has TAGS "
+                        f"{self.tags_of(phys)!r} (hash {int(seg.tags_codes[r])}): the unit or "
                         "the record's TAGS property is damaged",
                     )
-            for j in np.flatnonzero(~self.dispatchable[r_good]).tolist():
-                u, r = int(u_good[j]), int(r_good[j])
+            dispatchable = seg.dispatchable()
+            for j in fine[~dispatchable[rows[fine]]].tolist():
+                r = int(rows[j])
                 self.unit_problem(
                     q,
-                    u,
+                    int(units.k[j]),
                     "cq-unit-not-dispatchable",
-                    f"the record at {int(self.starts[r])} is a PREPARED or ROLLBACK "
-                    f"transaction (sysflag 0x{int(self.sys_flags[r]) & 0xFFFFFFFF:X})",
+                    f"the record at {int(seg.phys[r])} is a PREPARED or ROLLBACK "
+                    f"transaction (sysflag 0x{int(seg.sys_flags[r]) & 0xFFFFFFFF:X})",
                 )
-            offs = q.offsets[u_good]
-            for j in (np.flatnonzero(np.diff(offs) <= 0) + 1).tolist():
-                self.unit_problem(
-                    q,
-                    int(u_good[j]),
-                    "cq-not-ascending",
-                    f"offset {int(offs[j])} is not after the previous unit's {int(offs[j - 1])}",
-                )
-        self.check_missing_units(pointed)
+        self.check_missing_units(seg, pointed)
 
-    def tags_codes(self) -> I64:
-        if not len(self.tags):
-            return np.zeros(0, dtype=np.int64)
-        return java_hash_array(self.tags).astype(np.int64)
+    def says(self, tid: int, qid: int, qoff: int) -> str:
+        return f"{self.topic_name(tid)}/{qid} offset {qoff}"
 
-    def check_missing_units(self, pointed: Bools) -> None:
+    def tags_of(self, phys: int) -> str | None:
+        """The TAGS property of the valid record at ``phys``, for a problem's text."""
+        mf = self.files[self.seg_index(phys)]
+        batch = native.decode(
+            mf.buffer,
+            np.array([phys - mf.base], dtype=np.int64),
+            mf.base,
+            path=str(mf.path),
+            limit=min(mf.size, self.log_end - mf.base),
+            columns=native.Columns.TAGS,
+        )
+        tags: str | None = batch.column("tags")[0].as_py()
+        return tags
+
+    def check_missing_units(self, seg: _Segment, pointed: Bools) -> None:
         root = self.store.path / "consumequeue"
         file_size = self.store.config.mapped_file_size_consume_queue
-        for r in np.flatnonzero(self.dispatchable & ~pointed).tolist():
-            topic = self.topic_name(int(self.rec_topic[r]))
-            qid, qoff = int(self.queue_ids[r]), int(self.queue_offsets[r])
+        for r in np.flatnonzero(seg.dispatchable() & ~pointed).tolist():
+            topic = self.topic_name(int(seg.topic_ids[r]))
+            qid, qoff = int(seg.queue_ids[r]), int(seg.queue_offsets[r])
+            phys = int(seg.phys[r])
             pos = qoff * CQ_UNIT_SIZE
             base = pos - pos % file_size
             where = root / topic / str(qid)
@@ -1106,82 +1121,210 @@ class _Verifier:
                 "cq-missing-unit",
                 where / segment_name(base) if pos >= 0 else where,
                 pos - base if pos >= 0 else pos,
-                f"no unit points at the record at {int(self.starts[r])} ({topic}/{qid} "
-                f"offset {qoff}){self.repair_note(int(self.starts[r]))}",
+                f"no unit points at the record at {phys} ({topic}/{qid} offset {qoff})"
+                + self.repair_note(phys),
             )
 
+    def check_mismatched(self) -> None:
+        """Blame each unit that points at another queue's unclaimed record, or that record.
+
+        The unit is wrong when the unit at the record's own coordinates points at yet another
+        record that does not claim it either (units swapped or shifted); otherwise the record
+        is, once."""
+        blamed: set[int] = set()
+        for q, u, phys, tid, qid, qoff in self.mismatched:
+            says = self.says(tid, qid, qoff)
+            if self.slot_misused(tid, qid, qoff):
+                self.unit_problem(
+                    q,
+                    u,
+                    "cq-unit-wrong-queue",
+                    f"points at the record at {phys}, which is {says}, where the unit points "
+                    "at yet another record (units swapped or shifted)",
+                )
+            elif phys not in blamed:
+                blamed.add(phys)
+                path, pos = self.unit_location(q, u)
+                self.problem(
+                    "commitlog-record-mismatch",
+                    self.record_path(phys),
+                    phys,
+                    f"record says {says}, but it is unit {q.first + u} of "
+                    f"{q.cq.topic}/{q.cq.queue_id} ({path} @ {pos}) and no unit of its own "
+                    "points at it",
+                )
+        self.mismatched.clear()
+
+    def slot_misused(self, tid: int, qid: int, qoff: int) -> bool:
+        q = self.queue_of.get((tid, qid))
+        if q is None:
+            return False
+        u = qoff - q.first
+        if not (q.lead <= u <= q.last and u < q.length) or q.good[u]:
+            return False
+        per_file = q.cq.units_per_file
+        n = u // per_file
+        unit = self.file_units(q, n)[u % per_file]
+        offset, size = int(unit["offset"]), int(unit["size"])
+        return offset >= self.base0 and size > 0
+
+    def check_ascending(self) -> None:
+        """Units that match their records must follow the CommitLog order."""
+        for q in self.queues:
+            prev: tuple[int, int] | None = None  # (unit, offset) of the last good unit
+            for n, uf in enumerate(q.parts):
+                units = self.checked_units(q, uf, n)
+                good = np.flatnonzero(q.good[units.k])
+                k, offs = units.k[good], units.offsets[good]
+                if prev is not None and len(k):
+                    k = np.concatenate([[prev[0]], k])
+                    offs = np.concatenate([[prev[1]], offs])
+                for j in (np.flatnonzero(np.diff(offs) <= 0) + 1).tolist():
+                    self.unit_problem(
+                        q,
+                        int(k[j]),
+                        "cq-not-ascending",
+                        f"offset {int(offs[j])} is not after the previous unit's "
+                        f"{int(offs[j - 1])}",
+                    )
+                if len(k):
+                    prev = (int(k[-1]), int(offs[-1]))
+
     # -- IndexFiles -------------------------------------------------------------------------
-    def check_index(self) -> None:
+    def load_index(self) -> None:
+        """Check every IndexFile on its own (header, slots, chains), and find the oldest record
+        an entry points at; the entries are checked against the records segment by segment."""
         index = self.store.index
         if index is None or not index.files:
             return
-        if len(self.starts):
-            rows, hashes = index_keys(
-                self.topics,
-                self.rec_topic.astype(np.int32),
-                self.props[record.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX],
-                self.props[record.PROPERTY_KEYS],
-                np.zeros(len(self.starts), dtype=np.int32),
-            )
-            # Sorted, for binary search (np.unique would hash millions of values: slower).
-            self.key_pairs = np.sort(rows << 32 | (hashes.astype(np.int64) & 0xFFFFFFFF))
-        else:
-            self.key_pairs = np.zeros(0, dtype=np.int64)
-        indexed: list[I64] = []
-        begins: list[int] = []
         for n, f in enumerate(index.files):
-            pairs, begin = self.check_index_file(f, last=n == len(index.files) - 1)
-            indexed.append(pairs)
-            begins.append(begin)
+            self.index_begins.append(self.check_index_file(f, last=n == len(index.files) - 1))
             self.report.index_files += 1
             self.tick(self.done + HEADER_SIZE + SLOT_SIZE * f.slot_num + ENTRY_SIZE * f.index_num)
-        self.check_missing_entries(index.files, np.sort(np.concatenate(indexed)), begins)
 
-    def check_missing_entries(
-        self, files: list[IndexFile], indexed: I64, begins: list[int]
-    ) -> None:
-        """Every key of every record from the oldest one indexed on (older ones may have gone
-        with deleted index files) must have its entry; ROLLBACK records have none."""
-        if not len(indexed) or not len(self.starts):
+    def check_entries(self, seg: _Segment, lo: int, hi: int) -> None:
+        """Check the index entries that point into ``[lo, hi)`` against the segment's records,
+        and that every key of its records from the oldest one indexed on has its entry."""
+        if not self.indexes:
             return
-        uniq = self.props[record.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX]
-        # An empty UNIQ_KEY is not indexed by this store (RocketMQ would index it).
-        uniq = pc.if_else(pc.equal(uniq, ""), pa.scalar(None, uniq.type), uniq)
-        rows, hashes = index_keys(
-            self.topics,
-            self.rec_topic.astype(np.int32),
-            uniq,
-            self.props[record.PROPERTY_KEYS],
-            self.sys_flags.astype(np.int32),
-        )
-        oldest = int(indexed.min() >> 32)
-        keep = rows >= oldest
-        rows, hashes = rows[keep], hashes[keep]
-        wanted = rows << 32 | (hashes.astype(np.int64) & 0xFFFFFFFF)
-        at = np.minimum(np.searchsorted(indexed, wanted), len(indexed) - 1)
-        for j in np.flatnonzero(indexed[at] != wanted).tolist():
+        known = np.sort(seg.key_rows << 32 | (seg.key_hashes.astype(np.int64) & 0xFFFFFFFF))
+        indexed: list[I64] = []
+        for s in self.indexes:
+            if s.max_phy < lo or s.min_phy >= hi:
+                continue
+            path = s.f.path
+            if s.ascending:
+                column = s.entries["phy_offset"]
+                a = bisect.bisect_left(column, lo, key=int)
+                into = np.arange(a, bisect.bisect_left(column, hi, a, key=int), dtype=np.int64)
+            else:
+                phy = s.entries["phy_offset"].astype(np.int64)
+                into = np.flatnonzero((phy >= lo) & (phy < hi))
+                del phy
+            used = s.entries[into]
+            phy = used["phy_offset"].astype(np.int64)
+            key_hash = used["key_hash"].astype(np.int64)
+            time_diff = used["time_diff"].astype(np.int64)
+            rows, found, damaged = self.lookup(seg, phy)
+            for j in np.flatnonzero(~found & ~damaged).tolist():
+                number = int(into[j]) + 1
+                self.problem(
+                    "index-entry-points-nowhere",
+                    path,
+                    s.entry_at(number),
+                    f"entry {number}: no record starts at phyOffset {int(phy[j])}",
+                )
+            ok = np.flatnonzero(found)
+            self.report.index_entries += len(ok)
+            pairs = rows[ok] << 32 | (key_hash[ok] & 0xFFFFFFFF)
+            indexed.append(pairs)
+            if len(known):
+                at = np.minimum(np.searchsorted(known, pairs), len(known) - 1)
+                hit = known[at] == pairs
+            else:
+                hit = np.zeros(len(ok), dtype=bool)
+            for j in ok[~hit].tolist():
+                number = int(into[j]) + 1
+                self.problem(
+                    "index-entry-hash",
+                    path,
+                    s.entry_at(number),
+                    f"entry {number}: key hash {int(key_hash[j])} is none of the keys of the "
+                    f"record at {int(phy[j])}",
+                )
+            if s.times_ok:
+                # RocketMQ computes entry 1's timeDiff before it sets beginTimestamp; from entry
+                # 2 on every difference is from entry 1's store time.
+                later = ok[into[ok] >= 1]
+                stored = seg.store_ts[rows[later]]
+                if s.begin_ts <= 0:
+                    expected = np.zeros(len(later), dtype=np.int64)
+                else:
+                    expected = np.clip((stored - s.begin_ts) // 1000, 0, INT_MAX)
+                for j in later[time_diff[later] != expected].tolist():
+                    number = int(into[j]) + 1
+                    self.problem(
+                        "index-entry-time",
+                        path,
+                        s.entry_at(number),
+                        f"entry {number}: timeDiff {int(time_diff[j])}, but its message was "
+                        f"stored {int(seg.store_ts[rows[j]]) - s.begin_ts} ms after "
+                        "beginTimestamp",
+                    )
+        self.check_missing_entries(seg, np.sort(np.concatenate(indexed)) if indexed else None)
+
+    def check_missing_entries(self, seg: _Segment, indexed: I64 | None) -> None:
+        """Every key of every record from the oldest one indexed on (older ones may have gone
+        with deleted index files) must have its entry. The walk lists the keys dispatch
+        indexes: none for ROLLBACK records, none for an empty UNIQ_KEY."""
+        if self.oldest_indexed is None or not len(seg.key_rows):
+            return
+        keep = seg.phys[seg.key_rows] >= self.oldest_indexed
+        rows, hashes = seg.key_rows[keep], seg.key_hashes[keep].astype(np.int64)
+        wanted = rows << 32 | (hashes & 0xFFFFFFFF)
+        if indexed is None or not len(indexed):
+            missing = np.arange(len(wanted))
+        else:
+            at = np.minimum(np.searchsorted(indexed, wanted), len(indexed) - 1)
+            missing = np.flatnonzero(indexed[at] != wanted)
+        files = self.store.index.files if self.store.index is not None else []
+        for j in missing.tolist():
             r, h = int(rows[j]), int(hashes[j])
-            phys = int(self.starts[r])
+            phys = int(seg.phys[r])
             # The file that should hold it: the last one that begins at or before it.
-            n = max(0, int(np.searchsorted(np.asarray(begins), phys, side="right")) - 1)
+            n = max(0, int(np.searchsorted(np.asarray(self.index_begins), phys, side="right")) - 1)
             f = files[n]
             self.problem(
                 "index-missing-entry",
                 f.path,
                 HEADER_SIZE + SLOT_SIZE * (h % f.slot_num),
                 f"no entry for key hash {h} of the record at {phys} "
-                f"({self.topic_name(int(self.rec_topic[r]))}); it belongs in this slot's chain"
+                f"({self.topic_name(int(seg.topic_ids[r]))}); it belongs in this slot's chain"
                 + self.repair_note(phys),
             )
 
-    def check_index_file(self, f: IndexFile, *, last: bool) -> tuple[I64, int]:
-        """Check one file; returns (record row << 32 | key hash) of its entries that point at
-        records, and its beginPhyOffset."""
+    def find_oldest_indexed(self, phys: I64) -> None:
+        """Lower :attr:`oldest_indexed` to the oldest valid record among ``phys`` (an
+        IndexFile's live entries), if older. Candidates are tried from the smallest up; the
+        first is almost always a record, so the whole array is sorted only when it is not."""
+        rest = phys[phys < self.oldest_indexed] if self.oldest_indexed is not None else phys
+        for _ in range(8):
+            if not len(rest):
+                return
+            c = int(rest.min())
+            if self.record_at(c) is not None:
+                self.oldest_indexed = c
+                return
+            rest = rest[rest > c]
+        for c in np.unique(rest).tolist():
+            if self.record_at(c) is not None:
+                self.oldest_indexed = c
+                return
+
+    def check_index_file(self, f: IndexFile, *, last: bool) -> int:
+        """Check one file on its own; returns its beginPhyOffset."""
         mm = np.memmap(f.path, dtype=np.uint8, mode="r")
-        try:
-            return self._check_index_file(f, mm, last)
-        finally:
-            del mm
+        return self._check_index_file(f, mm, last)
 
     def _index_snapshot(
         self, slots: I64, entries: npt.NDArray[np.void]
@@ -1205,15 +1348,13 @@ class _Verifier:
         entries[count:] = np.zeros(len(entries) - count, dtype=ENTRY_DTYPE)
         return count, heads, entries
 
-    def _check_index_file(
-        self, f: IndexFile, mm: npt.NDArray[np.uint8], last: bool
-    ) -> tuple[I64, int]:
+    def _check_index_file(self, f: IndexFile, mm: npt.NDArray[np.uint8], last: bool) -> int:
         path = f.path
         slot_num, index_num = f.slot_num, f.index_num
         entries_at = HEADER_SIZE + SLOT_SIZE * slot_num
         if len(mm) != entries_at + ENTRY_SIZE * index_num:
             self.problem("index-header", path, 0, f"file is {len(mm)} bytes, not as configured")
-            return np.zeros(0, dtype=np.int64), 0
+            return 0
         header: tuple[int, int, int, int, int, int] = HEADER.unpack_from(bytes(mm[:HEADER_SIZE]), 0)
         begin_ts, end_ts, begin_phy, end_phy, slot_count, raw_count = header
         slots = np.frombuffer(mm, dtype=">i4", count=slot_num, offset=HEADER_SIZE).astype(np.int64)
@@ -1255,11 +1396,12 @@ class _Verifier:
                 f"{len(tail)} non-zero entries after indexCount {raw_count}",
             )
         used = entries[1:count]
-        key_hash = used["key_hash"].astype(np.int64)
+        # The file's own widths: an IndexFile may hold 20M entries (160 MB per int64 column).
+        key_hash = used["key_hash"].astype(np.int32)
         phy = used["phy_offset"].astype(np.int64)
-        time_diff = used["time_diff"].astype(np.int64)
-        prev = used["prev_index"].astype(np.int64)
-        numbers = np.arange(1, count, dtype=np.int64)
+        time_diff = used["time_diff"].astype(np.int32)
+        prev = used["prev_index"].astype(np.int32)
+        numbers = np.arange(1, count, dtype=np.int32)
 
         def entry_at(number: int) -> int:
             return entries_at + ENTRY_SIZE * number
@@ -1301,8 +1443,8 @@ class _Verifier:
                 f"entry {j + 1} (slot {int(slot_of[j])}) links to entry {int(prev[j])} in slot "
                 f"{int(slot_of[prev[j] - 1])}",
             )
-        refs = np.bincount(prev[links], minlength=count) + np.bincount(
-            slots[heads], minlength=count
+        refs = np.bincount(
+            np.concatenate([prev[links], slots[heads].astype(np.int32)]), minlength=count
         )
         for number in (np.flatnonzero(refs[1:count] != 1) + 1).tolist():
             many = int(refs[number])
@@ -1313,41 +1455,27 @@ class _Verifier:
                 f"entry {number} is "
                 + ("not reachable from its slot" if many == 0 else f"linked from {many} places"),
             )
-        # Entries against the records.
         # Entries go in CommitLog order, so those of messages retention deleted (below the
         # CommitLog's first offset) come first; one below it after a live one is damaged.
         live = phy >= self.base0
-        seen_live = np.cumsum(live) > 0
+        seen_live = np.logical_or.accumulate(live)
         expired = ~live & (phy >= 0) & ~seen_live
-        rows, found, damaged = self.lookup(phy)
-        for j in np.flatnonzero(~expired & ~found & ~damaged).tolist():
+        # Entries pointing outside the log meet no segment's records: reported here.
+        for j in np.flatnonzero(~expired & ((phy < self.base0) | (phy >= self.log_end))).tolist():
             self.problem(
                 "index-entry-points-nowhere",
                 path,
                 entry_at(j + 1),
                 f"entry {j + 1}: no record starts at phyOffset {int(phy[j])}",
             )
-        ok = np.flatnonzero(live & found)
-        self.report.index_entries += len(ok)
-        pairs = rows[ok] << 32 | (key_hash[ok] & 0xFFFFFFFF)
-        if len(ok):
-            if len(self.key_pairs):
-                at = np.minimum(np.searchsorted(self.key_pairs, pairs), len(self.key_pairs) - 1)
-                known = self.key_pairs[at] == pairs
-            else:
-                known = np.zeros(len(ok), dtype=bool)
-            for j in ok[~known].tolist():
-                self.problem(
-                    "index-entry-hash",
-                    path,
-                    entry_at(j + 1),
-                    f"entry {j + 1}: key hash {int(key_hash[j])} is none of the keys of the "
-                    f"record at {int(phy[j])}",
-                )
         for j in np.flatnonzero(time_diff < 0).tolist():
             self.problem(
                 "index-entry-time", path, entry_at(j + 1), f"negative timeDiff {int(time_diff[j])}"
             )
+        inside = phy[live & (phy < self.log_end)]
+        # The oldest record an entry of this file points at (entries may point nowhere).
+        self.find_oldest_indexed(inside)
+        times_ok = False
         # Header against the entries.
         if count > 1 and not moving:
             if begin_phy != phy[0]:
@@ -1355,28 +1483,26 @@ class _Verifier:
             if end_phy != phy[-1]:
                 head(3, f"but the last entry is at {int(phy[-1])}")
             times_ok = True
-            if found[0]:
-                first_ts = int(self.store_ts[rows[0]])
+            first = self.record_at(int(phy[0])) if live[0] else None
+            if first is not None:
+                first_ts = int(first.store_ts[0])
                 if begin_ts != first_ts:
                     head(0, f"but entry 1's message was stored at {first_ts}")
                     times_ok = False
-            if found[-1] and end_ts != int(self.store_ts[rows[-1]]):
-                head(1, f"but the last entry's message was stored at {self.store_ts[rows[-1]]}")
-            if times_ok:
-                # RocketMQ computes entry 1's timeDiff before it sets beginTimestamp; from entry
-                # 2 on every difference is from entry 1's store time.
-                later = ok[ok >= 1]
-                if begin_ts <= 0:
-                    expected = np.zeros(len(later), dtype=np.int64)
-                else:
-                    expected = np.clip((self.store_ts[rows[later]] - begin_ts) // 1000, 0, INT_MAX)
-                for j in later[time_diff[later] != expected].tolist():
-                    self.problem(
-                        "index-entry-time",
-                        path,
-                        entry_at(j + 1),
-                        f"entry {j + 1}: timeDiff {int(time_diff[j])}, but its message was "
-                        f"stored {int(self.store_ts[rows[j]]) - begin_ts} ms after "
-                        "beginTimestamp",
-                    )
-        return pairs, begin_phy
+            final = self.record_at(int(phy[-1])) if live[-1] else None
+            if final is not None and end_ts != int(final.store_ts[0]):
+                head(1, f"but the last entry's message was stored at {int(final.store_ts[0])}")
+        if len(inside):
+            self.indexes.append(
+                _IndexState(
+                    f,
+                    entries_at,
+                    used,
+                    begin_ts,
+                    int(inside.min()),
+                    int(inside.max()),
+                    bool(np.all(np.diff(phy) >= 0)),
+                    times_ok,
+                )
+            )
+        return begin_phy

@@ -25,6 +25,7 @@ import pytest
 from conftest import FIXTURE_CONFIG, fixture_dir
 
 from pipeline import record
+from pipeline import verify as verify_module
 from pipeline.config import StoreConfig
 from pipeline.consumequeue import UNIT_DTYPE
 from pipeline.indexfile import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
@@ -49,6 +50,14 @@ START_MS = 1_700_000_000_000
 STRUCTURAL = ("head", "physical", "body_length", "body", "topic_length", "props_length")
 # Covered only by cross-checks against the ConsumeQueue (no checksum protects them).
 CROSS_CHECKED = ("queue_id", "queue_offset", "topic")
+
+
+@pytest.fixture(autouse=True, params=[None, 3], ids=["chunk-default", "chunk-3"])
+def chunk_records(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test also runs with the log walked and checked 3 records at a time, so the
+    stretches checked one after another meet inside segments, next to damage and blanks."""
+    if request.param is not None:
+        monkeypatch.setattr(verify_module, "CHUNK_RECORDS", request.param)
 
 
 class Clock:
@@ -455,6 +464,45 @@ def test_record_without_unit(built: Built) -> None:
         ("cq-hole", str(f), pos),
         ("cq-missing-unit", str(f), pos),
     }, [str(p) for p in report.problems]
+
+
+def test_a_topic_that_is_not_utf8_is_a_damaged_record(built: Built) -> None:
+    """The walk reads any topic bytes; verify still rejects a topic that is not UTF-8 and
+    goes on at the next record. The record's unit points into the damage: not reported."""
+    phys = next(p for p in middle_records(built) if p in built.dispatched)
+    seg = segment_path(built.path, phys)
+    topic_at = record_fields(read_at(seg, phys % SEG, built.sizes[phys]))["topic"][0]
+    with open(seg, "r+b") as f:
+        f.seek(phys % SEG + topic_at)
+        f.write(b"\xff")
+    report = run_verify(built.path)
+    assert [(p.kind, p.path, p.offset) for p in report.problems] == [
+        ("commitlog-topic", str(seg), phys)
+    ], [str(p) for p in report.problems]
+    assert report.damaged_records == 1 and report.records == MESSAGES - 1
+
+
+def test_an_empty_uniq_key_has_no_entry(tmp_path: Path) -> None:
+    """A stored UNIQ_KEY with an empty value is dropped when properties are read, so dispatch
+    gives it no index entry; verify expects none either."""
+    path = tmp_path / "s"
+    uniq = "U" * 32
+    with MessageStore(path, CONFIG) as store:
+        store.put_batch([Message("T", b"x", keys="a b", uniq_key=uniq) for _ in range(5)])
+    # Same length: UNIQ_KEY's value emptied, the bytes freed taken by a property "Z".
+    stored = b"UNIQ_KEY\x01" + uniq.encode()
+    emptied = b"UNIQ_KEY\x01\x02Z\x01" + b"z" * 29
+    seg = path / "commitlog" / segment_name(0)
+    data = seg.read_bytes()
+    assert data.count(stored) == 5
+    seg.write_bytes(data.replace(stored, emptied, 2))
+    # Without its derived files, opening the store dispatches the log again.
+    shutil.rmtree(path / "index")
+    shutil.rmtree(path / "consumequeue")
+    MessageStore(path, CONFIG).close()
+    report = run_verify(path)
+    assert report.ok, [str(p) for p in report.problems]
+    assert report.index_entries == 5 * 2 + 3  # KEYS "a" and "b" of all, 3 UNIQ_KEYs left
 
 
 # -- ConsumeQueue damage -----------------------------------------------------------------------
