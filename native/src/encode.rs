@@ -13,7 +13,7 @@ use crate::buffers::{
     push_i32, push_i64, require_len, Bytes, Col, OutBytes, OutCol, StrView, Strings,
 };
 use crate::hash;
-use crate::layout::{self, Writer, MAGIC};
+use crate::layout::{self, Writer};
 
 const PROPERTY_SEPARATOR: u8 = 2;
 const NAME_VALUE_SEPARATOR: u8 = 1;
@@ -416,10 +416,8 @@ fn encode_run(
         };
         let mut w = Writer {
             buf: &mut region[at..at + size],
-            pos: 0,
+            pos: 8, // TOTALSIZE and MAGICCODE go last: see layout::seal
         };
-        w.i32(size as i32);
-        w.i32(MAGIC);
         w.i32(hash::body_crc(body));
         w.i32(v.queue_ids[i]);
         w.i32(v.flags[i]);
@@ -439,6 +437,7 @@ fn encode_run(
         w.i16(props_len as i16);
         v.write_props(i, &mut w);
         debug_assert_eq!(w.pos, size);
+        layout::seal(&mut region[at..at + size], size);
         at += size;
     }
     Ok(())
@@ -582,10 +581,8 @@ pub fn encode_one(
     }
     let mut w = Writer {
         buf: &mut out[pos..pos + size],
-        pos: 0,
+        pos: 8, // TOTALSIZE and MAGICCODE go last: see layout::seal
     };
-    w.i32(size as i32);
-    w.i32(MAGIC);
     w.i32(hash::body_crc(body));
     w.i32(queue_id);
     w.i32(flag);
@@ -604,6 +601,7 @@ pub fn encode_one(
     w.bytes(topic);
     w.i16(props.len() as i16);
     w.bytes(props);
+    layout::seal(&mut out[pos..pos + size], size);
     let reserved = hash::reserved(props);
     let mut keys = Vec::new();
     if layout::indexed(sys_flag) {

@@ -52,3 +52,16 @@ impl Writer<'_> {
         self.bytes(&v.to_be_bytes());
     }
 }
+
+/// Writes a record's first 8 bytes (TOTALSIZE, MAGICCODE) once the rest of it is in place.
+///
+/// A reader, or recovery after a kill -9, takes bytes for a record only where the magic code
+/// stands; sealing last means a record cut short by a crash shows no magic code, instead of a
+/// valid-looking header over zeros where its properties should be (the body CRC covers only the
+/// body). The release fence keeps the compiler and the CPU from moving the seal before the
+/// record's other stores.
+pub fn seal(record: &mut [u8], size: usize) {
+    std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+    record[..4].copy_from_slice(&(size as i32).to_be_bytes());
+    record[4..8].copy_from_slice(&MAGIC.to_be_bytes());
+}
