@@ -159,9 +159,12 @@ class SegmentQueue:
             raise OffsetOutOfRangeError(
                 f"{self.directory}: cannot write at {offset}: last segment is {last.path.name}"
             )
-        durability.make_dirs(self.directory)
         if last is not None:
             last.wrote_position = self.segment_size
+        return self._create(base)
+
+    def _create(self, base: int) -> MappedFile:
+        durability.make_dirs(self.directory)
         mf = MappedFile(
             self.directory / segment_name(base),
             base,
@@ -177,19 +180,8 @@ class SegmentQueue:
         """Create, ahead of writing, every missing segment up to the one holding offset
         ``end - 1``, so that a write of ``[max_offset, end)`` needs no new file. Write positions
         do not change: segments created here count as empty until written."""
-        durability.make_dirs(self.directory)
         while self.files and self.files[-1].base + self.segment_size < end:
-            base = self.files[-1].base + self.segment_size
-            self.files.append(
-                MappedFile(
-                    self.directory / segment_name(base),
-                    base,
-                    self.segment_size,
-                    read_only=self.read_only,
-                    create=True,
-                    cache=self.cache,
-                )
-            )
+            self._create(self.files[-1].base + self.segment_size)
 
     def flush(self) -> None:
         for mf in reversed(self.files):

@@ -32,6 +32,7 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
@@ -342,20 +343,29 @@ class MessageStore:
             end = self._dispatched_end
             if end == self._flushed_end and not force:
                 return
-            try:
+            # An msync or write that failed may have lost pages the page cache held, so nothing
+            # after it can be vouched for: stop writing, as after a failed put.
+            with self._fail_stop("flush"):
                 self._flush_files(end)
-            except BaseException as exc:
-                # An msync or write that failed may have lost pages the page cache held, so
-                # nothing after it can be vouched for: stop writing, as after a failed put.
-                self._failure = self._failure or exc
-                if not isinstance(exc, Exception):
-                    raise
-                raise StoreFailedError(
-                    f"{self.path}: flush failed ({exc!r}); the store takes no more writes "
-                    "until it is closed and opened again, which recovers it"
-                ) from exc
             self._flushed_end = end
             self._flushed_at = time.monotonic()
+
+    @contextlib.contextmanager
+    def _fail_stop(self, what: str) -> Iterator[None]:
+        """Fail-stop around a write step: a failure inside ends writes until the store is
+        reopened and raises :class:`StoreFailedError`; an interrupt or an exit (not an
+        ``Exception``) also ends writes and goes through as it is."""
+        try:
+            yield
+        except Exception as exc:
+            self._failure = self._failure or exc
+            raise StoreFailedError(
+                f"{self.path}: {what} failed part-way ({exc!r}); the store takes no more "
+                "writes until it is closed and opened again, which recovers it"
+            ) from exc
+        except BaseException as exc:
+            self._failure = self._failure or exc
+            raise
 
     def _flush_files(self, end: int) -> None:
         failpoints.hit("flush")
@@ -539,7 +549,7 @@ class MessageStore:
         index = self.index
         if index is not None and not index.room_for(index_entries):
             return None
-        try:
+        with self._fail_stop(f"put of 1 message at CommitLog offset {pos}"):
             failpoints.hit("commitlog-write")
             _, tags_code, hashes = native.encode_one(
                 mf.buffer,
@@ -567,15 +577,6 @@ class MessageStore:
             if index is not None:
                 for h in hashes:
                     index.files[-1].put_one(h, pos, now)
-        except BaseException as exc:
-            self._failure = exc
-            if not isinstance(exc, Exception):
-                raise  # an interrupt or exit: stop writes, but let it through as it is
-            raise StoreFailedError(
-                f"{self.path}: put of 1 message at CommitLog offset {pos} failed part-way "
-                f"({exc!r}); the store takes no more writes until it is closed and opened "
-                "again, which recovers it"
-            ) from exc
         self._next_queue_offset[(topic, qid)] = queue_offset + 1
         self._dispatched_end = pos + size
         self._last_record = (pos, now)
@@ -632,7 +633,7 @@ class MessageStore:
                 f"{self.path / 'commitlog'}: cannot create a segment for a put of {b.n} "
                 f"message(s): {exc}; nothing was written"
             ) from exc
-        try:
+        with self._fail_stop(f"put of {b.n} message(s) at CommitLog offset {int(phys[0])}"):
             self._write_records(b, phys, blanks, queue_offsets, now)
             if self.config.sync_flush:
                 failpoints.hit("flush")
@@ -640,15 +641,6 @@ class MessageStore:
             dispatch.apply(
                 dispatch.from_prepared(b, phys, queue_offsets, now), self._queue, self.index
             )
-        except BaseException as exc:
-            self._failure = exc
-            if not isinstance(exc, Exception):
-                raise  # an interrupt or exit: stop writes, but let it through as it is
-            raise StoreFailedError(
-                f"{self.path}: put of {b.n} message(s) at CommitLog offset {int(phys[0])} "
-                f"failed part-way ({exc!r}); the store takes no more writes until it is "
-                "closed and opened again, which recovers it"
-            ) from exc
         self._next_queue_offset.update(next_offsets)
         self._dispatched_end = int(phys[-1] + b.sizes[-1])
         self._last_record = (int(phys[-1]), now)
