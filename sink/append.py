@@ -191,10 +191,18 @@ def _failpoint(chunks: int, attempt: int, store: MessageStore) -> None:
     only.
 
     ``after_chunk:N:FILE`` raises after N chunks; ``hang_after_chunk:N:FILE`` flushes and blocks
-    forever (for a test that kills the whole process while a batch is half done). Either first
+    forever (``@PATH`` reads the spec from the file PATH when it exists) (for a test that kills the whole process while a batch is half done). Either first
     appends a line to FILE, so that a test sees that it fired.
     """
     spec = os.environ.get(FAILPOINT_ENV)
+    if spec and spec.startswith("@"):
+        # Indirect, for a long-lived server whose environment is fixed at start (Spark
+        # Connect): the spec is read from the named file, and no file means no failpoint.
+        try:
+            with open(spec[1:], encoding="utf-8") as f:
+                spec = f.read().strip()
+        except FileNotFoundError:
+            return
     if not spec or attempt != 0:
         return
     kind, _, rest = spec.partition(":")

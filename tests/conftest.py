@@ -5,6 +5,7 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,9 +102,9 @@ def spark():
 
 
 @pytest.fixture(scope="session")
-def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The ``sc://127.0.0.1:PORT`` of one Spark Connect server for the whole run (see
-    tests/connect_server.py), started by the first test that asks for it."""
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One Spark Connect server for the whole run (see tests/connect_server.py), started by
+    the first test that asks for it."""
     if shutil.which("java") is None:
         pytest.skip("needs Java 17 on PATH to run a Spark Connect server")
     pytest.importorskip("grpc", reason="the Spark Connect client needs pyspark[connect]")
@@ -112,6 +113,13 @@ def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server = ConnectServer(tmp_path_factory.mktemp("connect-server"))
     try:
         server.start()
-        yield server.url
+        yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def connect_url(connect_server: Any) -> str:
+    """The ``sc://127.0.0.1:PORT`` of the run's Spark Connect server."""
+    url: str = connect_server.url
+    return url

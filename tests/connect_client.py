@@ -27,8 +27,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from sinkutil import STORE_OPTIONS
 
+from datasource import register
 from sink.foreach import CommitLogSink
-from source.datasource import register
 
 SCHEMA = "id long, keys string, tags string, properties map<string,string>, flag int, body binary"
 SINK = {"brokers": 2, "queues": 2, **STORE_OPTIONS, "chunkRows": "50"}
@@ -66,9 +66,8 @@ def finish(queries: list[Any]) -> dict[str, Any]:
     return {"queryIds": [q.id for q in queries], "error": error}
 
 
-def sink(spark: SparkSession, folder: str, root: str, ck: str, *failpoint: str) -> dict[str, Any]:
-    extra = {"failpoint": failpoint[0]} if failpoint else {}
-    fn = CommitLogSink(root, topic="orders", **SINK, **extra)
+def sink(spark: SparkSession, folder: str, root: str, ck: str) -> dict[str, Any]:
+    fn = CommitLogSink(root, topic="orders", **SINK)
     writer = orders(spark, folder).writeStream.foreachBatch(fn).option("checkpointLocation", ck)
     return finish([start(writer.trigger(availableNow=True))])
 

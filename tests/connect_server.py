@@ -20,6 +20,8 @@ from pathlib import Path
 
 from sparkproc import free_port, spark_home, stop, tail
 
+from sink.append import FAILPOINT_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 START_TIMEOUT = 120.0
@@ -34,6 +36,7 @@ class ConnectServer:
         self.url = f"sc://127.0.0.1:{self.port}"
         self.log = base / "connect-server.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.failpoint_file = base / "sink-failpoint"
 
     def start(self) -> None:
         """Start the server and return once it accepts connections (fail if it exits first)."""
@@ -59,6 +62,8 @@ class ConnectServer:
             "SPARK_LOCAL_IP": "127.0.0.1",
             "PYSPARK_PYTHON": sys.executable,
             "PYTHONPATH": path,
+            # The sink's test failpoint, armed per test by writing this file (see sink/append.py).
+            FAILPOINT_ENV: f"@{self.failpoint_file}",
         }
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(

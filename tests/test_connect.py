@@ -74,14 +74,22 @@ def verify_root(root: Path) -> None:
 
 
 def test_foreach_batch_sink_is_exactly_once_across_a_failed_run(
-    connect_url: str, spark: SparkSession, tmp_path: Path
+    connect_server: Any, spark: SparkSession, tmp_path: Path
 ) -> None:
+    connect_url = connect_server.url
     rows = write_input(tmp_path / "in", files=3, rows_per_file=300)
     root, ck = tmp_path / "store", tmp_path / "ck"
     # The server's tasks get one attempt: a broker task that stops after 2 chunks of 50 fails
-    # the micro-batch and the query, with part of the batch stored.
-    failed = client(connect_url, "sink", tmp_path / "in", root, ck, "after_chunk:2")
+    # the micro-batch and the query, with part of the batch stored. The failpoint is armed
+    # through the file the server's environment names (see sink/append.py).
+    fired = tmp_path / "fired"
+    connect_server.failpoint_file.write_text(f"after_chunk:2:{fired}")
+    try:
+        failed = client(connect_url, "sink", tmp_path / "in", root, ck)
+    finally:
+        connect_server.failpoint_file.unlink()
     assert failed["error"] is not None and "failpoint after_chunk:2" in failed["error"]
+    assert fired.read_text().startswith("after_chunk ")
     landed = read_back(root, "orders")
     assert 0 < len(landed) < len(rows)
     done = client(connect_url, "sink", tmp_path / "in", root, ck)
