@@ -176,14 +176,19 @@ class IndexService:
             dropped += self.files[-1].truncate_from(phys, store_time)
         return dropped
 
-    def candidates(self, topic: str, key: str, begin: int, end: int) -> Iterator[int]:
-        """CommitLog offsets whose entry hash matches ``topic#key`` within ``[begin, end]``,
-        newest first, each at most once. Collisions included: the caller checks the message."""
+    def candidates(
+        self, topic: str, key: str, begin: int, end: int, min_phys: int = 0
+    ) -> Iterator[int]:
+        """CommitLog offsets (at least ``min_phys``) whose entry hash matches ``topic#key``
+        within ``[begin, end]``, newest first, each at most once. Collisions included: the
+        caller checks the message."""
         key_hash = index_key_hash(topic, key)
         seen: set[int] = set()
         for f in reversed(self.files):
+            if f.index_count > 1 and f.end_phy_offset < min_phys:
+                break  # files are in log order: this one and every older one end before it
             if f.is_time_matched(begin, end):
-                for phy, _ in f.candidates(key_hash, begin, end):
+                for phy, _ in f.candidates(key_hash, begin, end, min_phys):
                     if phy not in seen:
                         seen.add(phy)
                         yield phy

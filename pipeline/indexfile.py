@@ -232,9 +232,12 @@ class IndexFile:
             or (self.begin_timestamp <= end <= self.end_timestamp)
         )
 
-    def candidates(self, key_hash: int, begin: int, end: int) -> Iterator[tuple[int, int]]:
+    def candidates(
+        self, key_hash: int, begin: int, end: int, min_phys: int = 0
+    ) -> Iterator[tuple[int, int]]:
         """(phyOffset, approximate store time) of entries with ``key_hash`` stored in
-        ``[begin, end]``, newest first, following the slot's chain.
+        ``[begin, end]`` at CommitLog offsets from ``min_phys`` on, newest first, following the
+        slot's chain (entries are added in log order, so a chain's offsets only go down).
 
         The stored time is rounded down to the second, so a message up to 999 ms after
         ``begin`` may look earlier: entries are only excluded, and the walk only stopped, when
@@ -253,6 +256,8 @@ class IndexFile:
             if diff < 0:
                 break
             approx = self.begin_timestamp + diff * 1000
+            if int(entry["phy_offset"]) < min_phys:
+                break
             if int(entry["key_hash"]) == key_hash and approx <= end and approx + 999 >= begin:
                 yield int(entry["phy_offset"]), approx
             prev = int(entry["prev_index"])

@@ -6,12 +6,15 @@ records, after every flush, the exact offset up to which the CommitLog, the Cons
 the index are on disk, so recovery after a crash re-scans only what was written since::
 
     {"version": 1, "flushedOffset": N, "lastRecordOffset": M, "storeTimestamp": T,
-     "queues": {"<topic>/<queueId>": maxOffset, ...}, "checksum": C}
+     "queues": {"<topic>/<queueId>": maxOffset, ...},
+     "notes": {"<name>": [int, ...], ...}, "checksum": C}
 
 ``flushedOffset`` is the end of the last flushed record (which starts at ``lastRecordOffset``);
 every record before it has its ConsumeQueue units and index entries flushed too, and
 ``queues`` lists every ConsumeQueue with its length then, so a queue deleted or cut short
-later is noticed and rebuilt. ``checksum`` is
+later is noticed and rebuilt. ``notes`` (absent when empty) are small facts a writer on top
+of the store keeps with the data they describe, made durable by the same flush: the sink's
+search bounds (:mod:`sink.append`). ``checksum`` is
 the CRC-32 of the other fields, so a damaged file is ignored rather than trusted. The file is
 written to a temporary name, fsynced and renamed over the old one: it is either the old or the
 new version, never torn. RocketMQ ignores files it does not know in ``config/``, and if this
@@ -40,15 +43,20 @@ class FlushProgress:
     last_record_offset: int
     store_timestamp: int
     queues: dict[str, int] = dataclasses.field(default_factory=dict)
+    notes: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
     def _fields(self) -> dict[str, object]:
-        return {
+        fields: dict[str, object] = {
             "version": VERSION,
             "flushedOffset": self.flushed_offset,
             "lastRecordOffset": self.last_record_offset,
             "storeTimestamp": self.store_timestamp,
             "queues": self.queues,
         }
+        if self.notes:
+            # Left out when empty, so files written before notes existed keep their checksum.
+            fields["notes"] = self.notes
+        return fields
 
     @staticmethod
     def _checksum(fields: dict[str, object]) -> int:
@@ -65,6 +73,9 @@ class FlushProgress:
             }
             queues = {str(k): int(v) for k, v in dict(data.get("queues", {})).items()}
             fields["queues"] = queues
+            notes = {str(k): [int(x) for x in v] for k, v in dict(data.get("notes", {})).items()}
+            if notes:
+                fields["notes"] = notes
             if fields["version"] != VERSION or cls._checksum(fields) != int(data["checksum"]):
                 return None
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -74,6 +85,7 @@ class FlushProgress:
             int(data["lastRecordOffset"]),
             int(data["storeTimestamp"]),
             queues,
+            notes,
         )
 
     def write(self, config_dir: Path) -> None:

@@ -244,6 +244,9 @@ class MessageStore:
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._progress = FlushProgress.read(self.path / "config")
         lengths = self._progress.queues if self._progress is not None else {}
+        self._notes: dict[str, list[int]] = (
+            dict(self._progress.notes) if self._progress is not None else {}
+        )
         cq_root = self.path / "consumequeue"
         if cq_root.is_dir():
             for topic_dir in sorted(cq_root.iterdir()):
@@ -382,9 +385,31 @@ class MessageStore:
             failpoints.hit("progress-write")
             last_offset, last_ts = self._last_record
             lengths = {f"{t}/{q}": cq.max_offset for (t, q), cq in self.queues.items()}
-            FlushProgress(end, last_offset, last_ts, lengths).write(self.path / "config")
+            FlushProgress(end, last_offset, last_ts, lengths, dict(self._notes)).write(
+                self.path / "config"
+            )
         failpoints.hit("checkpoint-write")
         self._write_checkpoint()
+
+    MAX_NOTES = 64
+
+    def note(self, name: str) -> list[int] | None:
+        """The note ``name`` as last set, or as the progress file had it at open."""
+        with self._mutex:
+            got = self._notes.get(name)
+            return list(got) if got is not None else None
+
+    def set_note(self, name: str, value: list[int]) -> None:
+        """Keep a small fact with the store (see :mod:`pipeline.progress`): written by the next
+        flush that records progress, so it becomes durable with the data written before that
+        flush, never before it. At most :attr:`MAX_NOTES` are kept; the least recently set go.
+        A crash before that flush loses the change, so a note must only ever be a safe hint."""
+        self._check_open(write=True)
+        with self._mutex:
+            self._notes.pop(name, None)
+            self._notes[name] = [int(x) for x in value]
+            while len(self._notes) > self.MAX_NOTES:
+                del self._notes[next(iter(self._notes))]
 
     def writer_lock(self) -> threading.RLock:
         """The lock every write takes (puts, flushes, retention); hold it to run maintenance
@@ -850,9 +875,12 @@ class MessageStore:
         begin: int = 0,
         end: int = MAX_TIMESTAMP,
         max_count: int | None = None,
+        min_offset: int = 0,
     ) -> list[record.MessageExt]:
         """Messages of ``topic`` with ``key`` (a KEYS token or the UNIQ_KEY) stored in
         ``[begin, end]``, newest first, at most ``max_count`` (capped by maxMsgsNumBatch).
+        ``min_offset`` leaves out records before that CommitLog offset without reading the
+        index files that hold only such records.
 
         Unlike RocketMQ, every candidate is checked against the real message, so a hash
         collision is never returned.
@@ -862,7 +890,7 @@ class MessageStore:
             raise InvalidMessageError("messageIndexEnable=false: this store keeps no key index")
         limit = min(max_count or self.config.max_msgs_num_batch, self.config.max_msgs_num_batch)
         found: list[record.MessageExt] = []
-        for phys in self.index.candidates(topic, key, begin, end):
+        for phys in self.index.candidates(topic, key, begin, end, min_offset):
             if not self.commitlog.starts_record(phys):
                 continue  # a damaged index entry, or a record retention deleted: not a match
             msg = self.commitlog.read(phys)

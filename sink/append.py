@@ -18,6 +18,22 @@ The IndexFile indexes UNIQ_KEY, so a re-run finds the length of that prefix with
 search of O(log n) key look-ups and appends only the rest. The log itself is the progress
 record: there is no separate file that a crash could leave behind the data.
 
+**Where to look.** A (batch, slot) that was never tried is absent, and proving a key absent
+means walking its chain in every index file: a cost that grows with the store. So each broker
+keeps a note per sink, in its progress file, written by the flush that makes a batch's records
+durable::
+
+    sink.<sink fingerprint, hex>: [batch id B, CommitLog offset P, CommitLog offset Q]
+
+where P is where the log ended when an attempt of batch B took the lock, before it wrote, and Q
+is the bound that attempt searched from itself. Spark starts batch B+1 only after batch B has
+committed, so every attempt of any later batch began after that attempt of B and wrote at or
+after P: a batch later than B looks only at index entries from P on (and only at the index
+files that reach P); another attempt or another slot of batch B itself looks from Q on. The note
+only ever moves to a later batch, so a late, stray attempt of an old batch cannot pull P past a
+newer batch's records. A note that is missing, damaged or names a later batch means a search of
+the whole index, which is always correct.
+
 A re-run whose rows differ from the first attempt's (a non-deterministic input) is detected
 when the last landed row's body CRC does not match, and fails instead of mixing two attempts.
 
@@ -107,12 +123,29 @@ def open_writer(path: Path, config: StoreConfig, timeout_ms: int) -> MessageStor
         pause = min(pause * 2, 1.0)
 
 
-def landed_prefix(store: MessageStore, topics: list[str], uniq: pa.StringArray) -> int:
-    """How many leading rows (by UNIQ_KEY) are already in the store (see the module doc)."""
+def search_bound(note: list[int] | None, batch_id: int) -> int:
+    """The CommitLog offset from which an attempt of ``batch_id`` may have written, by the
+    broker's note (see the module doc); 0 when the note cannot tell."""
+    if note is None or len(note) != 3:
+        return 0
+    batch, later, same = note
+    if batch < batch_id:
+        return later
+    if batch == batch_id:
+        return same
+    return 0
+
+
+def landed_prefix(
+    store: MessageStore, topics: list[str], uniq: pa.StringArray, min_offset: int = 0
+) -> int:
+    """How many leading rows (by UNIQ_KEY) are already in the store, looking at records from
+    ``min_offset`` on (see the module doc)."""
     n = len(uniq)
 
     def present(i: int) -> bool:
-        return bool(store.query_by_key(topics[i], uniq[i].as_py(), max_count=1))
+        found = store.query_by_key(topics[i], uniq[i].as_py(), max_count=1, min_offset=min_offset)
+        return bool(found)
 
     if n == 0 or not present(0):
         return 0
@@ -151,9 +184,14 @@ def append(
     rows = rows.append_column("uniqKey", uniq)
     topics = rows.column("topic").to_pylist()
     with open_writer(path, config, lock_timeout_ms) as store:
-        done = landed_prefix(store, topics, uniq)
+        note_name = "sink." + sink_fp.hex()
+        note = store.note(note_name)
+        since = search_bound(note, batch_id)
+        done = landed_prefix(store, topics, uniq, since)
         if done:
-            _check_same_rows(store, rows, topics, done - 1, path)
+            _check_same_rows(store, rows, topics, done - 1, path, since)
+        if note is None or len(note) != 3 or note[0] < batch_id:
+            store.set_note(note_name, [batch_id, store.commitlog.max_offset, since])
         rest = rows.slice(done)
         if rest.num_rows > chunk_rows:
             # Validate everything before the first chunk goes in, so a bad row cannot leave
@@ -173,10 +211,10 @@ def append(
 
 
 def _check_same_rows(
-    store: MessageStore, rows: pa.Table, topics: list[str], i: int, path: Path
+    store: MessageStore, rows: pa.Table, topics: list[str], i: int, path: Path, since: int
 ) -> None:
     key = rows.column("uniqKey")[i].as_py()
-    stored = store.query_by_key(topics[i], key, max_count=1)[0]
+    stored = store.query_by_key(topics[i], key, max_count=1, min_offset=since)[0]
     body = rows.column("body")[i].as_py() or b""
     if zlib.crc32(stored.body) != zlib.crc32(body):
         raise SinkReplayError(

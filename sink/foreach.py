@@ -104,12 +104,11 @@ class CommitLogSink:
         mq = queue_expression(arrow_schema, plan.layout, "`__rs_row`")
         broker = F.floor(F.col("__rs_mq") / F.lit(plan.queues)).cast("int")
         pk = F.try_element_at(F.array(*[F.lit(k) for k in keys]), broker + F.lit(1))
-        shuffled = (
-            df.withColumn("__rs_row", F.monotonically_increasing_id())
-            .withColumn("__rs_mq", F.expr(mq))
-            .withColumn("__rs_pk", pk)
-            .repartition(plan.brokers, "__rs_pk")
-        )
+        # Each select is a round trip to the JVM and an analysis of the plan, a fixed cost of
+        # every micro-batch: two, and the partition key is an expression of the shuffle.
+        numbered = df.select("*", F.monotonically_increasing_id().alias("__rs_row"))
+        routed = numbered.select("*", F.expr(mq).alias("__rs_mq"))
+        shuffled = routed.repartition(plan.brokers, pk)
         stats = shuffled.mapInArrow(append_fn, from_arrow_schema(STATS_SCHEMA)).collect()
         self._record(batch_id, stats, plan)
 

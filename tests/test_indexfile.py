@@ -240,6 +240,20 @@ def test_candidates_time_range(tmp_path: Path) -> None:
     f.close()
 
 
+def test_candidates_from_a_log_offset(tmp_path: Path) -> None:
+    f = new_file(tmp_path / "idx")
+    f.put(*arrays([2, 10, 2, 2, 18], [100, 200, 300, 400, 500], [T0] * 5))
+
+    def phys(min_phys: int) -> list[int]:
+        return [p for p, _ in f.candidates(2, 0, 2**62, min_phys)]
+
+    assert phys(0) == [400, 300, 100]
+    assert phys(300) == [400, 300]
+    assert phys(301) == [400]
+    assert phys(401) == []
+    f.close()
+
+
 def test_file_is_full_at_max_index_num(tmp_path: Path) -> None:
     path = tmp_path / "idx"
     f = new_file(path, entries=4)
@@ -304,6 +318,43 @@ def test_service_rolls_files(tmp_path: Path, shanghai_tz: None) -> None:
     assert svc.end_phy_offset == 500
     assert svc.end_timestamp == T0 + 4000
     svc.close()
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    keys=st.lists(st.integers(0, 5), min_size=1, max_size=30),
+    min_phys=st.integers(0, 3100),
+)
+def test_service_candidates_from_an_offset_skip_older_files(
+    tmp_path: Path, keys: list[int], min_phys: int
+) -> None:
+    d = tmp_path / f"index-{len(list(tmp_path.iterdir()))}"
+    svc = service(d, [T0])  # 2 entries per file: many files
+    phys = [100 * (i + 1) for i in range(len(keys))]
+    hashes = [index_key_hash("t", f"k{k}") for k in keys]
+    svc.put(*arrays(hashes, phys, [T0] * len(keys)))
+    consulted: list[str] = []
+    real = IndexFile.candidates
+
+    def spy(self: IndexFile, *args: int) -> Iterator[tuple[int, int]]:
+        consulted.append(self.path.name)
+        return real(self, *args)
+
+    IndexFile.candidates = spy  # type: ignore[method-assign]
+    try:
+        for k in range(6):
+            want = index_key_hash("t", f"k{k}")
+            del consulted[:]
+            got = list(svc.candidates("t", f"k{k}", 0, 2**62, min_phys))
+            expected = [p for p, h in zip(phys, hashes, strict=True) if h == want and p >= min_phys]
+            assert got == expected[::-1]
+            reaching = {f.path.name for f in svc.files if f.end_phy_offset >= min_phys}
+            assert set(consulted) <= reaching
+    finally:
+        IndexFile.candidates = real  # type: ignore[method-assign]
+        svc.close()
 
 
 def test_service_new_file_starts_at_previous_end(

@@ -133,6 +133,43 @@ def test_damaged_progress_file_falls_back_to_the_checkpoint(tmp_path: Path) -> N
         assert len(snapshot(store)) == 200
 
 
+def test_notes_are_kept_by_the_flush_after_them(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    with MessageStore(path, CONFIG, create=True) as store:
+        store.put_batch(batch(0, 10))
+        store.flush()
+        store.set_note("sink.ab", [3, 270, 0])
+        assert "notes" not in json.loads((path / "config" / FILE_NAME).read_text())
+        store.put_batch(batch(10, 10))
+        store.flush()
+        data = json.loads((path / "config" / FILE_NAME).read_text())
+        assert data["notes"] == {"sink.ab": [3, 270, 0]}
+    with MessageStore(path, CONFIG) as store:
+        assert store.note("sink.ab") == [3, 270, 0]
+        assert store.note("sink.cd") is None
+        for i in range(MessageStore.MAX_NOTES + 1):
+            store.set_note(f"n{i}", [i])
+        # 66 names set, 64 kept: the two set least recently went
+        assert store.note("sink.ab") is None and store.note("n0") is None
+        assert store.note("n1") == [1] and store.note(f"n{MessageStore.MAX_NOTES}") == [64]
+
+
+def test_a_damaged_note_voids_the_progress_file(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    with MessageStore(path, CONFIG, create=True) as store:
+        store.set_note("sink.ab", [3, 270, 0])
+        store.put_batch(batch(0, 200))
+    progress = path / "config" / FILE_NAME
+    data = json.loads(progress.read_text())
+    data["notes"]["sink.ab"][1] = 0  # a bound moved by hand no longer matches the checksum
+    progress.write_text(json.dumps(data))
+    crash(path)
+    with MessageStore(path, CONFIG) as store:
+        assert store.recovery.start_source == "checkpoint"
+        assert store.note("sink.ab") is None
+        assert len(snapshot(store)) == 200
+
+
 def test_progress_pointing_past_the_log_is_not_trusted(tmp_path: Path, fixture_copy=None) -> None:
     path = tmp_path / "s"
     write(path, 200)

@@ -19,6 +19,7 @@ from sink.append import (
     SinkReplayError,
     append,
     landed_prefix,
+    search_bound,
     sink_fingerprint,
     uniq_keys,
 )
@@ -141,6 +142,110 @@ def test_landed_prefix_by_binary_search(tmp_path: Path) -> None:
     with MessageStore(path, CONFIG, create=True) as s:
         s.put_batch(rows(1000).slice(0, 613).append_column("uniqKey", keys[:613]))
         assert landed_prefix(s, ["orders"] * 1000, keys) == 613
+
+
+def note_of(path: Path, fp: bytes = FP) -> list[int] | None:
+    with MessageStore(path, CONFIG, read_only=True) as s:
+        return s.note("sink." + fp.hex())
+
+
+@pytest.mark.parametrize(
+    ("note", "batch", "bound"),
+    [
+        (None, 5, 0),
+        ([4, 900, 300], 5, 900),  # an earlier batch: its attempts ended where this one starts
+        ([4, 900, 300], 9, 900),
+        ([5, 900, 300], 5, 300),  # this batch: another attempt or slot began from 300
+        ([6, 900, 300], 5, 0),  # a later batch (a stray attempt of an old one): search it all
+        ([4, 900], 5, 0),  # not a note this sink writes
+    ],
+)
+def test_search_bound(note: list[int] | None, batch: int, bound: int) -> None:
+    assert search_bound(note, batch) == bound
+
+
+def test_note_moves_forward_with_the_batches_and_is_durable(tmp_path: Path) -> None:
+    path = tmp_path / "broker-0"
+    run(path, rows(10), batch_id=3)
+    assert note_of(path) == [3, 0, 0]
+    with MessageStore(path, CONFIG, read_only=True) as s:
+        end_of_3 = s.max_phy_offset
+    run(path, rows(10, start=10), batch_id=4)
+    assert note_of(path) == [4, end_of_3, 0]
+    run(path, rows(10, start=10), batch_id=4, slot=5)  # another slot of the same batch
+    assert note_of(path) == [4, end_of_3, 0]
+    run(path, rows(10, start=20), batch_id=2)  # a stray attempt of an old batch
+    assert note_of(path) == [4, end_of_3, 0]
+    assert note_of(path, sink_fingerprint("query-2")) is None
+    assert len(stored(path)) == 40
+
+
+def test_a_later_batch_reads_only_the_index_files_that_reach_its_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.indexfile import IndexFile
+
+    path = tmp_path / "broker-0"
+    for batch in range(4):  # 1,500 entries a batch (key + UNIQ_KEY): files of 4,096 fill up
+        run(path, rows(750, start=750 * batch), batch_id=batch)
+    with MessageStore(path, CONFIG, read_only=True) as s:
+        assert s.index is not None
+        files = [(f.path.name, f.end_phy_offset) for f in s.index.files]
+        bound = s.note("sink." + FP.hex())
+    assert len(files) >= 2 and bound is not None
+    consulted: set[str] = set()
+    real = IndexFile.candidates
+
+    def spy(self: IndexFile, *args: int) -> object:
+        consulted.add(self.path.name)
+        return real(self, *args)
+
+    monkeypatch.setattr(IndexFile, "candidates", spy)
+    result = run(path, rows(750, start=3000), batch_id=4)
+    assert (result.skipped, result.appended) == (0, 750)  # type: ignore[attr-defined]
+    assert consulted and consulted <= {name for name, end in files if end >= bound[1]}
+    assert len(consulted) < len(files)
+    assert stored(path) == [b"body-%d" % i for i in range(3750)]
+
+
+def test_retry_after_a_later_note_finds_the_prefix_it_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The failed attempt's note (made durable when its store closed) names its own batch:
+    the retry searches from where the batch before it ended, and finds the 60 rows."""
+    path = tmp_path / "broker-0"
+    run(path, rows(40, start=1000), batch_id=6)
+    monkeypatch.setenv(FAILPOINT_ENV, f"after_chunk:2:{tmp_path / 'fired'}")
+    with pytest.raises(SinkFailpoint):
+        run(path, rows(100), batch_id=7, chunk_rows=30, attempt=0)
+    note = note_of(path)
+    assert note is not None and note[0] == 7
+    retry = run(path, rows(100), batch_id=7, chunk_rows=30, attempt=1)
+    assert (retry.skipped, retry.appended) == (60, 40)  # type: ignore[attr-defined]
+    assert stored(path) == [b"body-%d" % i for i in range(1000, 1040)] + [
+        b"body-%d" % i for i in range(100)
+    ]
+
+
+def test_retry_finds_rows_of_an_attempt_whose_note_was_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempt 0 of batch 7 landed 30 rows but died before a flush recorded its note; attempt 1
+    notes batch 7 (after those rows) and dies too; attempt 2 must still search from where
+    batch 6 began, not from where attempt 1 began."""
+    path = tmp_path / "broker-0"
+    run(path, rows(20, start=1000), batch_id=5)
+    run(path, rows(20, start=2000), batch_id=6)
+    with MessageStore(path, CONFIG) as s:
+        s.put_batch(rows(30).append_column("uniqKey", uniq_keys(FP, 7, 2, 100)[:30]))
+    monkeypatch.setenv(FAILPOINT_ENV, f"after_chunk:1:{tmp_path / 'fired'}")
+    with pytest.raises(SinkFailpoint):
+        run(path, rows(100), batch_id=7, chunk_rows=30, attempt=0)
+    monkeypatch.delenv(FAILPOINT_ENV)
+    retry = run(path, rows(100), batch_id=7, chunk_rows=30)
+    assert (retry.skipped, retry.appended) == (60, 40)  # type: ignore[attr-defined]
+    old = [b"body-%d" % i for i in [*range(1000, 1020), *range(2000, 2020)]]
+    assert stored(path) == old + [b"body-%d" % i for i in range(100)]
 
 
 HOLDER = textwrap.dedent(
