@@ -7,7 +7,17 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench import common, core, decode, recovery, spark_sink, spark_source, startup, store
+from bench import (
+    common,
+    core,
+    decode,
+    recovery,
+    spark_sink,
+    spark_sink_batch,
+    spark_source,
+    startup,
+    store,
+)
 from bench.common import Options, PartResult
 
 # Part name -> its runner, in the order ``python -m bench`` runs them. Later parts (the Spark
@@ -18,6 +28,7 @@ PARTS: dict[str, Callable[[Options], PartResult]] = {
     "recovery": recovery.run,
     "decode": decode.run,
     "sink": spark_sink.run,
+    "sink-batch": spark_sink_batch.run,
     "source": spark_source.run,
     "startup": startup.run,
 }

@@ -7,10 +7,14 @@ Per micro-batch (``__call__`` runs on the driver; the ``mapInArrow`` step on exe
    partition and position (``monotonically_increasing_id``), so a replay numbers rows the same;
 2. shuffle: ``repartition(brokers, key)`` with, for each broker, a key value that Spark's hash
    partitioner sends to the partition of the same number, so broker ``b``'s rows all land in
-   task ``b`` (one writer per broker);
-3. append: task ``b`` sorts its rows by row number, takes broker ``b``'s lock and appends them
-   as vectorised batch puts, skipping what an earlier attempt of the same batch already stored
-   (see :mod:`sink.append`).
+   task ``b`` (one writer per broker). A micro-batch that Spark plans as one partition (a
+   small file, a one-partition source) skips the shuffle: its one task is then the only writer
+   of every broker and appends to them one after another, which saves a stage per batch;
+3. append: the task sorts its rows by row number, takes broker ``b``'s lock and appends broker
+   ``b``'s rows as vectorised batch puts, skipping what an earlier attempt of the same batch
+   already stored (see :mod:`sink.append`). Either way broker ``b``'s rows are written in the
+   same order with the same UNIQ_KEYs (slot ``b``), so a replay finds what landed whichever
+   way it runs.
 
 Exactly once: given a deterministic, replayable input (Spark's file sources, Kafka, the
 rocketstore source, ``rate``), every row is stored once across task retries and driver
@@ -55,6 +59,7 @@ class BatchSummary:
     skipped: int
     bytes: int
     brokers: dict[str, int]
+    shuffled: bool = True
 
 
 class CommitLogSink:
@@ -108,16 +113,18 @@ class CommitLogSink:
         # every micro-batch: two, and the partition key is an expression of the shuffle.
         numbered = df.select("*", F.monotonically_increasing_id().alias("__rs_row"))
         routed = numbered.select("*", F.expr(mq).alias("__rs_mq"))
-        shuffled = routed.repartition(plan.brokers, pk)
-        stats = shuffled.mapInArrow(append_fn, from_arrow_schema(STATS_SCHEMA)).collect()
-        self._record(batch_id, stats, plan)
+        shuffle = not _one_partition(df)
+        if shuffle:
+            routed = routed.repartition(plan.brokers, pk)
+        stats = routed.mapInArrow(append_fn, from_arrow_schema(STATS_SCHEMA)).collect()
+        self._record(batch_id, stats, plan, shuffle)
 
     def _keys_for(self, spark: SparkSession, n: int) -> list[int]:
         if n not in self._partition_keys:
             self._partition_keys[n] = partition_keys(spark, n)
         return self._partition_keys[n]
 
-    def _record(self, batch_id: int, stats: list[Any], plan: Plan) -> None:
+    def _record(self, batch_id: int, stats: list[Any], plan: Plan, shuffled: bool) -> None:
         per_broker: dict[str, int] = {}
         for s in stats:
             per_broker[s.broker] = per_broker.get(s.broker, 0) + s.appended
@@ -128,6 +135,7 @@ class CommitLogSink:
             sum(s.skipped for s in stats),
             sum(s.bytes for s in stats),
             per_broker,
+            shuffled,
         )
         self.last = summary
         self.history.append(summary)
@@ -138,6 +146,15 @@ class CommitLogSink:
                 summary.skipped,
             )
         log.info("batch %d: appended %d rows to %s", batch_id, summary.appended, plan.settings.root)
+
+
+def _one_partition(df: DataFrame) -> bool:
+    """Whether Spark plans ``df`` as a single partition. Asked of the JVM's plan in a classic
+    session; over Spark Connect there is no cheap way to ask, so the answer is no."""
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:
+        return False
+    return bool(jdf.rdd().getNumPartitions() == 1)
 
 
 def partition_keys(spark: SparkSession, n: int) -> list[int]:

@@ -2,8 +2,10 @@
 sink's fault tests (they need their own Spark master and must be able to SIGKILL the driver).
 
 usage: python tests/sink_job.py INPUT ROOT CHECKPOINT MASTER FACE [FAILPOINT]
-FACE is ``foreach`` or ``format``; FAILPOINT is a ``$ROCKETSTORE_TEST_FAILPOINT`` value (see
-sink/append.py), which the Spark tasks inherit. Prints ``done <rows appended> <rows skipped>``.
+FACE is ``foreach``, ``foreach-shuffled`` (two input files a micro-batch: two partitions, which
+the foreachBatch sink shuffles into one task per broker) or ``format``; FAILPOINT is a ``$ROCKETSTORE_TEST_FAILPOINT`` value (see
+sink/append.py), which the Spark tasks inherit. Prints ``done <rows appended> <rows skipped>
+<micro-batches shuffled>``.
 """
 
 from __future__ import annotations
@@ -39,9 +41,11 @@ def main(argv: list[str]) -> int:
     )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(folder).drop("id")
+    files = 2 if face == "foreach-shuffled" else 1
+    reader = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", files)
+    df = reader.parquet(folder).drop("id")
     extra = {"chunkRows": "50"}
-    if face == "foreach":
+    if face.startswith("foreach"):
         sink = CommitLogSink(root, topic="orders", brokers=2, queues=2, **STORE_OPTIONS, **extra)
         writer = df.writeStream.foreachBatch(sink)
     else:
@@ -55,8 +59,11 @@ def main(argv: list[str]) -> int:
         )
     q = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
     q.awaitTermination()
-    if face == "foreach":
-        print("done", sum(s.appended for s in sink.history), sum(s.skipped for s in sink.history))
+    if face.startswith("foreach"):
+        appended = sum(s.appended for s in sink.history)
+        skipped = sum(s.skipped for s in sink.history)
+        shuffled = sum(s.shuffled for s in sink.history)
+        print("done", appended, skipped, shuffled)
     else:
         print("done")
     spark.stop()

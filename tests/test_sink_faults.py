@@ -77,7 +77,7 @@ def fired(log: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
 
-@pytest.mark.parametrize("face", ["foreach", "format"])
+@pytest.mark.parametrize("face", ["foreach", "foreach-shuffled", "format"])
 def test_task_failing_mid_append_is_retried_without_duplicates(tmp_path: Path, face: str) -> None:
     rows = write_input(tmp_path / "in", files=2, rows_per_file=400)
     log = tmp_path / "fired"
@@ -85,8 +85,9 @@ def test_task_failing_mid_append_is_retried_without_duplicates(tmp_path: Path, f
     # Tasks really died after two chunks (else this would test nothing); their retries
     # completed the batches.
     assert fired(log) and all(line.startswith("after_chunk ") for line in fired(log))
-    if face == "foreach":
-        appended, skipped = map(int, out.split()[1:3])
+    if face.startswith("foreach"):
+        appended, skipped, shuffled = map(int, out.split()[1:4])
+        assert shuffled == (1 if face == "foreach-shuffled" else 0)
         # Broker tasks died after 2 chunks of 50 and were retried: the retries skipped what
         # the failed attempts stored and appended the rest.
         assert appended + skipped == 800 and skipped >= 100

@@ -26,10 +26,9 @@ SPARK_SCHEMA = (
 )
 
 
-def stream(spark: SparkSession, folder: Path) -> DataFrame:
-    return (
-        spark.readStream.schema(SPARK_SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(folder))
-    )
+def stream(spark: SparkSession, folder: Path, files_per_batch: int = 1) -> DataFrame:
+    reader = spark.readStream.schema(SPARK_SCHEMA).option("maxFilesPerTrigger", files_per_batch)
+    return reader.parquet(str(folder))
 
 
 def run_foreach(df: DataFrame, sink: CommitLogSink, checkpoint: Path) -> None:
@@ -105,15 +104,25 @@ def test_partition_keys_send_each_broker_to_its_own_task(spark: SparkSession) ->
     assert sorted((r.b, r.p) for r in placed) == [(b, b) for b in range(5)]
 
 
-def test_foreach_batch_sink_stores_every_row_once(spark: SparkSession, tmp_path: Path) -> None:
-    rows = write_input(tmp_path / "in", files=3, rows_per_file=400)
+@pytest.mark.parametrize("files_per_batch", [1, 2])
+def test_foreach_batch_sink_stores_every_row_once(
+    spark: SparkSession, tmp_path: Path, files_per_batch: int
+) -> None:
+    """One file a micro-batch is one partition, which the sink appends without a shuffle; two
+    files are two partitions, shuffled into one task per broker. (Spark packs a batch's files
+    into partitions largest first, so across two files the sink's order, which is the
+    partitions' order, is not the ids' order.)"""
+    rows = write_input(tmp_path / "in", files=4, rows_per_file=300)
     root = tmp_path / "store"
     sink = CommitLogSink(str(root), topic="orders", brokers=3, queues=2, **STORE_OPTIONS)
-    run_foreach(stream(spark, tmp_path / "in").drop("id"), sink, tmp_path / "ck")
-    assert [s.rows for s in sink.history] == [400, 400, 400]
+    df = stream(spark, tmp_path / "in", files_per_batch).drop("id")
+    run_foreach(df, sink, tmp_path / "ck")
+    per_batch = 300 * files_per_batch
+    assert [s.rows for s in sink.history] == [per_batch] * (4 // files_per_batch)
+    assert [s.shuffled for s in sink.history] == [files_per_batch > 1] * (4 // files_per_batch)
     assert sum(s.skipped for s in sink.history) == 0
     stored = read_back(root, "orders")
-    check_stored(spark, rows, stored, 6, 2)
+    check_stored(spark, rows, stored, 6, 2, ordered=files_per_batch == 1)
     # Brokers store with listenPort + broker index, so msgIds differ across brokers.
     assert len({s["msgId"] for s in stored}) == len(stored)
     meta = StoreRoot(root).topic("orders")
