@@ -145,36 +145,36 @@ def run(options: Options) -> PartResult:
         load.append(os.getloadavg())
     spark.stop()
     pq, empty, big = (median(per_batch[k]) for k in ("parquet", "empty", "large"))
-    rows = [
-        Row(
-            name=f"rocketstore sink, {ROWS}-row micro-batch, empty store",
+
+    def row(name: str, key: str, **against: Any) -> Row:
+        s = spread(per_batch[key])
+        return Row(
+            name=name,
             unit="ms",
-            median=empty,
-            low=spread(per_batch["empty"])["min"],
-            high=spread(per_batch["empty"])["max"],
+            median=median(per_batch[key]),
+            low=s["min"],
+            high=s["max"],
+            **against,
+        )
+
+    rows = [
+        row(
+            f"rocketstore sink, {ROWS}-row micro-batch, empty store",
+            "empty",
             baseline="parquet sink",
             ratio=empty / pq,
             target=f"<= {SMALL_TARGET:g} x parquet",
             met=empty / pq <= SMALL_TARGET,
         ),
-        Row(
-            name=f"rocketstore sink, {ROWS}-row micro-batch, store of {large:,}",
-            unit="ms",
-            median=big,
-            low=spread(per_batch["large"])["min"],
-            high=spread(per_batch["large"])["max"],
+        row(
+            f"rocketstore sink, {ROWS}-row micro-batch, store of {large:,}",
+            "large",
             baseline="same sink, empty store",
             ratio=big / empty,
             target=f"<= {GROWTH_TARGET:g} x empty",
             met=big / empty <= GROWTH_TARGET,
         ),
-        Row(
-            name=f"parquet sink, {ROWS}-row micro-batch",
-            unit="ms",
-            median=pq,
-            low=spread(per_batch["parquet"])["min"],
-            high=spread(per_batch["parquet"])["max"],
-        ),
+        row(f"parquet sink, {ROWS}-row micro-batch", "parquet"),
     ]
     notes = [f"load average before {load[0][0]:.1f}, after {load[-1][0]:.1f} (1 min)"]
     return PartResult(

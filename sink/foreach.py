@@ -83,7 +83,6 @@ class CommitLogSink:
         self._query = QueryIdentity()
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        spark = df.sparkSession
         arrow_schema = to_arrow_schema(df.schema, timezone="UTC")
         plan = prepare(self.settings, arrow_schema)
         fp = sink_fingerprint(self.settings.sink_id or self._query.id_of(df, batch_id))
@@ -103,9 +102,21 @@ class CommitLogSink:
                 )
             )
 
-        # Routing runs in the JVM (Java's String.hashCode through java_method), so the rows
-        # cross into Python once, in the task that appends them.
-        keys = self._keys_for(spark, plan.brokers)
+        shuffle = not _one_partition(df)
+        target = self._shuffled(df, plan, arrow_schema) if shuffle else df
+        stats = target.mapInArrow(append_fn, from_arrow_schema(STATS_SCHEMA)).collect()
+        self._record(batch_id, stats, plan, shuffle)
+
+    def _shuffled(self, df: DataFrame, plan: Plan, arrow_schema: pa.Schema) -> DataFrame:
+        """``df`` numbered, routed and shuffled into one partition per broker.
+
+        Routing runs in the JVM here (Java's ``String.hashCode`` through ``java_method``): the
+        shuffle needs each row's broker, and the rows then cross into Python once, in the task
+        that appends them. A one-partition batch skips all of this: its task numbers and routes
+        its rows itself (:func:`sink.plan.route_batches`), by the same rules, with the same
+        numbers (``monotonically_increasing_id`` of partition 0 counts from 0).
+        """
+        keys = self._keys_for(df.sparkSession, plan.brokers)
         mq = queue_expression(arrow_schema, plan.layout, "`__rs_row`")
         broker = F.floor(F.col("__rs_mq") / F.lit(plan.queues)).cast("int")
         pk = F.try_element_at(F.array(*[F.lit(k) for k in keys]), broker + F.lit(1))
@@ -113,11 +124,7 @@ class CommitLogSink:
         # every micro-batch: two, and the partition key is an expression of the shuffle.
         numbered = df.select("*", F.monotonically_increasing_id().alias("__rs_row"))
         routed = numbered.select("*", F.expr(mq).alias("__rs_mq"))
-        shuffle = not _one_partition(df)
-        if shuffle:
-            routed = routed.repartition(plan.brokers, pk)
-        stats = routed.mapInArrow(append_fn, from_arrow_schema(STATS_SCHEMA)).collect()
-        self._record(batch_id, stats, plan, shuffle)
+        return routed.repartition(plan.brokers, pk)
 
     def _keys_for(self, spark: SparkSession, n: int) -> list[int]:
         if n not in self._partition_keys:
