@@ -28,6 +28,10 @@ Contract:
   every later write of this ``MessageStore``: reopen the store, and recovery repairs it
   exactly, from the durable dispatch point recorded by the last complete flush.
 * :meth:`close` flushes everything, writes the checkpoint, removes ``abort`` and unlocks.
+* A writable store runs two background threads: the flusher (every flushIntervalCommitLog ms,
+  which is what makes ``ASYNC_FLUSH`` data durable while the store stays open) and the cleaner
+  (retention every 10 s). ``background=False`` starts neither, for a writer that holds the
+  store briefly: it calls :meth:`clean` itself, and its data is flushed on :meth:`close`.
 """
 
 from __future__ import annotations
@@ -161,6 +165,7 @@ class MessageStore:
         clock_ms: Callable[[], int] = _wall_clock_ms,
         disk_usage: Callable[[Path], float] | None = None,
         full_check: bool = False,
+        background: bool = True,
     ) -> None:
         self.path = Path(path)
         self.full_check = full_check
@@ -190,15 +195,16 @@ class MessageStore:
             raise
         self._closed = False
         if not read_only:
+            self.retention = RetentionService(
+                self, clock_ms=clock_ms, disk_usage=disk_usage or statvfs_used_ratio
+            )
+        if not read_only and background:
             self._flusher = PeriodicTask(
                 self.config.flush_interval_commitlog,
                 self.flush,
                 name=f"rocketstore-flush:{self.path.name}",
             )
             self._flusher.start()
-            self.retention = RetentionService(
-                self, clock_ms=clock_ms, disk_usage=disk_usage or statvfs_used_ratio
-            )
             self._cleaner = PeriodicTask(
                 RUN_INTERVAL_MS, self.clean, name=f"rocketstore-clean:{self.path.name}"
             )

@@ -48,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -58,6 +59,7 @@ import pyarrow as pa
 from pipeline import encode
 from pipeline.config import StoreConfig
 from pipeline.errors import StoreError, StoreLockedError
+from pipeline.retention import RUN_INTERVAL_MS
 from pipeline.store import MessageStore
 
 UNIQ_BYTES = 16
@@ -106,12 +108,16 @@ def uniq_keys(sink_fp: bytes, batch_id: int, slot: int, n: int) -> pa.StringArra
 
 
 def open_writer(path: Path, config: StoreConfig, timeout_ms: int) -> MessageStore:
-    """Open a broker store for writing, waiting for its lock while another writer holds it."""
+    """Open a broker store for writing, waiting for its lock while another writer holds it.
+
+    The store runs no background threads (an append holds it for one task): closing it
+    flushes, and :func:`clean_when_due` runs retention.
+    """
     deadline = time.monotonic() + timeout_ms / 1000
     pause = 0.01
     while True:
         try:
-            return MessageStore(path, config, create=True)
+            return MessageStore(path, config, create=True, background=False)
         except StoreLockedError as exc:
             if time.monotonic() >= deadline:
                 raise StoreLockedError(
@@ -121,6 +127,25 @@ def open_writer(path: Path, config: StoreConfig, timeout_ms: int) -> MessageStor
         # A lock-holder's append takes from milliseconds to minutes: back off up to 1 s.
         time.sleep(pause)
         pause = min(pause * 2, 1.0)
+
+
+# When this process last ran retention on each broker (monotonic seconds).
+_last_clean: dict[str, float] = {}
+_last_clean_lock = threading.Lock()
+
+
+def clean_when_due(store: MessageStore) -> None:
+    """One retention round on ``store`` if this process has not run one on it within the
+    store's cleaning interval (10 s, RocketMQ's cleanResourceInterval): what a broker's cleaner
+    thread does, for writers that hold a store for one task at a time."""
+    key = str(store.path)
+    now = time.monotonic()
+    with _last_clean_lock:
+        last = _last_clean.get(key)
+        if last is not None and now - last < RUN_INTERVAL_MS / 1000:
+            return
+        _last_clean[key] = now
+    store.clean()
 
 
 def search_bound(note: list[int] | None, batch_id: int) -> int:
@@ -207,6 +232,7 @@ def append(
                 last = int(result.commit_log_offsets[-1])
             total_bytes += result.total_bytes
             _failpoint(i + 1, attempt, store)
+        clean_when_due(store)
     return AppendStats(path.name, slot, n, done, n - done, total_bytes, first, last)
 
 

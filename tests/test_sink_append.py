@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -246,6 +247,28 @@ def test_retry_finds_rows_of_an_attempt_whose_note_was_lost(
     assert (retry.skipped, retry.appended) == (60, 40)  # type: ignore[attr-defined]
     old = [b"body-%d" % i for i in [*range(1000, 1020), *range(2000, 2020)]]
     assert stored(path) == old + [b"body-%d" % i for i in range(100)]
+
+
+def test_appends_run_retention_once_per_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sink appends open stores without background threads, so they run the cleaner's round
+    themselves: at the first append of a process, then when 10 s have passed."""
+    import sink.append as module
+
+    rounds: list[str] = []
+    monkeypatch.setattr(MessageStore, "clean", lambda self: rounds.append(self.path.name))
+    monkeypatch.setattr(module, "_last_clean", {})
+    clock = [1000.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
+    run(tmp_path / "broker-0", rows(5), batch_id=1)
+    run(tmp_path / "broker-0", rows(5), batch_id=2)
+    run(tmp_path / "broker-1", rows(5), batch_id=2)
+    assert rounds == ["broker-0", "broker-1"]
+    clock[0] += 10.5
+    run(tmp_path / "broker-0", rows(5), batch_id=3)
+    assert rounds == ["broker-0", "broker-1", "broker-0"]
+    assert not [t for t in threading.enumerate() if t.name.startswith("rocketstore-")]
 
 
 HOLDER = textwrap.dedent(
