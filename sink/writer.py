@@ -57,7 +57,11 @@ def append_routed(
     if table.num_rows == 0:
         return []
     if slot is None:
-        table = table.take(pc.sort_indices(table, [("__rs_row", "ascending")]))
+        order = table.column("__rs_row").to_numpy()
+        # A one-partition batch, or a shuffle from one input partition, arrives in order:
+        # sorting it anyway would copy every body.
+        if len(order) > 1 and not bool(np.all(order[1:] > order[:-1])):
+            table = table.take(pc.sort_indices(table, [("__rs_row", "ascending")]))
     mq = table.column("__rs_mq").to_numpy().astype(np.int64)
     brokers = mq // queues
     root = StoreRoot(settings.root)
