@@ -74,11 +74,13 @@ class ReadContext:
 
     @property
     def columns(self) -> native.Columns:
-        """The column groups the decoder must build for this schema (tags always: the
-        subscription filters on them; properties for avro/json: they name each body's
-        schema)."""
+        """The column groups the decoder must build for this schema, and no more: tags also
+        for a subscription (it filters on them), properties also for avro/json (they name
+        each body's schema)."""
         names = set(self.schema.names)
-        want = native.Columns.TAGS
+        want = native.Columns(0)
+        if "tags" in names or not self.subscription.matches_all:
+            want |= native.Columns.TAGS
         if "body" in names or self.body_schema is not None:
             want |= native.Columns.BODY
         if "properties" in names or self.body_schema is not None:
