@@ -205,6 +205,29 @@ def test_groups_for_avro_bodies_subscriptions_and_given_schemas(store_root: Path
     assert filtered.columns == Columns.MSG_ID | Columns.TAGS
 
 
+# -- the hand-over to Spark -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("option", [None, "includeAll"])
+def test_read_hands_spark_record_batches_of_the_declared_schema(
+    store_root: Path, option: str | None
+) -> None:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from source.format import RocketStoreBatchReader, spark_schema
+
+    opts = {"path": str(store_root), "topic": "orders", **_on(option)}
+    declared = spark_schema(opts)
+    reader = RocketStoreBatchReader(opts, declared)
+    batches = [b for p in reader.partitions() for b in reader.read(p)]
+    # Record batches, not rows or pandas frames: Spark takes them as Arrow as they are, once
+    # their schema is exactly the declared one (pyspark's own check).
+    assert batches and all(type(b) is pa.RecordBatch for b in batches)
+    want = to_arrow_schema(declared, timezone="UTC")
+    assert all(b.schema.equals(want) for b in batches)
+    assert sum(b.num_rows for b in batches) == 60
+
+
 # -- through Spark, against the engine ------------------------------------------------------------
 
 
