@@ -17,8 +17,9 @@ Each run times, back to back and in a rotating order, from scratch (fresh checkp
   any Python data source producing these columns: Spark's own cost of taking Arrow batches from
   a Python worker and turning them into rows;
 
-then, for the analysis, the same two streaming queries reading nothing (the source from the
-latest offsets, parquet from an empty directory): what a query costs before its first row.
+then, for the analysis, the source with ``includeAll`` (the full row, the default before the
+narrow one), and the same two streaming queries reading nothing (the source from the latest
+offsets, parquet from an empty directory): what a query costs before its first row.
 
 Timed: ``start()``/``save()`` to the end (planning, every micro-batch, the checkpoint writes),
 and the CPU time of every process of the run meanwhile (this one, the JVM, its Python workers;
@@ -195,7 +196,7 @@ def _timed(query_start: Any) -> tuple[float, int]:
 
 
 def read_source(
-    spark: Any, root: Path, checkpoint: Path, starting: str = "earliest"
+    spark: Any, root: Path, checkpoint: Path, starting: str = "earliest", **extra: str
 ) -> tuple[float, int]:
     return _timed(
         lambda: (
@@ -203,6 +204,7 @@ def read_source(
             .option("path", str(root))
             .option("topic", TOPIC)
             .option("startingOffsets", starting)
+            .options(**extra)
             .load()
             .writeStream.format("noop")
             .option("checkpointLocation", str(checkpoint))
@@ -242,6 +244,8 @@ def write_parquet_copy(spark: Any, root: Path, files: Path) -> Any:
 
 
 KINDS = ("source", "parquet", "replay")
+# For the analysis, after those three: the full row, and two queries that read nothing.
+EXTRA_KINDS = ("source_all", "source_empty", "parquet_empty")
 EMPTY_KINDS = ("source_empty", "parquet_empty")
 
 
@@ -278,26 +282,28 @@ def run(options: Options) -> PartResult:
                     secs, rows = read_parquet(spark, files, schema, checkpoint)
                 elif which == "replay":
                     secs, rows = read_replay(spark, replay)
+                elif which == "source_all":
+                    secs, rows = read_source(spark, root, checkpoint, includeAll="true")
                 elif which == "source_empty":
                     secs, rows = read_source(spark, root, checkpoint, starting="latest")
                 else:
                     secs, rows = read_parquet(spark, empty, schema, checkpoint)
                 return secs, rows, process_tree_cpu_s() - cpu0
 
-            for which in KINDS + EMPTY_KINDS:  # warm-up: Python workers, the JIT, the page cache
+            for which in KINDS + EXTRA_KINDS:  # warm-up: Python workers, the JIT, the page cache
                 measure(which)
             runs: list[dict[str, Any]] = []
             for i in range(options.runs):
                 order = KINDS[i % 3 :] + KINDS[: i % 3]
                 load_before = os.getloadavg()[0]
-                got = {which: measure(which) for which in order + EMPTY_KINDS}
+                got = {which: measure(which) for which in order + EXTRA_KINDS}
                 load_after = os.getloadavg()[0]
                 for which, (_, count, _) in got.items():
                     want = 0 if which in EMPTY_KINDS else n
                     if count != want:
                         raise AssertionError(f"{which} read {count} rows, expected {want}")
-                secs = {which: got[which][0] for which in KINDS + EMPTY_KINDS}
-                cpu = {which: got[which][2] for which in KINDS + EMPTY_KINDS}
+                secs = {which: got[which][0] for which in KINDS + EXTRA_KINDS}
+                cpu = {which: got[which][2] for which in KINDS + EXTRA_KINDS}
                 runs.append(
                     {
                         "order": list(order),
@@ -311,6 +317,7 @@ def run(options: Options) -> PartResult:
                         "replay_over_parquet": secs["parquet"] / secs["replay"],
                         "source_over_parquet_cpu": cpu["parquet"] / cpu["source"],
                         "replay_over_parquet_cpu": cpu["parquet"] / cpu["replay"],
+                        "source_all_over_source": secs["source"] / secs["source_all"],
                     }
                 )
                 log(
@@ -366,6 +373,13 @@ def _result(
             )
             for kind in ("source", "replay")
         ),
+        spread_row(
+            "source -> noop, includeAll (the full row, the old default)",
+            "rows/s",
+            [n / v for v in col("source_all_s")],
+            baseline=f"default row {median(rate['source']):,.0f} rows/s",
+            ratio=median(col("source_all_over_source")),
+        ),
         spread_row("source query reading nothing (latest)", "s", col("source_empty_s")),
         spread_row("parquet query reading nothing (empty dir)", "s", col("parquet_empty_s")),
     ]
@@ -388,6 +402,7 @@ def _result(
         "replay_over_parquet": spread(col("replay_over_parquet")),
         "source_over_parquet_cpu": spread(col("source_over_parquet_cpu")),
         "replay_over_parquet_cpu": spread(col("replay_over_parquet_cpu")),
+        "source_all_over_source": spread(col("source_all_over_source")),
         "source_empty_s": spread(col("source_empty_s")),
         "parquet_empty_s": spread(col("parquet_empty_s")),
     }
