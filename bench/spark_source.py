@@ -3,23 +3,31 @@
 One store root is written once (not timed): N messages (5M; ``--quick`` 200k) of 100-byte
 bodies over 4 brokers x 4 queues, with ``MessageStore.put_batch`` in 500k-message puts. The
 same rows are then written once to parquet files (``spark.read.format("rocketstore")`` ->
-``write.parquet``, not timed), so both sides hold identical data and schema.
+``write.parquet``, not timed) with exactly the source's default columns, so both sides hold
+identical data and schema: the columns a query of the default row pays for.
 
 Each run times, back to back and in a rotating order, from scratch (fresh checkpoints):
 
-* **source**: ``readStream.format("rocketstore")`` from the earliest offsets,
-  ``trigger(availableNow=True)``, into the ``noop`` sink;
+* **source**: ``readStream.format("rocketstore")`` (the default row) from the earliest
+  offsets, ``trigger(availableNow=True)``, into the ``noop`` sink;
 * **parquet**: ``readStream.schema(...).parquet(dir)``, Spark's own file source, the same way;
 * **replay** (for the analysis, no target): a minimal Python data source whose ``read()``
   yields the very record batches the source would yield, already decoded, from Arrow IPC files
   (memory-mapped; written once, not timed), as a batch read into ``noop``. It is the floor of
   any Python data source producing these columns: Spark's own cost of taking Arrow batches from
-  a Python worker and turning them into rows.
+  a Python worker and turning them into rows;
 
-Timed: ``start()``/``save()`` to the end (planning, every micro-batch, the checkpoint writes).
-Reported: rows/s of each (median of runs) and the median of the per-run ratios to parquet. One
-untimed warm-up run of each comes first (Python workers, JIT, page cache). The Spark session is
-``local[2]`` (this machine has 2 vCPUs); it is started once, not timed.
+then, for the analysis, the source with ``includeAll`` (the full row, the default before the
+narrow one), and the same two streaming queries reading nothing (the source from the latest
+offsets, parquet from an empty directory): what a query costs before its first row.
+
+Timed: ``start()``/``save()`` to the end (planning, every micro-batch, the checkpoint writes),
+and the CPU time of every process of the run meanwhile (this one, the JVM, its Python workers;
+:func:`bench.common.process_tree_cpu_s`), which a busy machine moves much less than wall time.
+Reported: rows/s and rows per CPU-second of each (median of runs), the medians of the per-run
+ratios to parquet, and the load average at each run. One untimed warm-up run of each of the
+three comes first (Python workers, JIT, page cache); the extra queries come after those in every
+run. The Spark session is ``local[2]`` (this machine has 2 vCPUs); it is started once, not timed.
 """
 
 from __future__ import annotations
@@ -35,7 +43,17 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from bench.common import Options, PartResult, Row, check_work_dir, log, median, scratch_dir, spread
+from bench.common import (
+    Options,
+    PartResult,
+    Row,
+    check_work_dir,
+    log,
+    median,
+    process_tree_cpu_s,
+    scratch_dir,
+    spread,
+)
 from pipeline.config import StoreConfig
 from pipeline.root import StoreRoot, TopicMeta
 from pipeline.store import MessageStore
@@ -94,7 +112,7 @@ class ReplayDataSource(DataSource):
 
         from source.schema import arrow_schema
 
-        return from_arrow_schema(arrow_schema(None))
+        return from_arrow_schema(arrow_schema(None))  # the source's default row
 
     def reader(self, schema: Any) -> DataSourceReader:
         return ReplayReader(str(self.options["path"]))
@@ -177,13 +195,16 @@ def _timed(query_start: Any) -> tuple[float, int]:
     return elapsed, rows
 
 
-def read_source(spark: Any, root: Path, checkpoint: Path) -> tuple[float, int]:
+def read_source(
+    spark: Any, root: Path, checkpoint: Path, starting: str = "earliest", **extra: str
+) -> tuple[float, int]:
     return _timed(
         lambda: (
             spark.readStream.format("rocketstore")
             .option("path", str(root))
             .option("topic", TOPIC)
-            .option("startingOffsets", "earliest")
+            .option("startingOffsets", starting)
+            .options(**extra)
             .load()
             .writeStream.format("noop")
             .option("checkpointLocation", str(checkpoint))
@@ -210,6 +231,24 @@ def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def write_parquet_copy(spark: Any, root: Path, files: Path) -> Any:
+    """The store's rows as parquet, in the source's default row; returns their Spark schema."""
+    from source.schema import arrow_schema
+
+    columns = arrow_schema(None).names
+    df = spark.read.format("rocketstore").option("path", str(root)).option("topic", TOPIC).load()
+    if df.columns != columns:
+        raise AssertionError(f"the source's default row is {df.columns}, expected {columns}")
+    df.write.parquet(str(files))
+    return df.schema
+
+
+KINDS = ("source", "parquet", "replay")
+# For the analysis, after those three: the full row, and two queries that read nothing.
+EXTRA_KINDS = ("source_all", "source_empty", "parquet_empty")
+EMPTY_KINDS = ("source_empty", "parquet_empty")
+
+
 def run(options: Options) -> PartResult:
     n = 200_000 if options.quick else 5_000_000
     notes: list[str] = []
@@ -225,85 +264,132 @@ def run(options: Options) -> PartResult:
             log_bytes = build_root(root, n, options.seed)
             build_s = time.perf_counter() - t0
             files = scratch / "parquet"
-            df = (
-                spark.read.format("rocketstore")
-                .option("path", str(root))
-                .option("topic", TOPIC)
-                .load()
-            )
-            df.write.parquet(str(files))
-            schema = df.schema
+            schema = write_parquet_copy(spark, root, files)
+            empty = scratch / "parquet-empty"
+            empty.mkdir()
             replay = scratch / "replay"
             write_replay_files(root, replay)
             log(f"source: store {log_bytes:,} bytes, parquet {_dir_bytes(files):,} bytes")
             counter = iter(range(1_000_000))
 
-            def measure(which: str) -> tuple[float, int]:
+            def measure(which: str) -> tuple[float, int, float]:
+                """(wall seconds, rows, CPU seconds of every process) of one query."""
                 checkpoint = scratch / f"ck-{next(counter)}"
+                cpu0 = process_tree_cpu_s()
                 if which == "source":
-                    return read_source(spark, root, checkpoint)
-                if which == "parquet":
-                    return read_parquet(spark, files, schema, checkpoint)
-                return read_replay(spark, replay)
+                    secs, rows = read_source(spark, root, checkpoint)
+                elif which == "parquet":
+                    secs, rows = read_parquet(spark, files, schema, checkpoint)
+                elif which == "replay":
+                    secs, rows = read_replay(spark, replay)
+                elif which == "source_all":
+                    secs, rows = read_source(spark, root, checkpoint, includeAll="true")
+                elif which == "source_empty":
+                    secs, rows = read_source(spark, root, checkpoint, starting="latest")
+                else:
+                    secs, rows = read_parquet(spark, empty, schema, checkpoint)
+                return secs, rows, process_tree_cpu_s() - cpu0
 
-            kinds = ("source", "parquet", "replay")
-            for which in kinds:  # warm-up: Python workers, the JIT, the page cache
+            # Warm-up: Python workers, the JIT, the page cache (the extra queries run after these
+            # three in every run, so they find everything warm).
+            for which in KINDS:
                 measure(which)
             runs: list[dict[str, Any]] = []
             for i in range(options.runs):
-                order = kinds[i % 3 :] + kinds[: i % 3]
-                got = {which: measure(which) for which in order}
-                for which, (_, count) in got.items():
-                    if count != n:
-                        raise AssertionError(f"{which} read {count} rows, expected {n}")
-                secs = {which: got[which][0] for which in kinds}
+                order = KINDS[i % 3 :] + KINDS[: i % 3]
+                load_before = os.getloadavg()[0]
+                got = {which: measure(which) for which in order + EXTRA_KINDS}
+                load_after = os.getloadavg()[0]
+                for which, (_, count, _) in got.items():
+                    want = 0 if which in EMPTY_KINDS else n
+                    if count != want:
+                        raise AssertionError(f"{which} read {count} rows, expected {want}")
+                secs = {which: got[which][0] for which in KINDS + EXTRA_KINDS}
+                cpu = {which: got[which][2] for which in KINDS + EXTRA_KINDS}
                 runs.append(
                     {
                         "order": list(order),
+                        "load_avg_before": load_before,
+                        "load_avg_after": load_after,
                         **{f"{k}_s": v for k, v in secs.items()},
-                        **{f"{k}_rows_per_s": n / v for k, v in secs.items()},
+                        **{f"{k}_cpu_s": v for k, v in cpu.items()},
+                        **{f"{k}_rows_per_s": n / secs[k] for k in KINDS},
+                        **{f"{k}_rows_per_cpu_s": n / cpu[k] for k in KINDS},
                         "source_over_parquet": secs["parquet"] / secs["source"],
                         "replay_over_parquet": secs["parquet"] / secs["replay"],
+                        "source_over_parquet_cpu": cpu["parquet"] / cpu["source"],
+                        "replay_over_parquet_cpu": cpu["parquet"] / cpu["replay"],
+                        "source_all_over_source": secs["source"] / secs["source_all"],
                     }
                 )
-                log(f"source: run {i + 1}: " + ", ".join(f"{k} {v:.2f} s" for k, v in secs.items()))
+                log(
+                    f"source: run {i + 1} (load {load_before:.1f} .. {load_after:.1f}): "
+                    + ", ".join(f"{k} {secs[k]:.2f} s / {cpu[k]:.2f} CPU s" for k in secs)
+                )
     finally:
         if owned:
             spark.stop()
-    rate = {k: [r[f"{k}_rows_per_s"] for r in runs] for k in ("source", "parquet", "replay")}
-    ratios = [r["source_over_parquet"] for r in runs]
-    replay_ratios = [r["replay_over_parquet"] for r in runs]
-    ratio = median(ratios)
+    return _result(n, log_bytes, build_s, runs, notes)
+
+
+def _result(
+    n: int, log_bytes: int, build_s: float, runs: list[dict[str, Any]], notes: list[str]
+) -> PartResult:
+    def col(key: str) -> list[float]:
+        return [float(r[key]) for r in runs]
+
+    rate = {k: col(f"{k}_rows_per_s") for k in KINDS}
+    per_cpu = {k: col(f"{k}_rows_per_cpu_s") for k in KINDS}
+    ratio = median(col("source_over_parquet"))
     baseline = f"parquet source {median(rate['parquet']):,.0f} rows/s"
+    cpu_baseline = f"parquet source {median(per_cpu['parquet']):,.0f} rows/CPU-s"
+
+    def spread_row(name: str, unit: str, values: list[float], **extra: Any) -> Row:
+        return Row(name, unit, median(values), min(values), max(values), **extra)
+
     rows = [
-        Row(
-            f"source -> noop, availableNow, {n:,} x {BODY_BYTES} B",
+        spread_row(
+            f"source -> noop, availableNow, {n:,} x {BODY_BYTES} B, default row",
             "rows/s",
-            median(rate["source"]),
-            min(rate["source"]),
-            max(rate["source"]),
+            rate["source"],
             baseline=baseline,
             ratio=ratio,
             target=f">= {TARGET_RATIO:g} x parquet",
             met=ratio >= TARGET_RATIO,
         ),
-        Row(
-            "parquet file source -> noop, availableNow",
-            "rows/s",
-            median(rate["parquet"]),
-            min(rate["parquet"]),
-            max(rate["parquet"]),
-        ),
-        Row(
+        spread_row("parquet file source -> noop, availableNow", "rows/s", rate["parquet"]),
+        spread_row(
             "replay: Python data source, pre-decoded batches -> noop",
             "rows/s",
-            median(rate["replay"]),
-            min(rate["replay"]),
-            max(rate["replay"]),
+            rate["replay"],
             baseline=baseline,
-            ratio=median(replay_ratios),
+            ratio=median(col("replay_over_parquet")),
         ),
+        *(
+            spread_row(
+                f"{kind}, per CPU-second of every process",
+                "rows/CPU-s",
+                per_cpu[kind],
+                baseline=cpu_baseline,
+                ratio=median(col(f"{kind}_over_parquet_cpu")),
+            )
+            for kind in ("source", "replay")
+        ),
+        spread_row(
+            "source -> noop, includeAll (the full row, the old default)",
+            "rows/s",
+            [n / v for v in col("source_all_s")],
+            baseline=f"default row {median(rate['source']):,.0f} rows/s",
+            ratio=median(col("source_all_over_source")),
+        ),
+        spread_row("source query reading nothing (latest)", "s", col("source_empty_s")),
+        spread_row("parquet query reading nothing (empty dir)", "s", col("parquet_empty_s")),
     ]
+    loads = col("load_avg_before") + col("load_avg_after")
+    notes.append(
+        f"load average {min(loads):.1f} .. {max(loads):.1f} over the runs (2 vCPUs): compare "
+        "the ratios, measured side by side, rather than the absolute figures"
+    )
     data = {
         "messages": n,
         "brokers": BROKERS,
@@ -313,7 +399,13 @@ def run(options: Options) -> PartResult:
         "build_s": build_s,
         "runs": runs,
         **{f"{k}_rows_per_s": spread(v) for k, v in rate.items()},
-        "source_over_parquet": spread(ratios),
-        "replay_over_parquet": spread(replay_ratios),
+        **{f"{k}_rows_per_cpu_s": spread(v) for k, v in per_cpu.items()},
+        "source_over_parquet": spread(col("source_over_parquet")),
+        "replay_over_parquet": spread(col("replay_over_parquet")),
+        "source_over_parquet_cpu": spread(col("source_over_parquet_cpu")),
+        "replay_over_parquet_cpu": spread(col("replay_over_parquet_cpu")),
+        "source_all_over_source": spread(col("source_all_over_source")),
+        "source_empty_s": spread(col("source_empty_s")),
+        "parquet_empty_s": spread(col("parquet_empty_s")),
     }
     return PartResult("source", rows, data, notes)

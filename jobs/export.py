@@ -4,9 +4,11 @@ them on the console.
     spark-submit jobs/export.py --store data/store --topic orders \\
         --checkpoint data/ck/export --output data/export/orders --format parquet
 
-Each message is one row with the source's columns: topic, brokerName, queueId, queueOffset,
-commitLogOffset, msgId, keys, tags, properties, bornTimestamp, storeTimestamp, ... and either
-``body`` (binary) or, for a topic written with an avro or json body, the body's columns decoded.
+Each message is one row with the source's default columns: topic, brokerName, queueId,
+queueOffset, commitLogOffset, keys, tags, bornTimestamp, storeTimestamp and either ``body``
+(binary) or, for a topic written with an avro or json body, the body's columns decoded;
+``--read-option includeAll=true`` adds properties, msgId, the hosts and the flags (or one
+group of them: includeProperties, includeMsgId, includeHosts, includeFlags).
 ``--with-column NAME=EXPR`` adds computed columns (Spark SQL expressions), ``--columns`` keeps
 only some. Files are written through Spark's file sink, whose manifest (``_spark_metadata``)
 lists exactly the files of committed micro-batches: read the output with Spark (or honour the

@@ -244,7 +244,11 @@ class BrokerView:
                 offset, size, _ = cq.unit(i)
                 return offset >= cl_min and 0 < size != PRE_BLANK_SIZE
 
-            return QueueBounds(_first_true(cq.first, end, live), end)
+            first = cq.first
+            # Until retention reaches a queue its first unit is live: one read, no search.
+            if first < end and live(first):
+                return QueueBounds(first, end)
+            return QueueBounds(_first_true(first, end, live), end)
 
     def _complete_end(self, cq: _Queue, log: _CommitLog, queue_id: int, end: int) -> int:
         """``end`` moved back past units whose record is not complete yet."""

@@ -66,7 +66,9 @@ class KeyPartition(InputPartition):
 
 def _context(opts: options.ReadOptions, spark_schema: StructType) -> ReadContext:
     fmt, body = schema.body_format_and_schema(opts)
-    expected = schema.arrow_schema(body)
+    # A schema given with .schema(...) may pick any column the source can produce, whatever the
+    # include* options say; Spark hands the default (schema() below) over as it is.
+    expected = schema.full_arrow_schema(body)
     unknown = [n for n in spark_schema.fieldNames() if n not in expected.names]
     if unknown:
         raise ConfigError(
@@ -163,8 +165,9 @@ class RocketStoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
 
 
 def spark_schema(opts: Mapping[str, str]) -> StructType:
-    """The columns a read with ``opts`` produces (``body`` replaced by the topic's body columns
-    for avro or json topics); checks the options on the driver."""
+    """The columns a read with ``opts`` produces: the default ones and those of its
+    ``include*`` options (``body`` replaced by the topic's body columns for avro or json
+    topics); checks the options on the driver."""
     parsed = options.parse(opts, streaming=None)
     _, body = schema.body_format_and_schema(parsed)
-    return from_arrow_schema(schema.arrow_schema(body))
+    return from_arrow_schema(schema.arrow_schema(body, parsed.optional_columns))

@@ -32,7 +32,17 @@ endTimestamp (batch, key)   store time in ms, inclusive                         
 config                      a store configuration file (.toml or broker.conf), for the conf/store.toml
                             IndexFile geometry of key reads (used when it fits the     or built-in
                             files, else RocketMQ's 1:4 slots to entries is assumed)
+includeProperties           ``true`` or ``false``: add column ``properties``           false
+includeHosts                ``true`` or ``false``: add ``bornHost``, ``storeHost``     false
+includeMsgId                ``true`` or ``false``: add ``msgId``                       false
+includeFlags                ``true`` or ``false``: add ``flag``, ``sysFlag``,          false
+                            ``reconsumeTimes``
+includeAll                  ``true`` or ``false``: all of the four above               false
 =========================== ========================================================== ==========
+
+The ``include*`` options widen the row beyond the default columns (see :mod:`source.schema`),
+as Kafka's ``includeHeaders`` adds ``headers``: Spark cannot prune a Python data source's
+columns, so a column that is there costs every query, used or not.
 
 Precedence of the starting options, as Kafka's: ``startingOffsetsByTimestamp``, then
 ``startingTimestamp``, then ``startingOffsets``. Every bad value raises
@@ -64,6 +74,17 @@ _DURATION_RE = re.compile(r"^\s*(\d+)\s*(ms|s|sec|m|min|h|d)?\s*$", re.IGNORECAS
 _UNIT_MS = {None: 1, "ms": 1, "s": 1000, "sec": 1000, "m": 60_000, "min": 60_000}
 _UNIT_MS |= {"h": 3_600_000, "d": 86_400_000}
 
+# The optional message columns, by the option that adds each group (the layout is
+# source/schema.py's); includeAll adds every group.
+COLUMN_OPTIONS: dict[str, tuple[str, ...]] = {
+    "includeProperties": ("properties",),
+    "includeHosts": ("bornHost", "storeHost"),
+    "includeMsgId": ("msgId",),
+    "includeFlags": ("flag", "sysFlag", "reconsumeTimes"),
+}
+INCLUDE_ALL = "includeAll"
+OPTIONAL_COLUMNS = frozenset(c for group in COLUMN_OPTIONS.values() for c in group)
+
 
 @dataclasses.dataclass(frozen=True)
 class ReadOptions:
@@ -85,6 +106,7 @@ class ReadOptions:
     start_timestamp: int = 0
     end_timestamp: int = 2**63 - 1
     config: StoreConfig | None = None
+    optional_columns: frozenset[str] = frozenset()  # of OPTIONAL_COLUMNS, by the include* options
 
     @property
     def root(self) -> StoreRoot:
@@ -278,7 +300,21 @@ def parse(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
         start_timestamp=start_ts,
         end_timestamp=end_ts,
         config=config,
+        optional_columns=_optional_columns(options),
     )
+
+
+def _optional_columns(options: Mapping[str, str]) -> frozenset[str]:
+    """The optional columns the ``include*`` options turn on."""
+
+    def on(name: str) -> bool:
+        text = _get(options, name)
+        return text is not None and parse_bool(name, text)
+
+    chosen = [name for name in COLUMN_OPTIONS if on(name)]  # every value checked
+    if on(INCLUDE_ALL):
+        return OPTIONAL_COLUMNS
+    return frozenset(c for name in chosen for c in COLUMN_OPTIONS[name])
 
 
 def _starting(options: Mapping[str, str], topics: tuple[str, ...], streaming: bool) -> OffsetSpec:

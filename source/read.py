@@ -74,11 +74,13 @@ class ReadContext:
 
     @property
     def columns(self) -> native.Columns:
-        """The column groups the decoder must build for this schema (tags always: the
-        subscription filters on them; properties for avro/json: they name each body's
-        schema)."""
+        """The column groups the decoder must build for this schema, and no more: tags also
+        for a subscription (it filters on them), properties also for avro/json (they name
+        each body's schema)."""
         names = set(self.schema.names)
-        want = native.Columns.TAGS
+        want = native.Columns(0)
+        if "tags" in names or not self.subscription.matches_all:
+            want |= native.Columns.TAGS
         if "body" in names or self.body_schema is not None:
             want |= native.Columns.BODY
         if "properties" in names or self.body_schema is not None:
@@ -141,10 +143,11 @@ class _SegmentCache:
 def _read_units(
     cq_dir: Path, start: int, end: int
 ) -> tuple[npt.NDArray[np.void], list[tuple[int, int]]]:
-    """Units ``[start, end)`` of a ConsumeQueue and the sub-ranges whose files are gone."""
+    """Units ``[start, end)`` of a ConsumeQueue (exactly those bytes are read; units past the
+    end of a file read as zeros) and the sub-ranges whose files are gone."""
     listed = dict(list_segments(cq_dir))
     file_size = next(iter(listed.values())).stat().st_size if listed else 0
-    out = np.zeros(end - start, dtype=UNIT_DTYPE)
+    pieces: list[tuple[int, npt.NDArray[np.void]]] = []
     missing: list[tuple[int, int]] = []
     pos = start
     while pos < end:
@@ -168,8 +171,13 @@ def _read_units(
             missing.append((pos, stop))
         else:
             got = np.frombuffer(raw, dtype=UNIT_DTYPE, count=len(raw) // CQ_UNIT_SIZE)
-            out[pos - start : pos - start + len(got)] = got
+            pieces.append((pos - start, got))
         pos = stop
+    if len(pieces) == 1 and len(pieces[0][1]) == end - start:
+        return pieces[0][1], missing  # the usual case: one whole read, used as it is
+    out = np.zeros(end - start, dtype=UNIT_DTYPE)
+    for at, got in pieces:
+        out[at : at + len(got)] = got
     return out, missing
 
 
@@ -310,12 +318,17 @@ def read_queue_range(rng: QueueRange, ctx: ReadContext) -> Iterator[pa.RecordBat
             lost_ranges = _runs(offsets[expired]) + _runs(lost)
             _lost(ctx, rng, [(a, b, "its CommitLog segment was deleted") for a, b in lost_ranges])
             if parts:
-                batch = builder.build(pa.concat_batches(parts), rng.topic)
+                batch = builder.build(_one_batch(parts), rng.topic)
                 if batch is not None:
                     yield batch
             pos = stop
     finally:
         segments.close()
+
+
+def _one_batch(parts: list[pa.RecordBatch]) -> pa.RecordBatch:
+    # Concatenating copies every buffer, which a chunk within one segment does not need.
+    return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
 
 
 def _segment_path(segments: _SegmentCache, phys: int) -> Path:
@@ -477,7 +490,7 @@ def read_key(kr: KeyRange, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
             recs = native.decode(seg.mm, rel, base, path=str(seg.path), columns=columns)
             parts.append(recs.filter(_key_matches(recs, kr)))
         if parts:
-            batch = builder.build(pa.concat_batches(parts), kr.topic)
+            batch = builder.build(_one_batch(parts), kr.topic)
             if batch is not None:
                 yield batch
     finally:

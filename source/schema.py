@@ -1,31 +1,36 @@
 """The columns the source produces, and the body schema it decodes with.
 
-Message columns (in this order; names as RocketMQ's ``MessageExt`` getters and its Spark
-connector's columns):
+Message columns, in this order (names as RocketMQ's ``MessageExt`` getters and its Spark
+connector's columns). The default row is narrow, as Kafka's source's is: Spark cannot prune a
+Python data source's columns, so each column costs every query whether it is used or not. The
+columns marked with an option are there only when that option (or ``includeAll``) is true:
 
-================= ==================== =====================================================
-column            Spark type           meaning
-================= ==================== =====================================================
+================= ==================== ================== ==========================================
+column            Spark type           option             meaning
+================= ==================== ================== ==========================================
 topic             string
-brokerName        string               the broker directory (``broker-0``), or the store
-                                       directory's name for a single RocketMQ store
+brokerName        string                                  the broker directory (``broker-0``), or
+                                                          the store directory's name for a single
+                                                          RocketMQ store
 queueId           int
-queueOffset       bigint               the message's ConsumeQueue index
-commitLogOffset   bigint               the record's physical offset
-msgId             string               offset msgId (store host + physical offset, hex)
-keys              array<string>        the KEYS property split at spaces; null without KEYS
-tags              string               the TAGS property; null without
-properties        map<string,string>   every property as stored (KEYS, TAGS, UNIQ_KEY, the
-                                       user's own), in stored order
-body              binary               (only with bodyFormat binary)
-bornTimestamp     timestamp            as the producer stamped it (ms precision)
-storeTimestamp    timestamp            when the store appended it (ms precision)
-bornHost          string               ``ip:port``, IPv6 as ``[addr]:port``
-storeHost         string
-flag              int
-sysFlag           int
-reconsumeTimes    int
-================= ==================== =====================================================
+queueOffset       bigint                                  the message's ConsumeQueue index
+commitLogOffset   bigint                                  the record's physical offset
+msgId             string               includeMsgId       offset msgId (store host + physical
+                                                          offset, hex)
+keys              array<string>                           the KEYS property split at spaces; null
+                                                          without KEYS
+tags              string                                  the TAGS property; null without
+properties        map<string,string>   includeProperties  every property as stored (KEYS, TAGS,
+                                                          UNIQ_KEY, the user's own), in stored order
+body              binary                                  (only with bodyFormat binary)
+bornTimestamp     timestamp                               as the producer stamped it (ms precision)
+storeTimestamp    timestamp                               when the store appended it (ms precision)
+bornHost          string               includeHosts       ``ip:port``, IPv6 as ``[addr]:port``
+storeHost         string               includeHosts
+flag              int                  includeFlags       the producer's flag
+sysFlag           int                  includeFlags       compression, transaction type, ...
+reconsumeTimes    int                  includeFlags
+================= ==================== ================== ==========================================
 
 With ``bodyFormat`` avro or json, ``body`` is replaced by the columns of the topic's newest
 registered body schema, appended after the message columns.
@@ -39,7 +44,7 @@ import pyarrow as pa
 
 from pipeline.bodyformat import BodySchema
 from pipeline.errors import ConfigError
-from source.options import ReadOptions
+from source.options import OPTIONAL_COLUMNS, ReadOptions
 
 _TS = pa.timestamp("us", tz="UTC")
 MESSAGE_FIELDS: tuple[pa.Field, ...] = (
@@ -113,9 +118,19 @@ def body_format_and_schema(options: ReadOptions) -> tuple[str, BodySchema | None
     return fmt, schema
 
 
-def arrow_schema(body: BodySchema | None) -> pa.Schema:
-    """Message columns, with the body's decoded columns instead of ``body`` when given."""
-    if body is None:
-        return pa.schema(MESSAGE_FIELDS)
-    fields = [f for f in MESSAGE_FIELDS if f.name != "body"]
-    return pa.schema([*fields, *body.arrow_schema])
+def arrow_schema(body: BodySchema | None, optional: frozenset[str] = frozenset()) -> pa.Schema:
+    """The default message columns plus the ``optional`` ones, in :data:`MESSAGE_FIELDS`'s
+    order, with the body's decoded columns instead of ``body`` when given."""
+    fields = [
+        f
+        for f in MESSAGE_FIELDS
+        if (f.name not in OPTIONAL_COLUMNS or f.name in optional)
+        and not (body is not None and f.name == "body")
+    ]
+    return pa.schema(fields if body is None else [*fields, *body.arrow_schema])
+
+
+def full_arrow_schema(body: BodySchema | None) -> pa.Schema:
+    """Every column the source can produce (``includeAll``): what a schema given with
+    ``.schema(...)`` may pick from."""
+    return arrow_schema(body, OPTIONAL_COLUMNS)

@@ -34,6 +34,7 @@ def main(argv: list[str]) -> int:
         .option("topic", "e2e")
         .option("startingOffsets", "earliest")
         .option("maxMessagesPerTrigger", "300")
+        .option("includeMsgId", "true")
         .load()
         .select("brokerName", "queueId", "queueOffset", "msgId", "keys", "body")
     )

@@ -99,7 +99,7 @@ def read_all(opts: Mapping[str, str], *, streaming: bool = False) -> pa.Table:
     parsed = options.parse(opts, streaming=streaming)
     fmt, body = schema.body_format_and_schema(parsed)
     ctx = ReadContext(
-        schema=schema.arrow_schema(body),
+        schema=schema.arrow_schema(body, parsed.optional_columns),
         root=parsed.path,
         sub_expression=parsed.sub_expression,
         fail_on_data_loss=parsed.fail_on_data_loss,

@@ -195,7 +195,7 @@ def test_decoding_matches_the_engine(
         for info in store.queue_infos("orders"):
             for m in store.get_messages("orders", info.queue_id, 0, 1000).messages:
                 want[(m.queue_id, m.queue_offset)] = m
-    rows = read_all({"path": str(root), "topic": "orders"}).to_pylist()
+    rows = read_all({"path": str(root), "topic": "orders", "includeAll": "true"}).to_pylist()
     assert len(rows) == len(batch) == len(want)
     for row in rows:
         m = want[(row["queueId"], row["queueOffset"])]
@@ -230,7 +230,7 @@ def test_tag_filter_checks_the_real_tag_after_the_hash(tmp_path: Path) -> None:
     ids = list(range(len(tags)))
     StoreRoot(tmp_path).ensure_topic("orders", TopicMeta(1, 2))
     write(tmp_path, 0, message_table("orders", ids, 2, tags=tags))
-    base = {"path": str(tmp_path), "topic": "orders"}
+    base = {"path": str(tmp_path), "topic": "orders", "includeProperties": "true"}
     assert ids_of(read_all({**base, "subExpression": "Aa"}).to_pylist()) == [0, 4]
     assert ids_of(read_all({**base, "subExpression": "BB || TagA"}).to_pylist()) == [1, 2, 5, 7]
     assert ids_of(read_all({**base, "subExpression": "*"}).to_pylist()) == ids
@@ -248,7 +248,7 @@ def test_key_read_returns_exactly_that_keys_messages(tmp_path: Path) -> None:
         store.put(
             Message("orders", b"half", keys=["Aa"], sys_flag=record.TRANSACTION_PREPARED_TYPE)
         )
-    base = {"path": str(tmp_path), "topic": "orders", "key": "Aa"}
+    base = {"path": str(tmp_path), "topic": "orders", "key": "Aa", "includeProperties": "true"}
     assert ids_of(read_all(base).to_pylist()) == [0, 2, 4]
     assert ids_of(read_all({**base, "endTimestamp": "4999"}).to_pylist()) == [0, 2]
     assert ids_of(read_all({**base, "startTimestamp": "1001"}).to_pylist()) == [4]
@@ -361,7 +361,11 @@ def test_chunks_and_min_partitions_read_every_message_once(tmp_path: Path) -> No
     start, end = planner.batch_range()
     ranges = planner.ranges(start, end)
     assert len(ranges) == 17
-    ctx = ReadContext(schema=schema.arrow_schema(None), root=str(tmp_path), chunk_units=7)
+    ctx = ReadContext(
+        schema=schema.arrow_schema(None, frozenset({"properties"})),
+        root=str(tmp_path),
+        chunk_units=7,
+    )
     batches = [b for r in ranges for b in read_queue_range(r, ctx)]
     assert max(b.num_rows for b in batches) <= 7
     rows = pa.Table.from_batches(batches).to_pylist()
@@ -378,7 +382,9 @@ def test_chunks_and_min_partitions_read_every_message_once(tmp_path: Path) -> No
 @pytest.mark.parametrize("name", ["basic", "transactions", "crashed"])
 def test_fixture_reads_as_rocketmq_read_it(name: str) -> None:
     fixture = fixture_dir(name)
-    rows = read_all({"path": str(fixture / "store"), "topic": "TopicA,TopicB"}).to_pylist()
+    rows = read_all(
+        {"path": str(fixture / "store"), "topic": "TopicA,TopicB", "includeAll": "true"}
+    ).to_pylist()
     assert sorted(msg_line(r) for r in rows) == expected_msg_lines(fixture)
     for r in rows:
         assert r["brokerName"] == "store"

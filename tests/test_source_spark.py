@@ -82,6 +82,7 @@ def test_stream_from_earliest_in_bounded_batches(spark: Any, tmp_path: Path) -> 
         "topic": "orders",
         "startingOffsets": "earliest",
         "maxMessagesPerTrigger": "12",
+        "includeProperties": "true",
     }
     batches, progress = stream(spark, opts, tmp_path / "ck")
     assert [p["numInputRows"] for p in progress if p["numInputRows"]] == [12, 12, 12, 12, 2]
@@ -105,7 +106,12 @@ def test_stream_from_earliest_in_bounded_batches(spark: Any, tmp_path: Path) -> 
 def test_stream_from_latest_reads_only_what_comes_later(spark: Any, tmp_path: Path) -> None:
     root = tmp_path / "root"
     make_root(root, "orders", brokers=2, queues=2, count=20)
-    opts = {"path": str(root), "topic": "orders", "startingOffsets": "latest"}
+    opts = {
+        "path": str(root),
+        "topic": "orders",
+        "startingOffsets": "latest",
+        "includeProperties": "true",
+    }
     batches, _ = stream(spark, opts, tmp_path / "ck")
     assert flat(batches) == []
     # New messages on the known brokers, and a broker that did not exist when the query started:
@@ -138,7 +144,12 @@ def test_stream_from_a_timestamp(spark: Any, tmp_path: Path) -> None:
         )
     batches, _ = stream(
         spark,
-        {"path": str(root), "topic": "orders", "startingTimestamp": "1500000"},
+        {
+            "path": str(root),
+            "topic": "orders",
+            "startingTimestamp": "1500000",
+            "includeProperties": "true",
+        },
         tmp_path / "ck",
     )
     rows = flat(batches)
@@ -148,7 +159,12 @@ def test_stream_from_a_timestamp(spark: Any, tmp_path: Path) -> None:
     by_queue = '{"orders": {"broker-0": {"0": 1500000, "1": -1}, "broker-1": {"1": 2000001}}}'
     batches, _ = stream(
         spark,
-        {"path": str(root), "topic": "orders", "startingOffsetsByTimestamp": by_queue},
+        {
+            "path": str(root),
+            "topic": "orders",
+            "startingOffsetsByTimestamp": by_queue,
+            "includeProperties": "true",
+        },
         tmp_path / "ck2",
     )
     # broker-0/0 from the second put; broker-0/1 latest (nothing); broker-1/1 after the last
@@ -180,7 +196,7 @@ def test_stream_from_explicit_offsets(spark: Any, tmp_path: Path) -> None:
 def test_tag_filter_and_key_reads(spark: Any, tmp_path: Path) -> None:
     root = tmp_path / "root"
     ids = make_root(root, "orders", brokers=2, queues=2, count=30)
-    base = {"path": str(root), "topic": "orders"}
+    base = {"path": str(root), "topic": "orders", "includeProperties": "true"}
     df = batch_read(spark, {**base, "subExpression": "TagA || TagC"})
     want = spark.createDataFrame(
         [(f"m{i}:", ["TagA", "TagB", "TagC"][i % 3]) for i in ids if i % 3 != 1],
@@ -263,7 +279,12 @@ def test_retention_with_fail_on_data_loss(spark: Any, tmp_path: Path) -> None:
     root = tmp_path / "root"
     StoreRoot(root).ensure_topic("orders", TopicMeta(1, 2))
     write(root, 0, message_table("orders", list(range(10)), 2))
-    opts = {"path": str(root), "topic": "orders", "startingOffsets": "earliest"}
+    opts = {
+        "path": str(root),
+        "topic": "orders",
+        "startingOffsets": "earliest",
+        "includeProperties": "true",
+    }
     batches, _ = stream(spark, opts, tmp_path / "ck")
     assert ids_of(flat(batches)) == list(range(10))
     # Many more messages, then retention deletes the oldest CommitLog segments, with messages
@@ -298,7 +319,7 @@ def test_retention_with_fail_on_data_loss(spark: Any, tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["basic", "transactions", "crashed"])
 def test_fixture_as_batch_and_as_stream(spark: Any, tmp_path: Path, name: str) -> None:
     fixture = fixture_dir(name)
-    opts = {"path": str(fixture / "store"), "topic": "TopicA,TopicB"}
+    opts = {"path": str(fixture / "store"), "topic": "TopicA,TopicB", "includeAll": "true"}
     expected = expected_msg_lines(fixture)
     rows = [r.asDict(recursive=True) for r in batch_read(spark, opts).collect()]
     assert sorted(msg_line(r) for r in rows) == expected

@@ -1,0 +1,161 @@
+"""What the source reads from the files, on a queue of a million units: planning (driver side)
+reads O(log n) ConsumeQueue units per queue per call, and a partition reads the units of its
+own range and no others."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from pipeline.root import StoreRoot, TopicMeta
+from pipeline.store import MessageStore
+from source import brokerview, options, schema
+from source.brokerview import BrokerView, QueueBounds
+from source.planning import Limit, Planner, QueueRange
+from source.read import ReadContext, read_queue_range
+
+UNITS = 1_000_000
+PER_FILE = 100_000  # ConsumeQueue units per file: ten files
+MAX_UNITS_PER_CALL = 64  # about 3 x log2(UNITS); reading every unit would be 1M
+CONFIG = StoreConfig(
+    mapped_file_size_commitlog=64 << 20,
+    mapped_file_size_consume_queue=PER_FILE * CQ_UNIT_SIZE,
+)
+QUEUE = ("big", "broker-0", 0)
+
+
+PUTS = 8
+T0 = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def big_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One queue of UNITS messages written by the native put in PUTS puts, put k stored at
+    ``T0 + 1000 k`` ms."""
+    root = tmp_path_factory.mktemp("big")
+    StoreRoot(root).ensure_topic("big", TopicMeta(1, 1))
+    now = [T0]
+    table = pa.table(
+        {
+            "topic": pa.array(["big"] * UNITS, pa.string()),
+            "body": pa.array([b"x"] * UNITS, pa.binary()),
+            "queueId": pa.array(np.zeros(UNITS, dtype=np.int32)),
+        }
+    )
+    step = UNITS // PUTS
+    with MessageStore(root / "broker-0", CONFIG, clock_ms=lambda: now[0]) as store:
+        for k in range(PUTS):
+            now[0] = T0 + 1000 * k
+            store.put_batch(table.slice(k * step, step))
+    return root
+
+
+class Reads:
+    """Bytes read by ``pread``, by kind of file."""
+
+    def __init__(self) -> None:
+        self.cq_bytes = 0
+        self.log_bytes = 0
+
+    @property
+    def units(self) -> int:
+        return self.cq_bytes // CQ_UNIT_SIZE
+
+    def add(self, path: str, n: int) -> None:
+        if f"{os.sep}consumequeue{os.sep}" in path:
+            self.cq_bytes += n
+        else:
+            self.log_bytes += n
+
+
+@pytest.fixture
+def planning_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[Reads]:
+    """Counts what the broker view reads (every read it makes goes through ``_Files.pread``)."""
+    reads = Reads()
+    real = brokerview._Files.pread
+
+    def counted(self: brokerview._Files, path: Path, n: int, offset: int) -> bytes:
+        got = real(self, path, n, offset)
+        reads.add(str(path), len(got))
+        return got
+
+    monkeypatch.setattr(brokerview._Files, "pread", counted)
+    yield reads
+
+
+@pytest.fixture
+def file_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[Reads]:
+    """Counts every ``os.pread`` of this process, by the file its descriptor is open on."""
+    reads = Reads()
+    real = os.pread
+
+    def counted(fd: int, n: int, offset: int) -> bytes:
+        got = real(fd, n, offset)
+        reads.add(os.readlink(f"/proc/self/fd/{fd}"), len(got))
+        return got
+
+    monkeypatch.setattr(os, "pread", counted)
+    yield reads
+
+
+def _parse(root: Path, **extra: str) -> options.ReadOptions:
+    return options.parse({"path": str(root), "topic": "big", **extra}, streaming=True)
+
+
+def test_queue_bounds_read_a_few_units(big_root: Path, planning_reads: Reads) -> None:
+    view = BrokerView("broker-0", big_root / "broker-0")
+    assert view.queue_bounds("big", 0) == QueueBounds(0, UNITS)
+    assert 0 < planning_reads.units <= MAX_UNITS_PER_CALL
+    # The newest record is checked, and nothing much besides.
+    assert 0 < planning_reads.log_bytes <= 4096
+
+
+@pytest.mark.parametrize(("at", "want"), [(T0 + 5000, 625_000), (T0 + 5001, 750_000)])
+def test_a_store_time_search_reads_a_few_units_and_records(
+    big_root: Path, planning_reads: Reads, at: int, want: int
+) -> None:
+    view = BrokerView("broker-0", big_root / "broker-0")
+    assert view.offset_for_time("big", 0, at, QueueBounds(0, UNITS)) == want
+    assert 0 < planning_reads.units <= MAX_UNITS_PER_CALL
+    # One record head per unit looked at.
+    assert 0 < planning_reads.log_bytes <= MAX_UNITS_PER_CALL * 128
+
+
+def test_a_micro_batch_plans_with_a_few_units(big_root: Path, planning_reads: Reads) -> None:
+    planner = Planner(_parse(big_root, maxMessagesPerTrigger="1000"))
+    start = {QUEUE: 500_000}
+    end = planner.next_end(start, Limit(max_rows=1000))
+    assert end == {QUEUE: 501_000}
+    assert planning_reads.units <= MAX_UNITS_PER_CALL
+    before = planning_reads.units
+    assert planner.ranges(start, end) == [
+        QueueRange("big", "broker-0", str(big_root / "broker-0"), 0, 500_000, 501_000)
+    ]
+    assert planning_reads.units - before <= MAX_UNITS_PER_CALL
+    before = planning_reads.units
+    at = Planner(_parse(big_root, startingTimestamp=str(T0 + 7000))).initial_offsets()
+    assert at == {QUEUE: 7 * UNITS // PUTS}
+    # Its bounds, then the search.
+    assert planning_reads.units - before <= 2 * MAX_UNITS_PER_CALL
+
+
+@pytest.mark.parametrize(
+    ("start", "end"),
+    [(500_000, 501_000), (PER_FILE - 10, PER_FILE + 10), (UNITS - 3, UNITS)],
+    ids=["middle", "across-files", "tail"],
+)
+def test_a_partition_reads_only_its_units(
+    big_root: Path, file_reads: Reads, start: int, end: int
+) -> None:
+    ctx = ReadContext(schema.arrow_schema(None), str(big_root), chunk_units=700)
+    rng = QueueRange("big", "broker-0", str(big_root / "broker-0"), 0, start, end)
+    batches = list(read_queue_range(rng, ctx))
+    offsets = pa.Table.from_batches(batches).column("queueOffset").to_pylist()
+    assert offsets == list(range(start, end))
+    assert file_reads.cq_bytes == (end - start) * CQ_UNIT_SIZE
