@@ -44,16 +44,18 @@ from pyspark.sql.types import StructType
 
 from pipeline.errors import ConfigError
 from source import offsets, options, schema
-from source.planning import KeyRange, Limit, Planner, QueueRange
+from source.offsets import QueueKey
+from source.planning import KeyRange, Limit, Planner, QueueRange, pack_ranges
 from source.read import ReadContext, read_key, read_queue_range
 
 
 class QueuePartition(InputPartition):
-    """One queue range of a batch (picklable)."""
+    """Queue ranges of a batch, read one after another (picklable; see
+    :func:`~source.planning.pack_ranges`)."""
 
-    def __init__(self, rng: QueueRange) -> None:
-        super().__init__(rng)
-        self.range = rng
+    def __init__(self, ranges: tuple[QueueRange, ...]) -> None:
+        super().__init__(ranges)
+        self.ranges = ranges
 
 
 class KeyPartition(InputPartition):
@@ -86,9 +88,18 @@ def _context(opts: options.ReadOptions, spark_schema: StructType) -> ReadContext
     )
 
 
+def _queue_partitions(
+    planner: Planner, start: Mapping[QueueKey, int], end: Mapping[QueueKey, int]
+) -> list[InputPartition]:
+    ranges = planner.ranges(start, end)
+    packed = pack_ranges(ranges, planner.options.min_partitions)
+    return [QueuePartition(group) for group in packed]
+
+
 def _read(partition: InputPartition, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
     if isinstance(partition, QueuePartition):
-        yield from read_queue_range(partition.range, ctx)
+        for rng in partition.ranges:
+            yield from read_queue_range(rng, ctx)
     elif isinstance(partition, KeyPartition):
         yield from read_key(partition.key_range, ctx)
     # Anything else is Spark's placeholder for a batch with no partitions: nothing to read.
@@ -107,7 +118,7 @@ class RocketStoreBatchReader(DataSourceReader):
         if self.options.key is not None:
             return [KeyPartition(k) for k in planner.key_ranges()]
         start, end = planner.batch_range()
-        return [QueuePartition(r) for r in planner.ranges(start, end)]
+        return _queue_partitions(planner, start, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(partition, self.ctx)
@@ -152,10 +163,11 @@ class RocketStoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         self.planner.prepare_available_now()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        ranges = self.planner.ranges(
-            offsets.from_json(start, "start offset"), offsets.from_json(end, "end offset")
+        return _queue_partitions(
+            self.planner,
+            offsets.from_json(start, "start offset"),
+            offsets.from_json(end, "end offset"),
         )
-        return [QueuePartition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(partition, self.ctx)

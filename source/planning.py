@@ -162,6 +162,38 @@ def split_ranges(ranges: list[QueueRange], min_partitions: int | None) -> list[Q
     return out
 
 
+# Spark runs a Python data source partition as a task of its own, which costs tens of ms
+# whatever it reads (about 70 ms each on a loaded 2-vCPU machine, against about 5 ms to decode
+# 10K messages): small queue ranges share a partition until it holds this many messages.
+PARTITION_MESSAGES = 1 << 16
+
+
+def pack_ranges(
+    ranges: list[QueueRange], min_partitions: int | None, target: int = PARTITION_MESSAGES
+) -> list[tuple[QueueRange, ...]]:
+    """Group ``ranges`` (in order) into partitions of at least ``target`` messages where they
+    are smaller, each range in exactly one partition; a range of ``target`` or more is a
+    partition of its own. With ``minPartitions``, the ranges (already split to that many) are
+    not packed: the user asked for that parallelism."""
+    if min_partitions:
+        return [(r,) for r in ranges]
+    out: list[tuple[QueueRange, ...]] = []
+    group: list[QueueRange] = []
+    size = 0
+    for r in ranges:
+        if r.count >= target:
+            out.append((r,))
+            continue
+        group.append(r)
+        size += r.count
+        if size >= target:
+            out.append(tuple(group))
+            group, size = [], 0
+    if group:
+        out.append(tuple(group))
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     """What :func:`next_offsets` decided: the end offsets and the losses it stepped over."""

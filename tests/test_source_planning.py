@@ -24,6 +24,7 @@ from source.planning import (
     QueueRange,
     apportion,
     next_offsets,
+    pack_ranges,
     split_ranges,
 )
 
@@ -76,6 +77,44 @@ def test_split_ranges_covers_each_range_in_order(
         assert mine[0].start == r.start and mine[-1].end == r.end
         assert all(a.end == b.start for a, b in itertools.pairwise(mine))
         assert max(p.count for p in mine) - min(p.count for p in mine) <= 1
+
+
+@given(
+    sizes=st.lists(st.integers(1, 400), max_size=20),
+    target=st.integers(1, 600),
+    min_partitions=st.one_of(st.none(), st.integers(1, 5)),
+)
+def test_pack_ranges_against_a_model(
+    sizes: list[int], target: int, min_partitions: int | None
+) -> None:
+    ranges = [_range(q, 0, n) for q, n in enumerate(sizes)]
+    groups = pack_ranges(ranges, min_partitions, target)
+    if min_partitions:
+        assert groups == [(r,) for r in ranges]
+        return
+    # Model: walk the ranges; a big one is alone, small ones gather until they reach target.
+    expected: list[tuple[QueueRange, ...]] = []
+    pending: list[QueueRange] = []
+    for r in ranges:
+        if r.count >= target:
+            expected.append((r,))
+        else:
+            pending.append(r)
+            if sum(p.count for p in pending) >= target:
+                expected.append(tuple(pending))
+                pending = []
+    if pending:
+        expected.append(tuple(pending))
+    assert groups == expected
+    assert sorted(r.queue_id for g in groups for r in g) == list(range(len(sizes)))
+    assert all(sum(r.count for r in g) >= target for g in groups[:-1] if len(g) > 1)
+
+
+def test_a_small_micro_batch_is_one_partition_a_backlog_one_per_queue() -> None:
+    small = [_range(q, 0, 1_250) for q in range(8)]  # 10K messages over 8 queues
+    assert pack_ranges(small, None) == [tuple(small)]
+    big = [_range(q, 0, 300_000) for q in range(8)]
+    assert pack_ranges(big, None) == [(r,) for r in big]
 
 
 # -- next_offsets against a model ---------------------------------------------------------------
