@@ -29,7 +29,7 @@ StringTriple = tuple[Any, npt.NDArray[np.int64], npt.NDArray[np.uint8] | None]
 EncodeBatch = _native.EncodeBatch
 index_put = _native.index_put
 index_keys = _native.index_keys
-encode_one = _native.encode_one
+SinglePut = _native.SinglePut
 
 _EMPTY = b""
 

@@ -319,6 +319,15 @@ def test_index_keys_skip_rollback_and_empty_tokens() -> None:
 @given(batch=st.lists(messages(), min_size=1, max_size=30))
 def test_single_puts_write_what_batches_of_one_write(tmp_path: Path, batch: list[Message]) -> None:
     """``put`` takes its own path for plain messages; the bytes must be the batch path's."""
+    put_both_ways(tmp_path, batch, InvalidMessageError)
+
+
+def put_both_ways(
+    tmp_path: Path, batch: list[Message], errors: type[Exception], first: Message | None = None
+) -> None:
+    """Put ``batch`` into two stores, one ``put`` at a time and as batches of one (after
+    ``first``, put the same way into both): the results, the ``errors`` raised (type and text)
+    and the CommitLog, ConsumeQueue and index files must be equal."""
     batch = [
         dataclasses.replace(m, uniq_key=m.uniq_key or f"{i:032X}") for i, m in enumerate(batch)
     ]
@@ -328,16 +337,14 @@ def test_single_puts_write_what_batches_of_one_write(tmp_path: Path, batch: list
         clock = iter(range(10**12, 10**12 + 10**7, 700))
         got = outcomes[name] = []
         with MessageStore(root / name, CONFIG, clock_ms=lambda c=clock: next(c)) as store:
+            if first is not None:
+                store.put(first)
             for m in batch:
                 try:
-                    if single:
-                        r = store.put(m)
-                        got.append((r.msg_id, r.queue_offset, r.store_size, r.uniq_key))
-                    else:
-                        b = next(store.put_batch([m]).results())
-                        got.append((b.msg_id, b.queue_offset, b.store_size, b.uniq_key))
-                except InvalidMessageError as exc:
-                    got.append(str(exc))
+                    r = store.put(m) if single else next(store.put_batch([m]).results())
+                    got.append(tuple(r))
+                except errors as exc:
+                    got.append((type(exc).__name__, str(exc)))
     assert outcomes["single"] == outcomes["batch"]
 
     def files(path: Path) -> dict[str, bytes]:
@@ -351,10 +358,83 @@ def test_single_puts_write_what_batches_of_one_write(tmp_path: Path, batch: list
     assert files(root / "single") == files(root / "batch")
 
 
+# Field values at and past the edges of what a single put takes itself: separators inside
+# values, empty strings, reserved property names, lone surrogates, types other than the declared
+# ones, out-of-range integers, a bad topic.
+ODD_TEXT = st.sampled_from(["t", "", " a  b ", "a\x01b", "a\x02", "\ud800", "ü ✓", "x" * 40])
+ODD_KEYS = (
+    st.none()
+    | ODD_TEXT
+    | st.lists(ODD_TEXT, max_size=3)
+    | st.tuples(ODD_TEXT, ODD_TEXT)
+    | st.sampled_from([[1], ("a", None), b"k"])
+)
+ODD_PROPS = st.none() | st.dictionaries(
+    st.sampled_from(["k", "", "KEYS", "TAGS", "UNIQ_KEY", "k\x01", "p q"]), ODD_TEXT, max_size=3
+)
+
+
+ODD_FIELDS = {
+    "topic": st.sampled_from(["bad topic", "T\n", "", "x" * 128]),
+    "body": st.sampled_from([b"", bytes(range(256)), bytearray(b"ba"), "text"]),
+    "queue_id": st.sampled_from([-1, 2**31, True]),
+    "keys": ODD_KEYS,
+    "tags": ODD_TEXT | st.just(5),
+    "properties": ODD_PROPS,
+    "flag": st.sampled_from([-1, 2**31 - 1, 2**31, False]),
+    "sys_flag": st.sampled_from([4, 8, None]),
+    "born_timestamp": st.sampled_from([0, -5, 2**63]),
+    "born_host": st.sampled_from(["", "10.0.0.7:4000"]),
+    "reconsume_times": st.just(1),
+    "prepared_transaction_offset": st.just(7),
+    "uniq_key": st.sampled_from(["a\x01b", "\ud800", "ü"]),
+}
+
+
+@st.composite
+def odd_messages(draw: st.DrawFn) -> Message:
+    """A plain message with up to two fields replaced by odd values."""
+    plain = Message(
+        topic="TopicA",
+        body=draw(st.binary(max_size=40)),
+        queue_id=draw(st.integers(0, 2)),
+        keys=draw(st.none() | st.lists(st.sampled_from(["k1", "k 2", ""]), max_size=2)),
+        tags=draw(st.none() | st.sampled_from(["t", ""])),
+        properties=draw(st.none() | st.just({"p": "v"})),
+    )
+    odd = draw(st.lists(st.sampled_from(sorted(ODD_FIELDS)), max_size=2, unique=True))
+    return dataclasses.replace(plain, **{f: draw(ODD_FIELDS[f]) for f in odd})
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(batch=st.lists(odd_messages(), min_size=1, max_size=12))
+def test_odd_single_puts_match_batches_of_one(tmp_path: Path, batch: list[Message]) -> None:
+    """Whatever a single put takes itself, it stores as a batch of one would; whatever it
+    refuses, it refuses with the batch path's error. A first put creates the queue's files, so
+    the later ones can take the single path."""
+    first = Message("TopicA", b"first", queue_id=0, uniq_key="F" * 32)
+    put_both_ways(tmp_path, batch, Exception, first)
+
+
 def test_plain_single_puts_take_the_single_put_path(tmp_path: Path, monkeypatch) -> None:
     calls = []
-    real = native.encode_one
-    monkeypatch.setattr(native, "encode_one", lambda *a: calls.append(a[3]) or real(*a))
+
+    class Counting:
+        """The native single put, counting the puts it took."""
+
+        def __init__(self, *args: object) -> None:
+            self.real = native_single_put(*args)
+
+        def put(self, *args: object) -> object:
+            done = self.real.put(*args)
+            if done is not None:
+                calls.append(done)
+            return done
+
+    native_single_put = native.SinglePut
+    monkeypatch.setattr(native, "SinglePut", Counting)
     plain = [
         Message("TopicA", f"body {i}".encode(), queue_id=i % 3, keys=[f"k{i}", "x y"], tags="T")
         for i in range(200)
