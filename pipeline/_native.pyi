@@ -83,6 +83,15 @@ def index_put(
 def walk(
     buf: Any, start: int, limit: int, base: int, check_crc: bool, max_records: int = ...
 ) -> dict[str, Any]: ...
+def dispatch_walk(
+    buf: Any,
+    start: int,
+    limit: int,
+    base: int,
+    end_phys: int,
+    check_crc: bool,
+    index: bool,
+) -> dict[str, Any]: ...
 
 class SinglePut:
     def __init__(

@@ -294,7 +294,7 @@ class ConsumeQueue:
                     f"{have}"
                 )
             self._fill_pre_blank(start)
-        data = units.tobytes()
+        data = np.ascontiguousarray(units).view(np.uint8).data
         pos = start * CQ_UNIT_SIZE
         written = 0
         while written < len(data):

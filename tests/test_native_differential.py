@@ -4,12 +4,14 @@ Batches put through the store (native encoder, native index chain) must leave ex
 ConsumeQueue and IndexFile bytes that a plain, record-at-a-time reference builds from the
 CommitLog with :mod:`pipeline.record` and Java's hash as :func:`pipeline.javahash.java_hash`
 spells it; the native record walk must see exactly what :func:`pipeline.record.scan_record`
-sees; the native hashes and CRCs must equal the reference functions.
+sees, and the one-pass re-dispatch walk must derive what the walk's columns say; the native
+hashes and CRCs must equal the reference functions.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import struct
 import tempfile
 import zlib
@@ -150,10 +152,13 @@ def read_log(path: Path, config: StoreConfig) -> list[record.MessageExt]:
 @given(
     batches=st.lists(st.lists(messages(), min_size=1, max_size=20), min_size=1, max_size=4),
     big_props=st.booleans(),
+    lose=st.sampled_from(["consumequeue", "index", "both"]),
 )
 def test_store_files_equal_the_reference(
-    tmp_path: Path, batches: list[list[Message]], big_props: bool
+    tmp_path: Path, batches: list[list[Message]], big_props: bool, lose: str
 ) -> None:
+    """The files batch puts write, and the files an open rebuilds from the CommitLog after
+    ``lose`` was deleted, equal the reference's."""
     if big_props:
         # One message with PROPERTIES at exactly the 32767-byte limit.
         fixed = len("UNIQ_KEY\x01") + 32 + len("\x02p\x01")
@@ -176,12 +181,21 @@ def test_store_files_equal_the_reference(
         assert len(raw) == record.MAX_PROPERTIES_LENGTH
     want_queues, want_index = reference_files(log, config)
     cq_root = path / "consumequeue"
-    got_queues = {
-        str(f.relative_to(cq_root)): f.read_bytes() for f in cq_root.rglob("*") if f.is_file()
-    }
-    assert got_queues == want_queues
-    got_index = [f.read_bytes() for f in sorted((path / "index").iterdir())]
-    assert got_index == want_index
+
+    def check_files() -> None:
+        got_queues = {
+            str(f.relative_to(cq_root)): f.read_bytes() for f in cq_root.rglob("*") if f.is_file()
+        }
+        assert got_queues == want_queues
+        got_index = [f.read_bytes() for f in sorted((path / "index").iterdir())]
+        assert got_index == want_index
+
+    check_files()
+    for sub in ("consumequeue", "index") if lose == "both" else (lose,):
+        shutil.rmtree(path / sub)
+    with MessageStore(path, config, clock_ms=lambda: next(clock)) as store:
+        assert store.recovery.records_redispatched == len(log)
+    check_files()
 
 
 def _scan_reference(buf: bytes, base: int) -> list[tuple]:
@@ -218,14 +232,48 @@ def _scan_reference(buf: bytes, base: int) -> list[tuple]:
     return out
 
 
+def check_dispatch_walk(
+    data: bytes, start: int, base: int, *, check_crc: bool = True, end: int = 1 << 62
+) -> None:
+    """The one-pass dispatch walk stops where the walk stops (or at ``end``) and derives the
+    units and index entries the walk's columns say dispatch writes, queue by queue in order of
+    each queue's first record."""
+    w = native.walk(data, start, len(data), base, check_crc=check_crc)
+    n = int((w.phys < end).sum())
+    d = native.dispatch_walk(data, start, len(data), base, end, check_crc=check_crc, index=True)
+    assert d.count == n
+    if n < len(w):
+        assert (d.end, d.stop) == (int(w.phys[n]), native.STOP_END)
+    else:
+        assert (d.end, d.stop, d.reason) == (w.end, w.stop, w.reason)
+    runs: dict[tuple[str, int], tuple[int, list[bytes]]] = {}
+    last_unit_ts = -1
+    for i in range(n):
+        tx = int(w.sys_flags[i]) & record.TRANSACTION_MASK
+        if tx in (record.TRANSACTION_NOT_TYPE, record.TRANSACTION_COMMIT_TYPE):
+            key = (w.topics[int(w.topic_codes[i])], int(w.queue_ids[i]))
+            units = runs.setdefault(key, (int(w.queue_offsets[i]), []))[1]
+            units.append(UNIT.pack(int(w.phys[i]), int(w.sizes[i]), int(w.tags_codes[i])))
+            last_unit_ts = int(w.store_ts[i])
+    assert [(t, q, first, units.tobytes()) for t, q, first, units in d.runs] == [
+        (t, q, first, b"".join(units)) for (t, q), (first, units) in runs.items()
+    ]
+    assert d.last_unit_ts == last_unit_ts
+    entries = w.key_rows < n
+    assert d.key_hashes.tolist() == w.key_hashes[entries].tolist()
+    assert d.phys.tolist() == w.phys[w.key_rows[entries]].tolist()
+    assert d.store_ts.tolist() == w.store_ts[w.key_rows[entries]].tolist()
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     batch=st.lists(messages(), min_size=1, max_size=15),
     cut=st.integers(0, 10**6),
     check_crc=st.booleans(),
+    stop_at=st.integers(0, 16),
 )
 def test_walk_sees_what_the_reference_scan_sees(
-    batch: list[Message], cut: int, check_crc: bool
+    batch: list[Message], cut: int, check_crc: bool, stop_at: int
 ) -> None:
     buf = bytearray()
     base = 4096
@@ -274,6 +322,9 @@ def test_walk_sees_what_the_reference_scan_sees(
     ends_at = want[-1][0] + want[-1][1] if want else base
     assert w.end == ends_at
     assert w.stop == (native.STOP_END if len(data) - (ends_at - base) < 8 else native.STOP_INVALID)
+    check_dispatch_walk(data, 0, base, check_crc=check_crc)
+    if stop_at < len(want):
+        check_dispatch_walk(data, 0, base, check_crc=check_crc, end=want[stop_at][0])
 
 
 UNICODE = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)

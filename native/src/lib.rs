@@ -14,6 +14,7 @@ mod hash;
 mod index;
 mod layout;
 mod owned;
+mod redispatch;
 mod scan;
 mod single;
 
@@ -28,6 +29,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<single::SinglePut>()?;
     m.add_function(wrap_pyfunction!(index::index_put, m)?)?;
     m.add_function(wrap_pyfunction!(scan::walk, m)?)?;
+    m.add_function(wrap_pyfunction!(redispatch::dispatch_walk, m)?)?;
     m.add_class::<owned::Owned>()?;
     m.add_function(wrap_pyfunction!(decode::decode, m)?)?;
     m.add_function(wrap_pyfunction!(decode::record_starts, m)?)?;
