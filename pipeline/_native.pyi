@@ -1,5 +1,6 @@
 """Type stubs of the native core (the Rust crate in native/); see pipeline/native.py."""
 
+from collections.abc import Callable
 from typing import Any
 
 DECODE_BODY: int
@@ -82,21 +83,40 @@ def index_put(
 def walk(
     buf: Any, start: int, limit: int, base: int, check_crc: bool, max_records: int = ...
 ) -> dict[str, Any]: ...
-def encode_one(
-    dest: Any,
-    pos: int,
-    topic: bytes,
-    body: bytes,
-    props: bytes,
-    queue_id: int,
-    flag: int,
-    queue_offset: int,
-    phys: int,
-    sys_flag: int,
-    born_ts: int,
-    born_host: bytes,
-    store_ts: int,
-    store_host: bytes,
-    reconsume: int,
-    prep_tx: int,
-) -> tuple[int, int, list[int]]: ...
+def dispatch_walk(
+    buf: Any,
+    start: int,
+    limit: int,
+    base: int,
+    end_phys: int,
+    check_crc: bool,
+    index: bool,
+) -> dict[str, Any]: ...
+
+class SinglePut:
+    def __init__(
+        self,
+        store_host: bytes,
+        max_body: int,
+        segment_size: int,
+        slot_num: int,
+        index_num: int,
+    ) -> None: ...
+    def put(
+        self,
+        msg: Any,
+        uniq: Any,
+        now: int,
+        log: Any,
+        log_pos: int,
+        phys: int,
+        units: Any,
+        unit_pos: int,
+        queue_offset: int,
+        index: Any | None,
+        index_count: int,
+        begin_ts: int,
+        begin_phy: int,
+        slot_count: int,
+        hook: Callable[[str, int], None] | None,
+    ) -> tuple[int, int, int] | None: ...

@@ -31,6 +31,7 @@ import numpy.typing as npt
 from pipeline import failpoints
 from pipeline.config import CQ_UNIT_SIZE
 from pipeline.errors import OffsetOutOfRangeError, StoreError
+from pipeline.mapped_file import MappedFile
 from pipeline.mappings import MappingCache
 from pipeline.segments import SegmentQueue
 
@@ -293,7 +294,7 @@ class ConsumeQueue:
                     f"{have}"
                 )
             self._fill_pre_blank(start)
-        data = units.tobytes()
+        data = np.ascontiguousarray(units).view(np.uint8).data
         pos = start * CQ_UNIT_SIZE
         written = 0
         while written < len(data):
@@ -306,24 +307,23 @@ class ConsumeQueue:
         if len(units):
             self.max_physic_offset = int(units[-1]["offset"]) + int(units[-1]["size"])
 
-    def room_for_one(self, queue_offset: int) -> bool:
-        """Whether unit ``queue_offset`` is the next one and fits the last file as it is (the
-        single-put path's precondition)."""
+    def tail_for(self, queue_offset: int) -> MappedFile | None:
+        """The last file, if unit ``queue_offset`` is the next one and fits it as it is (the
+        single-put path writes the unit there itself), else None."""
         last = self.segments.last
-        return (
-            last is not None
-            and last.end == queue_offset * CQ_UNIT_SIZE
-            and last.wrote_position + CQ_UNIT_SIZE <= last.size
-        )
+        if (
+            last is None
+            or last.base + last.wrote_position != queue_offset * CQ_UNIT_SIZE
+            or last.wrote_position + CQ_UNIT_SIZE > last.size
+        ):
+            return None
+        return last
 
-    def append_one(self, phys: int, size: int, tags_code: int) -> None:
-        """Append one unit where :meth:`room_for_one` said it fits."""
-        failpoints.hit("consumequeue-append")
-        last = self.segments.last
-        assert last is not None
-        UNIT.pack_into(last.buffer, last.wrote_position, phys, size, tags_code)
+    def appended_one(self, last: MappedFile, record_end: int) -> None:
+        """Take note of one unit written at the end of ``last`` (see :meth:`tail_for`) for the
+        record ending at CommitLog offset ``record_end``."""
         last.wrote_position += CQ_UNIT_SIZE
-        self.max_physic_offset = phys + size
+        self.max_physic_offset = record_end
 
     def _fill_pre_blank(self, start: int) -> None:
         pos = start * CQ_UNIT_SIZE

@@ -1,10 +1,10 @@
 """Dispatch ("reput"): derive ConsumeQueue units and IndexFile entries from CommitLog records.
 
-A :class:`DispatchBatch` describes a run of records column by column. It comes either straight
-from a batch put (:func:`from_prepared`, which already has every column) or from the CommitLog
-bytes through the native record walk (:func:`from_walks`, :func:`from_commitlog`, used on open
-and after a crash, resuming at any record boundary). Both feed :func:`apply`, so what a put dispatches is exactly what a rebuild from the
-log would produce.
+A batch put describes its records column by column as a :class:`DispatchBatch`
+(:func:`from_prepared`) and writes it with :func:`apply`. On open and after a crash,
+:func:`redispatch` derives the same units and entries from the CommitLog bytes in one native
+pass per segment, resuming at any record boundary, and writes them the same way; the
+differential and fixture tests hold the two to the same bytes.
 
 Rules (RocketMQ's): PREPARED and ROLLBACK transaction records get no ConsumeQueue unit;
 ROLLBACK records get no index entries; a record's index keys are its UNIQ_KEY, then each
@@ -16,8 +16,7 @@ Thread-safety: none; runs on the store's writer.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -47,27 +46,6 @@ class DispatchBatch:
     def __len__(self) -> int:
         return len(self.phys)
 
-    def select(self, rows: npt.NDArray[np.bool_]) -> DispatchBatch:
-        """The batch's records where ``rows`` is set (a prefix, as used here), with their
-        index entries."""
-        keep = np.flatnonzero(rows)
-        renumber = np.full(len(self.phys), -1, dtype=np.int64)
-        renumber[keep] = np.arange(len(keep))
-        entries = rows[self.key_rows]
-        return DispatchBatch(
-            phys=self.phys[keep],
-            sizes=self.sizes[keep],
-            topics=self.topics,
-            topic_codes=self.topic_codes[keep],
-            queue_ids=self.queue_ids[keep],
-            queue_offsets=self.queue_offsets[keep],
-            tags_codes=self.tags_codes[keep],
-            sys_flags=self.sys_flags[keep],
-            store_ts=self.store_ts[keep],
-            key_rows=renumber[self.key_rows[entries]],
-            key_hashes=self.key_hashes[entries],
-        )
-
     @property
     def end(self) -> int:
         """Physical offset just past the last record (0 for an empty batch)."""
@@ -95,69 +73,50 @@ def from_prepared(
     )
 
 
-def from_walks(walks: Iterable[native.Walk]) -> DispatchBatch:
-    """A dispatch batch from native record walks (see :meth:`CommitLog.walks`), in order."""
-    parts = [w for w in walks if len(w)]
-    if not parts:
-        return DispatchBatch(
-            *(np.zeros(0, np.int64),) * 2,
-            [],
-            np.zeros(0, np.int32),
-            np.zeros(0, np.int32),
-            np.zeros(0, np.int64),
-            np.zeros(0, np.int64),
-            np.zeros(0, np.int32),
-            np.zeros(0, np.int64),
-            np.zeros(0, np.int64),
-            np.zeros(0, np.int32),
-        )
-    topics: dict[str, int] = {}
-    codes = []
-    key_rows = []
-    first_row = 0
-    for w in parts:
-        remap = np.array([topics.setdefault(t, len(topics)) for t in w.topics], dtype=np.int32)
-        codes.append(remap[w.topic_codes])
-        key_rows.append(w.key_rows + first_row)
-        first_row += len(w)
+def redispatch(
+    log: CommitLog,
+    start: int,
+    end: int,
+    queue: Callable[[str, int], ConsumeQueue],
+    index: IndexService | None,
+    *,
+    check_crc: bool = False,
+) -> tuple[int, int]:
+    """Dispatch the records in ``[start, end)`` again, straight from the CommitLog: one native
+    pass per segment (:func:`pipeline.native.dispatch_walk`) derives each queue's units and
+    the index entries, written as :func:`apply` writes them (and as idempotently). ``start``
+    must be a record boundary and ``end`` where a recovery scan stopped (records are not
+    CRC-checked again unless asked). Memory is bounded by one segment's units and entries.
 
-    def cat(name: str) -> Any:
-        return np.concatenate([getattr(w, name) for w in parts])
-
-    return DispatchBatch(
-        phys=cat("phys"),
-        sizes=cat("sizes"),
-        topics=list(topics),
-        topic_codes=np.concatenate(codes),
-        queue_ids=cat("queue_ids"),
-        queue_offsets=cat("queue_offsets"),
-        tags_codes=cat("tags_codes"),
-        sys_flags=cat("sys_flags"),
-        store_ts=cat("store_ts"),
-        key_rows=np.concatenate(key_rows),
-        key_hashes=cat("key_hashes"),
-    )
-
-
-def from_commitlog(
-    log: CommitLog, start: int, end: int, *, check_crc: bool = False
-) -> DispatchBatch:
-    """Parse the records in ``[start, end)``; ``start`` must be a record boundary and ``end``
-    where a recovery scan stopped (records are not CRC-checked again unless asked)."""
-    walks = []
-    for w in log.walks(start, check_crc=check_crc):
-        walks.append(w)
-        if w.end >= end:
+    Returns how many records were walked and the store time of the last that got a unit
+    (-1 if none). Raises :class:`CorruptRecordError` if the records do not reach ``end``."""
+    count, last_unit_ts, pos = 0, -1, start
+    for mf in log.segments.segments_from(start):
+        if pos >= end:
             break
-    batch = from_walks(walks)
-    keep = batch.phys < end
-    if not keep.all():
-        batch = batch.select(keep)
-    last = batch.end if len(batch) else start
-    if last < end:
-        mf = log.segments.find(last)
-        raise CorruptRecordError(str(mf.path), last, "not a valid record inside the recovered log")
-    return batch
+        d = native.dispatch_walk(
+            mf.buffer,
+            pos - mf.base,
+            mf.size,
+            mf.base,
+            end,
+            check_crc=check_crc,
+            index=index is not None,
+        )
+        for topic, queue_id, first, units in d.runs:
+            queue(topic, queue_id).append(first, units)
+        if index is not None and len(d.key_hashes):
+            index.put(d.key_hashes, d.phys, d.store_ts)
+        count += d.count
+        if d.last_unit_ts >= 0:
+            last_unit_ts = d.last_unit_ts
+        pos = mf.base + mf.size if d.stop == native.STOP_BLANK else d.end
+        if d.stop == native.STOP_INVALID or (d.stop == native.STOP_END and pos < mf.base + mf.size):
+            break
+    if pos < end:
+        mf = log.segments.find(pos)
+        raise CorruptRecordError(str(mf.path), pos, "not a valid record inside the recovered log")
+    return count, last_unit_ts
 
 
 def group_rows(

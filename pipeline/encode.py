@@ -82,6 +82,9 @@ class PreparedBatch:
 # -- UNIQ_KEY ----------------------------------------------------------------------------------
 
 
+_SEQ_MASK = (1 << 48) - 1
+
+
 class UniqKeyGenerator:
     """Message ids in the layout of RocketMQ's ``MessageClientIDSetter`` (32 hex chars).
 
@@ -131,8 +134,14 @@ class UniqKeyGenerator:
         return hex_fixed(raw)
 
     def next_id(self, now_ms: int) -> str:
-        """One id, exactly as ``generate(1, now_ms)`` would make it (the single-put path)."""
-        return f"{self._prefix_hex}{self._take(1, now_ms) & ((1 << 48) - 1):012X}"
+        """One id, exactly as ``generate(1, now_ms)`` would make it (the single-put path, so
+        :meth:`_take` is inlined for the usual case: ``now_ms`` in the month of the last id)."""
+        start, end = self._month
+        if not start <= now_ms < end:
+            return f"{self._prefix_hex}{self._take(1, now_ms) & _SEQ_MASK:012X}"
+        seq = max(self._seq, ((now_ms - start) & 0xFFFFFFFF) << 16)
+        self._seq = seq + 1
+        return f"{self._prefix_hex}{seq & _SEQ_MASK:012X}"
 
 
 # Two ASCII hex digits of every byte value, as one little-endian uint16 each.

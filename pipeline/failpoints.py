@@ -73,6 +73,11 @@ def disarm_all() -> None:
     _armed.clear()
 
 
+def armed() -> bool:
+    """Whether any failpoint is armed (a write path that fuses steps splits them then)."""
+    return bool(_armed)
+
+
 def hit(name: str) -> None:
     """Fail here if a test armed ``name``; otherwise do nothing."""
     if not _armed:

@@ -150,11 +150,6 @@ class IndexService:
             added += f.put(key_hashes[added:], phy_offsets[added:], store_timestamps[added:])
         return added
 
-    def room_for(self, entries: int) -> bool:
-        """Whether the newest file takes ``entries`` more without rolling (the single-put
-        path's precondition)."""
-        return bool(self.files) and self.files[-1].index_count + entries <= self.index_num
-
     def destroy(self) -> None:
         """Delete every index file (to rebuild the index from the CommitLog)."""
         for f in self.files:

@@ -51,8 +51,6 @@ ENTRY_DTYPE = np.dtype(
 )
 ENTRY_SIZE = ENTRY_DTYPE.itemsize  # 20
 INT_MAX = 0x7FFFFFFF
-SLOT = struct.Struct(">i")
-ENTRY = struct.Struct(">iqii")  # the same 20 bytes as ENTRY_DTYPE, for one entry
 
 
 class IndexFile:
@@ -166,30 +164,22 @@ class IndexFile:
         self.write_header()
         return take
 
-    def put_one(self, key_hash: int, phys: int, store_ts: int) -> None:
-        """One entry (the single-put path); the caller checked that the file has room. The
-        same ``putKey`` as :meth:`put`, in plain Python: a batch of one pays no array setup."""
-        failpoints.hit("index-put")
-        buf = self._mf.buffer
-        slot_pos = HEADER_SIZE + SLOT_SIZE * (key_hash % self.slot_num)
-        prev = SLOT.unpack_from(buf, slot_pos)[0]
-        count = self.index_count
-        if prev <= 0 or prev > count:
-            prev = 0
-            self.hash_slot_count += 1
-        if self.begin_timestamp <= 0:
-            diff = 0
-        else:
-            # Java's long division truncates toward zero; out-of-range differences clamp.
-            diff = min(max(int((store_ts - self.begin_timestamp) / 1000), 0), INT_MAX)
-        entry_pos = HEADER_SIZE + SLOT_SIZE * self.slot_num + ENTRY_SIZE * count
-        ENTRY.pack_into(buf, entry_pos, key_hash, phys, diff, prev)
-        SLOT.pack_into(buf, slot_pos, count)
-        if count <= 1:
+    @property
+    def mapping(self) -> memoryview:
+        """The whole file's mapping, for the single-put path, which writes entries, slots and
+        the header itself and then calls :meth:`took_entries`."""
+        return self._mf.buffer
+
+    def took_entries(self, n: int, new_slots: int, phys: int, store_ts: int) -> None:
+        """Take note of ``n`` entries of the message at ``phys`` stored at ``store_ts``, written
+        with the header as :meth:`put` writes them, ``new_slots`` of them into empty slots."""
+        if not n:
+            return
+        if self.index_count <= 1:
             self.begin_phy_offset, self.begin_timestamp = phys, store_ts
-        self.index_count = count + 1
+        self.index_count += n
+        self.hash_slot_count += new_slots
         self.end_phy_offset, self.end_timestamp = phys, store_ts
-        self.write_header()
 
     def truncate_from(self, phys: int, store_time: Callable[[int], int]) -> int:
         """Drop the entries of messages at CommitLog offset ``phys`` or later (they are at the end:

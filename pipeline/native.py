@@ -22,6 +22,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from pipeline import _native
+from pipeline.consumequeue import UNIT_DTYPE
 from pipeline.errors import CorruptRecordError
 from pipeline.record import MessageExt
 
@@ -29,7 +30,7 @@ StringTriple = tuple[Any, npt.NDArray[np.int64], npt.NDArray[np.uint8] | None]
 EncodeBatch = _native.EncodeBatch
 index_put = _native.index_put
 index_keys = _native.index_keys
-encode_one = _native.encode_one
+SinglePut = _native.SinglePut
 
 _EMPTY = b""
 
@@ -151,6 +152,48 @@ def walk(
         **cols,
         topics=[t.decode("utf-8", "replace") for t in raw["topics"]],
         raw_topics=list(raw["topics"]),
+        end=base + int(raw["end"]),
+        stop=int(raw["stop"]),
+        reason=str(raw["reason"]),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Dispatched:
+    """What one segment's records give dispatch (see :func:`dispatch_walk`)."""
+
+    runs: list[tuple[str, int, int, npt.NDArray[np.void]]]
+    key_hashes: npt.NDArray[np.int32]
+    phys: npt.NDArray[np.int64]
+    store_ts: npt.NDArray[np.int64]
+    count: int
+    last_unit_ts: int
+    end: int
+    stop: int
+    reason: str
+
+
+def dispatch_walk(
+    buf: Any, start: int, limit: int, base: int, end: int, *, check_crc: bool, index: bool
+) -> Dispatched:
+    """Walk the records of one segment's bytes ``buf`` from ``start`` (relative, a record
+    boundary) that begin before physical offset ``end``, as :func:`walk` walks them, and derive
+    in the same pass what dispatch writes: ``runs``, per queue in order of its first record,
+    ``(topic, queueId, first queue offset, units)`` with the units as the ConsumeQueue file
+    holds them (:data:`pipeline.consumequeue.UNIT_DTYPE`); the index entries in order (none
+    unless ``index``); ``count`` records walked; ``last_unit_ts``, the store time of the last
+    record that got a unit (-1 if none); and where the walk stopped, as :class:`Walk` says."""
+    raw = _native.dispatch_walk(buf, start, limit, base, end, check_crc, index)
+    return Dispatched(
+        runs=[
+            (topic.decode("utf-8", "replace"), qid, first, np.frombuffer(units, UNIT_DTYPE))
+            for topic, qid, first, units in raw["runs"]
+        ],
+        key_hashes=np.frombuffer(raw["hashes"], np.int32),
+        phys=np.frombuffer(raw["phys"], np.int64),
+        store_ts=np.frombuffer(raw["times"], np.int64),
+        count=int(raw["count"]),
+        last_unit_ts=int(raw["last_unit_ts"]),
         end=base + int(raw["end"]),
         stop=int(raw["stop"]),
         reason=str(raw["reason"]),

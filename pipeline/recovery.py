@@ -303,18 +303,14 @@ def recover(
             _drop_derived(log, queue_list, index, redispatch_from, report)
         report.redispatch_from = redispatch_from
         if redispatch_from < end:
-            batch = (
-                dispatch.from_walks(walked)
-                if redispatch_from == start
-                else dispatch.from_commitlog(log, redispatch_from, end)
+            count, last_unit_ts = dispatch.redispatch(
+                log, redispatch_from, end, queue_factory, index
             )
-            dispatch.apply(batch, queue_factory, index)
-            report.records_redispatched = len(batch)
-            in_queues = dispatch.consume_queue_mask(batch.sys_flags)
-            if in_queues.any():
+            report.records_redispatched = count
+            if last_unit_ts >= 0:
                 # As RocketMQ does while re-dispatching: the logics time is the newest
                 # dispatched message's.
-                checkpoint.logics_msg_timestamp = int(batch.store_ts[in_queues][-1])
+                checkpoint.logics_msg_timestamp = last_unit_ts
     for cq in queues.values():
         # Units below the CommitLog's first offset are expected after retention: skip them.
         cq.correct_min_offset(log.min_offset)
@@ -332,11 +328,8 @@ def recover(
             for key in rebuild:
                 if key in queues:
                     queues.pop(key).destroy()
-            for w in log.walks(log.min_offset, check_crc=False):
-                # One segment at a time, so a rebuild's memory is bounded by a segment; queues
-                # that are intact skip the units they hold.
-                part = dispatch.from_walks([w])
-                dispatch.apply(part.select(part.phys < end), queue_factory, None)
+            # Queues that are intact skip the units they hold.
+            dispatch.redispatch(log, log.min_offset, end, queue_factory, None)
             report.queues_rebuilt = [f"{t}/{q}" for t, q in rebuild]
             for cq in queues.values():  # the rebuilt queues are new objects
                 cq.correct_min_offset(log.min_offset)

@@ -195,15 +195,14 @@ class SegmentQueue:
         """Forget everything at or after ``offset``: later segments are deleted, the one holding
         ``offset`` is zeroed from there on. Returns the number of bytes dropped."""
         dropped = 0
-        keep: list[MappedFile] = []
-        for mf in self.files:
-            if mf.base >= offset:
-                dropped += mf.wrote_position
-                mf.close()
-                if not self.read_only:
-                    durability.remove(mf.path)
-            else:
-                keep.append(mf)
+        keep = [mf for mf in self.files if mf.base < offset]
+        # The newest first: a crash part-way must leave segments without a gap between them
+        # (a gap makes the store refuse to open), and the next open cuts the rest.
+        for mf in reversed(self.files[len(keep) :]):
+            dropped += mf.wrote_position
+            mf.close()
+            if not self.read_only:
+                durability.remove(mf.path)
         self.files = keep
         last = self.last
         if last is not None and last.end > offset:

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_native_differential import check_dispatch_walk
 
 from pipeline import native, record
 from pipeline.errors import CorruptRecordError
@@ -285,6 +286,7 @@ def check_walk(buf: bytes, start: int, base: int) -> None:
     assert got.end == base + pos
     if got.stop == native.STOP_INVALID:
         assert record.scan_record(buf, pos, len(buf), base + pos, check_crc=True) is None
+    check_dispatch_walk(buf, start, base)
 
 
 @given(

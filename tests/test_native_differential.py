@@ -4,12 +4,14 @@ Batches put through the store (native encoder, native index chain) must leave ex
 ConsumeQueue and IndexFile bytes that a plain, record-at-a-time reference builds from the
 CommitLog with :mod:`pipeline.record` and Java's hash as :func:`pipeline.javahash.java_hash`
 spells it; the native record walk must see exactly what :func:`pipeline.record.scan_record`
-sees; the native hashes and CRCs must equal the reference functions.
+sees, and the one-pass re-dispatch walk must derive what the walk's columns say; the native
+hashes and CRCs must equal the reference functions.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import struct
 import tempfile
 import zlib
@@ -150,10 +152,13 @@ def read_log(path: Path, config: StoreConfig) -> list[record.MessageExt]:
 @given(
     batches=st.lists(st.lists(messages(), min_size=1, max_size=20), min_size=1, max_size=4),
     big_props=st.booleans(),
+    lose=st.sampled_from(["consumequeue", "index", "both"]),
 )
 def test_store_files_equal_the_reference(
-    tmp_path: Path, batches: list[list[Message]], big_props: bool
+    tmp_path: Path, batches: list[list[Message]], big_props: bool, lose: str
 ) -> None:
+    """The files batch puts write, and the files an open rebuilds from the CommitLog after
+    ``lose`` was deleted, equal the reference's."""
     if big_props:
         # One message with PROPERTIES at exactly the 32767-byte limit.
         fixed = len("UNIQ_KEY\x01") + 32 + len("\x02p\x01")
@@ -176,12 +181,21 @@ def test_store_files_equal_the_reference(
         assert len(raw) == record.MAX_PROPERTIES_LENGTH
     want_queues, want_index = reference_files(log, config)
     cq_root = path / "consumequeue"
-    got_queues = {
-        str(f.relative_to(cq_root)): f.read_bytes() for f in cq_root.rglob("*") if f.is_file()
-    }
-    assert got_queues == want_queues
-    got_index = [f.read_bytes() for f in sorted((path / "index").iterdir())]
-    assert got_index == want_index
+
+    def check_files() -> None:
+        got_queues = {
+            str(f.relative_to(cq_root)): f.read_bytes() for f in cq_root.rglob("*") if f.is_file()
+        }
+        assert got_queues == want_queues
+        got_index = [f.read_bytes() for f in sorted((path / "index").iterdir())]
+        assert got_index == want_index
+
+    check_files()
+    for sub in ("consumequeue", "index") if lose == "both" else (lose,):
+        shutil.rmtree(path / sub)
+    with MessageStore(path, config, clock_ms=lambda: next(clock)) as store:
+        assert store.recovery.records_redispatched == len(log)
+    check_files()
 
 
 def _scan_reference(buf: bytes, base: int) -> list[tuple]:
@@ -218,14 +232,48 @@ def _scan_reference(buf: bytes, base: int) -> list[tuple]:
     return out
 
 
+def check_dispatch_walk(
+    data: bytes, start: int, base: int, *, check_crc: bool = True, end: int = 1 << 62
+) -> None:
+    """The one-pass dispatch walk stops where the walk stops (or at ``end``) and derives the
+    units and index entries the walk's columns say dispatch writes, queue by queue in order of
+    each queue's first record."""
+    w = native.walk(data, start, len(data), base, check_crc=check_crc)
+    n = int((w.phys < end).sum())
+    d = native.dispatch_walk(data, start, len(data), base, end, check_crc=check_crc, index=True)
+    assert d.count == n
+    if n < len(w):
+        assert (d.end, d.stop) == (int(w.phys[n]), native.STOP_END)
+    else:
+        assert (d.end, d.stop, d.reason) == (w.end, w.stop, w.reason)
+    runs: dict[tuple[str, int], tuple[int, list[bytes]]] = {}
+    last_unit_ts = -1
+    for i in range(n):
+        tx = int(w.sys_flags[i]) & record.TRANSACTION_MASK
+        if tx in (record.TRANSACTION_NOT_TYPE, record.TRANSACTION_COMMIT_TYPE):
+            key = (w.topics[int(w.topic_codes[i])], int(w.queue_ids[i]))
+            units = runs.setdefault(key, (int(w.queue_offsets[i]), []))[1]
+            units.append(UNIT.pack(int(w.phys[i]), int(w.sizes[i]), int(w.tags_codes[i])))
+            last_unit_ts = int(w.store_ts[i])
+    assert [(t, q, first, units.tobytes()) for t, q, first, units in d.runs] == [
+        (t, q, first, b"".join(units)) for (t, q), (first, units) in runs.items()
+    ]
+    assert d.last_unit_ts == last_unit_ts
+    entries = w.key_rows < n
+    assert d.key_hashes.tolist() == w.key_hashes[entries].tolist()
+    assert d.phys.tolist() == w.phys[w.key_rows[entries]].tolist()
+    assert d.store_ts.tolist() == w.store_ts[w.key_rows[entries]].tolist()
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     batch=st.lists(messages(), min_size=1, max_size=15),
     cut=st.integers(0, 10**6),
     check_crc=st.booleans(),
+    stop_at=st.integers(0, 16),
 )
 def test_walk_sees_what_the_reference_scan_sees(
-    batch: list[Message], cut: int, check_crc: bool
+    batch: list[Message], cut: int, check_crc: bool, stop_at: int
 ) -> None:
     buf = bytearray()
     base = 4096
@@ -274,6 +322,9 @@ def test_walk_sees_what_the_reference_scan_sees(
     ends_at = want[-1][0] + want[-1][1] if want else base
     assert w.end == ends_at
     assert w.stop == (native.STOP_END if len(data) - (ends_at - base) < 8 else native.STOP_INVALID)
+    check_dispatch_walk(data, 0, base, check_crc=check_crc)
+    if stop_at < len(want):
+        check_dispatch_walk(data, 0, base, check_crc=check_crc, end=want[stop_at][0])
 
 
 UNICODE = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
@@ -319,6 +370,15 @@ def test_index_keys_skip_rollback_and_empty_tokens() -> None:
 @given(batch=st.lists(messages(), min_size=1, max_size=30))
 def test_single_puts_write_what_batches_of_one_write(tmp_path: Path, batch: list[Message]) -> None:
     """``put`` takes its own path for plain messages; the bytes must be the batch path's."""
+    put_both_ways(tmp_path, batch, InvalidMessageError)
+
+
+def put_both_ways(
+    tmp_path: Path, batch: list[Message], errors: type[Exception], first: Message | None = None
+) -> None:
+    """Put ``batch`` into two stores, one ``put`` at a time and as batches of one (after
+    ``first``, put the same way into both): the results, the ``errors`` raised (type and text)
+    and the CommitLog, ConsumeQueue and index files must be equal."""
     batch = [
         dataclasses.replace(m, uniq_key=m.uniq_key or f"{i:032X}") for i, m in enumerate(batch)
     ]
@@ -328,16 +388,14 @@ def test_single_puts_write_what_batches_of_one_write(tmp_path: Path, batch: list
         clock = iter(range(10**12, 10**12 + 10**7, 700))
         got = outcomes[name] = []
         with MessageStore(root / name, CONFIG, clock_ms=lambda c=clock: next(c)) as store:
+            if first is not None:
+                store.put(first)
             for m in batch:
                 try:
-                    if single:
-                        r = store.put(m)
-                        got.append((r.msg_id, r.queue_offset, r.store_size, r.uniq_key))
-                    else:
-                        b = next(store.put_batch([m]).results())
-                        got.append((b.msg_id, b.queue_offset, b.store_size, b.uniq_key))
-                except InvalidMessageError as exc:
-                    got.append(str(exc))
+                    r = store.put(m) if single else next(store.put_batch([m]).results())
+                    got.append(tuple(r))
+                except errors as exc:
+                    got.append((type(exc).__name__, str(exc)))
     assert outcomes["single"] == outcomes["batch"]
 
     def files(path: Path) -> dict[str, bytes]:
@@ -351,10 +409,83 @@ def test_single_puts_write_what_batches_of_one_write(tmp_path: Path, batch: list
     assert files(root / "single") == files(root / "batch")
 
 
+# Field values at and past the edges of what a single put takes itself: separators inside
+# values, empty strings, reserved property names, lone surrogates, types other than the declared
+# ones, out-of-range integers, a bad topic.
+ODD_TEXT = st.sampled_from(["t", "", " a  b ", "a\x01b", "a\x02", "\ud800", "ü ✓", "x" * 40])
+ODD_KEYS = (
+    st.none()
+    | ODD_TEXT
+    | st.lists(ODD_TEXT, max_size=3)
+    | st.tuples(ODD_TEXT, ODD_TEXT)
+    | st.sampled_from([[1], ("a", None), b"k"])
+)
+ODD_PROPS = st.none() | st.dictionaries(
+    st.sampled_from(["k", "", "KEYS", "TAGS", "UNIQ_KEY", "k\x01", "p q"]), ODD_TEXT, max_size=3
+)
+
+
+ODD_FIELDS = {
+    "topic": st.sampled_from(["bad topic", "T\n", "", "x" * 128]),
+    "body": st.sampled_from([b"", bytes(range(256)), bytearray(b"ba"), "text"]),
+    "queue_id": st.sampled_from([-1, 2**31, True]),
+    "keys": ODD_KEYS,
+    "tags": ODD_TEXT | st.just(5),
+    "properties": ODD_PROPS,
+    "flag": st.sampled_from([-1, 2**31 - 1, 2**31, False]),
+    "sys_flag": st.sampled_from([4, 8, None]),
+    "born_timestamp": st.sampled_from([0, -5, 2**63]),
+    "born_host": st.sampled_from(["", "10.0.0.7:4000"]),
+    "reconsume_times": st.just(1),
+    "prepared_transaction_offset": st.just(7),
+    "uniq_key": st.sampled_from(["a\x01b", "\ud800", "ü"]),
+}
+
+
+@st.composite
+def odd_messages(draw: st.DrawFn) -> Message:
+    """A plain message with up to two fields replaced by odd values."""
+    plain = Message(
+        topic="TopicA",
+        body=draw(st.binary(max_size=40)),
+        queue_id=draw(st.integers(0, 2)),
+        keys=draw(st.none() | st.lists(st.sampled_from(["k1", "k 2", ""]), max_size=2)),
+        tags=draw(st.none() | st.sampled_from(["t", ""])),
+        properties=draw(st.none() | st.just({"p": "v"})),
+    )
+    odd = draw(st.lists(st.sampled_from(sorted(ODD_FIELDS)), max_size=2, unique=True))
+    return dataclasses.replace(plain, **{f: draw(ODD_FIELDS[f]) for f in odd})
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(batch=st.lists(odd_messages(), min_size=1, max_size=12))
+def test_odd_single_puts_match_batches_of_one(tmp_path: Path, batch: list[Message]) -> None:
+    """Whatever a single put takes itself, it stores as a batch of one would; whatever it
+    refuses, it refuses with the batch path's error. A first put creates the queue's files, so
+    the later ones can take the single path."""
+    first = Message("TopicA", b"first", queue_id=0, uniq_key="F" * 32)
+    put_both_ways(tmp_path, batch, Exception, first)
+
+
 def test_plain_single_puts_take_the_single_put_path(tmp_path: Path, monkeypatch) -> None:
     calls = []
-    real = native.encode_one
-    monkeypatch.setattr(native, "encode_one", lambda *a: calls.append(a[3]) or real(*a))
+
+    class Counting:
+        """The native single put, counting the puts it took."""
+
+        def __init__(self, *args: object) -> None:
+            self.real = native_single_put(*args)
+
+        def put(self, *args: object) -> object:
+            done = self.real.put(*args)
+            if done is not None:
+                calls.append(done)
+            return done
+
+    native_single_put = native.SinglePut
+    monkeypatch.setattr(native, "SinglePut", Counting)
     plain = [
         Message("TopicA", f"body {i}".encode(), queue_id=i % 3, keys=[f"k{i}", "x y"], tags="T")
         for i in range(200)

@@ -6,8 +6,68 @@ use pyo3::prelude::*;
 use crate::buffers::{require_len, Col, OutBytes};
 use crate::layout::{be_i32, Writer};
 
-const SLOT_SIZE: usize = 4;
-const ENTRY_SIZE: usize = 20;
+pub const HEADER_SIZE: usize = 40;
+pub const SLOT_SIZE: usize = 4;
+pub const ENTRY_SIZE: usize = 20;
+
+/// An IndexFile's header fields, in their on-disk order.
+pub struct Header {
+    pub begin_ts: i64,
+    pub end_ts: i64,
+    pub begin_phy: i64,
+    pub end_phy: i64,
+    pub slot_count: i32,
+    pub count: usize,
+}
+
+impl Header {
+    pub fn write(&self, out: &mut [u8]) {
+        let mut w = Writer { buf: out, pos: 0 };
+        w.i64(self.begin_ts);
+        w.i64(self.end_ts);
+        w.i64(self.begin_phy);
+        w.i64(self.end_phy);
+        w.i32(self.slot_count);
+        w.i32(self.count as i32);
+    }
+}
+
+/// RocketMQ's `putKey` for entry number `count` of a file whose slot table is `slots` and
+/// entry area `entries`: the entry gets `hash`, `phys`, its time difference to `begin_ts` in
+/// whole seconds and the slot's previous head (0 if the head is out of range), and becomes the
+/// slot's head. Returns whether the slot was empty. The caller keeps the header.
+pub fn put_key(
+    slots: &mut [u8],
+    entries: &mut [u8],
+    count: usize,
+    begin_ts: i64,
+    hash: i32,
+    phys: i64,
+    ts: i64,
+) -> bool {
+    let slot = (hash as usize % (slots.len() / SLOT_SIZE)) * SLOT_SIZE;
+    let mut prev = be_i32(slots, slot);
+    let empty = prev <= 0 || prev as usize > count;
+    if empty {
+        prev = 0;
+    }
+    // Java's long division truncates toward zero; out-of-range differences clamp.
+    let diff = if begin_ts <= 0 {
+        0
+    } else {
+        ((ts - begin_ts) / 1000).clamp(0, i32::MAX as i64) as i32
+    };
+    let mut w = Writer {
+        buf: &mut entries[count * ENTRY_SIZE..(count + 1) * ENTRY_SIZE],
+        pos: 0,
+    };
+    w.i32(hash);
+    w.i64(phys);
+    w.i32(diff);
+    w.i32(prev);
+    slots[slot..slot + SLOT_SIZE].copy_from_slice(&(count as i32).to_be_bytes());
+    empty
+}
 
 /// RocketMQ's `IndexFile.putKey`, once per entry, in order: entry number `index_count + k`
 /// gets `hashes[k]`, `phys[k]`, its time difference to the file's begin timestamp in whole
@@ -58,27 +118,9 @@ pub fn index_put(
         let mut begin_ts = begin_ts;
         let mut new_slots = 0;
         for (k, count) in (index_count..index_count + h.len()).enumerate() {
-            let slot = (h[k] as usize % slot_num) * SLOT_SIZE;
-            let mut prev = be_i32(slots, slot);
-            if prev <= 0 || prev as usize > count {
-                prev = 0;
+            if put_key(slots, entries, count, begin_ts, h[k], p[k], t[k]) {
                 new_slots += 1;
             }
-            // Java's long division truncates toward zero; out-of-range differences clamp.
-            let diff = if begin_ts <= 0 {
-                0
-            } else {
-                ((t[k] - begin_ts) / 1000).clamp(0, i32::MAX as i64) as i32
-            };
-            let mut w = Writer {
-                buf: &mut entries[count * ENTRY_SIZE..],
-                pos: 0,
-            };
-            w.i32(h[k]);
-            w.i64(p[k]);
-            w.i32(diff);
-            w.i32(prev);
-            slots[slot..slot + SLOT_SIZE].copy_from_slice(&(count as i32).to_be_bytes());
             if count <= 1 {
                 begin_ts = t[k];
             }

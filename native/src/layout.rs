@@ -7,10 +7,16 @@ pub const FIXED_SIZE_V4: usize = 91;
 pub const BORNHOST_V6_FLAG: i32 = 0x10;
 pub const STOREHOST_V6_FLAG: i32 = 0x20;
 pub const TRANSACTION_MASK: i32 = 0xC;
+pub const TRANSACTION_COMMIT: i32 = 0x8;
 pub const TRANSACTION_ROLLBACK: i32 = 0xC;
 
 pub const OFF_SYSFLAG: usize = 36;
 pub const OFF_BORNHOST: usize = 48;
+
+/// Whether a record of this SYSFLAG gets a ConsumeQueue unit (not PREPARED or ROLLBACK).
+pub fn in_consume_queue(sys_flag: i32) -> bool {
+    matches!(sys_flag & TRANSACTION_MASK, 0 | TRANSACTION_COMMIT)
+}
 
 /// Whether a record of this SYSFLAG gets index entries (not ROLLBACK).
 pub fn indexed(sys_flag: i32) -> bool {

@@ -14,7 +14,9 @@ mod hash;
 mod index;
 mod layout;
 mod owned;
+mod redispatch;
 mod scan;
+mod single;
 
 use pyo3::prelude::*;
 
@@ -24,9 +26,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode::body_crcs, m)?)?;
     m.add_function(wrap_pyfunction!(encode::java_hashes, m)?)?;
     m.add_function(wrap_pyfunction!(encode::index_keys, m)?)?;
-    m.add_function(wrap_pyfunction!(encode::encode_one, m)?)?;
+    m.add_class::<single::SinglePut>()?;
     m.add_function(wrap_pyfunction!(index::index_put, m)?)?;
     m.add_function(wrap_pyfunction!(scan::walk, m)?)?;
+    m.add_function(wrap_pyfunction!(redispatch::dispatch_walk, m)?)?;
     m.add_class::<owned::Owned>()?;
     m.add_function(wrap_pyfunction!(decode::decode, m)?)?;
     m.add_function(wrap_pyfunction!(decode::record_starts, m)?)?;

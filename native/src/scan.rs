@@ -138,9 +138,7 @@ struct Columns {
     key_hashes: Vec<u8>,
     topics: Vec<Vec<u8>>,
     count: usize,
-    end: usize,
-    stop: i32,
-    reason: String,
+    stop: Stop,
 }
 
 /// Walk records of one segment's bytes from `start` (a record boundary, relative to the
@@ -185,10 +183,103 @@ pub fn walk<'py>(
     let topics: Vec<Bound<'py, PyBytes>> = c.topics.iter().map(|t| PyBytes::new(py, t)).collect();
     d.set_item("topics", topics)?;
     d.set_item("count", c.count)?;
-    d.set_item("end", c.end)?;
-    d.set_item("stop", c.stop)?;
-    d.set_item("reason", c.reason)?;
+    c.stop.put_into(&d)?;
     Ok(d)
+}
+
+/// Where and why a walk stopped: `end` is relative to the segment, `reason` says why for
+/// [`STOP_INVALID`].
+#[derive(Default)]
+pub struct Stop {
+    pub end: usize,
+    pub stop: i32,
+    pub reason: String,
+}
+
+impl Stop {
+    /// Sets a result dict's `end`, `stop` and `reason`.
+    pub fn put_into(self, d: &Bound<'_, PyDict>) -> PyResult<()> {
+        d.set_item("end", self.end)?;
+        d.set_item("stop", self.stop)?;
+        d.set_item("reason", self.reason)
+    }
+}
+
+/// Calls `visit(rel, record)` for each whole, valid record of `data` from `start` (relative,
+/// a record boundary), up to `max_records` and up to physical offset `end_phys` (a record there
+/// or later is not visited), and says where and why it stopped. `base` is the segment's
+/// physical offset; nothing past `limit` is read.
+#[allow(clippy::too_many_arguments)]
+pub fn walk_records<'a>(
+    data: &'a [u8],
+    start: usize,
+    limit: usize,
+    base: i64,
+    check_crc: bool,
+    max_records: usize,
+    end_phys: i64,
+    mut visit: impl FnMut(usize, &Scanned<'a>),
+) -> Stop {
+    let mut rel = start;
+    let mut count = 0;
+    loop {
+        if count >= max_records || rel + 8 > limit || base + rel as i64 >= end_phys {
+            return Stop {
+                end: rel,
+                stop: STOP_END,
+                reason: String::new(),
+            };
+        }
+        let (size, magic) = (be_i32(data, rel), be_i32(data, rel + 4));
+        if magic == BLANK_MAGIC && size as i64 == (limit - rel) as i64 {
+            return Stop {
+                end: rel,
+                stop: STOP_BLANK,
+                reason: String::new(),
+            };
+        }
+        match scan_record(data, rel, limit, base + rel as i64, check_crc) {
+            Ok(r) => {
+                debug_assert!(r.body_crc_ok);
+                visit(rel, &r);
+                count += 1;
+                rel += r.size;
+            }
+            Err(reason) => {
+                return Stop {
+                    end: rel,
+                    stop: STOP_INVALID,
+                    reason,
+                }
+            }
+        }
+    }
+}
+
+/// Distinct topics in order of first appearance, each with the hash state after `topic#`.
+/// Records of one topic come in runs, so the last one is tried before the map.
+#[derive(Default)]
+pub struct Topics<'a> {
+    codes: HashMap<&'a [u8], usize>,
+    pub names: Vec<&'a [u8]>,
+    prefixes: Vec<i32>,
+    last: Option<usize>,
+}
+
+impl<'a> Topics<'a> {
+    /// The topic's code and its index key hash prefix.
+    pub fn code(&mut self, topic: &'a [u8]) -> (usize, i32) {
+        let code = match self.last {
+            Some(c) if self.names[c] == topic => c,
+            _ => *self.codes.entry(topic).or_insert_with(|| {
+                self.names.push(topic);
+                self.prefixes.push(hash::topic_prefix(topic));
+                self.names.len() - 1
+            }),
+        };
+        self.last = Some(code);
+        (code, self.prefixes[code])
+    }
 }
 
 fn walk_columns(
@@ -199,55 +290,38 @@ fn walk_columns(
     check_crc: bool,
     max_records: usize,
 ) -> Columns {
-    let mut c = Columns {
-        end: start,
-        ..Default::default()
-    };
-    // Topic -> (code, hash prefix of "topic#").
-    let mut codes: HashMap<&[u8], (usize, i32)> = HashMap::new();
-    let mut rel = start;
-    loop {
-        if c.count >= max_records || rel + 8 > limit {
-            c.stop = STOP_END;
-            break;
-        }
-        let (size, magic) = (be_i32(data, rel), be_i32(data, rel + 4));
-        if magic == BLANK_MAGIC && size as i64 == (limit - rel) as i64 {
-            c.stop = STOP_BLANK;
-            break;
-        }
-        let r = match scan_record(data, rel, limit, base + rel as i64, check_crc) {
-            Ok(r) => r,
-            Err(reason) => {
-                c.stop = STOP_INVALID;
-                c.reason = reason;
-                break;
+    let mut c = Columns::default();
+    let mut topics = Topics::default();
+    let stop = walk_records(
+        data,
+        start,
+        limit,
+        base,
+        check_crc,
+        max_records,
+        i64::MAX,
+        |rel, r| {
+            let row = c.count as i64;
+            let (code, prefix) = topics.code(r.topic);
+            let reserved = hash::reserved(r.props);
+            push_i64(&mut c.phys, base + rel as i64);
+            push_i64(&mut c.sizes, r.size as i64);
+            push_i32(&mut c.queue_ids, r.queue_id);
+            push_i64(&mut c.queue_offsets, r.queue_offset);
+            push_i32(&mut c.sys_flags, r.sys_flag);
+            push_i64(&mut c.store_ts, r.store_ts);
+            push_i64(&mut c.tags_codes, hash::tags_code(reserved.tags));
+            push_i32(&mut c.topic_codes, code as i32);
+            if indexed(r.sys_flag) {
+                hash::for_each_index_key(prefix, reserved.uniq, reserved.keys, |h| {
+                    push_i64(&mut c.key_rows, row);
+                    push_i32(&mut c.key_hashes, h);
+                });
             }
-        };
-        let row = c.count as i64;
-        let (code, prefix) = *codes.entry(r.topic).or_insert_with(|| {
-            c.topics.push(r.topic.to_vec());
-            (c.topics.len() - 1, hash::topic_prefix(r.topic))
-        });
-        let reserved = hash::reserved(r.props);
-        push_i64(&mut c.phys, base + rel as i64);
-        push_i64(&mut c.sizes, r.size as i64);
-        push_i32(&mut c.queue_ids, r.queue_id);
-        push_i64(&mut c.queue_offsets, r.queue_offset);
-        push_i32(&mut c.sys_flags, r.sys_flag);
-        push_i64(&mut c.store_ts, r.store_ts);
-        push_i64(&mut c.tags_codes, hash::tags_code(reserved.tags));
-        push_i32(&mut c.topic_codes, code as i32);
-        if indexed(r.sys_flag) {
-            hash::for_each_index_key(prefix, reserved.uniq, reserved.keys, |h| {
-                push_i64(&mut c.key_rows, row);
-                push_i32(&mut c.key_hashes, h);
-            });
-        }
-        debug_assert!(r.body_crc_ok);
-        c.count += 1;
-        rel += r.size;
-        c.end = rel;
-    }
+            c.count += 1;
+        },
+    );
+    c.topics = topics.names.iter().map(|t| t.to_vec()).collect();
+    c.stop = stop;
     c
 }
