@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench import common, core, decode, recovery, spark_sink, spark_source, startup, store
+from bench import common, core, decode, latency, recovery, spark_sink, spark_source, startup, store
 from bench.common import Options, PartResult
 
 # Part name -> its runner, in the order ``python -m bench`` runs them. Later parts (the Spark
@@ -19,6 +19,7 @@ PARTS: dict[str, Callable[[Options], PartResult]] = {
     "decode": decode.run,
     "sink": spark_sink.run,
     "source": spark_source.run,
+    "latency": latency.run,
     "startup": startup.run,
 }
 
