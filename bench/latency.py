@@ -52,6 +52,7 @@ import datetime as dt
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -287,13 +288,31 @@ class _Progress:
         }
 
 
-def stop_between_batches(query: Any, wait_s: float = 30.0) -> None:
-    """Stop ``query`` while no trigger runs, if one comes within ``wait_s``.
+class Gate:
+    """A ``foreachBatch`` function that passes micro-batches to ``fn`` until :meth:`close`,
+    and then does nothing with them, so that the query can be stopped between triggers.
 
     ``stop()`` interrupts a running micro-batch, and an interrupted ``foreachBatch`` function
     makes Spark 4.3 match the long Python error against a backtracking regex, which overflows
-    the stream thread's stack (a ``StackOverflowError`` with a thousand-line trace on stderr,
-    harmless but alarming); between triggers nothing is interrupted."""
+    the stream thread's stack: a ``StackOverflowError`` and a thousand-line trace on stderr,
+    harmless but alarming. A writer that cannot keep up is never between triggers; closed, its
+    batches take a few milliseconds and it soon is."""
+
+    def __init__(self, fn: Callable[[Any, int], None]) -> None:
+        self.fn = fn
+        self.closed = False
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        if not self.closed:
+            self.fn(df, batch_id)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def stop_between_batches(query: Any, wait_s: float = 30.0) -> None:
+    """Stop ``query`` while no trigger runs, if that happens within ``wait_s`` (see
+    :class:`Gate`)."""
     deadline = time.monotonic() + wait_s
     while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
         time.sleep(0.005)
@@ -310,7 +329,9 @@ def measure(spark: Any, work: Path, window: Window, drain_s: int, label: str) ->
 
     root = work / f"root-{label}"
     StoreRoot(root).ensure_topic(TOPIC, TopicMeta(BROKERS, QUEUES))
+    sink = CommitLogSink(str(root), topic=TOPIC, brokers=BROKERS, queues=QUEUES)
     recorder = Recorder(window)
+    gates = {"writer": Gate(sink), "reader": Gate(recorder)}
     progress = _Progress()
     load_before = os.getloadavg()
     reader = (
@@ -319,15 +340,14 @@ def measure(spark: Any, work: Path, window: Window, drain_s: int, label: str) ->
         .option("topic", TOPIC)
         .option("startingOffsets", "earliest")
         .load()
-        .writeStream.foreachBatch(recorder)
+        .writeStream.foreachBatch(gates["reader"])
         .option("checkpointLocation", str(work / f"ck-reader-{label}"))
         .trigger(processingTime="0 seconds")
         .start()
     )
-    sink = CommitLogSink(str(root), topic=TOPIC, brokers=BROKERS, queues=QUEUES)
     writer = (
         _messages(spark, window.rate)
-        .writeStream.foreachBatch(sink)
+        .writeStream.foreachBatch(gates["writer"])
         .option("checkpointLocation", str(work / f"ck-writer-{label}"))
         .trigger(processingTime="0 seconds")
         .start()
@@ -365,8 +385,10 @@ def measure(spark: Any, work: Path, window: Window, drain_s: int, label: str) ->
                 )
             time.sleep(POLL_S)
     finally:
-        stop_between_batches(writer)
-        stop_between_batches(reader)
+        for gate in gates.values():
+            gate.close()
+        for q in queries.values():
+            stop_between_batches(q)
     progress.poll(queries)
     load_after = os.getloadavg()
     return _figures(window, recorder, progress, backlog, sink, load_before, load_after)
