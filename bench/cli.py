@@ -11,6 +11,7 @@ from bench import (
     common,
     core,
     decode,
+    latency,
     recovery,
     spark_sink,
     spark_sink_batch,
@@ -30,6 +31,7 @@ PARTS: dict[str, Callable[[Options], PartResult]] = {
     "sink": spark_sink.run,
     "sink-batch": spark_sink_batch.run,
     "source": spark_source.run,
+    "latency": latency.run,
     "startup": startup.run,
 }
 

@@ -256,6 +256,15 @@ def check_work_dir(work_dir: Path) -> str | None:
     return None
 
 
+def work_dir_notes(work_dir: Path, part: str) -> list[str]:
+    """The notes a part starts with: :func:`check_work_dir`'s warning, if any, also logged."""
+    warning = check_work_dir(work_dir)
+    if warning is None:
+        return []
+    log(f"{part}: warning: {warning}")
+    return [warning]
+
+
 @contextlib.contextmanager
 def scratch_dir(work_dir: Path, prefix: str) -> Iterator[Path]:
     """A fresh directory under ``work_dir``, removed afterwards however the block ends."""

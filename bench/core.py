@@ -27,11 +27,11 @@ from bench.common import (
     Options,
     PartResult,
     Row,
-    check_work_dir,
     log,
     pinned_to_one_cpu,
     scratch_dir,
     spread,
+    work_dir_notes,
 )
 from bench.store import QUEUES, TAGS, TOPIC, make_table
 from pipeline.config import StoreConfig
@@ -262,10 +262,7 @@ def _rows(single: dict[str, Any], opened: dict[str, Any]) -> list[Row]:
 
 def run(options: Options) -> PartResult:
     sizes = QUICK if options.quick else FULL
-    notes: list[str] = []
-    warning = check_work_dir(options.work_dir)
-    if warning:
-        notes.append(warning)
+    notes = work_dir_notes(options.work_dir, "core")
     with pinned_to_one_cpu(options.pin) as cpu:
         single = measure_single(sizes, options)
         opened = measure_open_and_rebuild(sizes, options)

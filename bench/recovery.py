@@ -39,11 +39,11 @@ from bench.common import (
     Options,
     PartResult,
     Row,
-    check_work_dir,
     log,
     median,
     scratch_dir,
     spread,
+    work_dir_notes,
 )
 from bench.store import make_table
 from pipeline.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
@@ -512,11 +512,7 @@ def _rows(recovery: dict[str, Any], puts: list[dict[str, Any]]) -> list[Row]:
 
 def run(options: Options) -> PartResult:
     sizes = QUICK if options.quick else FULL
-    notes: list[str] = []
-    warning = check_work_dir(options.work_dir)
-    if warning:
-        notes.append(warning)
-        log(f"recovery: warning: {warning}")
+    notes = work_dir_notes(options.work_dir, "recovery")
     recovery = measure_recovery(sizes, options)
     puts = measure_puts(sizes, options)
     scanned = recovery["abnormal_scanned_bytes"]

@@ -33,7 +33,6 @@ run. The Spark session is ``local[2]`` (this machine has 2 vCPUs); it is started
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,13 +46,14 @@ from bench.common import (
     Options,
     PartResult,
     Row,
-    check_work_dir,
     log,
     median,
     process_tree_cpu_s,
     scratch_dir,
     spread,
+    work_dir_notes,
 )
+from bench.session import local_session
 from pipeline.config import StoreConfig
 from pipeline.root import StoreRoot, TopicMeta
 from pipeline.store import MessageStore
@@ -164,24 +164,7 @@ def read_replay(spark: Any, files: Path) -> tuple[float, int]:
 
 
 def _session() -> tuple[Any, bool]:
-    """The active session (a test's), or a new ``local[2]`` one that the caller stops."""
-    from pyspark.sql import SparkSession
-
-    from datasource import register
-
-    spark = SparkSession.getActiveSession()
-    owned = spark is None
-    if spark is None:
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .appName("rocketstore-bench-source")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "4")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
+    spark, owned = local_session("rocketstore-bench-source")
     spark.dataSource.register(ReplayDataSource)
     return spark, owned
 
@@ -251,10 +234,7 @@ EMPTY_KINDS = ("source_empty", "parquet_empty")
 
 def run(options: Options) -> PartResult:
     n = 200_000 if options.quick else 5_000_000
-    notes: list[str] = []
-    warning = check_work_dir(options.work_dir)
-    if warning:
-        notes.append(warning)
+    notes = work_dir_notes(options.work_dir, "source")
     spark, owned = _session()
     try:
         with scratch_dir(options.work_dir, "source-") as scratch:

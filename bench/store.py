@@ -34,13 +34,13 @@ from bench.common import (
     Options,
     PartResult,
     Row,
-    check_work_dir,
     log,
     median,
     percentiles,
     pinned_to_one_cpu,
     scratch_dir,
     spread,
+    work_dir_notes,
 )
 from pipeline.config import StoreConfig
 from pipeline.store import MessageStore
@@ -562,11 +562,7 @@ def _rows(
 
 def run(options: Options) -> PartResult:
     sizes = QUICK if options.quick else FULL
-    notes: list[str] = []
-    warning = check_work_dir(options.work_dir)
-    if warning:
-        notes.append(warning)
-        log(f"store: warning: {warning}")
+    notes = work_dir_notes(options.work_dir, "store")
 
     with pinned_to_one_cpu(options.pin) as cpu:
         log(f"store: pinned to CPU {cpu}" if cpu is not None else "store: not pinned")

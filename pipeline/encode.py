@@ -291,8 +291,12 @@ def prepare(
     prep_tx = _int_column(table, "preparedTransactionOffset", np.int64, 0)
     born_ts = _int_column(table, "bornTimestamp", np.int64, 0)
     born_ts_col = _column(table, "bornTimestamp")
+    # Without the column every message is born when stored (the encoder stamps the rows this
+    # mask marks; None would mean "all given" and store 0).
     born_ts_missing = (
-        None if born_ts_col is None else born_ts_col.is_null().to_numpy(zero_copy_only=False)
+        np.ones(n, dtype=bool)
+        if born_ts_col is None
+        else born_ts_col.is_null().to_numpy(zero_copy_only=False)
     )
 
     # hosts

@@ -123,3 +123,25 @@ def test_generated_uniq_keys_are_unique_and_rocketmq_shaped(tmp_path: Path) -> N
         uniq += store.put_batch(table.slice(0, 10)).uniq_keys.to_pylist()
     assert len(set(uniq)) == len(uniq)
     assert all(len(u) == 32 and u == u.upper() and int(u, 16) >= 0 for u in uniq)
+
+
+def test_a_table_without_born_timestamp_is_born_when_stored(tmp_path: Path) -> None:
+    # The sink's tables never carry bornTimestamp; a column of nulls and no column at all must
+    # both mean "the store time" (pipeline/message.py), not 0.
+    with MessageStore(tmp_path / "s", CONFIG, clock_ms=lambda: 1_700_000_000_123) as store:
+        bare = store.put_batch(pa.table({"topic": ["T", "T"], "body": [b"a", b"b"]}))
+        nulls = store.put_batch(
+            pa.table(
+                {
+                    "topic": ["T", "T"],
+                    "body": [b"c", b"d"],
+                    "bornTimestamp": pa.array([None, 5], pa.int64()),
+                }
+            )
+        )
+        got = [
+            store.get_message(int(off)).born_timestamp
+            for result in (bare, nulls)
+            for off in result.commit_log_offsets
+        ]
+    assert got == [1_700_000_000_123, 1_700_000_000_123, 1_700_000_000_123, 5]
