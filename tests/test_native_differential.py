@@ -193,8 +193,11 @@ def test_store_files_equal_the_reference(
     check_files()
     for sub in ("consumequeue", "index") if lose == "both" else (lose,):
         shutil.rmtree(path / sub)
+    # Prepared and rolled-back halves have no ConsumeQueue unit: when every message is one,
+    # deleting consumequeue/ loses nothing, and there is nothing to re-dispatch.
+    lost = lose != "consumequeue" or bool(want_queues)
     with MessageStore(path, config, clock_ms=lambda: next(clock)) as store:
-        assert store.recovery.records_redispatched == len(log)
+        assert store.recovery.records_redispatched == (len(log) if lost else 0)
     check_files()
 
 
