@@ -4,7 +4,7 @@ while a second one reads the same topic, both with ``trigger(processingTime="0 s
 In one ``local[2]`` session, per measurement (a fresh store root, fresh checkpoints):
 
 * **R, the reader**, started first: ``readStream.format("rocketstore")`` on the topic,
-  ``startingOffsets=earliest`` (the topic is created empty just before, so R reads exactly
+  ``includeProperties=true`` (for ``genTs``), ``startingOffsets=earliest`` (the topic is created empty just before, so R reads exactly
   what W writes, however their starts interleave), into a ``foreachBatch`` function (a
   :class:`Recorder`) that takes the driver's wall clock when Spark calls it for a micro-batch,
   the moment the reading query sees the batch, then has Spark compute, per row, that moment
@@ -339,6 +339,7 @@ def measure(spark: Any, work: Path, window: Window, drain_s: int, label: str) ->
         .option("path", str(root))
         .option("topic", TOPIC)
         .option("startingOffsets", "earliest")
+        .option("includeProperties", "true")  # genTs is a user property
         .load()
         .writeStream.foreachBatch(gates["reader"])
         .option("checkpointLocation", str(work / f"ck-reader-{label}"))
