@@ -180,7 +180,7 @@ class IndexService:
         key_hash = index_key_hash(topic, key)
         seen: set[int] = set()
         for f in reversed(self.files):
-            if f.index_count > 1 and f.end_phy_offset < min_phys:
+            if f.end_phy_offset < min_phys:
                 break  # files are in log order: this one and every older one end before it
             if f.is_time_matched(begin, end):
                 for phy, _ in f.candidates(key_hash, begin, end, min_phys):
