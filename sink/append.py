@@ -148,10 +148,16 @@ def clean_when_due(store: MessageStore) -> None:
     store.clean()
 
 
+def _valid_note(note: list[int] | None) -> list[int] | None:
+    """``note`` if it has the sink's shape ``[batch, P, Q]``, else None (a search of it all)."""
+    return note if note is not None and len(note) == 3 else None
+
+
 def search_bound(note: list[int] | None, batch_id: int) -> int:
     """The CommitLog offset from which an attempt of ``batch_id`` may have written, by the
     broker's note (see the module doc); 0 when the note cannot tell."""
-    if note is None or len(note) != 3:
+    note = _valid_note(note)
+    if note is None:
         return 0
     batch, later, same = note
     if batch < batch_id:
@@ -210,12 +216,12 @@ def append(
     topics = rows.column("topic").to_pylist()
     with open_writer(path, config, lock_timeout_ms) as store:
         note_name = "sink." + sink_fp.hex()
-        note = store.note(note_name)
+        note = _valid_note(store.note(note_name))
         since = search_bound(note, batch_id)
         done = landed_prefix(store, topics, uniq, since)
         if done:
             _check_same_rows(store, rows, topics, done - 1, path, since)
-        if note is None or len(note) != 3 or note[0] < batch_id:
+        if note is None or note[0] < batch_id:
             store.set_note(note_name, [batch_id, store.commitlog.max_offset, since])
         rest = rows.slice(done)
         if rest.num_rows > chunk_rows:
