@@ -18,34 +18,24 @@ at least as fast as the parquet sink.
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.common import Options, PartResult, Row, log, median, scratch_dir, spread
+from bench.session import local_session
 
 TARGET_RATIO = 1.0
 FILES = 10
 
 
-def _session() -> Any:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("rocketstore-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.memory", "4g")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
+def _session() -> tuple[Any, bool]:
+    # Two shuffle partitions: one per broker of the sink's layout; 4 GiB for the driver.
+    return local_session(
+        "rocketstore-bench-sink",
+        **{"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "4g"},
     )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
 
 
 def make_input(spark: Any, folder: Path, rows: int) -> None:
@@ -70,7 +60,7 @@ def run(options: Options) -> PartResult:
     from sink.foreach import CommitLogSink
 
     rows = 200_000 if options.quick else 5_000_000
-    spark = _session()
+    spark, owned = _session()
     results: dict[str, list[float]] = {"rocketstore": [], "parquet": [], "noop": []}
     with scratch_dir(options.work_dir, "sink-") as work:
         source = work / "input"
@@ -102,7 +92,8 @@ def run(options: Options) -> PartResult:
                 results[name].append(rows / elapsed)
                 log(f"sink run {i + 1}/{options.runs} {name}: {rows / elapsed:,.0f} rows/s")
                 shutil.rmtree(out, ignore_errors=True)
-    spark.stop()
+    if owned:
+        spark.stop()
     base = median(results["parquet"])
     table = []
     for name in ("rocketstore", "parquet", "noop"):

@@ -105,7 +105,7 @@ def run(options: Options) -> PartResult:
 
     batches = 6 if options.quick else BATCHES
     large = 500_000 if options.quick else LARGE
-    spark = _session()
+    spark, owned = _session()
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", str(batches + 10))
     per_batch: dict[str, list[float]] = {"parquet": [], "empty": [], "large": []}
     load: list[tuple[float, float, float]] = [os.getloadavg()]
@@ -143,7 +143,8 @@ def run(options: Options) -> PartResult:
                 )
                 shutil.rmtree(out, ignore_errors=True)
         load.append(os.getloadavg())
-    spark.stop()
+    if owned:
+        spark.stop()
     pq, empty, big = (median(per_batch[k]) for k in ("parquet", "empty", "large"))
 
     def row(name: str, key: str, **against: Any) -> Row:
