@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +58,14 @@ def write_input(folder: Path, files: int, rows_per_file: int) -> list[dict[str, 
     """Parquet files ``part-00000.parquet``... and the rows they hold, in order."""
     folder.mkdir(parents=True, exist_ok=True)
     everything = []
+    # Spark's file source takes new files oldest first, and files written within one
+    # millisecond tie: a second apart, they are taken in the order of their rows.
+    t0 = time.time() - 3600
     for f in range(files):
         rows = order_rows(f * rows_per_file, rows_per_file)
-        pq.write_table(pa.Table.from_pylist(rows, INPUT_SCHEMA), folder / f"part-{f:05d}.parquet")
+        path = folder / f"part-{f:05d}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, INPUT_SCHEMA), path)
+        os.utime(path, (t0 + f, t0 + f))
         everything += rows
     return everything
 
