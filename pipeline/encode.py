@@ -479,14 +479,16 @@ def _lift_reserved(
         kept = []
         for name, value in items:
             if name in fields:
+                # An empty value is no value, as for the fields themselves.
                 current = fields[name][row]
-                if current is not None and current != value:
+                if value and current is not None and current != value:
                     raise InvalidMessageError(
                         f"row {row}: property {name}={value!r} contradicts the "
                         f"{name.lower()} field {current!r}",
                         row,
                     )
-                fields[name][row] = value or None
+                if value:
+                    fields[name][row] = value
             else:
                 kept.append((name, value))
         rest.append(kept)

@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline import record
 from pipeline.config import StoreConfig
+from pipeline.errors import InvalidMessageError
 from pipeline.message import Message
 from pipeline.store import MessageStore
 
@@ -29,6 +31,7 @@ KEY = st.text(
     min_size=1,
     max_size=10,
 )
+USER_KEY = KEY.filter(lambda k: k not in ("KEYS", "TAGS", "UNIQ_KEY"))
 HOSTS = st.sampled_from([None, "10.0.0.7:4000", "[::1]:5006", "[2001:db8::5]:80"])
 
 
@@ -40,7 +43,8 @@ def messages(draw: st.DrawFn, large: bool = False) -> Message:
         queue_id=draw(st.integers(0, 3)),
         keys=draw(st.none() | st.lists(KEY, max_size=3)),
         tags=draw(st.none() | SAFE_TEXT),
-        properties=draw(st.none() | st.dictionaries(KEY, SAFE_TEXT, max_size=3)),
+        # Reserved names as properties: test_reserved_names_given_as_properties_fill_their_fields.
+        properties=draw(st.none() | st.dictionaries(USER_KEY, SAFE_TEXT, max_size=3)),
         flag=draw(st.integers(-(2**31), 2**31 - 1)),
         sys_flag=draw(st.sampled_from([0, 0, 0, 4, 8, 12])),
         born_timestamp=draw(st.none() | st.integers(0, 2**45)),
@@ -145,3 +149,57 @@ def test_a_table_without_born_timestamp_is_born_when_stored(tmp_path: Path) -> N
             for off in result.commit_log_offsets
         ]
     assert got == [1_700_000_000_123, 1_700_000_000_123, 1_700_000_000_123, 5]
+
+
+def test_reserved_names_given_as_properties_fill_their_fields(tmp_path: Path) -> None:
+    """``dump`` prints KEYS, TAGS and UNIQ_KEY among the properties; a batch that gives them so
+    stores them in their own fields (indexed, in their place), an empty one as no value, and a
+    row that gives one twice with different values is refused whole."""
+    batch = [
+        Message(topic="T", body=b"a", properties={"KEYS": "k1 k2", "TAGS": "t", "p": "v"}),
+        Message(topic="T", body=b"b", uniq_key="AB" * 16, properties={"UNIQ_KEY": ""}),
+        Message(topic="T", body=b"c", properties={"UNIQ_KEY": "CD" * 16, "KEYS": ""}),
+    ]
+    with MessageStore(tmp_path / "s", CONFIG) as store:
+        result = store.put_batch(batch)
+        got = [store.get_message(int(p)) for p in result.commit_log_offsets]
+        assert list(got[0].properties) == ["KEYS", "TAGS", "UNIQ_KEY", "p"]
+        assert (got[0].keys, got[0].tags, got[0].properties["p"]) == (["k1", "k2"], "t", "v")
+        assert got[1].properties["UNIQ_KEY"] == "AB" * 16
+        assert got[2].properties == {"UNIQ_KEY": "CD" * 16}
+        assert [m.body for m in store.query_by_key("T", "k2")] == [b"a"]
+        assert [m.body for m in store.query_by_key("T", "CD" * 16)] == [b"c"]
+        conflict = Message(topic="T", body=b"d", tags="x", properties={"TAGS": "y"})
+        with pytest.raises(InvalidMessageError, match=r"row 1: property TAGS='y' contradicts"):
+            store.put_batch([Message(topic="T", body=b"e"), conflict])
+        assert store.max_offset("T", 0) == 3
+
+
+def test_absent_columns_store_what_their_defaults_store(tmp_path: Path) -> None:
+    """A batch that leaves out the optional columns (the encoder then borrows no array for
+    them) writes the bytes of one that gives every default explicitly, and of one whose
+    columns are wider or narrower integers holding the same values."""
+    n = 6
+    bare = pa.table({"topic": ["T"] * n, "body": [b"x%d" % i for i in range(n)]})
+    full = bare.append_column("queueId", pa.array([0] * n, pa.int32()))
+    for name, type_ in (
+        ("flag", pa.int32()),
+        ("sysFlag", pa.int32()),
+        ("reconsumeTimes", pa.int32()),
+        ("preparedTransactionOffset", pa.int64()),
+    ):
+        full = full.append_column(name, pa.array([0] * n, type_))
+    full = full.append_column("bornTimestamp", pa.nulls(n, pa.int64()))
+    full = full.append_column("bornHost", pa.nulls(n, pa.string()))
+    other_widths = bare.append_column("queueId", pa.array([0] * n, pa.uint8())).append_column(
+        "preparedTransactionOffset", pa.array([None] * n, pa.int16())
+    )
+    files = []
+    for i, table in enumerate((bare, full, other_widths)):
+        path = tmp_path / f"s{i}"
+        uniq = table.append_column("uniqKey", pa.array([f"{k:032X}" for k in range(n)]))
+        with MessageStore(path, CONFIG, clock_ms=lambda: 1_700_000_000_000) as store:
+            store.put_batch(uniq)
+        files.append((path / "commitlog" / "00000000000000000000").read_bytes())
+    assert files[0][:4096] != bytes(4096)
+    assert files[1] == files[0] and files[2] == files[0]
