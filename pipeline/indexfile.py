@@ -33,7 +33,7 @@ entries the header does not count, which are ignored.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +50,8 @@ ENTRY_DTYPE = np.dtype(
     [("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"), ("prev_index", ">i4")]
 )
 ENTRY_SIZE = ENTRY_DTYPE.itemsize  # 20
+SLOT = struct.Struct(">i")
+ENTRY = struct.Struct(">iqii")  # ENTRY_DTYPE's fields, for reading one entry
 INT_MAX = 0x7FFFFFFF
 
 
@@ -224,7 +226,7 @@ class IndexFile:
 
     def candidates(
         self, key_hash: int, begin: int, end: int, min_phys: int = 0
-    ) -> Iterator[tuple[int, int]]:
+    ) -> list[tuple[int, int]]:
         """(phyOffset, approximate store time) of entries with ``key_hash`` stored in
         ``[begin, end]`` at CommitLog offsets from ``min_phys`` on, newest first, following the
         slot's chain (entries are added in log order, so a chain's offsets only go down).
@@ -233,27 +235,31 @@ class IndexFile:
         ``begin`` may look earlier: entries are only excluded, and the walk only stopped, when
         they are certainly outside the range. Callers re-check the exact store time.
         """
+        found: list[tuple[int, int]] = []
         if self.index_count <= 1:
-            return
+            return found
         count = self.index_count
-        slot = key_hash % self.slot_num
-        current = int(self._slots[slot])
+        # struct, not numpy views: a look-up touches a slot and a few entries in each of many
+        # files, and making numpy views cost more than the walk itself. A list, not a
+        # generator: a paused walk would hold the view, and a held view pins the mapping.
+        buf = self._mf.buffer
+        entries_at = HEADER_SIZE + SLOT_SIZE * self.slot_num
+        (current,) = SLOT.unpack_from(buf, HEADER_SIZE + SLOT_SIZE * (key_hash % self.slot_num))
         seen = 0
         while 0 < current < count and seen < count:
             seen += 1
-            entry = self._entries[current]
-            diff = int(entry["time_diff"])
+            h, phy, diff, prev = ENTRY.unpack_from(buf, entries_at + ENTRY_SIZE * current)
             if diff < 0:
                 break
             approx = self.begin_timestamp + diff * 1000
-            if int(entry["phy_offset"]) < min_phys:
+            if phy < min_phys:
                 break
-            if int(entry["key_hash"]) == key_hash and approx <= end and approx + 999 >= begin:
-                yield int(entry["phy_offset"]), approx
-            prev = int(entry["prev_index"])
+            if h == key_hash and approx <= end and approx + 999 >= begin:
+                found.append((phy, approx))
             if prev <= 0 or prev >= current or approx + 999 < begin:
                 break
             current = prev
+        return found
 
     def entries(self) -> npt.NDArray[np.void]:
         """A copy of the used entries (1 .. indexCount-1)."""
