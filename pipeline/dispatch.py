@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +28,8 @@ from pipeline.consumequeue import ConsumeQueue, make_units
 from pipeline.encode import PreparedBatch
 from pipeline.errors import CorruptRecordError
 from pipeline.index_service import IndexService
+
+INDEX_SLICE = 1 << 18  # index entries per IndexService.put of a batch
 
 
 @dataclasses.dataclass
@@ -42,6 +45,9 @@ class DispatchBatch:
     store_ts: npt.NDArray[np.int64]
     key_rows: npt.NDArray[np.int64]
     key_hashes: npt.NDArray[np.int32]
+    # The rows that get ConsumeQueue units, split by queue (:func:`group_rows`), when the
+    # caller already has them; else :func:`apply` splits them itself.
+    groups: list[npt.NDArray[np.int64]] | None = None
 
     def __len__(self) -> int:
         return len(self.phys)
@@ -57,6 +63,7 @@ def from_prepared(
     phys: npt.NDArray[np.int64],
     queue_offsets: npt.NDArray[np.int64],
     store_ts: int,
+    groups: list[npt.NDArray[np.int64]] | None = None,
 ) -> DispatchBatch:
     return DispatchBatch(
         phys=phys,
@@ -70,6 +77,7 @@ def from_prepared(
         store_ts=np.full(b.n, store_ts, dtype=np.int64),
         key_rows=b.key_rows,
         key_hashes=b.key_hashes,
+        groups=groups,
     )
 
 
@@ -127,9 +135,13 @@ def group_rows(
     """``rows`` split by (topic, queueId), each group keeping the rows' original order."""
     if not len(rows):
         return []
-    t = topic_codes[rows].astype(np.int64)
-    q = queue_ids[rows].astype(np.int64)
-    dense = t * (int(q.max()) + 1) + q
+    t = topic_codes[rows]
+    q = queue_ids[rows]
+    width = int(q.max()) + 1
+    # An int32 group id per row when it fits (it does for any real number of queues).
+    dtype = np.int32 if (int(t.max()) + 1) * width < 1 << 31 else np.int64
+    dense: npt.NDArray[Any] = t.astype(dtype, copy=False) * width
+    dense += q
     # Small group ids sort by radix (linear time) as uint16; stability keeps message order.
     key = dense.astype(np.uint16) if int(dense.max()) < 1 << 16 else dense
     order = np.argsort(key, kind="stable")
@@ -153,11 +165,18 @@ def apply(
     already present are skipped, so a range may be dispatched again after a crash."""
     if not len(batch):
         return
-    rows = np.flatnonzero(consume_queue_mask(batch.sys_flags))
-    for part in group_rows(batch.topic_codes, batch.queue_ids, rows):
+    groups = batch.groups
+    if groups is None:
+        rows = np.flatnonzero(consume_queue_mask(batch.sys_flags))
+        groups = group_rows(batch.topic_codes, batch.queue_ids, rows)
+    for part in groups:
         first = int(part[0])
         cq = queue(batch.topics[int(batch.topic_codes[first])], int(batch.queue_ids[first]))
         units = make_units(batch.phys[part], batch.sizes[part], batch.tags_codes[part])
         cq.append(int(batch.queue_offsets[first]), units)
-    if index is not None and len(batch.key_rows):
-        index.put(batch.key_hashes, batch.phys[batch.key_rows], batch.store_ts[batch.key_rows])
+    if index is None:
+        return
+    # In slices, so that the gathered offsets and times stay small beside the batch itself.
+    for lo in range(0, len(batch.key_rows), INDEX_SLICE):
+        rows = batch.key_rows[lo : lo + INDEX_SLICE]
+        index.put(batch.key_hashes[lo : lo + INDEX_SLICE], batch.phys[rows], batch.store_ts[rows])

@@ -18,6 +18,7 @@ import re
 import socket
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -27,7 +28,6 @@ import pyarrow.compute as pc
 from pipeline import native, record
 from pipeline.config import StoreConfig
 from pipeline.errors import InvalidMessageError, MessageTooLargeError
-from pipeline.javahash import binary_offsets
 from pipeline.message import COLUMNS, Message, messages_to_table
 
 TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
@@ -54,6 +54,12 @@ _EMPTY_STR = _scalar(b"", pa.string())
 _NULL_STR = _scalar(None, pa.string())
 _NAME_SEP = _scalar(b"\x01", pa.string())
 _PROP_SEP = _scalar(b"\x02", pa.string())
+_ZERO_OF = {
+    pa.from_numpy_dtype(d): pa.Array.from_buffers(
+        pa.from_numpy_dtype(d), 1, [None, pa.py_buffer(np.zeros(1, d))]
+    )[0]
+    for d in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)
+}
 
 
 @dataclasses.dataclass
@@ -66,7 +72,6 @@ class PreparedBatch:
     topic_codes: npt.NDArray[np.int32]
     queue_ids: npt.NDArray[np.int32]
     sys_flags: npt.NDArray[np.int32]  # with the host v6 bits set
-    props_lens: npt.NDArray[np.int64]
     tags_codes: npt.NDArray[np.int64]
     uniq_keys: pa.StringArray
     key_rows: npt.NDArray[np.int64]  # per index entry: the message it belongs to
@@ -83,6 +88,7 @@ class PreparedBatch:
 
 
 _SEQ_MASK = (1 << 48) - 1
+ID_CHARS = 32  # a message id's hex digits
 
 
 class UniqKeyGenerator:
@@ -127,11 +133,14 @@ class UniqKeyGenerator:
 
     def generate(self, n: int, now_ms: int) -> pa.StringArray:
         start = self._take(n, now_ms)
-        seqs = (np.arange(n, dtype=np.uint64) + np.uint64(start)) & np.uint64((1 << 48) - 1)
-        raw = np.empty((n, 16), dtype=np.uint8)
-        raw[:, :10] = self._prefix
-        raw[:, 10:] = seqs.astype(">u8").view(np.uint8).reshape(n, 8)[:, 2:]
-        return hex_fixed(raw)
+        # Written in place by the crate: a million ids are 32 MB, and building them from
+        # numpy temporaries took twice that again at the batch put's peak.
+        data = np.empty(n * ID_CHARS, dtype=np.uint8)
+        native.uniq_ids(self._prefix.tobytes(), start, data)
+        offsets = np.arange(0, ID_CHARS * (n + 1), ID_CHARS, dtype=np.int32)
+        return pa.Array.from_buffers(
+            pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+        )
 
     def next_id(self, now_ms: int) -> str:
         """One id, exactly as ``generate(1, now_ms)`` would make it (the single-put path, so
@@ -177,29 +186,28 @@ def _column(table: pa.Table, name: str) -> pa.Array | None:
     return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
 
 
-def _int_column(table: pa.Table, name: str, dtype: type, default: int) -> npt.NDArray[np.int64]:
+def _int_column(
+    table: pa.Table, name: str, dtype: type[np.int32] | type[np.int64]
+) -> npt.NDArray[Any] | None:
+    """An integer column as ``dtype`` (nulls as 0), or None when the batch does not carry it.
+    Borrowed from Arrow without a copy when it already has that type and no null."""
     col = _column(table, name)
     if col is None:
-        return np.full(table.num_rows, default, dtype=np.int64)
+        return None
     if not (pa.types.is_integer(col.type)):
         raise InvalidMessageError(f"column {name!r}: expected an integer type, got {col.type}")
-    raw = pc.fill_null(col, default).to_numpy(zero_copy_only=False)
-    if raw.dtype == np.uint64:
-        _fail(
-            InvalidMessageError,
-            name,
-            raw > np.iinfo(np.int64).max,
-            f"value out of range for {np.dtype(dtype).name}",
-        )
-    values = raw.astype(np.int64)
+    if col.null_count:
+        col = pc.fill_null(col, _ZERO_OF[col.type])
+    raw: npt.NDArray[Any] = col.to_numpy(zero_copy_only=False)
+    target = np.dtype(dtype)
+    if raw.dtype == target:
+        return raw
     info = np.iinfo(dtype)
-    _fail(
-        InvalidMessageError,
-        name,
-        (values < info.min) | (values > info.max),
-        f"value out of range for {np.dtype(dtype).name}",
-    )
-    return np.asarray(values, dtype=np.int64)
+    out_of_range = raw > info.max
+    if raw.dtype.kind == "i":
+        out_of_range |= raw < info.min
+    _fail(InvalidMessageError, name, out_of_range, f"value out of range for {target.name}")
+    return raw.astype(target)
 
 
 def to_table(data: pa.Table | pa.RecordBatch | Sequence[Message]) -> pa.Table:
@@ -245,7 +253,7 @@ def prepare(
     )
     encoded_topics = pc.dictionary_encode(topic_col)
     topics: list[str] = encoded_topics.dictionary.to_pylist()
-    topic_codes = encoded_topics.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+    topic_codes = np.asarray(encoded_topics.indices.to_numpy(zero_copy_only=False), np.int32)
     for i, t in enumerate(topics):
         reason = topic_problem(t)
         if reason:
@@ -269,42 +277,47 @@ def prepare(
         body_col.is_null().to_numpy(zero_copy_only=False),
         "body is null",
     )
-    body_lens = np.diff(binary_offsets(body_col))
+    bodies = native.strings(body_col)
     _fail(
         MessageTooLargeError,
         "body",
-        body_lens > config.max_message_size,
+        np.diff(bodies[1]) > config.max_message_size,
         f"body larger than maxMessageSize={config.max_message_size} bytes",
     )
 
-    queue_ids = _int_column(table, "queueId", np.int32, 0)
+    # Columns a batch does not carry stay None: the encoder writes 0 (a missing bornTimestamp:
+    # the store time), so the common batch allocates no per-row array for them.
+    queue_ids = _int_column(table, "queueId", np.int32)
+    if queue_ids is None:
+        queue_ids = np.zeros(n, dtype=np.int32)
     _fail(InvalidMessageError, "queueId", queue_ids < 0, "queueId is negative")
-    flags = _int_column(table, "flag", np.int32, 0)
-    sys_in = _int_column(table, "sysFlag", np.int32, 0)
-    _fail(
-        InvalidMessageError,
-        "sysFlag",
-        (sys_in & ~record.TRANSACTION_MASK) != 0,
-        "only the transaction bits (0x4, 0x8, 0xC) may be set",
-    )
-    reconsume = _int_column(table, "reconsumeTimes", np.int32, 0)
-    prep_tx = _int_column(table, "preparedTransactionOffset", np.int64, 0)
-    born_ts = _int_column(table, "bornTimestamp", np.int64, 0)
+    flags = _int_column(table, "flag", np.int32)
+    sys_in = _int_column(table, "sysFlag", np.int32)
+    if sys_in is not None:
+        _fail(
+            InvalidMessageError,
+            "sysFlag",
+            (sys_in & ~record.TRANSACTION_MASK) != 0,
+            "only the transaction bits (0x4, 0x8, 0xC) may be set",
+        )
+    reconsume = _int_column(table, "reconsumeTimes", np.int32)
+    prep_tx = _int_column(table, "preparedTransactionOffset", np.int64)
+    born_ts = _int_column(table, "bornTimestamp", np.int64)
     born_ts_col = _column(table, "bornTimestamp")
-    # Without the column every message is born when stored (the encoder stamps the rows this
-    # mask marks; None would mean "all given" and store 0).
+    # Rows without a born timestamp are born when stored: the encoder stamps those this mask
+    # marks (and every row when the column is absent).
     born_ts_missing = (
-        np.ones(n, dtype=bool)
-        if born_ts_col is None
-        else born_ts_col.is_null().to_numpy(zero_copy_only=False)
+        born_ts_col.is_null().to_numpy(zero_copy_only=False)
+        if born_ts_col is not None and born_ts_col.null_count
+        else None
     )
 
     # hosts
     store_field, store_v6 = record.encode_host(config.store_host)
     born_col = _column(table, "bornHost")
+    born_codes: npt.NDArray[np.int32] | None = None  # None: every message's is born_hosts[0]
     if born_col is None or born_col.null_count == n:
         born_hosts = [store_field]
-        born_codes = np.zeros(n, dtype=np.int32)
     else:
         filled = pc.fill_null(born_col, config.store_host)
         enc = pc.dictionary_encode(filled)
@@ -320,13 +333,15 @@ def prepare(
                     codes == enc.dictionary.to_pylist().index(text),
                     exc.reason,
                 )
-        born_codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int32)
-    born_v6 = np.array([len(h) == 20 for h in born_hosts], dtype=bool)[born_codes]
-    sys_flags = (
-        sys_in
-        | np.where(born_v6, record.BORNHOST_V6_FLAG, 0)
-        | (record.STOREHOSTADDRESS_V6_FLAG if store_v6 else 0)
-    ).astype(np.int32)
+        born_codes = np.asarray(enc.indices.to_numpy(zero_copy_only=False), np.int32)
+    sys_flags = np.zeros(n, np.int32) if sys_in is None else sys_in.astype(np.int32)
+    v6_hosts = [k for k, h in enumerate(born_hosts) if len(h) == 20]
+    if v6_hosts and born_codes is not None:
+        sys_flags[np.isin(born_codes, v6_hosts)] |= record.BORNHOST_V6_FLAG
+    elif v6_hosts:
+        sys_flags |= record.BORNHOST_V6_FLAG
+    if store_v6:
+        sys_flags |= record.STOREHOSTADDRESS_V6_FLAG
 
     # keys, tags, UNIQ_KEY, user properties
     keys_str = _keys_column(table, n)
@@ -337,14 +352,19 @@ def prepare(
         keys_str, tags, uniq_keys, user_props = _lift_reserved(
             keys_str, tags, uniq_keys, user_props
         )
-    missing_uniq = uniq_keys.is_null().to_numpy(zero_copy_only=False)
-    if missing_uniq.any():
-        fresh = uniq.generate(int(missing_uniq.sum()), now_ms)
-        filled = np.empty(n, dtype=object)
-        filled[~missing_uniq] = uniq_keys.filter(pa.array(~missing_uniq)).to_pylist()
-        filled[missing_uniq] = fresh.to_pylist()
-        uniq_keys = pa.array(filled, pa.string()) if not missing_uniq.all() else fresh
-    for values, what in ((keys_str, "keys"), (tags, "tags"), (uniq_keys, "uniqKey")):
+    checked = [(keys_str, "keys"), (tags, "tags")]
+    if uniq_keys.null_count == n:
+        uniq_keys = uniq.generate(n, now_ms)
+    else:
+        checked.append((uniq_keys, "uniqKey"))
+        if uniq_keys.null_count:
+            missing_uniq = uniq_keys.is_null().to_numpy(zero_copy_only=False)
+            fresh = uniq.generate(int(missing_uniq.sum()), now_ms)
+            filled = np.empty(n, dtype=object)
+            filled[~missing_uniq] = uniq_keys.filter(pa.array(~missing_uniq)).to_pylist()
+            filled[missing_uniq] = fresh.to_pylist()
+            uniq_keys = pa.array(filled, pa.string())
+    for values, what in checked:
         _check_separators(values, what)
     user_part = None
     if user_props is not None and user_props.null_count < n:
@@ -355,31 +375,31 @@ def prepare(
         n=n,
         topics=native.table_of([t.encode("utf-8") for t in topics]),
         topic_codes=np.ascontiguousarray(topic_codes, dtype=np.int32),
-        queue_ids=queue_ids.astype(np.int32),
-        flags=flags.astype(np.int32),
+        queue_ids=queue_ids,
+        flags=flags,
         sys_flags=sys_flags,
-        reconsume=reconsume.astype(np.int32),
+        reconsume=reconsume,
         prep_tx=prep_tx,
         born_ts=born_ts,
         born_missing=None if born_ts_missing is None else born_ts_missing.view(np.uint8),
         born_hosts=native.table_of(born_hosts),
-        born_codes=np.ascontiguousarray(born_codes, dtype=np.int32),
+        born_codes=born_codes,
         store_host=store_field,
-        bodies=native.strings(body_col),
+        bodies=bodies,
         keys=native.strings(keys_str),
         tags=native.strings(tags),
         uniq=native.strings(uniq_keys),
         user_props=None if user_part is None else native.strings(user_part),
     )
-    props_lens = np.empty(n, dtype=np.int64)
     sizes = np.empty(n, dtype=np.int64)
-    encoder.measure(props_lens, sizes)
-    _fail(
-        InvalidMessageError,
-        "properties",
-        props_lens > record.MAX_PROPERTIES_LENGTH,
-        f"encoded properties longer than {record.MAX_PROPERTIES_LENGTH} bytes",
-    )
+    too_long, first_too_long = encoder.measure(sizes, record.MAX_PROPERTIES_LENGTH)
+    if too_long:
+        raise InvalidMessageError(
+            f"column 'properties': encoded properties longer than "
+            f"{record.MAX_PROPERTIES_LENGTH} bytes ({too_long} row(s), first at row "
+            f"{first_too_long})",
+            first_too_long,
+        )
     limit = config.mapped_file_size_commitlog - record.BLANK_SIZE
     _fail(
         MessageTooLargeError,
@@ -394,9 +414,8 @@ def prepare(
         n=n,
         topics=topics,
         topic_codes=topic_codes,
-        queue_ids=queue_ids.astype(np.int32),
+        queue_ids=queue_ids,
         sys_flags=sys_flags,
-        props_lens=props_lens,
         tags_codes=tags_codes,
         uniq_keys=uniq_keys,
         key_rows=key_rows,
@@ -428,7 +447,9 @@ def _string_column(table: pa.Table, name: str, n: int) -> pa.StringArray:
     if not pa.types.is_string(col.type):
         raise InvalidMessageError(f"column {name!r}: expected string, got {col.type}")
     # An empty value means "none": RocketMQ never stores an empty TAGS or KEYS property.
-    return pc.if_else(pc.equal(col, _EMPTY_STR), _NULL_STR, col)
+    # Copied only when there is one: the usual column passes through as it is.
+    empty = pc.equal(col, _EMPTY_STR)
+    return pc.if_else(empty, _NULL_STR, col) if pc.any(empty).as_py() else col
 
 
 def _keys_column(table: pa.Table, n: int) -> pa.StringArray:
@@ -505,9 +526,9 @@ def _check_separators(values: pa.Array, what: str) -> None:
     data = values.buffers()[2] if values.null_count < len(values) else None
     if data is None:
         return
-    offs = binary_offsets(values)
-    raw = np.frombuffer(data, dtype=np.uint8)[offs[0] : offs[-1]]
-    if not np.any(raw <= 2):
+    offs = np.asarray(native.strings(values)[1])
+    raw = np.frombuffer(data, dtype=np.uint8)[int(offs[0]) : int(offs[-1])]
+    if not len(raw) or int(raw.min()) > 2:  # min(): no temporary the size of the data
         return
     bad = pc.fill_null(pc.match_substring_regex(values, "[\x01\x02]"), False)
     _fail(
@@ -595,4 +616,7 @@ def index_keys(
         native.strings(keys),
         np.ascontiguousarray(sys_flags, dtype=np.int32),
     )
-    return np.frombuffer(rows, dtype=np.int64), np.frombuffer(hashes, dtype=np.int32)
+    return (
+        np.frombuffer(memoryview(rows), dtype=np.int64),
+        np.frombuffer(memoryview(hashes), dtype=np.int32),
+    )

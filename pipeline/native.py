@@ -26,19 +26,21 @@ from pipeline.consumequeue import UNIT_DTYPE
 from pipeline.errors import CorruptRecordError
 from pipeline.record import MessageExt
 
-StringTriple = tuple[Any, npt.NDArray[np.int64], npt.NDArray[np.uint8] | None]
+StringTriple = tuple[Any, npt.NDArray[Any] | int, npt.NDArray[np.uint8] | None]
 EncodeBatch = _native.EncodeBatch
 index_put = _native.index_put
 index_keys = _native.index_keys
+uniq_ids = _native.uniq_ids
 SinglePut = _native.SinglePut
 
 _EMPTY = b""
 
 
 def strings(arr: pa.Array) -> StringTriple:
-    """A string or binary Arrow array as ``(data, offsets, validity)`` for the crate: the data
-    buffer as is, ``n + 1`` int64 offsets into it, and one byte per row (1 = present), or None
-    when no row is null. Zero-copy for the data."""
+    """A string or binary Arrow array as ``(data, offsets, validity)`` for the crate, without a
+    copy: the data buffer and the ``n + 1`` offsets (int32, or int64 for the ``large_`` types)
+    as Arrow holds them, and one byte per row (1 = present), or None when no row is null. A
+    column with no value at all is ``(b"", n, None)``."""
     if pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type):
         width: type = np.int64
     elif pa.types.is_string(arr.type) or pa.types.is_binary(arr.type):
@@ -47,11 +49,11 @@ def strings(arr: pa.Array) -> StringTriple:
         raise TypeError(f"expected a string or binary array, got {arr.type}")
     n = len(arr)
     bufs = arr.buffers()
-    if bufs[1] is None:
-        offsets = np.zeros(n + 1, dtype=np.int64)
-    else:
-        raw: npt.NDArray[Any] = np.frombuffer(bufs[1], dtype=width)
-        offsets = raw[arr.offset : arr.offset + n + 1].astype(np.int64)
+    if n and arr.null_count == n:
+        return _EMPTY, n, None
+    if bufs[1] is None:  # an empty array may come without buffers
+        return _EMPTY, np.zeros(n + 1, dtype=width), None
+    offsets: npt.NDArray[Any] = np.frombuffer(bufs[1], dtype=width)[arr.offset : arr.offset + n + 1]
     data = bufs[2] if bufs[2] is not None else _EMPTY
     valid = None
     if arr.null_count:

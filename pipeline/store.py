@@ -630,7 +630,7 @@ class MessageStore:
                 self._store_host_field,
                 False,
             )
-        queue_offsets, next_offsets = self._assign_queue_offsets(b)
+        queue_offsets, next_offsets, groups = self._assign_queue_offsets(b)
         phys, blanks = self.commitlog.plan(b.sizes)
         # Every segment the batch needs exists before its first byte is written, so the
         # common failure (no space or no descriptor for a new file) leaves the store unchanged.
@@ -647,7 +647,9 @@ class MessageStore:
                 failpoints.hit("flush")
                 self.commitlog.flush()
             dispatch.apply(
-                dispatch.from_prepared(b, phys, queue_offsets, now), self._queue, self.index
+                dispatch.from_prepared(b, phys, queue_offsets, now, groups),
+                self._queue,
+                self.index,
             )
         self._next_queue_offset.update(next_offsets)
         self._dispatched_end = int(phys[-1] + b.sizes[-1])
@@ -668,20 +670,22 @@ class MessageStore:
 
     def _assign_queue_offsets(
         self, b: encode.PreparedBatch
-    ) -> tuple[npt.NDArray[np.int64], dict[tuple[str, int], int]]:
+    ) -> tuple[npt.NDArray[np.int64], dict[tuple[str, int], int], list[npt.NDArray[np.int64]]]:
         """Queue offsets per (topic, queueId) in batch order, 0 for messages that get no
-        ConsumeQueue unit (PREPARED / ROLLBACK), which do not consume an offset; and each
-        queue's next offset once the batch is stored (taken only when the put succeeds)."""
+        ConsumeQueue unit (PREPARED / ROLLBACK), which do not consume an offset; each queue's
+        next offset once the batch is stored (taken only when the put succeeds); and the rows
+        that get units, split by queue, for the dispatch."""
         offsets = np.zeros(b.n, dtype=np.int64)
         next_offsets: dict[tuple[str, int], int] = {}
         rows = np.flatnonzero(dispatch.consume_queue_mask(b.sys_flags))
-        for part in dispatch.group_rows(b.topic_codes, b.queue_ids, rows):
+        groups = dispatch.group_rows(b.topic_codes, b.queue_ids, rows)
+        for part in groups:
             first = int(part[0])
             key = (b.topics[int(b.topic_codes[first])], int(b.queue_ids[first]))
             base = self._next_queue_offset.get(key, 0)
             offsets[part] = base + np.arange(len(part), dtype=np.int64)
             next_offsets[key] = base + len(part)
-        return offsets, next_offsets
+        return offsets, next_offsets, groups
 
     def _write_records(
         self,

@@ -335,10 +335,27 @@ def test_walk_sees_what_the_reference_scan_sees(
 UNICODE = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
 
 
-@given(st.lists(st.none() | UNICODE, max_size=30))
-def test_java_hashes_equal_the_reference(values: list[str | None]) -> None:
-    got = native.java_hashes(pa.array(values, pa.string())).tolist()
-    assert got == [java_hash(v) if v else 0 for v in values]
+@given(
+    st.lists(st.none() | UNICODE, max_size=30),
+    st.sampled_from([pa.string(), pa.large_string()]),
+    st.integers(0, 5),
+)
+def test_java_hashes_equal_the_reference(
+    values: list[str | None], type_: pa.DataType, skip: int
+) -> None:
+    """Offsets of either width, sliced arrays and columns with no value at all all cross to
+    the crate as Arrow holds them."""
+    arr = pa.array(values, type_).slice(min(skip, len(values)))
+    got = native.java_hashes(arr).tolist()
+    assert got == [java_hash(v) if v else 0 for v in values[min(skip, len(values)) :]]
+
+
+@given(prefix=st.binary(min_size=10, max_size=10), start=st.integers(0, 2**64 - 1))
+def test_uniq_ids_equal_the_reference(prefix: bytes, start: int) -> None:
+    out = np.zeros(5 * 32, np.uint8)
+    native.uniq_ids(prefix, start, out)
+    want = [f"{prefix.hex().upper()}{(start + i) % 2**64 & (2**48 - 1):012X}" for i in range(5)]
+    assert out.tobytes().decode().split("\0") == ["".join(want)]
 
 
 @given(st.lists(st.binary(max_size=300), max_size=30), st.integers(0, 5))

@@ -135,20 +135,35 @@ impl<T: Element> OutCol<T> {
 }
 
 /// A column of strings or binaries in Arrow's layout: one data buffer, `n + 1` offsets into
-/// it, and an optional validity mask (one byte per row, non-zero = present).
+/// it (int32 as Arrow's `string`/`binary` keep them, or int64 as the `large_` types do, borrowed
+/// as they are), and an optional validity mask (one byte per row, non-zero = present). A column
+/// with no value at all crosses as its row count in place of the offsets.
 pub struct Strings {
     data: Bytes,
-    offsets: Col<i64>,
+    offsets: OffsetCol,
     valid: Option<Bytes>,
+}
+
+enum OffsetCol {
+    Narrow(Col<i32>),
+    Wide(Col<i64>),
+    AllNull(usize),
 }
 
 impl Strings {
     pub fn new(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Self> {
         let (data, offsets, valid): (Bound<'_, PyAny>, Bound<'_, PyAny>, Bound<'_, PyAny>) =
             obj.extract()?;
+        let offsets = if let Ok(rows) = offsets.extract::<usize>() {
+            OffsetCol::AllNull(rows)
+        } else if let Ok(wide) = Col::<i64>::new(&offsets, what) {
+            OffsetCol::Wide(wide)
+        } else {
+            OffsetCol::Narrow(Col::new(&offsets, what)?)
+        };
         let s = Strings {
             data: Bytes::new(&data, what)?,
-            offsets: Col::new(&offsets, what)?,
+            offsets,
             valid: if valid.is_none() {
                 None
             } else {
@@ -160,22 +175,27 @@ impl Strings {
     }
 
     fn check(&self, what: &str) -> PyResult<()> {
-        let offs = self.offsets.get();
         let len = self.data.get().len() as i64;
-        if offs.is_empty() {
-            return Err(PyValueError::new_err(format!("{what}: offsets are empty")));
-        }
-        if offs.windows(2).any(|w| w[0] > w[1]) || offs[0] < 0 || offs[offs.len() - 1] > len {
-            return Err(PyValueError::new_err(format!(
-                "{what}: offsets are not ascending inside the data"
-            )));
-        }
-        if let Some(v) = &self.valid {
-            if v.get().len() != offs.len() - 1 {
+        let sane = match self.view().offsets {
+            Offsets::Narrow(o) => ascending_within(o.iter().map(|&x| x as i64), len),
+            Offsets::Wide(o) => ascending_within(o.iter().copied(), len),
+            Offsets::AllNull(_) => Some(true),
+        };
+        match sane {
+            None => return Err(PyValueError::new_err(format!("{what}: offsets are empty"))),
+            Some(false) => {
                 return Err(PyValueError::new_err(format!(
-                    "{what}: validity has {} rows, offsets {}",
+                    "{what}: offsets are not ascending inside the data"
+                )))
+            }
+            Some(true) => {}
+        }
+        let rows = self.view().len();
+        if let Some(v) = &self.valid {
+            if v.get().len() != rows {
+                return Err(PyValueError::new_err(format!(
+                    "{what}: validity has {} rows, offsets {rows}",
                     v.get().len(),
-                    offs.len() - 1
                 )));
             }
         }
@@ -185,23 +205,52 @@ impl Strings {
     pub fn view(&self) -> StrView<'_> {
         StrView {
             data: self.data.get(),
-            offsets: self.offsets.get(),
+            offsets: match &self.offsets {
+                OffsetCol::Narrow(c) => Offsets::Narrow(c.get()),
+                OffsetCol::Wide(c) => Offsets::Wide(c.get()),
+                OffsetCol::AllNull(n) => Offsets::AllNull(*n),
+            },
             valid: self.valid.as_ref().map(|v| v.get()),
         }
     }
+}
+
+/// Whether offsets start at 0 or later, never fall and end inside `len` bytes (`None`: there
+/// is not even the first offset).
+fn ascending_within(mut offs: impl Iterator<Item = i64>, len: i64) -> Option<bool> {
+    let first = offs.next()?;
+    let mut prev = first;
+    for x in offs {
+        if x < prev {
+            return Some(false);
+        }
+        prev = x;
+    }
+    Some(first >= 0 && prev <= len)
+}
+
+#[derive(Clone, Copy)]
+enum Offsets<'a> {
+    Narrow(&'a [i32]),
+    Wide(&'a [i64]),
+    AllNull(usize),
 }
 
 /// Borrowed form of [`Strings`], `Send` so loops can run with the GIL released.
 #[derive(Clone, Copy)]
 pub struct StrView<'a> {
     data: &'a [u8],
-    offsets: &'a [i64],
+    offsets: Offsets<'a>,
     valid: Option<&'a [u8]>,
 }
 
 impl<'a> StrView<'a> {
     pub fn len(&self) -> usize {
-        self.offsets.len() - 1
+        match self.offsets {
+            Offsets::Narrow(o) => o.len() - 1,
+            Offsets::Wide(o) => o.len() - 1,
+            Offsets::AllNull(n) => n,
+        }
     }
 
     /// Row `i`, or `None` when it is null.
@@ -211,7 +260,15 @@ impl<'a> StrView<'a> {
                 return None;
             }
         }
-        Some(&self.data[self.offsets[i] as usize..self.offsets[i + 1] as usize])
+        let (lo, hi) = match self.offsets {
+            Offsets::Narrow(o) => (o[i] as usize, o[i + 1] as usize),
+            Offsets::Wide(o) => (o[i] as usize, o[i + 1] as usize),
+            Offsets::AllNull(n) => {
+                assert!(i < n, "row {i} of {n}");
+                return None;
+            }
+        };
+        Some(&self.data[lo..hi])
     }
 }
 

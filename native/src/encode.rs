@@ -7,13 +7,11 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
 
-use crate::buffers::{
-    push_i32, push_i64, require_len, Bytes, Col, OutBytes, OutCol, StrView, Strings,
-};
+use crate::buffers::{require_len, Bytes, Col, OutBytes, OutCol, StrView, Strings};
 use crate::hash;
 use crate::layout::{self, Writer};
+use crate::owned::{Data, Owned};
 
 const PROPERTY_SEPARATOR: u8 = 2;
 const NAME_VALUE_SEPARATOR: u8 = 1;
@@ -28,14 +26,16 @@ pub struct EncodeBatch {
     topics: Strings,
     topic_codes: Col<i32>,
     queue_ids: Col<i32>,
-    flags: Col<i32>,
+    // Columns a batch rarely carries are optional: absent means 0 for every row, so a batch
+    // without them costs no per-row array at all.
+    flags: Option<Col<i32>>,
     sys_flags: Col<i32>,
-    reconsume: Col<i32>,
-    prep_tx: Col<i64>,
-    born_ts: Col<i64>,
+    reconsume: Option<Col<i32>>,
+    prep_tx: Option<Col<i64>>,
+    born_ts: Option<Col<i64>>,
     born_missing: Option<Bytes>,
     born_hosts: Strings,
-    born_codes: Col<i32>,
+    born_codes: Option<Col<i32>>,
     store_host: Vec<u8>,
     bodies: Strings,
     keys: Strings,
@@ -50,14 +50,14 @@ struct View<'a> {
     topics: StrView<'a>,
     topic_codes: &'a [i32],
     queue_ids: &'a [i32],
-    flags: &'a [i32],
+    flags: Option<&'a [i32]>,
     sys_flags: &'a [i32],
-    reconsume: &'a [i32],
-    prep_tx: &'a [i64],
-    born_ts: &'a [i64],
+    reconsume: Option<&'a [i32]>,
+    prep_tx: Option<&'a [i64]>,
+    born_ts: Option<&'a [i64]>,
     born_missing: Option<&'a [u8]>,
     born_hosts: StrView<'a>,
-    born_codes: &'a [i32],
+    born_codes: Option<&'a [i32]>,
     store_host: &'a [u8],
     bodies: StrView<'a>,
     keys: StrView<'a>,
@@ -72,9 +72,8 @@ impl View<'_> {
     }
 
     fn born_host(&self, i: usize) -> &[u8] {
-        self.born_hosts
-            .get(self.born_codes[i] as usize)
-            .unwrap_or(b"")
+        let code = self.born_codes.map_or(0, |c| c[i] as usize);
+        self.born_hosts.get(code).unwrap_or(b"")
     }
 
     fn user(&self, i: usize) -> Option<&[u8]> {
@@ -137,14 +136,14 @@ impl EncodeBatch {
             topics: self.topics.view(),
             topic_codes: self.topic_codes.get(),
             queue_ids: self.queue_ids.get(),
-            flags: self.flags.get(),
+            flags: self.flags.as_ref().map(|c| c.get()),
             sys_flags: self.sys_flags.get(),
-            reconsume: self.reconsume.get(),
-            prep_tx: self.prep_tx.get(),
-            born_ts: self.born_ts.get(),
+            reconsume: self.reconsume.as_ref().map(|c| c.get()),
+            prep_tx: self.prep_tx.as_ref().map(|c| c.get()),
+            born_ts: self.born_ts.as_ref().map(|c| c.get()),
             born_missing: self.born_missing.as_ref().map(|c| c.get()),
             born_hosts: self.born_hosts.view(),
-            born_codes: self.born_codes.get(),
+            born_codes: self.born_codes.as_ref().map(|c| c.get()),
             store_host: &self.store_host,
             bodies: self.bodies.view(),
             keys: self.keys.view(),
@@ -158,7 +157,9 @@ impl EncodeBatch {
 #[pymethods]
 impl EncodeBatch {
     /// Borrow a validated batch's columns. Every per-row column has `n` rows; `topic_codes`
-    /// and `born_codes` index the `topics` and `born_hosts` tables. String columns are
+    /// and `born_codes` index the `topics` and `born_hosts` tables. `flags`, `reconsume`,
+    /// `prep_tx` and `born_codes` may be None: 0 for every row; `born_ts` None: every message
+    /// is born at the store time, as are rows `born_missing` marks. String columns are
     /// `(data, offsets, validity)` triples (see `pipeline.native.strings`).
     #[new]
     #[pyo3(signature = (
@@ -191,18 +192,18 @@ impl EncodeBatch {
             topics: Strings::new(topics, "topics")?,
             topic_codes: Col::new(topic_codes, "topic_codes")?,
             queue_ids: Col::new(queue_ids, "queue_ids")?,
-            flags: Col::new(flags, "flags")?,
+            flags: optional(flags, "flags")?,
             sys_flags: Col::new(sys_flags, "sys_flags")?,
-            reconsume: Col::new(reconsume, "reconsume")?,
-            prep_tx: Col::new(prep_tx, "prep_tx")?,
-            born_ts: Col::new(born_ts, "born_ts")?,
+            reconsume: optional(reconsume, "reconsume")?,
+            prep_tx: optional(prep_tx, "prep_tx")?,
+            born_ts: optional(born_ts, "born_ts")?,
             born_missing: if born_missing.is_none() {
                 None
             } else {
                 Some(Bytes::new(born_missing, "born_missing")?)
             },
             born_hosts: Strings::new(born_hosts, "born_hosts")?,
-            born_codes: Col::new(born_codes, "born_codes")?,
+            born_codes: optional(born_codes, "born_codes")?,
             store_host,
             bodies: Strings::new(bodies, "bodies")?,
             keys: Strings::new(keys, "keys")?,
@@ -218,30 +219,33 @@ impl EncodeBatch {
         Ok(batch)
     }
 
-    /// Fill `props_lens` and `sizes` (int64, `n` rows): each message's PROPERTIES length and
-    /// whole record size.
+    /// Fill `sizes` (int64, `n` rows) with each message's whole record size, and return how
+    /// many messages have a PROPERTIES field longer than `max_props` bytes, and the first of
+    /// them (-1 when none): such a record cannot be written, its length field is an int16.
     fn measure(
         &self,
         py: Python<'_>,
-        props_lens: &Bound<'_, PyAny>,
         sizes: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        let (pl, sz) = (
-            OutCol::<i64>::new(props_lens, "props_lens")?,
-            OutCol::<i64>::new(sizes, "sizes")?,
-        );
-        let (pl, sz) = (pl.get(), sz.get());
-        require_len("props_lens", pl.len(), self.n)?;
+        max_props: usize,
+    ) -> PyResult<(usize, i64)> {
+        let sz = OutCol::<i64>::new(sizes, "sizes")?;
+        let sz = sz.get();
         require_len("sizes", sz.len(), self.n)?;
         let v = self.view();
-        py.detach(|| {
-            for i in 0..v.bodies.len() {
+        Ok(py.detach(|| {
+            let (mut bad, mut first) = (0usize, -1i64);
+            for (i, size) in sz.iter_mut().enumerate() {
                 let p = v.props_len(i);
-                pl[i] = p as i64;
-                sz[i] = v.record_size(i, p) as i64;
+                if p > max_props {
+                    if bad == 0 {
+                        first = i as i64;
+                    }
+                    bad += 1;
+                }
+                *size = v.record_size(i, p) as i64;
             }
-        });
-        Ok(())
+            (bad, first)
+        }))
     }
 
     /// Fill `out` (int64, `n` rows) with each message's ConsumeQueue tagsCode.
@@ -322,45 +326,49 @@ impl EncodeBatch {
     }
 }
 
+/// A column that may be None (then every row is 0).
+fn optional<T: pyo3::buffer::Element>(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+) -> PyResult<Option<Col<T>>> {
+    if obj.is_none() {
+        Ok(None)
+    } else {
+        Col::new(obj, what).map(Some)
+    }
+}
+
 impl EncodeBatch {
     fn check(&self) -> PyResult<()> {
         let n = self.n;
+        let v = self.view();
         let rows = [
-            ("topic_codes", self.topic_codes.get().len()),
-            ("queue_ids", self.queue_ids.get().len()),
-            ("flags", self.flags.get().len()),
-            ("sys_flags", self.sys_flags.get().len()),
-            ("reconsume", self.reconsume.get().len()),
-            ("prep_tx", self.prep_tx.get().len()),
-            ("born_ts", self.born_ts.get().len()),
-            ("born_codes", self.born_codes.get().len()),
-            ("bodies", self.bodies.view().len()),
-            ("keys", self.keys.view().len()),
-            ("tags", self.tags.view().len()),
-            ("uniq", self.uniq.view().len()),
+            ("topic_codes", Some(v.topic_codes.len())),
+            ("queue_ids", Some(v.queue_ids.len())),
+            ("flags", v.flags.map(<[i32]>::len)),
+            ("sys_flags", Some(v.sys_flags.len())),
+            ("reconsume", v.reconsume.map(<[i32]>::len)),
+            ("prep_tx", v.prep_tx.map(<[i64]>::len)),
+            ("born_ts", v.born_ts.map(<[i64]>::len)),
+            ("born_codes", v.born_codes.map(<[i32]>::len)),
+            ("born_missing", v.born_missing.map(<[u8]>::len)),
+            ("user_props", v.user_props.map(|u| u.len())),
+            ("bodies", Some(v.bodies.len())),
+            ("keys", Some(v.keys.len())),
+            ("tags", Some(v.tags.len())),
+            ("uniq", Some(v.uniq.len())),
         ];
         for (what, len) in rows {
-            require_len(what, len, n)?;
-        }
-        if let Some(m) = &self.born_missing {
-            require_len("born_missing", m.get().len(), n)?;
-        }
-        if let Some(u) = &self.user_props {
-            require_len("user_props", u.view().len(), n)?;
+            if let Some(len) = len {
+                require_len(what, len, n)?;
+            }
         }
         let tables = [
-            (
-                "topic_codes",
-                self.topic_codes.get(),
-                self.topics.view().len(),
-            ),
-            (
-                "born_codes",
-                self.born_codes.get(),
-                self.born_hosts.view().len(),
-            ),
+            ("topic_codes", Some(v.topic_codes), v.topics.len()),
+            ("born_codes", v.born_codes, v.born_hosts.len()),
         ];
         for (what, codes, len) in tables {
+            let codes = codes.unwrap_or(&[0]);
             if codes.iter().any(|&c| c < 0 || c as usize >= len) {
                 return Err(PyValueError::new_err(format!(
                     "{what}: a code outside 0..{len}"
@@ -410,9 +418,10 @@ fn encode_run(
         }
         let body = v.bodies.get(i).unwrap_or(b"");
         let topic = v.topic(i);
-        let born_ts = match v.born_missing {
-            Some(m) if m[i] != 0 => store_ts,
-            _ => v.born_ts[i],
+        let born_ts = match (v.born_ts, v.born_missing) {
+            (Some(_), Some(m)) if m[i] != 0 => store_ts,
+            (Some(c), _) => c[i],
+            (None, _) => store_ts,
         };
         let mut w = Writer {
             buf: &mut region[at..at + size],
@@ -420,7 +429,7 @@ fn encode_run(
         };
         w.i32(hash::body_crc(body));
         w.i32(v.queue_ids[i]);
-        w.i32(v.flags[i]);
+        w.i32(v.flags.map_or(0, |c| c[i]));
         w.i64(queue_offsets[i]);
         w.i64(phys[i]);
         w.i32(v.sys_flags[i]);
@@ -428,8 +437,8 @@ fn encode_run(
         w.bytes(v.born_host(i));
         w.i64(store_ts);
         w.bytes(v.store_host);
-        w.i32(v.reconsume[i]);
-        w.i64(v.prep_tx[i]);
+        w.i32(v.reconsume.map_or(0, |c| c[i]));
+        w.i64(v.prep_tx.map_or(0, |c| c[i]));
         w.i32(body.len() as i32);
         w.bytes(body);
         w.bytes(&[topic.len() as u8]);
@@ -482,18 +491,18 @@ pub fn java_hashes(
 }
 
 /// Index entries in RocketMQ's order (per message: UNIQ_KEY, then each KEYS token; ROLLBACK
-/// transactions get none), as two native-endian arrays: each entry's message row (int64) and
-/// key hash (int32). `topics` is a table that `topic_codes` index; `uniq` and `keys` are
-/// string columns (KEYS space-separated).
+/// transactions get none), as two native-endian buffers handed over without a copy: each
+/// entry's message row (int64) and key hash (int32). `topics` is a table that `topic_codes`
+/// index; `uniq` and `keys` are string columns (KEYS space-separated).
 #[pyfunction]
-pub fn index_keys<'py>(
-    py: Python<'py>,
-    topics: &Bound<'py, PyAny>,
-    topic_codes: &Bound<'py, PyAny>,
-    uniq: &Bound<'py, PyAny>,
-    keys: &Bound<'py, PyAny>,
-    sys_flags: &Bound<'py, PyAny>,
-) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+pub fn index_keys(
+    py: Python<'_>,
+    topics: &Bound<'_, PyAny>,
+    topic_codes: &Bound<'_, PyAny>,
+    uniq: &Bound<'_, PyAny>,
+    keys: &Bound<'_, PyAny>,
+    sys_flags: &Bound<'_, PyAny>,
+) -> PyResult<(Owned, Owned)> {
     let (topics, uniq, keys) = (
         Strings::new(topics, "topics")?,
         Strings::new(uniq, "uniq")?,
@@ -522,18 +531,50 @@ pub fn index_keys<'py>(
         let prefixes: Vec<i32> = (0..t.len())
             .map(|j| hash::topic_prefix(t.get(j).unwrap_or(b"")))
             .collect();
-        let mut rows = Vec::with_capacity(c.len() * 16);
-        let mut hashes = Vec::with_capacity(c.len() * 8);
+        // One entry per message (its UNIQ_KEY) is the usual lower bound; KEYS add more.
+        let mut rows = Vec::with_capacity(c.len());
+        let mut hashes = Vec::with_capacity(c.len());
         for i in 0..c.len() {
             if !layout::indexed(f[i]) {
                 continue;
             }
             hash::for_each_index_key(prefixes[c[i] as usize], u.get(i), k.get(i), |h| {
-                push_i64(&mut rows, i as i64);
-                push_i32(&mut hashes, h);
+                rows.push(i as i64);
+                hashes.push(h);
             });
         }
         (rows, hashes)
     });
-    Ok((PyBytes::new(py, &rows), PyBytes::new(py, &hashes)))
+    Ok((Owned::new(Data::I64(rows)), Owned::new(Data::I32(hashes))))
+}
+
+/// Fill `out` with message ids in the layout of RocketMQ's `MessageClientIDSetter`, 32
+/// uppercase hex digits each, back to back: the 10-byte `prefix`, then the low 48 bits of
+/// `start + i` big-endian, for `i` in `0..out.len() / 32`.
+#[pyfunction]
+pub fn uniq_ids(py: Python<'_>, prefix: &[u8], start: u64, out: &Bound<'_, PyAny>) -> PyResult<()> {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    if prefix.len() != 10 {
+        return Err(PyValueError::new_err("prefix must be 10 bytes"));
+    }
+    let out = OutBytes::new(out, "out")?;
+    let out = out.get();
+    if out.len() % 32 != 0 {
+        return Err(PyValueError::new_err("out must hold whole ids of 32 bytes"));
+    }
+    let mut head = [0u8; 20];
+    for (pair, b) in head.chunks_exact_mut(2).zip(prefix) {
+        pair[0] = HEX[(b >> 4) as usize];
+        pair[1] = HEX[(b & 15) as usize];
+    }
+    py.detach(|| {
+        for (i, id) in out.chunks_exact_mut(32).enumerate() {
+            id[..20].copy_from_slice(&head);
+            let seq = start.wrapping_add(i as u64) & ((1 << 48) - 1);
+            for (j, digit) in id[20..].iter_mut().enumerate() {
+                *digit = HEX[((seq >> (44 - 4 * j)) & 15) as usize];
+            }
+        }
+    });
+    Ok(())
 }

@@ -26,6 +26,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode::body_crcs, m)?)?;
     m.add_function(wrap_pyfunction!(encode::java_hashes, m)?)?;
     m.add_function(wrap_pyfunction!(encode::index_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(encode::uniq_ids, m)?)?;
     m.add_class::<single::SinglePut>()?;
     m.add_function(wrap_pyfunction!(index::index_put, m)?)?;
     m.add_function(wrap_pyfunction!(scan::walk, m)?)?;
