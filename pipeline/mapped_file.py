@@ -35,6 +35,9 @@ from pipeline.mappings import MappingCache
 
 NAME_DIGITS = 20
 PAGE = mmap.PAGESIZE
+# Writes of at least this many bytes go through pwrite (see MappedFile._pwrite): faulting in
+# fresh pages of a shared mapping cost ~25 us a page here, pwrite fills them 30 x faster.
+PWRITE_MIN_BYTES = 16 * 1024
 
 
 def segment_name(base_offset: int) -> str:
@@ -196,9 +199,26 @@ class MappedFile:
         n = len(data)
         if position < 0 or position + n > self.size:
             raise StoreError(f"{self.path}: write of {n} bytes at {position} exceeds {self.size}")
-        self.buffer[position : position + n] = data
+        if n >= PWRITE_MIN_BYTES and not self.read_only:
+            self._pwrite(position, data)
+        else:
+            self.buffer[position : position + n] = data
         if position + n > self.wrote_position:
             self.wrote_position = position + n
+
+    def _pwrite(self, position: int, data: bytes | bytearray | memoryview) -> None:
+        """Write through the file instead of the mapping: the same page cache pages, so the
+        mapping sees the bytes and ``msync`` of the range makes them durable, but a page that
+        was never touched is filled without a page fault. A full disk raises ``OSError`` here,
+        where a write into the mapping would die of SIGBUS."""
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            view = memoryview(data)
+            while len(view):
+                done = os.pwrite(fd, view, position)
+                view, position = view[done:], position + done
+        finally:
+            os.close(fd)
 
     def flush(self) -> None:
         """Make everything written so far durable (``msync`` of the unflushed, page-aligned range;

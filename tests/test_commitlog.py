@@ -3,6 +3,7 @@ fixed-size segments, END_OF_FILE blanks, loading, walking and cutting the log.""
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from pipeline.errors import (
     OffsetOutOfRangeError,
     StoreError,
 )
-from pipeline.mapped_file import MappedFile, parse_segment_name, segment_name
+from pipeline.mapped_file import PWRITE_MIN_BYTES, MappedFile, parse_segment_name, segment_name
 from pipeline.message import Message
 from pipeline.segments import SegmentQueue
 from pipeline.store import MessageStore
@@ -274,6 +275,38 @@ def test_mapped_file_write_bounds(tmp_path: Path) -> None:
     with pytest.raises(StoreError):
         mf.write_at(-1, b"x")
     mf.close()
+
+
+def test_large_writes_go_through_the_file_and_show_in_the_mapping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes from PWRITE_MIN_BYTES up use pwrite: the mapping sees them at once, smaller writes
+    beside them are not disturbed, and a flush makes both durable (what a reopen reads)."""
+    pwrites: list[int] = []
+    real_pwrite = os.pwrite
+
+    def counting_pwrite(fd: int, data: bytes, offset: int) -> int:
+        pwrites.append(offset)
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", counting_pwrite)
+    size = 4 * PWRITE_MIN_BYTES
+    path = tmp_path / segment_name(0)
+    mf = MappedFile(path, 0, size, read_only=False, create=True)
+    big = bytes(range(256)) * (PWRITE_MIN_BYTES // 256 + 1)
+    mf.write_at(10, b"small")
+    mf.write_at(100, big)
+    mf.write_at(100 + len(big), b"tail")
+    want = bytearray(size)
+    want[10:15] = b"small"
+    want[100 : 100 + len(big)] = big
+    want[100 + len(big) : 104 + len(big)] = b"tail"
+    assert bytes(mf.buffer) == bytes(want)
+    assert pwrites == [100]
+    assert mf.wrote_position == 104 + len(big)
+    mf.flush()
+    mf.close()
+    assert path.read_bytes() == bytes(want)
 
 
 def test_segment_queue_refuses_skipping_a_segment(tmp_path: Path) -> None:
