@@ -49,6 +49,19 @@ class QueueBounds(NamedTuple):
     max: int
 
 
+class Tail(NamedTuple):
+    """What the last look at a queue found: ``end``, one past its last valid unit, and
+    ``complete``, the end it offered (before units whose record was not complete yet). A
+    caller that polls keeps them per queue (see :meth:`BrokerView.queue_bounds`), so that a
+    queue with nothing new costs two unit reads instead of a binary search and a record."""
+
+    end: int
+    complete: int
+
+
+Tails = dict[tuple[str, int], Tail]
+
+
 def list_segments(directory: Path) -> list[tuple[int, Path]]:
     """(base offset, path) of the segment files in ``directory``, in offset order."""
     try:
@@ -171,9 +184,18 @@ class _Queue:
         offset, size, _ = self.unit(i)
         return offset >= 0 and size > 0
 
-    def end(self) -> int:
+    def end(self, hint: int | None = None) -> int:
         """One past the last valid unit: the first invalid unit of the last file that has any
-        (a file created but not written yet holds none)."""
+        (a file created but not written yet holds none). ``hint``, the end a call before found,
+        is checked first: when the units on either side of it still say so it is the end, else
+        the search runs (from the hint when the queue only grew within its last file)."""
+        if hint is not None and self.segments:
+            first = self.segments[-1][0] // CQ_UNIT_SIZE
+            last = first + self.per_file
+            if first < hint <= last and self.valid(hint - 1):
+                if hint == last or not self.valid(hint):
+                    return hint
+                return _first_true(hint + 1, last, lambda i: not self.valid(i))
         for idx in range(len(self.segments) - 1, -1, -1):
             first = self.segments[idx][0] // CQ_UNIT_SIZE
 
@@ -220,35 +242,53 @@ class BrokerView:
         with _files() as files:
             return _CommitLog(self.path / "commitlog", files).min_offset
 
-    def queue_bounds(self, topic: str, queue_id: int) -> QueueBounds:
-        """The readable offsets of one queue now (see the module docstring)."""
-        return _retrying(
-            f"{self.path}/consumequeue/{topic}/{queue_id}",
-            lambda: self._queue_bounds(topic, queue_id),
-        )
+    def queue_bounds(self, topic: str, queue_id: int, tails: Tails | None = None) -> QueueBounds:
+        """The readable offsets of one queue now (see the module docstring). ``tails``, kept by
+        a caller from one call to the next for this broker, starts from what the last call
+        found; the answer is the same as without it."""
+        return self._bounds(topic, [queue_id], tails)[queue_id]
 
-    def all_bounds(self, topic: str) -> dict[int, QueueBounds]:
+    def all_bounds(self, topic: str, tails: Tails | None = None) -> dict[int, QueueBounds]:
         """:meth:`queue_bounds` of every queue of ``topic`` on this broker."""
-        return {qid: self.queue_bounds(topic, qid) for qid in self.queue_ids(topic)}
+        return self._bounds(topic, self.queue_ids(topic), tails)
 
-    def _queue_bounds(self, topic: str, queue_id: int) -> QueueBounds:
-        with _files() as files:
-            log = _CommitLog(self.path / "commitlog", files)
-            cq = _Queue(self.path / "consumequeue" / topic / str(queue_id), files)
-            if not cq.segments:
-                return QueueBounds(0, 0)
-            end = self._complete_end(cq, log, queue_id, cq.end())
-            cl_min = log.min_offset
+    def _bounds(
+        self, topic: str, queue_ids: list[int], tails: Tails | None
+    ) -> dict[int, QueueBounds]:
+        # One listing of the CommitLog for all the queues: it is the same for each.
+        def call() -> dict[int, QueueBounds]:
+            with _files() as files:
+                log = _CommitLog(self.path / "commitlog", files)
+                return {q: self._queue_bounds(files, log, topic, q, tails) for q in queue_ids}
 
-            def live(i: int) -> bool:
-                offset, size, _ = cq.unit(i)
-                return offset >= cl_min and 0 < size != PRE_BLANK_SIZE
+        return _retrying(f"{self.path}/consumequeue/{topic}", call)
 
-            first = cq.first
-            # Until retention reaches a queue its first unit is live: one read, no search.
-            if first < end and live(first):
-                return QueueBounds(first, end)
-            return QueueBounds(_first_true(first, end, live), end)
+    def _queue_bounds(
+        self, files: _Files, log: _CommitLog, topic: str, queue_id: int, tails: Tails | None
+    ) -> QueueBounds:
+        cq = _Queue(self.path / "consumequeue" / topic / str(queue_id), files)
+        if not cq.segments:
+            return QueueBounds(0, 0)
+        last = None if tails is None else tails.get((topic, queue_id))
+        raw_end = cq.end(None if last is None else last.end)
+        if last is not None and last == Tail(raw_end, raw_end):
+            # The tail's record checked out last time and its unit is still there.
+            end = raw_end
+        else:
+            end = self._complete_end(cq, log, queue_id, raw_end)
+        if tails is not None:
+            tails[(topic, queue_id)] = Tail(raw_end, end)
+        cl_min = log.min_offset
+
+        def live(i: int) -> bool:
+            offset, size, _ = cq.unit(i)
+            return offset >= cl_min and 0 < size != PRE_BLANK_SIZE
+
+        first = cq.first
+        # Until retention reaches a queue its first unit is live: one read, no search.
+        if first < end and live(first):
+            return QueueBounds(first, end)
+        return QueueBounds(_first_true(first, end, live), end)
 
     def _complete_end(self, cq: _Queue, log: _CommitLog, queue_id: int, end: int) -> int:
         """``end`` moved back past units whose record is not complete yet."""

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from pipeline.errors import ConfigError
-from source.brokerview import BrokerView, QueueBounds
+from source.brokerview import BrokerView, QueueBounds, Tails
 from source.errors import DataLossError
 from source.offsets import EARLIEST, LATEST, Offsets, OffsetSpec, QueueKey, queue_name, sort_key
 from source.options import ReadOptions
@@ -268,6 +268,10 @@ class Planner:
         self.clock_ms = clock_ms
         self.last_trigger_ms = clock_ms()
         self.available_now_target: Offsets | None = None
+        # Each queue's tail as the last call found it, per broker: a streaming query asks for
+        # the latest offsets every few milliseconds while idle, and a queue with nothing new
+        # then costs two unit reads.
+        self._tails: dict[str, Tails] = {}
 
     # -- what is there --------------------------------------------------------------------------
 
@@ -282,7 +286,9 @@ class Planner:
         out: dict[QueueKey, QueueBounds] = {}
         for broker in self.brokers():
             for topic in self.options.topics:
-                for qid, b in broker.all_bounds(topic).items():
+                for qid, b in broker.all_bounds(
+                    topic, self._tails.setdefault(broker.name, {})
+                ).items():
                     out[(topic, broker.name, qid)] = b
         return out
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.config import CQ_UNIT_SIZE, StoreConfig
 from pipeline.root import StoreRoot, TopicMeta
@@ -159,3 +161,79 @@ def test_a_partition_reads_only_its_units(
     offsets = pa.Table.from_batches(batches).column("queueOffset").to_pylist()
     assert offsets == list(range(start, end))
     assert file_reads.cq_bytes == (end - start) * CQ_UNIT_SIZE
+
+
+def test_polling_a_queue_with_nothing_new_reads_two_units(
+    big_root: Path, planning_reads: Reads
+) -> None:
+    """A streaming query asks for the latest offsets every few milliseconds while idle: with
+    the tails kept from the call before, an unchanged queue costs the units around its end
+    and its first unit (retention's check), and no record."""
+    view = BrokerView("broker-0", big_root / "broker-0")
+    tails: brokerview.Tails = {}
+    assert view.queue_bounds("big", 0, tails) == QueueBounds(0, UNITS)
+    units, log_bytes = planning_reads.units, planning_reads.log_bytes
+    for _ in range(3):
+        assert view.queue_bounds("big", 0, tails) == QueueBounds(0, UNITS)
+    # The last file is full: the unit before the end and the first, per poll.
+    assert planning_reads.units - units == 3 * 2
+    assert planning_reads.log_bytes == log_bytes
+
+
+SMALL = StoreConfig(
+    mapped_file_size_commitlog=64 << 10, mapped_file_size_consume_queue=7 * CQ_UNIT_SIZE
+)
+SMALL_UNITS = 40  # six ConsumeQueue files of 7 units
+
+
+@pytest.fixture(scope="module")
+def small_queue(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tuple[Path, bytes]]]:
+    """A broker whose one queue has SMALL_UNITS units in 7-unit files, and those files' bytes."""
+    path = tmp_path_factory.mktemp("small") / "broker-0"
+    with MessageStore(path, SMALL) as store:
+        for k in range(4):
+            n = SMALL_UNITS // 4
+            store.put_batch(
+                pa.table({"topic": ["t"] * n, "body": [b"m%d" % (k * n + i) for i in range(n)]})
+            )
+    files = sorted((path / "consumequeue" / "t" / "0").iterdir())
+    return path, [(f, f.read_bytes()) for f in files]
+
+
+def show_units(files: list[tuple[Path, bytes]], end: int, spare: bool = False) -> None:
+    """Make the queue hold units ``[0, end)``: files up to the one the end falls in, zeros after
+    it in that file, and no file after it (with ``spare``, one more file of zeros, as a writer
+    that created its next file leaves it). Units appear as a writer adds them, or are cut back
+    as recovery cuts a tail."""
+    size = len(files[0][1])
+    next_base = -(-end * CQ_UNIT_SIZE // size) * size  # the first file boundary at or past end
+    base = 0
+    for k, (f, content) in enumerate(files):
+        keep = max(0, min(size, end * CQ_UNIT_SIZE - base))
+        if k == 0 or keep > 0 or (spare and base == next_base):
+            f.write_bytes(content[:keep] + bytes(size - keep))
+        else:
+            f.unlink(missing_ok=True)
+        base += size
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ends=st.lists(st.tuples(st.integers(0, SMALL_UNITS), st.booleans()), min_size=1, max_size=12)
+)
+def test_bounds_from_kept_tails_equal_a_fresh_look(
+    small_queue: tuple[Path, list[tuple[Path, bytes]]], ends: list[tuple[int, bool]]
+) -> None:
+    """The queue's end moves up and down (growth within and across files, cuts back, nothing
+    new) between polls: a view that keeps its tails answers what a view without them does."""
+    path, files = small_queue
+    view = BrokerView("broker-0", path)
+    tails: brokerview.Tails = {}
+    try:
+        for end, spare in ends:
+            show_units(files, end, spare)
+            fresh = view.queue_bounds("t", 0)
+            assert fresh.max == end
+            assert view.queue_bounds("t", 0, tails) == fresh
+    finally:
+        show_units(files, SMALL_UNITS)
