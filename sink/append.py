@@ -261,8 +261,9 @@ def _failpoint(chunks: int, attempt: int, store: MessageStore) -> None:
     only.
 
     ``after_chunk:N:FILE`` raises after N chunks; ``hang_after_chunk:N:FILE`` flushes and blocks
-    forever (``@PATH`` reads the spec from the file PATH when it exists) (for a test that kills the whole process while a batch is half done). Either first
-    appends a line to FILE, so that a test sees that it fired.
+    forever, for a test that kills the whole process while a batch is half done. Either first
+    appends a line to FILE, so that a test sees that it fired. ``@PATH`` reads the spec from
+    the file PATH, when it exists.
     """
     spec = os.environ.get(FAILPOINT_ENV)
     if spec and spec.startswith("@"):
