@@ -122,11 +122,13 @@ impl View<'_> {
     }
 
     fn record_size(&self, i: usize, props_len: usize) -> usize {
-        let body = self.bodies.get(i).map_or(0, |b| b.len());
-        // Host fields are 8 bytes (IPv4 + port) or 20 (IPv6 + port); the fixed part counts 8.
-        layout::FIXED_SIZE_V4 + body + self.topic(i).len() + props_len + self.born_host(i).len() - 8
-            + self.store_host.len()
-            - 8
+        layout::record_size(
+            self.bodies.get(i).map_or(0, |b| b.len()),
+            self.topic(i).len(),
+            props_len,
+            self.born_host(i).len(),
+            self.store_host.len(),
+        )
     }
 }
 
@@ -416,37 +418,28 @@ fn encode_run(
                 "row {i}: size {size} does not match the record's fields"
             )));
         }
-        let body = v.bodies.get(i).unwrap_or(b"");
-        let topic = v.topic(i);
         let born_ts = match (v.born_ts, v.born_missing) {
             (Some(_), Some(m)) if m[i] != 0 => store_ts,
             (Some(c), _) => c[i],
             (None, _) => store_ts,
         };
-        let mut w = Writer {
-            buf: &mut region[at..at + size],
-            pos: 8, // TOTALSIZE and MAGICCODE go last: see layout::seal
+        let record = layout::Record {
+            queue_id: v.queue_ids[i],
+            flag: v.flags.map_or(0, |c| c[i]),
+            queue_offset: queue_offsets[i],
+            phys: phys[i],
+            sys_flag: v.sys_flags[i],
+            born_ts,
+            born_host: v.born_host(i),
+            store_ts,
+            store_host: v.store_host,
+            reconsume: v.reconsume.map_or(0, |c| c[i]),
+            prep_tx: v.prep_tx.map_or(0, |c| c[i]),
+            body: v.bodies.get(i).unwrap_or(b""),
+            topic: v.topic(i),
+            props_len,
         };
-        w.i32(hash::body_crc(body));
-        w.i32(v.queue_ids[i]);
-        w.i32(v.flags.map_or(0, |c| c[i]));
-        w.i64(queue_offsets[i]);
-        w.i64(phys[i]);
-        w.i32(v.sys_flags[i]);
-        w.i64(born_ts);
-        w.bytes(v.born_host(i));
-        w.i64(store_ts);
-        w.bytes(v.store_host);
-        w.i32(v.reconsume.map_or(0, |c| c[i]));
-        w.i64(v.prep_tx.map_or(0, |c| c[i]));
-        w.i32(body.len() as i32);
-        w.bytes(body);
-        w.bytes(&[topic.len() as u8]);
-        w.bytes(topic);
-        w.i16(props_len as i16);
-        v.write_props(i, &mut w);
-        debug_assert_eq!(w.pos, size);
-        layout::seal(&mut region[at..at + size], size);
+        record.write(&mut region[at..at + size], |w| v.write_props(i, w));
         at += size;
     }
     Ok(())

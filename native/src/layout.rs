@@ -1,5 +1,6 @@
-//! Constants of the RocketMQ 4.9.x CommitLog record. The layout itself, with its byte
-//! diagram, is documented once, in `pipeline/record.py`.
+//! The RocketMQ 4.9.x CommitLog record and ConsumeQueue unit: constants, sizes and the one
+//! writer both the batch and the single put use. The layout itself, with its byte diagram, is
+//! documented once, in `pipeline/record.py`.
 
 pub const MAGIC: i32 = -626_843_481; // 0xDAA320A7
 pub const BLANK_MAGIC: i32 = -875_286_124; // 0xCBD43194
@@ -57,6 +58,77 @@ impl Writer<'_> {
     pub fn i16(&mut self, v: i16) {
         self.bytes(&v.to_be_bytes());
     }
+}
+
+/// A record's size: the fixed part with IPv4 hosts, the variable fields, and 12 more bytes
+/// for each host that is IPv6 (host fields are 8 or 20 bytes).
+pub fn record_size(
+    body: usize,
+    topic: usize,
+    props: usize,
+    born_host: usize,
+    store_host: usize,
+) -> usize {
+    FIXED_SIZE_V4 + body + topic + props + born_host - 8 + store_host - 8
+}
+
+/// One record's fields, in the order they are stored (`pipeline/record.py` has the diagram).
+pub struct Record<'a> {
+    pub queue_id: i32,
+    pub flag: i32,
+    pub queue_offset: i64,
+    pub phys: i64,
+    pub sys_flag: i32,
+    pub born_ts: i64,
+    pub born_host: &'a [u8],
+    pub store_ts: i64,
+    pub store_host: &'a [u8],
+    pub reconsume: i32,
+    pub prep_tx: i64,
+    pub body: &'a [u8],
+    pub topic: &'a [u8],
+    pub props_len: usize,
+}
+
+impl Record<'_> {
+    /// Writes the record into `out`, exactly its [`record_size`] bytes, body CRC included:
+    /// `props` writes the PROPERTIES field's `props_len` bytes, and the first 8 bytes go last
+    /// (see [`seal`]).
+    pub fn write(&self, out: &mut [u8], props: impl FnOnce(&mut Writer<'_>)) {
+        let size = out.len();
+        let mut w = Writer { buf: out, pos: 8 };
+        w.i32(crate::hash::body_crc(self.body));
+        w.i32(self.queue_id);
+        w.i32(self.flag);
+        w.i64(self.queue_offset);
+        w.i64(self.phys);
+        w.i32(self.sys_flag);
+        w.i64(self.born_ts);
+        w.bytes(self.born_host);
+        w.i64(self.store_ts);
+        w.bytes(self.store_host);
+        w.i32(self.reconsume);
+        w.i64(self.prep_tx);
+        w.i32(self.body.len() as i32);
+        w.bytes(self.body);
+        w.bytes(&[self.topic.len() as u8]);
+        w.bytes(self.topic);
+        w.i16(self.props_len as i16);
+        props(&mut w);
+        debug_assert_eq!(w.pos, size);
+        seal(w.buf, size);
+    }
+}
+
+/// A ConsumeQueue unit as its file holds it: the record's offset, size and tagsCode.
+pub const UNIT_SIZE: usize = 20;
+
+pub fn unit(phys: i64, size: i32, tags_code: i64) -> [u8; UNIT_SIZE] {
+    let mut out = [0u8; UNIT_SIZE];
+    out[..8].copy_from_slice(&phys.to_be_bytes());
+    out[8..12].copy_from_slice(&size.to_be_bytes());
+    out[12..].copy_from_slice(&tags_code.to_be_bytes());
+    out
 }
 
 /// Writes a record's first 8 bytes (TOTALSIZE, MAGICCODE) once the rest of it is in place.

@@ -12,7 +12,7 @@ use pyo3::types::{PyBytes, PyDict};
 
 use crate::buffers::Bytes;
 use crate::hash;
-use crate::layout::{in_consume_queue, indexed};
+use crate::layout::{self, in_consume_queue, indexed};
 use crate::owned::{Data, Owned, Recycled};
 use crate::scan::{walk_records, Topics};
 
@@ -114,10 +114,11 @@ pub fn dispatch_walk<'py>(
                         });
                         d.runs.len() - 1
                     });
-                    let units = &mut d.runs[at].units;
-                    units.extend_from_slice(&phys.to_be_bytes());
-                    units.extend_from_slice(&(r.size as i32).to_be_bytes());
-                    units.extend_from_slice(&hash::tags_code(reserved.tags).to_be_bytes());
+                    d.runs[at].units.extend_from_slice(&layout::unit(
+                        phys,
+                        r.size as i32,
+                        hash::tags_code(reserved.tags),
+                    ));
                     d.last_unit_ts = r.store_ts;
                 }
                 if index && indexed(r.sys_flag) {

@@ -15,9 +15,8 @@ use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 use crate::buffers::OutBytes;
 use crate::hash;
 use crate::index::{self, ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE};
-use crate::layout::{self, Writer};
+use crate::layout::{self, UNIT_SIZE};
 
-const UNIT_SIZE: usize = 20;
 const BLANK_SIZE: u64 = 8;
 const MAX_TOPIC: usize = 127;
 const RESERVED: [&str; 3] = ["KEYS", "TAGS", "UNIQ_KEY"];
@@ -314,22 +313,17 @@ impl SinglePut {
             }
         };
         step("commitlog-write")?;
-        self.write_record(
-            &placed,
-            &mut log.get()[log_pos..log_pos + placed.size],
-            phys,
-            queue_offset,
-            now,
-        );
+        self.record(&placed.msg, phys, queue_offset, now)
+            .write(&mut log.get()[log_pos..log_pos + size], |w| {
+                w.bytes(&placed.msg.props)
+            });
         step("record-sealed")?;
         step("consumequeue-append")?;
-        let mut w = Writer {
-            buf: &mut units.get()[unit_pos..unit_pos + UNIT_SIZE],
-            pos: 0,
-        };
-        w.i64(phys);
-        w.i32(placed.size as i32);
-        w.i64(placed.tags_code);
+        units.get()[unit_pos..unit_pos + UNIT_SIZE].copy_from_slice(&layout::unit(
+            phys,
+            placed.size as i32,
+            placed.tags_code,
+        ));
         let mut new_slots = 0;
         if let Some(index) = &index {
             let mut header = index::Header {
@@ -371,11 +365,8 @@ impl SinglePut {
         indexed: bool,
     ) -> Option<Placed<'a>> {
         let host = self.store_host.len();
-        let size = layout::FIXED_SIZE_V4
-            + msg.body.len()
-            + msg.topic.len()
-            + msg.props.len()
-            + 2 * (host - 8);
+        let size =
+            layout::record_size(msg.body.len(), msg.topic.len(), msg.props.len(), host, host);
         let end = log_pos as u64 + size as u64;
         if msg.props.len() > i16::MAX as usize
             || end + BLANK_SIZE > self.segment_size
@@ -397,31 +388,30 @@ impl SinglePut {
         })
     }
 
-    fn write_record(&self, p: &Placed<'_>, out: &mut [u8], phys: i64, queue_offset: i64, now: i64) {
-        let m = &p.msg;
-        let mut w = Writer {
-            buf: out,
-            pos: 8, // TOTALSIZE and MAGICCODE go last: see layout::seal
-        };
-        w.i32(hash::body_crc(m.body));
-        w.i32(m.queue_id);
-        w.i32(m.flag);
-        w.i64(queue_offset);
-        w.i64(phys);
-        w.i32(self.sys_flag);
-        w.i64(m.born_ts);
-        w.bytes(&self.store_host);
-        w.i64(now);
-        w.bytes(&self.store_host);
-        w.i32(0); // RECONSUMETIMES
-        w.i64(0); // PREPAREDTRANSACTIONOFFSET
-        w.i32(m.body.len() as i32);
-        w.bytes(m.body);
-        w.bytes(&[m.topic.len() as u8]);
-        w.bytes(m.topic);
-        w.i16(m.props.len() as i16);
-        w.bytes(&m.props);
-        debug_assert_eq!(w.pos, p.size);
-        layout::seal(w.buf, p.size);
+    /// The record of a plain message: born here (the born host is the store host), no
+    /// transaction, reconsume count or prepared offset.
+    fn record<'a>(
+        &'a self,
+        m: &'a Plain<'_>,
+        phys: i64,
+        queue_offset: i64,
+        now: i64,
+    ) -> layout::Record<'a> {
+        layout::Record {
+            queue_id: m.queue_id,
+            flag: m.flag,
+            queue_offset,
+            phys,
+            sys_flag: self.sys_flag,
+            born_ts: m.born_ts,
+            born_host: &self.store_host,
+            store_ts: now,
+            store_host: &self.store_host,
+            reconsume: 0,
+            prep_tx: 0,
+            body: m.body,
+            topic: m.topic,
+            props_len: m.props.len(),
+        }
     }
 }
