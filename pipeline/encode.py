@@ -371,10 +371,13 @@ def prepare(
         # Each pair ends with \x02 here; the record carries none after the last.
         pairs = _encode_user_props(user_props).view(pa.binary())
         user_part = pc.binary_slice(pairs, 0, -1) if len(pairs) else pairs
+    # The encoder and the index keys read the same columns: handed over once, for both.
+    topic_table = native.table_of([t.encode("utf-8") for t in topics])
+    keys_arg, uniq_arg = native.strings(keys_str), native.strings(uniq_keys)
     encoder = native.EncodeBatch(
         n=n,
-        topics=native.table_of([t.encode("utf-8") for t in topics]),
-        topic_codes=np.ascontiguousarray(topic_codes, dtype=np.int32),
+        topics=topic_table,
+        topic_codes=topic_codes,
         queue_ids=queue_ids,
         flags=flags,
         sys_flags=sys_flags,
@@ -386,9 +389,9 @@ def prepare(
         born_codes=born_codes,
         store_host=store_field,
         bodies=bodies,
-        keys=native.strings(keys_str),
+        keys=keys_arg,
         tags=native.strings(tags),
-        uniq=native.strings(uniq_keys),
+        uniq=uniq_arg,
         user_props=None if user_part is None else native.strings(user_part),
     )
     sizes = np.empty(n, dtype=np.int64)
@@ -409,7 +412,7 @@ def prepare(
     )
     tags_codes = np.empty(n, dtype=np.int64)
     encoder.tags_codes(tags_codes)
-    key_rows, key_hashes = index_keys(topics, topic_codes, uniq_keys, keys_str, sys_flags)
+    key_rows, key_hashes = index_keys(topic_table, topic_codes, uniq_arg, keys_arg, sys_flags)
     return PreparedBatch(
         n=n,
         topics=topics,
@@ -601,21 +604,17 @@ def binary_offsets_of_list(arr: pa.Array) -> npt.NDArray[np.int32]:
 
 
 def index_keys(
-    topics: list[str],
+    topics: native.StringTriple,
     topic_codes: npt.NDArray[np.int32],
-    uniq: pa.StringArray,
-    keys: pa.StringArray,
+    uniq: native.StringTriple,
+    keys: native.StringTriple,
     sys_flags: npt.NDArray[np.int32],
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
     """Index entries in RocketMQ's order: UNIQ_KEY, then each KEYS token, per message;
-    ROLLBACK transactions get none. Returns (message row, key hash) per entry."""
-    rows, hashes = native.index_keys(
-        native.table_of([t.encode("utf-8") for t in topics]),
-        np.ascontiguousarray(topic_codes, dtype=np.int32),
-        native.strings(uniq),
-        native.strings(keys),
-        np.ascontiguousarray(sys_flags, dtype=np.int32),
-    )
+    ROLLBACK transactions get none. Returns (message row, key hash) per entry. The string
+    columns come as :func:`pipeline.native.strings` makes them, ``topics`` as
+    :func:`pipeline.native.table_of` does."""
+    rows, hashes = native.index_keys(topics, topic_codes, uniq, keys, sys_flags)
     return (
         np.frombuffer(memoryview(rows), dtype=np.int64),
         np.frombuffer(memoryview(hashes), dtype=np.int32),

@@ -594,7 +594,7 @@ class MessageStore:
         """Between the write steps of a single put (see :meth:`_put_one`)."""
         if step == "record-sealed":
             mf.wrote_position = rel + size
-            if self.config.sync_flush:
+            if self._sync_flush:
                 failpoints.hit("flush")
                 self.commitlog.flush()
         else:
@@ -643,7 +643,7 @@ class MessageStore:
             ) from exc
         with self._fail_stop(f"put of {b.n} message(s) at CommitLog offset {int(phys[0])}"):
             self._write_records(b, phys, blanks, queue_offsets, now)
-            if self.config.sync_flush:
+            if self._sync_flush:
                 failpoints.hit("flush")
                 self.commitlog.flush()
             dispatch.apply(
@@ -654,7 +654,7 @@ class MessageStore:
         self._next_queue_offset.update(next_offsets)
         self._dispatched_end = int(phys[-1] + b.sizes[-1])
         self._last_record = (int(phys[-1]), now)
-        if time.monotonic() - self._flushed_at >= self.config.flush_interval_commitlog / 1000:
+        if time.monotonic() - self._flushed_at >= self._flush_every_s:
             # Back-to-back puts can keep the flusher thread from the lock; flushing here when
             # it is due bounds how much a crash makes recovery re-scan.
             self.flush()
@@ -665,7 +665,7 @@ class MessageStore:
             now,
             b.uniq_keys,
             self._store_host_field,
-            self.config.sync_flush,
+            self._sync_flush,
         )
 
     def _assign_queue_offsets(
