@@ -505,8 +505,7 @@ class MessageStore:
         builds no Arrow table; anything else is put as a batch of one. Both write the same
         bytes and give the same result, errors included.
         """
-        if self._closed or self.read_only or self._failure is not None:
-            self._check_open(write=True)
+        self._check_open(write=True)
         with self._mutex:
             if self._flusher is not None:
                 self._flusher.raise_if_failed()
