@@ -211,10 +211,12 @@ def append(
     :class:`~pipeline.errors.InvalidMessageError` naming the column, the reason and the count.
     """
     n = rows.num_rows
-    uniq = uniq_keys(sink_fp, batch_id, slot, n)
-    rows = rows.append_column("uniqKey", uniq)
-    topics = rows.column("topic").to_pylist()
     with open_writer(path, config, lock_timeout_ms) as store:
+        # Built once the lock is held: a writer that finds the broker taken and tries another
+        # first (sink.writer) has not spent this work in vain.
+        uniq = uniq_keys(sink_fp, batch_id, slot, n)
+        rows = rows.append_column("uniqKey", uniq)
+        topics = rows.column("topic").to_pylist()
         note_name = "sink." + sink_fp.hex()
         note = _valid_note(store.note(note_name))
         since = search_bound(note, batch_id)

@@ -3,19 +3,21 @@
 Shared by both faces of the sink. ``slot_by_broker`` says whose rows these are: the
 ``foreachBatch`` sink shuffles every broker's rows into one task, so the broker is the writer's
 slot; the data source writer cannot shuffle, so each Spark partition is a slot and appends to
-every broker its rows route to, one broker lock at a time.
+every broker its rows route to, one broker lock at a time, free brokers first.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import StoreConfig
+from pipeline.errors import StoreLockedError
 from pipeline.root import StoreRoot, broker_name
 from sink.append import AppendStats, append
 from sink.settings import SinkSettings
@@ -65,11 +67,13 @@ def append_routed(
     mq = table.column("__rs_mq").to_numpy().astype(np.int64)
     brokers = mq // queues
     root = StoreRoot(settings.root)
-    stats = []
-    for b in np.unique(brokers).tolist():
+
+    picked_rows: dict[int, pa.Table] = {}
+
+    def rows_of(b: int) -> pa.Table:
         picked = np.flatnonzero(brokers == b)
         part = table.take(pa.array(picked)) if len(picked) != table.num_rows else table
-        rows = pa.table(
+        return pa.table(
             {
                 "topic": part.column("topic"),
                 "body": part.column("body"),
@@ -80,20 +84,72 @@ def append_routed(
                 "flag": part.column("flag"),
             }
         )
-        stats.append(
-            append(
-                root.broker_path(b),
-                broker_config(settings.store_config, b),
-                rows,
-                sink_fp=sink_fp,
-                batch_id=batch_id,
-                slot=b if slot is None else slot,
-                lock_timeout_ms=settings.lock_timeout_ms,
-                chunk_rows=settings.chunk_rows,
-                attempt=attempt,
-            )
+
+    def append_broker(b: int, timeout_ms: int) -> AppendStats:
+        # Kept for another try when the broker's lock turns out to be taken.
+        rows = picked_rows.get(b)
+        if rows is None:
+            rows = picked_rows[b] = rows_of(b)
+        stats = append(
+            root.broker_path(b),
+            broker_config(settings.store_config, b),
+            rows,
+            sink_fp=sink_fp,
+            batch_id=batch_id,
+            slot=b if slot is None else slot,
+            lock_timeout_ms=timeout_ms,
+            chunk_rows=settings.chunk_rows,
+            attempt=attempt,
         )
-    return stats
+        del picked_rows[b]
+        return stats
+
+    targets = np.unique(brokers).tolist()
+    if slot is None:
+        return [append_broker(b, settings.lock_timeout_ms) for b in targets]
+    return _append_free_first(targets, slot, settings.lock_timeout_ms, append_broker)
+
+
+def _append_free_first(
+    targets: list[int],
+    slot: int,
+    timeout_ms: int,
+    append_broker: Callable[[int, int], AppendStats],
+) -> list[AppendStats]:
+    """Append to each broker of ``targets``, taking whichever broker's lock is free first.
+
+    The data source writer's tasks all write to every broker. Taken in one fixed order, the
+    tasks of a batch would queue behind each other on the first broker and then on the next;
+    starting at broker ``slot`` and passing over a locked broker for a free one keeps every
+    task appending while there is a broker nobody holds. Only when every broker left is held
+    does the task wait (backing off as :func:`sink.append.open_writer` does), up to
+    ``timeout_ms`` in all. The order affects nothing stored: each broker gets this slot's
+    rows as one append, whenever it comes.
+    """
+    start = slot % len(targets)
+    pending = targets[start:] + targets[:start]
+    done: list[AppendStats] = []
+    deadline = time.monotonic() + timeout_ms / 1000
+    pause = 0.005
+    while pending:
+        for b in list(pending):
+            try:
+                done.append(append_broker(b, 0))
+            except StoreLockedError:
+                continue
+            pending.remove(b)
+            pause = 0.005
+        if not pending:
+            break
+        if time.monotonic() >= deadline:
+            names = ", ".join(broker_name(b) for b in pending)
+            raise StoreLockedError(
+                f"{names}: still locked after waiting {timeout_ms} ms (lockTimeoutMs). Another "
+                "query or process is writing these brokers"
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
+    return done
 
 
 def broker_config(config: StoreConfig, broker: int) -> StoreConfig:
