@@ -8,12 +8,15 @@ about 1M rows, into:
 
 - ``rocketstore``: ``foreachBatch(CommitLogSink(...))`` with 2 brokers x 4 queues (one broker
   per core), store defaults from ``conf/store.toml`` (1 GiB segments, ASYNC_FLUSH, key index);
+- ``rocketstore-ds``: the same store layout through the data source writer,
+  ``writeStream.format("rocketstore")`` (no shuffle: each input partition's task appends to
+  both brokers, free broker first);
 - ``parquet``: Spark's file sink, the baseline the target is set against;
 - ``noop``: the cost of reading the input and running the micro-batches, for scale.
 
 Figures are rows/s over the query's wall time (start to termination), the median of
 ``--runs``; ratios are against the parquet sink in the same run. Target: the rocketstore sink
-at least as fast as the parquet sink.
+at least as fast as the parquet sink (either face; ``CommitLogSink`` is the design's).
 """
 
 from __future__ import annotations
@@ -28,6 +31,12 @@ from bench.session import local_session
 
 TARGET_RATIO = 1.0
 FILES = 10
+NAMES = {
+    "rocketstore": "rocketstore sink (foreachBatch)",
+    "rocketstore-ds": "rocketstore sink (data source writer)",
+    "parquet": "parquet sink",
+    "noop": "noop sink",
+}
 
 
 def _session() -> tuple[Any, bool]:
@@ -61,7 +70,7 @@ def run(options: Options) -> PartResult:
 
     rows = 200_000 if options.quick else 5_000_000
     spark, owned = _session()
-    results: dict[str, list[float]] = {"rocketstore": [], "parquet": [], "noop": []}
+    results: dict[str, list[float]] = {name: [] for name in NAMES}
     with scratch_dir(options.work_dir, "sink-") as work:
         source = work / "input"
         make_input(spark, source, rows)
@@ -75,12 +84,20 @@ def run(options: Options) -> PartResult:
             )
 
         for i in range(options.runs):
-            for name in ("noop", "parquet", "rocketstore"):
+            for name in ("noop", "parquet", "rocketstore", "rocketstore-ds"):
                 out = work / f"{name}-{i}"
                 writer = stream().writeStream.option("checkpointLocation", str(out / "_ck"))
                 if name == "rocketstore":
                     writer = writer.foreachBatch(
                         CommitLogSink(str(out / "store"), topic="bench", brokers=2, queues=4)
+                    )
+                elif name == "rocketstore-ds":
+                    writer = (
+                        writer.format("rocketstore")
+                        .option("path", str(out / "store"))
+                        .option("topic", "bench")
+                        .option("brokers", 2)
+                        .option("queues", 4)
                     )
                 elif name == "parquet":
                     writer = writer.format("parquet").option("path", str(out / "files"))
@@ -96,13 +113,13 @@ def run(options: Options) -> PartResult:
         spark.stop()
     base = median(results["parquet"])
     table = []
-    for name in ("rocketstore", "parquet", "noop"):
+    for name in NAMES:
         m = median(results[name])
         s = spread(results[name])
-        is_target = name == "rocketstore"
+        is_target = name.startswith("rocketstore")
         table.append(
             Row(
-                name=f"{name} sink, {rows:,} x 100 B",
+                name=f"{NAMES[name]}, {rows:,} x 100 B",
                 unit="rows/s",
                 median=m,
                 low=s["min"],
