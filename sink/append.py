@@ -107,26 +107,51 @@ def uniq_keys(sink_fp: bytes, batch_id: int, slot: int, n: int) -> pa.StringArra
     return encode.hex_fixed(raw)
 
 
+class LockWait:
+    """A writer's wait for broker locks that other writers hold: up to ``timeout_ms`` in all
+    (``lockTimeoutMs``), polling with a pause that doubles from 10 ms up to ``cap_s``.
+
+    Not thread-safe: one per waiting call.
+    """
+
+    FIRST_PAUSE_S = 0.01
+
+    def __init__(self, timeout_ms: int, cap_s: float) -> None:
+        self.timeout_ms = timeout_ms
+        self._deadline = time.monotonic() + timeout_ms / 1000
+        self._cap_s = cap_s
+        self._pause_s = self.FIRST_PAUSE_S
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self._deadline
+
+    def pause(self) -> None:
+        time.sleep(self._pause_s)
+        self._pause_s = min(self._pause_s * 2, self._cap_s)
+
+    def progressed(self) -> None:
+        """A lock was taken: the next wait starts from the shortest pause again."""
+        self._pause_s = self.FIRST_PAUSE_S
+
+
 def open_writer(path: Path, config: StoreConfig, timeout_ms: int) -> MessageStore:
     """Open a broker store for writing, waiting for its lock while another writer holds it.
 
     The store runs no background threads (an append holds it for one task): closing it
     flushes, and :func:`clean_when_due` runs retention.
     """
-    deadline = time.monotonic() + timeout_ms / 1000
-    pause = 0.01
+    # A lock-holder's append takes from milliseconds to minutes: back off up to 1 s.
+    wait = LockWait(timeout_ms, cap_s=1.0)
     while True:
         try:
             return MessageStore(path, config, create=True, background=False)
         except StoreLockedError as exc:
-            if time.monotonic() >= deadline:
+            if wait.expired():
                 raise StoreLockedError(
                     f"{exc}; gave up after waiting {timeout_ms} ms (lockTimeoutMs). Another "
                     "query or process is writing this broker"
                 ) from None
-        # A lock-holder's append takes from milliseconds to minutes: back off up to 1 s.
-        time.sleep(pause)
-        pause = min(pause * 2, 1.0)
+        wait.pause()
 
 
 # When this process last ran retention on each broker (monotonic seconds).

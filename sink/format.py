@@ -5,8 +5,9 @@ A data source writer sees Spark's partitions as they are and cannot shuffle them
 task routes its own rows and appends them to every broker they belong to, one broker lock at a
 time, taking whichever broker nobody holds first (task ``p`` starts at broker ``p``): every
 broker still has exactly one writer at a time, a task's rows of one queue keep their order,
-and the tasks of a micro-batch do not queue behind each other on the same broker. The replay slot is the Spark partition id (see :mod:`sink.append`),
-which a re-run of the same micro-batch keeps. For one task per broker (fewer, larger appends),
+and the tasks of a micro-batch do not queue behind each other on the same broker. The replay
+slot is the Spark partition id (see :mod:`sink.append`), which a re-run of the same
+micro-batch keeps. For one task per broker (fewer, larger appends),
 use :class:`sink.CommitLogSink` with ``foreachBatch``.
 
 ``streamWriter``/``writer`` run on the driver; ``write`` runs on executors in pickled copies;

@@ -1,15 +1,14 @@
 """One Spark task's share of a micro-batch: routed rows → per-broker appends (executors).
 
-Shared by both faces of the sink. ``slot_by_broker`` says whose rows these are: the
-``foreachBatch`` sink shuffles every broker's rows into one task, so the broker is the writer's
-slot; the data source writer cannot shuffle, so each Spark partition is a slot and appends to
-every broker its rows route to, one broker lock at a time, free brokers first.
+Shared by both faces of the sink. ``slot`` says whose rows these are: the ``foreachBatch``
+sink shuffles every broker's rows into one task, so the broker is the writer's slot
+(``slot=None``); the data source writer cannot shuffle, so each Spark partition is a slot and
+appends to every broker its rows route to, one broker lock at a time, free brokers first.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
@@ -19,7 +18,7 @@ import pyarrow.compute as pc
 from pipeline.config import StoreConfig
 from pipeline.errors import StoreLockedError
 from pipeline.root import StoreRoot, broker_name
-from sink.append import AppendStats, append
+from sink.append import AppendStats, LockWait, append
 from sink.settings import SinkSettings
 
 STATS_SCHEMA = pa.schema(
@@ -122,15 +121,15 @@ def _append_free_first(
     tasks of a batch would queue behind each other on the first broker and then on the next;
     starting at broker ``slot`` and passing over a locked broker for a free one keeps every
     task appending while there is a broker nobody holds. Only when every broker left is held
-    does the task wait (backing off as :func:`sink.append.open_writer` does), up to
-    ``timeout_ms`` in all. The order affects nothing stored: each broker gets this slot's
-    rows as one append, whenever it comes.
+    does the task wait, up to ``timeout_ms`` in all. The order affects nothing stored: each
+    broker gets this slot's rows as one append, whenever it comes.
     """
     start = slot % len(targets)
     pending = targets[start:] + targets[:start]
     done: list[AppendStats] = []
-    deadline = time.monotonic() + timeout_ms / 1000
-    pause = 0.005
+    # The holder is most often another task of the same micro-batch, whose append takes well
+    # under a second: polling at most every 0.2 s keeps the wait close to its end.
+    wait = LockWait(timeout_ms, cap_s=0.2)
     while pending:
         for b in list(pending):
             try:
@@ -138,17 +137,16 @@ def _append_free_first(
             except StoreLockedError:
                 continue
             pending.remove(b)
-            pause = 0.005
+            wait.progressed()
         if not pending:
             break
-        if time.monotonic() >= deadline:
+        if wait.expired():
             names = ", ".join(broker_name(b) for b in pending)
             raise StoreLockedError(
                 f"{names}: still locked after waiting {timeout_ms} ms (lockTimeoutMs). Another "
                 "query or process is writing these brokers"
             )
-        time.sleep(pause)
-        pause = min(pause * 2, 0.2)
+        wait.pause()
     return done
 
 
