@@ -18,7 +18,6 @@ leave a torn last record or zeros; recovery finds the last record whose magic, s
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -30,10 +29,13 @@ from pipeline.segments import SegmentQueue
 
 
 class CommitLog:
-    def __init__(self, directory: Path, segment_size: int, *, read_only: bool) -> None:
-        self.directory = directory
-        self.segment_size = segment_size
-        self.segments = SegmentQueue(directory, segment_size, read_only=read_only)
+    """The log over ``segments`` (give them the store's mapping cache: a store of hundreds of
+    segments must open and read under a small descriptor limit)."""
+
+    def __init__(self, segments: SegmentQueue) -> None:
+        self.directory = segments.directory
+        self.segment_size = segments.segment_size
+        self.segments = segments
 
     def load(self) -> None:
         self.segments.load()
@@ -103,11 +105,11 @@ class CommitLog:
 
     # -- writing ----------------------------------------------------------------------------
     def prepare_segments(self, start: int, end: int) -> None:
-        """Create every segment a write of ``[start, end)`` needs before any byte is written
-        (the segment holding ``start`` included, when it is the next one)."""
+        """Create every segment a write of ``[start, end)`` needs and reserve its blocks before
+        any byte is written (the segment holding ``start`` included, when it is the next one)."""
         if not self.segments.files:
             self.segments.segment_for_write(start)
-        self.segments.prepare(end)
+        self.segments.prepare(end, start)
 
     def write(self, phys: int, data: bytes | bytearray | memoryview) -> None:
         """Write bytes already encoded (records that start at ``phys``, in one segment)."""
@@ -135,6 +137,7 @@ class CommitLog:
         end = rel + int(phys[hi - 1] + sizes[hi - 1]) - start
         if end > mf.size:
             raise StoreError(f"{mf.path}: records {lo}..{hi} at {rel} cross the segment end")
+        mf.reserve(end)
         encoder.encode(mf.buffer, rel, lo, hi, phys, queue_offsets, sizes, store_ts)
         mf.wrote_position = max(mf.wrote_position, end)
 

@@ -4,6 +4,7 @@ Each write step calls :func:`hit` with its name before it changes anything on di
 
 ============================ ==================================================================
 ``segment-create``           creating a CommitLog, ConsumeQueue or index file
+``reserve``                  reserving blocks of a file ahead of writes (``posix_fallocate``)
 ``commitlog-write``          writing a run of records into a CommitLog segment
 ``consumequeue-append``      appending units to one ConsumeQueue
 ``index-put``                adding entries to an IndexFile
@@ -35,6 +36,7 @@ ENV = "ROCKETSTORE_FAILPOINTS"
 LOG_ENV = "ROCKETSTORE_FAILPOINTS_LOG"
 NAMES = (
     "segment-create",
+    "reserve",
     "commitlog-write",
     "consumequeue-append",
     "index-put",

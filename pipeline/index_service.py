@@ -4,6 +4,12 @@ Only the last file takes new entries; when it is full a new one is created, name
 time of its creation (``yyyyMMddHHmmssSSS``) and starting where the previous one ended (RocketMQ's
 ``IndexService``).
 
+A put's prepare step (:meth:`IndexService.prepare`) creates, before the first byte of the
+CommitLog is written, every file the put's entries will need: the next files are created as
+*spares*, with a header of zeros, and started (their header written) only when the file before
+them is full. A spare left by a crash is taken up again by the next writable open; read-only
+opens and RocketMQ (which starts a zero header like any other) ignore it.
+
 Thread-safety: none (one writer per store).
 """
 
@@ -18,7 +24,7 @@ import numpy.typing as npt
 
 from pipeline import durability
 from pipeline.errors import StoreError
-from pipeline.indexfile import IndexFile
+from pipeline.indexfile import RESERVE_AHEAD, IndexFile
 from pipeline.javahash import index_key_hash
 from pipeline.mapped_file import remove_leftovers
 from pipeline.mappings import MappingCache
@@ -42,14 +48,17 @@ class IndexService:
         read_only: bool,
         clock_ms: Callable[[], int],
         cache: MappingCache | None = None,
+        ahead: int = RESERVE_AHEAD,
     ) -> None:
         self.cache = cache
+        self.ahead = ahead
         self.directory = directory
         self.slot_num = slot_num
         self.index_num = index_num
         self.read_only = read_only
         self.clock_ms = clock_ms
         self.files: list[IndexFile] = []
+        self.spares: list[IndexFile] = []  # created ahead, not started (see the module doc)
 
     def load(self) -> None:
         if not self.directory.is_dir():
@@ -64,14 +73,52 @@ class IndexService:
         for path in names:
             self.files.append(
                 IndexFile(
-                    path, self.slot_num, self.index_num, read_only=self.read_only, cache=self.cache
+                    path,
+                    self.slot_num,
+                    self.index_num,
+                    read_only=self.read_only,
+                    cache=self.cache,
+                    ahead=self.ahead,
                 )
             )
+        # Trailing files never started are spares a put created ahead; the first file of the
+        # directory is kept as it is, whatever its header says.
+        while len(self.files) > 1 and self.files[-1].unstarted:
+            spare = self.files.pop()
+            if self.read_only:
+                spare.close()
+            else:
+                self.spares.insert(0, spare)
 
     def close(self) -> None:
-        for f in self.files:
+        for f in self.files + self.spares:
             f.close()
         self.files = []
+        self.spares = []
+
+    def prepare(self, entries: int) -> None:
+        """Create every file ``entries`` more entries will need and reserve their blocks, so
+        that :meth:`put` of them writes no new file and touches no page without a block.
+        Raises ``OSError`` or :class:`SegmentCreateError` with nothing written."""
+        if entries <= 0:
+            return
+        if not self.files:
+            self._new_file()
+        last = self.files[-1]
+        room = last.index_num - last.index_count
+        last.reserve(min(entries, room))
+        entries -= room
+        per_file = self.index_num - 1
+        for spare in self.spares:
+            if entries <= 0:
+                return
+            spare.reserve(min(entries, per_file))
+            entries -= per_file
+        while entries > 0:
+            spare = self._create(self._next_name(), 0, 0)
+            spare.reserve(min(entries, per_file))
+            self.spares.append(spare)
+            entries -= per_file
 
     def delete_first(self) -> None:
         """Retention: close, forget and unlink the oldest file, which must not be the last (the
@@ -93,31 +140,42 @@ class IndexService:
     def end_timestamp(self) -> int:
         return self.files[-1].end_timestamp if self.files else 0
 
-    def _new_file(self) -> IndexFile:
+    def _next_name(self) -> str:
         durability.make_dirs(self.directory)
         ms = self.clock_ms()
         name = index_file_name(ms)
+        newest = self.spares[-1] if self.spares else self.files[-1] if self.files else None
         # Two files created in one millisecond would collide; names must also sort in order.
-        while (self.files and name <= self.files[-1].path.name) or (self.directory / name).exists():
+        while (newest is not None and name <= newest.path.name) or (self.directory / name).exists():
             ms += 1
             name = index_file_name(ms)
-        prev = self.files[-1] if self.files else None
-        # The full file is made durable before the next one exists, and the next one's header
-        # (where it begins) with it: after a power cut, a later file never follows a partial
-        # one, and recovery's cut of the index (by beginPhyOffset) finds the right file.
-        if prev is not None:
-            prev.flush()
-        f = IndexFile(
+        return name
+
+    def _create(self, name: str, prev_end_phy: int, prev_end_ts: int) -> IndexFile:
+        return IndexFile(
             self.directory / name,
             self.slot_num,
             self.index_num,
             read_only=False,
             create=True,
-            prev_end_phy=prev.end_phy_offset if prev else 0,
-            prev_end_ts=prev.end_timestamp if prev else 0,
+            prev_end_phy=prev_end_phy,
+            prev_end_ts=prev_end_ts,
             cache=self.cache,
+            ahead=self.ahead,
         )
-        f.write_header()
+
+    def _new_file(self) -> IndexFile:
+        """Start the next file: a spare when there is one, else a file created now."""
+        prev = self.files[-1] if self.files else None
+        # The full file is made durable before the next one is started, and the next one's
+        # header (where it begins) with it: after a power cut, a started file never follows a
+        # partial one, and recovery's cut of the index (by beginPhyOffset) finds the right file.
+        if prev is not None:
+            prev.flush()
+        end_phy = prev.end_phy_offset if prev else 0
+        end_ts = prev.end_timestamp if prev else 0
+        f = self.spares.pop(0) if self.spares else self._create(self._next_name(), end_phy, end_ts)
+        f.start(end_phy, end_ts)
         f.flush()
         self.files.append(f)
         return f
@@ -152,10 +210,11 @@ class IndexService:
 
     def destroy(self) -> None:
         """Delete every index file (to rebuild the index from the CommitLog)."""
-        for f in self.files:
+        for f in self.files + self.spares:
             f.close()
             durability.remove(f.path)
         self.files = []
+        self.spares = []
 
     def truncate_from(self, phys: int, store_time: Callable[[int], int]) -> int:
         """Forget entries of messages at ``phys`` or later: files that start there are deleted,

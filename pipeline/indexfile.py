@@ -28,6 +28,11 @@ does not, and we do).
 Thread-safety: none (one writer per store). Crash behaviour: entries are derived data. The
 header is updated after the entries and slots it describes, so a torn write leaves at worst
 entries the header does not count, which are ignored.
+
+Blocks (see :mod:`pipeline.mapped_file`): slots are written anywhere in their table, so a file
+this process writes has the header and the whole slot table reserved first, and entries a
+window at a time ahead of the count (:data:`ENTRY_AHEAD`). A file loaded from disk is trusted
+to have no block at all until it is reserved again: RocketMQ leaves its slot tables sparse.
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ ENTRY_SIZE = ENTRY_DTYPE.itemsize  # 20
 SLOT = struct.Struct(">i")
 ENTRY = struct.Struct(">iqii")  # ENTRY_DTYPE's fields, for reading one entry
 INT_MAX = 0x7FFFFFFF
+ENTRY_AHEAD = 1 << 16  # entries reserved past the ones a write needs
+RESERVE_AHEAD = ENTRY_AHEAD * ENTRY_SIZE  # 1.25 MiB
 
 
 class IndexFile:
@@ -67,12 +74,21 @@ class IndexFile:
         prev_end_phy: int = 0,
         prev_end_ts: int = 0,
         cache: MappingCache | None = None,
+        ahead: int = RESERVE_AHEAD,
     ) -> None:
         self.path = path
         self.slot_num = slot_num
         self.index_num = index_num
         size = HEADER_SIZE + SLOT_SIZE * slot_num + ENTRY_SIZE * index_num
-        self._mf = MappedFile(path, 0, size, read_only=read_only, create=create, cache=cache)
+        self._mf = MappedFile(
+            path,
+            0,
+            size,
+            read_only=read_only,
+            create=create,
+            cache=cache,
+            ahead=ahead,
+        )
         # Read without mapping: a store lists its index files at open, and maps one only when
         # a look-up or a put needs its slots and entries.
         fields: tuple[int, int, int, int, int, int] = HEADER.unpack_from(
@@ -88,9 +104,39 @@ class IndexFile:
             # A new file continues where the previous one ended, until its first entry.
             self.begin_phy_offset = self.end_phy_offset = prev_end_phy
             self.begin_timestamp = self.end_timestamp = prev_end_ts
+        # A header of zeros: a file created ahead of need (a spare, see IndexService) or one
+        # whose writer died before its first header write.
+        self.unstarted = not any(fields)
         if self.index_count <= 0:
             self.index_count = 1
         self._mf.wrote_position = self._mf.size
+        if not create:
+            self._mf.forget_allocation()
+
+    @property
+    def _entries_at(self) -> int:
+        return HEADER_SIZE + SLOT_SIZE * self.slot_num
+
+    def reserve(self, entries: int) -> None:
+        """Reserve the blocks of the header, every slot and the entries up to the ``entries``-th
+        past the count (see :meth:`MappedFile.reserve`): raises :class:`SegmentCreateError`
+        on a full disk, with nothing written."""
+        upto = min(self.index_count + entries, self.index_num)
+        self._mf.reserve(self._entries_at + ENTRY_SIZE * upto)
+
+    def reserved_entries(self) -> int:
+        """How many more entries can be written without reserving blocks."""
+        return max(0, (self._mf.allocated - self._entries_at) // ENTRY_SIZE - self.index_count)
+
+    def start(self, prev_end_phy: int, prev_end_ts: int) -> None:
+        """Begin an unstarted file where the previous one ended, and write its header."""
+        self.begin_phy_offset = self.end_phy_offset = prev_end_phy
+        self.begin_timestamp = self.end_timestamp = prev_end_ts
+        self.index_count = 1
+        self.hash_slot_count = 0
+        self.reserve(0)
+        self.write_header()
+        self.unstarted = False
 
     # Views made per use, not kept: a kept view would pin the mapping (see pipeline.mappings).
     @property
@@ -115,6 +161,7 @@ class IndexFile:
         return self.index_count - 1
 
     def write_header(self) -> None:
+        self._mf.reserve(HEADER_SIZE)
         HEADER.pack_into(
             self._mf.buffer,
             0,
@@ -140,6 +187,7 @@ class IndexFile:
         take = min(len(key_hashes), self.index_num - self.index_count)
         if take <= 0:
             return 0
+        self.reserve(take)
         failpoints.hit("index-put")
         phys = np.ascontiguousarray(phy_offsets[:take], dtype=np.int64)
         times = np.ascontiguousarray(store_timestamps[:take], dtype=np.int64)
@@ -195,6 +243,8 @@ class IndexFile:
         keep = 1 + int(np.searchsorted(used["phy_offset"].astype(np.int64), phys, side="left"))
         if keep >= count:
             return 0
+        # Slots are rewritten below, and RocketMQ leaves the slot table sparse.
+        self._mf.reserve(self._entries_at + ENTRY_SIZE * count)
         dropped = self._entries[keep:count]
         # A slot's chain runs through its entries in ascending number, so the oldest dropped
         # entry of each slot points (prevIndex) at the newest kept one: the slot's new head.

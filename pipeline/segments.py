@@ -23,7 +23,13 @@ from pathlib import Path
 
 from pipeline import durability
 from pipeline.errors import NotAStoreError, OffsetOutOfRangeError, StoreError
-from pipeline.mapped_file import MappedFile, parse_segment_name, remove_leftovers, segment_name
+from pipeline.mapped_file import (
+    RESERVE_AHEAD,
+    MappedFile,
+    parse_segment_name,
+    remove_leftovers,
+    segment_name,
+)
 from pipeline.mappings import MappingCache
 
 
@@ -35,11 +41,13 @@ class SegmentQueue:
         *,
         read_only: bool,
         cache: MappingCache | None = None,
+        ahead: int = RESERVE_AHEAD,
     ) -> None:
         self.directory = directory
         self.segment_size = segment_size
         self.read_only = read_only
         self.cache = cache
+        self.ahead = ahead
         self.files: list[MappedFile] = []
         self.empty_removed: list[Path] = []
 
@@ -78,7 +86,12 @@ class SegmentQueue:
                     f"(found {path.name} after it)"
                 )
             mf = MappedFile(
-                path, base, self.segment_size, read_only=self.read_only, cache=self.cache
+                path,
+                base,
+                self.segment_size,
+                read_only=self.read_only,
+                cache=self.cache,
+                ahead=self.ahead,
             )
             mf.wrote_position = mf.flushed_position = self.segment_size
             self.files.append(mf)
@@ -172,16 +185,25 @@ class SegmentQueue:
             read_only=self.read_only,
             create=True,
             cache=self.cache,
+            ahead=self.ahead,
         )
         self.files.append(mf)
         return mf
 
-    def prepare(self, end: int) -> None:
+    def prepare(self, end: int, start: int | None = None) -> None:
         """Create, ahead of writing, every missing segment up to the one holding offset
-        ``end - 1``, so that a write of ``[max_offset, end)`` needs no new file. Write positions
-        do not change: segments created here count as empty until written."""
+        ``end - 1``, and reserve the blocks of ``[start, end)`` (``start`` defaults to the
+        current end), so that a write of that range needs no new file and no new block: a full
+        disk or a missing descriptor fails here, before anything is written. Write positions do
+        not change: segments created here count as empty until written."""
+        if start is None:
+            start = self.max_offset
         while self.files and self.files[-1].base + self.segment_size < end:
             self._create(self.files[-1].base + self.segment_size)
+        for mf in self.segments_from(start):
+            if mf.base >= end:
+                break
+            mf.reserve(end - mf.base)
 
     def flush(self) -> None:
         for mf in reversed(self.files):
@@ -227,12 +249,12 @@ def zero_range(mf: MappedFile, start: int, end: int) -> None:
 
     Writers fill a segment front to back, so what lies past a cut is one run of bytes written
     before a crash, followed by zeros; the untouched rest of a sparse segment is not rewritten
-    (zeroing it would write up to a GiB of zeros into holes).
+    (zeroing it would write up to a GiB of zeros into holes). The zeros go through the file,
+    not the mapping: a step may reach into holes, and a full disk must be an error, not SIGBUS.
     """
-    view = mf.buffer
     while start < end:
         n = min(end - start, len(_ZEROS))
-        if view[start : start + n] == _ZEROS[:n]:
+        if mf.read(start, n) == _ZEROS[:n]:
             break
-        view[start : start + n] = _ZEROS[:n]
+        mf.overwrite(start, _ZEROS[:n])
         start += n

@@ -50,7 +50,18 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from pipeline import dispatch, durability, encode, failpoints, native, record
+from pipeline import (
+    consumequeue,
+    dispatch,
+    durability,
+    encode,
+    failpoints,
+    filesystem,
+    indexfile,
+    mapped_file,
+    native,
+    record,
+)
 from pipeline.background import PeriodicTask
 from pipeline.checkpoint import StoreCheckpoint
 from pipeline.commitlog import CommitLog
@@ -69,12 +80,13 @@ from pipeline.errors import (
 from pipeline.geometry import check_geometry
 from pipeline.index_service import IndexService
 from pipeline.lock import DirectoryLock
-from pipeline.mapped_file import MappedFile
+from pipeline.mapped_file import WHOLE, MappedFile, free_space
 from pipeline.mappings import MappingCache
 from pipeline.message import Message
 from pipeline.progress import FlushProgress
 from pipeline.recovery import RecoveryReport, recover
 from pipeline.retention import RUN_INTERVAL_MS, RetentionService, statvfs_used_ratio
+from pipeline.segments import SegmentQueue
 from pipeline.subscription import Subscription
 
 STORE_ENTRIES = ("commitlog", "consumequeue", "index", "config", "checkpoint", "abort", "lock")
@@ -247,9 +259,19 @@ class MessageStore:
             (self.path / "abort").touch()
             durability.fsync_dir(self.path)
         self.mappings = MappingCache(cfg.max_mapped_files)
+        # Where reading a hole through a mapping allocates (tmpfs), files get every block when
+        # created, so that no reader can die of SIGBUS on a full disk (pipeline.filesystem).
+        whole = not self.read_only and filesystem.reads_allocate(self.path)
+        self._cq_ahead = WHOLE if whole else consumequeue.RESERVE_AHEAD
         self.checkpoint = StoreCheckpoint.read(self.path / "checkpoint")
         self.commitlog = CommitLog(
-            self.path / "commitlog", cfg.mapped_file_size_commitlog, read_only=self.read_only
+            SegmentQueue(
+                self.path / "commitlog",
+                cfg.mapped_file_size_commitlog,
+                read_only=self.read_only,
+                cache=self.mappings,
+                ahead=WHOLE if whole else mapped_file.RESERVE_AHEAD,
+            )
         )
         self.commitlog.load()
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
@@ -276,6 +298,7 @@ class MessageStore:
                 read_only=self.read_only,
                 clock_ms=self.clock_ms,
                 cache=self.mappings,
+                ahead=WHOLE if whole else indexfile.RESERVE_AHEAD,
             )
             self.index.load()
         self.recovery = self._recover()
@@ -493,6 +516,7 @@ class MessageStore:
                 self.config.mapped_file_size_consume_queue,
                 read_only=self.read_only,
                 cache=self.mappings,
+                ahead=self._cq_ahead,
             )
             self.queues[(topic, queue_id)] = cq
         return cq
@@ -547,6 +571,11 @@ class MessageStore:
             if not self.index.files:
                 return None
             index_file = self.index.files[-1]
+            # Each KEYS token is at least one character, plus the UNIQ_KEY's entry: a bound on
+            # the entries this message adds, which must all have their blocks already.
+            keys = m.keys
+            if index_file.reserved_entries() <= (len(keys) if keys else 0):
+                return None
             at = (
                 index_file.mapping,
                 index_file.index_count,
@@ -561,8 +590,11 @@ class MessageStore:
             else None
         )
         try:
+            # The views end where the files' reserved blocks do: a record or unit that does not
+            # fit them is left to the batch path, whose prepare step reserves more.
             done = self._single.put(
-                m, uniq, now, mf.buffer, rel, pos, unit_file.buffer, unit_file.wrote_position,
+                m, uniq, now, mf.buffer[: mf.allocated], rel, pos,
+                unit_file.buffer[: unit_file.allocated], unit_file.wrote_position,
                 queue_offset, *at, hook,
             )  # fmt: skip
         except BaseException as exc:
@@ -631,15 +663,7 @@ class MessageStore:
             )
         queue_offsets, next_offsets, groups = self._assign_queue_offsets(b)
         phys, blanks = self.commitlog.plan(b.sizes)
-        # Every segment the batch needs exists before its first byte is written, so the
-        # common failure (no space or no descriptor for a new file) leaves the store unchanged.
-        try:
-            self.commitlog.prepare_segments(int(phys[0]), int(phys[-1] + b.sizes[-1]))
-        except OSError as exc:
-            raise SegmentCreateError(
-                f"{self.path / 'commitlog'}: cannot create a segment for a put of {b.n} "
-                f"message(s): {exc}; nothing was written"
-            ) from exc
+        self._prepare(b, phys, queue_offsets, groups)
         with self._fail_stop(f"put of {b.n} message(s) at CommitLog offset {int(phys[0])}"):
             self._write_records(b, phys, blanks, queue_offsets, now)
             if self._sync_flush:
@@ -666,6 +690,37 @@ class MessageStore:
             self._store_host_field,
             self._sync_flush,
         )
+
+    def _prepare(
+        self,
+        b: encode.PreparedBatch,
+        phys: npt.NDArray[np.int64],
+        queue_offsets: npt.NDArray[np.int64],
+        groups: list[npt.NDArray[np.int64]],
+    ) -> None:
+        """Create every file the batch will write (CommitLog segments, ConsumeQueue files,
+        IndexFiles) and reserve the blocks its bytes will land in, before the first byte of the
+        CommitLog: a full disk or a missing descriptor fails here, as
+        :class:`SegmentCreateError`, with nothing written and the store usable. Past this point
+        no write touches a page without a block, so none can die of SIGBUS."""
+        try:
+            self.commitlog.prepare_segments(int(phys[0]), int(phys[-1] + b.sizes[-1]))
+            for part in groups:
+                first = int(part[0])
+                cq = self._queue(b.topics[int(b.topic_codes[first])], int(b.queue_ids[first]))
+                cq.prepare(int(queue_offsets[first]), len(part))
+            if self.index is not None:
+                self.index.prepare(len(b.key_hashes))
+        except SegmentCreateError as exc:
+            raise SegmentCreateError(
+                f"{exc}; nothing of the put of {b.n} message(s) was written"
+            ) from exc
+        except OSError as exc:
+            where = exc.filename or self.path
+            raise SegmentCreateError(
+                f"{where}: cannot create a file for a put of {b.n} message(s): "
+                f"{exc.strerror or exc} ({free_space(self.path)}); nothing was written"
+            ) from exc
 
     def _assign_queue_offsets(
         self, b: encode.PreparedBatch

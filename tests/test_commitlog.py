@@ -33,7 +33,7 @@ def sizes(*values: int) -> np.ndarray:
 
 
 def open_log(d: Path, seg: int = SEG, *, read_only: bool = False) -> CommitLog:
-    log = CommitLog(d, seg, read_only=read_only)
+    log = CommitLog(SegmentQueue(d, seg, read_only=read_only))
     log.load()
     return log
 

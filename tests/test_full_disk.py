@@ -1,0 +1,190 @@
+"""A real full disk: ``produce`` into a small tmpfs or a loop-mounted ext4 until it is full.
+
+The writer must stop with a clear error (the file, "No space left on device", the free space)
+and a non-zero exit, never die of SIGBUS; every acknowledged line must be readable after
+``recover``, ``verify`` must be clean, and once space is freed the store takes writes again.
+A failpoint cannot stand in here: a Python ``OSError`` is not the SIGBUS a sparse mapping gives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline import consumequeue, failpoints, indexfile, mapped_file
+from pipeline.config import StoreConfig
+from pipeline.errors import SegmentCreateError
+from pipeline.message import Message
+from pipeline.store import MessageStore
+from tests.realfs import real_fs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Small files, so that a few MiB hold several of each; the CommitLog's 1 MiB segments are the
+# issue's broker.conf.
+SMALL = """\
+mappedFileSizeCommitLog = 1048576
+mappedFileSizeConsumeQueue = 60000
+maxHashSlotNum = 5000
+maxIndexNum = 20000
+"""
+BALLAST = 3 << 20  # freed after the disk is full: room for another segment and its files
+
+
+def write_input(path: Path, first: int, count: int) -> list[dict[str, object]]:
+    rows = [
+        {"topic": f"T{n % 3}", "queueId": n % 4, "body": f"{n:08d}-" + "x" * 190, "keys": f"k{n}"}
+        for n in range(first, first + count)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def produce(store: Path, conf: Path, lines: Path) -> tuple[int, list[dict[str, object]], str]:
+    proc = cli("produce", str(store), str(lines), "--config", str(conf))
+    out = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    return proc.returncode, out, proc.stderr
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def stored_bodies(store: Path, config: StoreConfig) -> dict[int, bytes]:
+    """Every message of the store by commitLogOffset, read through the ConsumeQueues."""
+    found: dict[int, bytes] = {}
+    with MessageStore(store, config, read_only=True) as s:
+        for info in s.queue_infos():
+            offset = info.min_offset
+            while offset < info.max_offset:
+                got = s.get_messages(info.topic, info.queue_id, offset, 512)
+                for m in got.messages:
+                    found[m.commit_log_offset] = m.body
+                offset = got.next_begin_offset
+    return found
+
+
+@pytest.mark.parametrize(
+    ("kind", "size_mib"),
+    [("tmpfs", 6), ("tmpfs", 9), ("tmpfs", 13), ("ext4", 16)],
+    ids=["tmpfs-6m", "tmpfs-9m", "tmpfs-13m", "ext4-16m"],
+)
+def test_produce_until_full_then_free_space(tmp_path: Path, kind: str, size_mib: int) -> None:
+    conf = tmp_path / "store.toml"
+    conf.write_text(SMALL)
+    config = StoreConfig.load(conf)
+    lines = tmp_path / "in.jsonl"
+    rows = write_input(lines, 0, 60_000)  # ~14 MB of records: more than any of these holds
+    with real_fs(kind, size_mib) as mnt:
+        ballast = mnt / "ballast"
+        ballast.write_bytes(b"\1" * BALLAST)
+        store = mnt / "store"
+
+        code, out, err = produce(store, conf, lines)
+        assert code == 1, (code, err[-2000:])  # a negative code would be a signal (SIGBUS)
+        assert "No space left on device" in err and "bytes free" in err, err
+        assert f"{store}/" in err, err  # names the file it could not create or fill
+        acked = [r for r in out if r["status"] == "PUT_OK"]
+        refused = [r for r in out if r["status"] != "PUT_OK"]
+        assert acked, "the disk was large enough for some messages"
+        assert all(r["status"] == "NOT_STORED" for r in refused)
+        assert [r["line"] for r in acked] == list(range(1, len(acked) + 1))
+
+        assert cli("recover", str(store), "--config", str(conf), "--json").returncode == 0
+        check = cli("verify", str(store), "--config", str(conf))
+        assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+        bodies = stored_bodies(store, config)
+        assert len(bodies) == len(acked)
+        for r in acked:
+            row = rows[int(str(r["line"])) - 1]
+            assert bodies[int(str(r["commitLogOffset"]))] == str(row["body"]).encode()
+
+        # Space freed: the store takes the lines that were not stored.
+        ballast.unlink()
+        rest = tmp_path / "rest.jsonl"
+        more = write_input(rest, len(acked), 2_000)
+        code, out, err = produce(store, conf, rest)
+        assert code == 0, err[-2000:]
+        assert [r["status"] for r in out] == ["PUT_OK"] * len(more)
+        assert cli("verify", str(store), "--config", str(conf)).returncode == 0
+        assert len(stored_bodies(store, config)) == len(acked) + len(more)
+
+
+def test_default_geometry_on_a_small_tmpfs_is_a_clear_error(tmp_path: Path) -> None:
+    """The issue's case: 1 MiB CommitLog segments, RocketMQ's default ConsumeQueue (5.7 MiB)
+    and IndexFile (420 MB) sizes, on a 6 MiB tmpfs. On tmpfs every file gets all its blocks
+    when created (reading a hole of a mapping allocates there), so the first put cannot create
+    its ConsumeQueue file: an error naming it, nothing stored, and no SIGBUS, also for the
+    read-only open that reports the lines."""
+    conf = tmp_path / "store.toml"
+    conf.write_text("mappedFileSizeCommitLog = 1048576\n")
+    lines = tmp_path / "in.jsonl"
+    write_input(lines, 0, 5_000)
+    with real_fs("tmpfs", 6) as mnt:
+        code, out, err = produce(mnt / "store", conf, lines)
+        assert code == 1, err[-2000:]
+        assert "consumequeue" in err and "cannot create a file of 6,000,000 bytes" in err, err
+        assert out and all(r["status"] == "NOT_STORED" for r in out)
+        check = cli("verify", str(mnt / "store"), "--config", str(conf))
+        assert check.returncode == 0, check.stdout[-2000:]
+
+
+def test_files_on_a_disk_are_reserved_ahead_not_whole(tmp_path: Path) -> None:
+    """On a file system where holes read as zeros (ext4), files stay sparse past the window
+    reserved ahead of what was written: forty queues with one message each do not take
+    RocketMQ's 5.7 MiB per ConsumeQueue file, nor the IndexFile its 420 MB."""
+    config = StoreConfig(mapped_file_size_commitlog=64 << 20)
+    with real_fs("ext4", 200) as mnt:
+        with MessageStore(mnt / "s", config) as store:
+            store.put_batch([Message("T", b"x" * 100, queue_id=q) for q in range(40)])
+        segment = (mnt / "s" / "commitlog" / ("0" * 20)).stat().st_blocks * 512
+        queues = [p.stat().st_blocks * 512 for p in (mnt / "s" / "consumequeue").rglob("0" * 20)]
+        index = [p.stat().st_blocks * 512 for p in (mnt / "s" / "index").iterdir()]
+    assert len(queues) == 40
+    assert 0 < segment <= mapped_file.RESERVE_AHEAD
+    assert all(0 < b <= consumequeue.RESERVE_AHEAD for b in queues), queues
+    slots = indexfile.HEADER_SIZE + indexfile.SLOT_SIZE * config.max_hash_slot_num
+    assert len(index) == 1 and slots <= index[0] <= slots + indexfile.RESERVE_AHEAD + 4096
+
+
+def test_a_failed_reservation_changes_nothing(tmp_path: Path) -> None:
+    """The ``reserve`` step fails (an injected ``ENOSPC``) for files larger than the window:
+    the put is refused before its first byte, the store is unchanged and takes the next put."""
+    config = StoreConfig(
+        mapped_file_size_commitlog=16 << 20,
+        mapped_file_size_consume_queue=400_000,
+        max_hash_slot_num=1000,
+        max_index_num=200_000,
+    )
+    body = b"y" * 1000
+    with MessageStore(tmp_path / "s", config) as store:
+        store.put_batch([Message("T", body, queue_id=0, keys=f"a{i}") for i in range(3000)])
+        before = (store.max_phy_offset, store.max_offset("T", 0))
+        for nth in range(1, 4):
+            failpoints.arm("reserve", "raise", 1)
+            try:
+                with pytest.raises(SegmentCreateError, match="nothing"):
+                    for _ in range(20):
+                        store.put_batch([Message("T", body, queue_id=0) for _ in range(1000)])
+                        before = (store.max_phy_offset, store.max_offset("T", 0))
+            finally:
+                failpoints.disarm_all()
+            assert (store.max_phy_offset, store.max_offset("T", 0)) == before, nth
+            assert store.failed is None
+        store.put_batch([Message("T", b"after", queue_id=0)])
+    with MessageStore(tmp_path / "s", config, read_only=True) as ro:
+        last = ro.get_messages("T", 0, ro.max_offset("T", 0) - 1, 1).messages
+        assert [m.body for m in last] == [b"after"]
+    assert os.path.exists(tmp_path / "s" / "commitlog")
