@@ -168,6 +168,9 @@ _HEADER_FIELDS = (
     ("indexCount", 36),
 )
 
+# Segment arrays the scan keeps at once (see _Scan.array).
+KEPT_ARRAYS = 4
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Problem:
@@ -458,10 +461,14 @@ class _Verifier:
         self.indexes.clear()
 
     def array(self, i: int) -> npt.NDArray[np.uint8]:
-        a = self._arrays.get(i)
+        """Segment ``i`` as a byte array. Only the last few are kept: each pins its segment's
+        mapping, and with it a descriptor (see :mod:`pipeline.mappings`)."""
+        a = self._arrays.pop(i, None)
         if a is None:
             a = np.frombuffer(self.files[i].buffer, dtype=np.uint8)
-            self._arrays[i] = a
+        self._arrays[i] = a
+        while len(self._arrays) > KEPT_ARRAYS:
+            del self._arrays[next(iter(self._arrays))]
         return a
 
     def mark(self, phys: int, end: int | None) -> None:

@@ -106,7 +106,9 @@ class _Segment:
         try:
             self.mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         finally:
-            os.close(fd)  # the mapping keeps the file; retention may unlink it meanwhile
+            # mmap holds a dup of its own until closed (a descriptor per segment this read
+            # touches); the file stays readable if retention unlinks it meanwhile.
+            os.close(fd)
 
     def close(self) -> None:
         # A view that escaped (it should not) keeps the mapping until it is collected.

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,6 +51,7 @@ CHILD = textwrap.dedent(
     with MessageStore(store, StoreConfig.load(conf), read_only=True) as s:
         for info in s.queue_infos():
             r = s.get_messages(info.topic, info.queue_id, 0, 64)
+            assert len(s.mappings) <= 128
             got[f"{info.topic}/{info.queue_id}"] = [m.body.decode() for m in r.messages]
         out["mapped"] = len(s.mappings)
     out["got"] = got
@@ -61,22 +63,10 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_a_thousand_queues_under_ulimit_256(tmp_path: Path) -> None:
-    conf = tmp_path / "store.toml"
-    conf.write_text(CONF)
-    lines = tmp_path / "in.jsonl"
-    expected: dict[str, list[str]] = {}
-    with open(lines, "w") as f:
-        for n in range(3 * QUEUES):
-            q = n % QUEUES
-            topic, queue_id = f"T{q % TOPICS}", q // TOPICS
-            body = f"m{n}"
-            expected.setdefault(f"{topic}/{queue_id}", []).append(body)
-            f.write(json.dumps({"topic": topic, "queueId": queue_id, "body": body, "keys": body}))
-            f.write("\n")
-    store = tmp_path / "store"
+def run_child(script: str, *args: Path) -> tuple[subprocess.CompletedProcess[str], Any]:
+    """Run ``script`` (which sets the limit itself) and return what it reported."""
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(store), str(conf), str(lines)],
+        [sys.executable, "-c", script, *map(str, args)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -85,13 +75,44 @@ def test_a_thousand_queues_under_ulimit_256(tmp_path: Path) -> None:
     )
     result_line = [x for x in proc.stderr.splitlines() if x.startswith("RESULT ")]
     assert result_line, proc.stderr[-3000:]
-    out = json.loads(result_line[0][len("RESULT ") :])
+    return proc, json.loads(result_line[0][len("RESULT ") :])
+
+
+@pytest.mark.parametrize(
+    ("conf_text", "per_queue", "most_mapped"),
+    [
+        (CONF, 3, 64),
+        # maxMappedFiles at its default (1024, above the descriptor limit): the bound derived
+        # from RLIMIT_NOFILE (half of it) must hold on its own. 12 batches of 1,000 lines, each
+        # touching every one of the 1,000 queues.
+        ("\n".join(x for x in CONF.splitlines() if "maxMappedFiles" not in x) + "\n", 12, 128),
+    ],
+    ids=["maxMappedFiles-64", "maxMappedFiles-default"],
+)
+def test_a_thousand_queues_under_ulimit_256(
+    tmp_path: Path, conf_text: str, per_queue: int, most_mapped: int
+) -> None:
+    conf = tmp_path / "store.toml"
+    conf.write_text(conf_text)
+    lines = tmp_path / "in.jsonl"
+    expected: dict[str, list[str]] = {}
+    with open(lines, "w") as f:
+        for n in range(per_queue * QUEUES):
+            q = n % QUEUES
+            topic, queue_id = f"T{q % TOPICS}", q // TOPICS
+            body = f"m{n}"
+            expected.setdefault(f"{topic}/{queue_id}", []).append(body)
+            f.write(json.dumps({"topic": topic, "queueId": queue_id, "body": body, "keys": body}))
+            f.write("\n")
+    store = tmp_path / "store"
+    proc, out = run_child(CHILD, store, conf, lines)
     assert out["limit"] == 256
     assert out["produce"] == 0
     produced = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"line"')]
-    assert len(produced) == 3 * QUEUES and all(r["status"] == "PUT_OK" for r in produced)
+    assert len(produced) == per_queue * QUEUES
+    assert all(r["status"] == "PUT_OK" for r in produced)
     assert out["got"] == expected
-    assert out["mapped"] <= 64
+    assert out["mapped"] <= most_mapped
     assert out["verify"] == 0 and out["recover"] == 0 and out["verify_after"] == 0
 
 
@@ -160,3 +181,62 @@ def test_produce_reports_which_lines_of_a_failed_put_landed(
             else:
                 assert r["status"] == "NOT_STORED" and body not in held
     assert held == {f"m{n}".encode() for n in range(20) if results[n]["status"] == "PUT_OK"}
+
+
+SEGMENTS_CHILD = textwrap.dedent(
+    """
+    import json, resource, sys
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    from pipeline.cli import main
+    from pipeline.config import StoreConfig
+    from pipeline.store import MessageStore
+
+    store, conf = sys.argv[1:3]
+    out = {"queues": main(["queues", store, "--config", conf, "--json"])}
+    bodies = []
+    with MessageStore(store, StoreConfig.load(conf), read_only=True) as s:
+        out["segments"] = len(s.commitlog.segments.files)
+        for info in s.queue_infos():
+            offset = info.min_offset
+            while offset < info.max_offset:
+                r = s.get_messages(info.topic, info.queue_id, offset, 256)
+                bodies += [m.body.decode() for m in r.messages]
+                offset = r.next_begin_offset
+        out["mapped"] = len(s.mappings)
+    out["bodies"] = sorted(bodies)
+    out["get"] = main(["get", store, "--config", conf, "--topic", "S1", "--queue", "2",
+                       "--offset", "0", "--max", "5"])
+    out["verify"] = main(["verify", store, "--config", conf])
+    out["recover"] = main(["recover", store, "--config", conf, "--json"])
+    out["verify_after"] = main(["verify", store, "--config", conf])
+    with MessageStore(store, StoreConfig.load(conf)) as s:
+        s.put_batch([])
+    sys.stderr.write("RESULT " + json.dumps(out) + "\\n")
+    """
+)
+
+
+def test_a_store_of_300_segments_under_ulimit_256(tmp_path: Path) -> None:
+    """Every CommitLog segment used to be mapped (one descriptor each) when the store opened:
+    past ~200 segments a store could not even be opened under ``ulimit -n 256``."""
+    conf = tmp_path / "store.toml"
+    conf.write_text("mappedFileSizeCommitLog = 65536\nmappedFileSizeConsumeQueue = 20000\n")
+    config = StoreConfig.load(conf)
+    store = tmp_path / "store"
+    body = "b" * 600
+    expected = []
+    with MessageStore(store, config) as s:
+        n = 0
+        while len(s.commitlog.segments.files) < 300:
+            batch = [
+                Message(f"S{i % 3}", f"{n + i}-{body}".encode(), queue_id=i % 4) for i in range(200)
+            ]
+            s.put_batch(batch)
+            expected += [f"{n + i}-{body}" for i in range(200)]
+            n += 200
+    _, out = run_child(SEGMENTS_CHILD, store, conf)
+    assert out["segments"] >= 300
+    assert out["bodies"] == sorted(expected)
+    assert out["mapped"] <= 128
+    assert out["queues"] == 0 and out["get"] == 0
+    assert out["verify"] == 0 and out["recover"] == 0 and out["verify_after"] == 0
