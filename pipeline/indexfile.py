@@ -266,6 +266,29 @@ class IndexFile:
         self.write_header()
         return count - keep
 
+    def repair_uncounted(self) -> int:
+        """Point slots that name an entry the header does not count (a crash between writing
+        entries and slots and writing the header that counts them) back down their chains to
+        the newest counted entry, and recount the used slots. Without it the next entry put in
+        such a slot would get itself as ``prevIndex``. Returns the number of slots repaired."""
+        count = self.index_count
+        slots = self._slots
+        bad = np.flatnonzero(slots >= count)
+        if not len(bad):
+            return 0
+        self._mf.reserve(self._entries_at)  # the slots are rewritten; entries only read
+        entries = self._entries
+        for s in bad.tolist():
+            e = int(slots[s])
+            # Chains only go down; anything else (or an entry past the file) ends the walk.
+            while e >= count:
+                prev = int(entries[e]["prev_index"]) if e < self.index_num else 0
+                e = prev if 0 <= prev < e else 0
+            slots[s] = e
+        self.hash_slot_count = int(np.count_nonzero(slots))
+        self.write_header()
+        return len(bad)
+
     # -- reading ----------------------------------------------------------------------------
     def is_time_matched(self, begin: int, end: int) -> bool:
         return (

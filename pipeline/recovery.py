@@ -61,6 +61,7 @@ class RecoveryReport:
     last_record_offset: int = -1  # start of the last record before the end, if known
     queues_rebuilt: list[str] = dataclasses.field(default_factory=list)
     index_rebuilt: bool = False
+    index_slots_repaired: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -75,6 +76,7 @@ class RecoveryReport:
             "recordsRedispatched": self.records_redispatched,
             "queuesRebuilt": self.queues_rebuilt,
             "indexRebuilt": self.index_rebuilt,
+            "indexSlotsRepaired": self.index_slots_repaired,
             "durationMs": round(self.duration_ms, 3),
         }
 
@@ -287,11 +289,16 @@ def recover(
         # log. A trusted progress file names the durable dispatch point; without one, after a
         # crash, it is the start point; after a clean shutdown, the end.
         cut_at = start if (trusted is not None or abnormal) else end
+        if index is not None and index.files and (abnormal or trusted is None):
+            # A crash may have left slots naming entries the header never counted; mended
+            # first, so that the cut below follows chains of counted entries only.
+            report.index_slots_repaired = index.files[-1].repair_uncounted()
         _drop_derived(log, queue_list, index, cut_at, report)
         if index is not None and index_damaged(log, index):
             # Unlike RocketMQ, an impossible index is dropped and dispatched again.
             index.destroy()
             report.index_rebuilt = True
+
         # Derived files that lag further (deleted or emptied; without a progress file, any
         # that stopped short) are dispatched again from where the furthest behind stopped.
         # With one, the files before its point are vouched for, and trailing records that

@@ -17,6 +17,7 @@ from pipeline.consumequeue import UNIT_DTYPE
 from pipeline.indexfile import IndexFile
 from pipeline.progress import FILE_NAME
 from pipeline.store import MessageStore
+from pipeline.verify import verify
 
 CONFIG = StoreConfig(
     mapped_file_size_commitlog=64 * 1024,
@@ -301,3 +302,35 @@ def test_recover_command_reports_and_is_idempotent(tmp_path: Path, capsys) -> No
         0,
     )
     assert main(["recover", str(tmp_path / "absent"), "--config", str(conf)]) == 2
+
+
+def test_slots_naming_uncounted_entries_are_mended_after_a_crash(tmp_path: Path) -> None:
+    """A crash between writing index entries and slots and writing the header that counts
+    them (a process killed, or one that died of SIGBUS, mid-put) leaves slots naming entries
+    past the count. Recovery must point them back at counted entries: otherwise the next
+    entry put in such a slot names itself as ``prevIndex`` and verify reports it."""
+    path = tmp_path / "s"
+    write(path, 100)
+    (index_path,) = sorted((path / "index").iterdir())
+    header = index_path.read_bytes()[:40]
+    progress = (path / "config" / FILE_NAME).read_bytes()
+    with MessageStore(path, CONFIG) as store:
+        store.put_batch(batch(100, 20))
+    raw = bytearray(index_path.read_bytes())
+    raw[:40] = header  # the header as it was before the last put's entries
+    index_path.write_bytes(bytes(raw))
+    # The last flush the crash let through was the one before that put.
+    (path / "config" / FILE_NAME).write_bytes(progress)
+    crash(path)
+    with MessageStore(path, CONFIG) as store:
+        assert store.recovery.index_slots_repaired > 0
+        report = verify(store, max_per_kind=None)
+        assert report.ok, [str(p) for p in report.problems]
+        for i in range(120):
+            found = store.query_by_key("T", f"k{i}")
+            assert [m.body for m in found] == [f"body-{i}".encode() * (1 + i % 5)], i
+        store.put_batch(batch(120, 20))
+    with MessageStore(path, CONFIG) as store:
+        report = verify(store, max_per_kind=None)
+        assert report.ok, [str(p) for p in report.problems]
+        assert [m.body for m in store.query_by_key("T", "k131")] == [b"body-131" * 2]
