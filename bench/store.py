@@ -1,12 +1,16 @@
 """The store benchmark: batch put throughput, query-by-key latency and batch put memory.
 
-Four figures, each beside a baseline measured in the same process in the same run:
+Five figures, each beside a baseline measured in the same process in the same run:
 
 1. batch put of small messages (100-byte bodies, one key, one tag) in msgs/s, beside a raw
    mmap write of the same number of bytes;
 2. batch put of 4 KiB bodies in MB/s, beside the same raw mmap write;
 3. ``query_by_key`` latency percentiles on a store holding millions of index entries;
-4. peak anonymous memory growth of a batch put, relative to the bytes the batch encoded to.
+4. peak anonymous memory growth of a batch put, relative to the bytes the batch encoded to;
+5. batch put throughput with the batch spread over 1,000 queues, beside the same batch over 4:
+   the first batch into a fresh store (every queue's file created and its blocks reserved),
+   and the next one (the queues exist; past the descriptor budget their mappings are evicted
+   and mapped again).
 
 The method and the figures are in ``bench/README.md``.
 """
@@ -67,6 +71,7 @@ class Sizes:
     query_chunk: int = 250_000
     queries: int = 2000
     memory_count: int = 1_000_000
+    spread_count: int = 200_000
 
 
 FULL = Sizes()
@@ -77,15 +82,20 @@ QUICK = Sizes(
     query_chunk=10_000,
     queries=200,
     memory_count=20_000,
+    spread_count=20_000,
 )
+WIDE_QUEUES = 1000
+NARROW_QUEUES = 4
 
 
 # -- input -------------------------------------------------------------------------------------
 
 
-def make_table(n: int, body_size: int, seed: int, first_key: int = 0) -> pa.Table:
+def make_table(
+    n: int, body_size: int, seed: int, first_key: int = 0, queues: int = QUEUES
+) -> pa.Table:
     """``n`` messages of ``TOPIC``: random lowercase bodies, key ``order-<i>``, one of 3 tags,
-    queue ``i % 8``. Built from numpy buffers, so it costs about a second per million."""
+    queue ``i % queues``. Built from numpy buffers, so it costs about a second per million."""
     if n * body_size > 2**31 - 1:
         raise ValueError(f"{n} bodies of {body_size} bytes exceed a binary array's 2 GiB")
     rng = np.random.default_rng(seed)
@@ -101,7 +111,7 @@ def make_table(n: int, body_size: int, seed: int, first_key: int = 0) -> pa.Tabl
         {
             "topic": pa.repeat(pa.scalar(TOPIC, pa.string()), n),
             "body": bodies,
-            "queueId": pa.array((ids % QUEUES).astype(np.int32)),
+            "queueId": pa.array((ids % queues).astype(np.int32)),
             "keys": keys,
             "tags": tags,
         }
@@ -218,6 +228,48 @@ def measure_put(label: str, table: pa.Table, body_size: int, options: Options) -
         **{k: spread([r[k] for r in runs]) for k in keys},
         "cpu_over_wall": median([r["store_cpu_s"] / r["store_s"] for r in runs]),
     }
+
+
+# -- 5: a batch over 1,000 queues beside one over 4 -------------------------------------------
+
+
+def two_puts(work_dir: Path, table: pa.Table) -> tuple[float, float]:
+    """Seconds of a first and a second batch put of ``table`` into one fresh store."""
+    with scratch_dir(work_dir, "store-") as path, MessageStore(path, StoreConfig()) as store:
+        took = []
+        for _ in range(2):
+            gc.collect()
+            t0 = time.perf_counter()
+            store.put_batch(table)
+            took.append(time.perf_counter() - t0)
+    return took[0], took[1]
+
+
+def measure_spread(sizes: Sizes, options: Options) -> dict[str, Any]:
+    """``options.runs`` paired runs of :func:`two_puts` of the same messages, spread over
+    ``WIDE_QUEUES`` queues and over ``NARROW_QUEUES``, alternating which goes first."""
+    n = sizes.spread_count
+    tables = {
+        q: make_table(n, 100, options.seed + 5, queues=q) for q in (WIDE_QUEUES, NARROW_QUEUES)
+    }
+    runs: list[dict[str, float]] = []
+    for i in range(options.runs):
+        order = (WIDE_QUEUES, NARROW_QUEUES) if i % 2 == 0 else (NARROW_QUEUES, WIDE_QUEUES)
+        got = {q: two_puts(options.work_dir, tables[q]) for q in order}
+        run: dict[str, float] = {}
+        for k, which in enumerate(("first", "next")):
+            wide, narrow = got[WIDE_QUEUES][k], got[NARROW_QUEUES][k]
+            run[f"{which}_wide_msgs_per_s"] = n / wide
+            run[f"{which}_narrow_msgs_per_s"] = n / narrow
+            run[f"{which}_wide_over_narrow"] = narrow / wide
+        runs.append(run)
+        log(
+            f"store: spread: run {i + 1}/{options.runs}: over {WIDE_QUEUES} queues "
+            f"{run['first_wide_msgs_per_s']:,.0f} then {run['next_wide_msgs_per_s']:,.0f} "
+            f"msgs/s, over {NARROW_QUEUES} {run['first_narrow_msgs_per_s']:,.0f} then "
+            f"{run['next_narrow_msgs_per_s']:,.0f} msgs/s"
+        )
+    return {"messages": n, "runs": runs, **{k: spread([r[k] for r in runs]) for k in runs[0]}}
 
 
 # -- 3: query-by-key latency -------------------------------------------------------------------
@@ -467,6 +519,7 @@ def _rows(
     large: dict[str, Any],
     query: dict[str, Any],
     memory: dict[str, Any],
+    wide: dict[str, Any],
 ) -> list[Row]:
     rows: list[Row] = []
     s_label = f"put {_count(sizes.small_count)} x {_size(sizes.small_body)}"
@@ -544,6 +597,20 @@ def _rows(
             met=ratio <= TARGET_MEMORY_RATIO,
         )
     )
+    for which, what in (("first", "first batch"), ("next", "next batch")):
+        w = wide[f"{which}_wide_msgs_per_s"]
+        narrow = wide[f"{which}_narrow_msgs_per_s"]["median"]
+        rows.append(
+            Row(
+                f"put {_count(wide['messages'])} x 100 B over {WIDE_QUEUES:,} queues: {what}",
+                "msgs/s",
+                w["median"],
+                w["min"],
+                w["max"],
+                baseline=f"over {NARROW_QUEUES} queues {narrow:,.0f} msgs/s",
+                ratio=wide[f"{which}_wide_over_narrow"]["median"],
+            )
+        )
     if "arrow_pool_growth" in memory:
         a = memory["arrow_pool_growth"]
         rows.append(
@@ -572,6 +639,7 @@ def run(options: Options) -> PartResult:
         table = make_table(sizes.large_count, sizes.large_body, options.seed + 1)
         large = measure_put("large", table, sizes.large_body, options)
         del table
+        wide = measure_spread(sizes, options)
     query = measure_query(sizes, options)
     memory = measure_memory(sizes, options)
 
@@ -601,5 +669,6 @@ def run(options: Options) -> PartResult:
         "put_large": large,
         "query": query,
         "memory": memory,
+        "spread": wide,
     }
-    return PartResult("store", _rows(sizes, small, large, query, memory), data, notes)
+    return PartResult("store", _rows(sizes, small, large, query, memory, wide), data, notes)

@@ -333,7 +333,7 @@ class ConsumeQueue:
         if (
             last is None
             or last.base + last.wrote_position != queue_offset * CQ_UNIT_SIZE
-            or last.wrote_position + CQ_UNIT_SIZE > last.allocated
+            or last.wrote_position + CQ_UNIT_SIZE > last.size
         ):
             return None
         return last

@@ -112,6 +112,8 @@ class IndexFile:
         self._mf.wrote_position = self._mf.size
         if not create:
             self._mf.forget_allocation()
+        # Entries below this number have their blocks (and so do the header and the slots).
+        self.reserved_upto = 0
 
     @property
     def _entries_at(self) -> int:
@@ -122,11 +124,10 @@ class IndexFile:
         past the count (see :meth:`MappedFile.reserve`): raises :class:`SegmentCreateError`
         on a full disk, with nothing written."""
         upto = min(self.index_count + entries, self.index_num)
+        if upto <= self.reserved_upto:
+            return  # the common case, on every single put
         self._mf.reserve(self._entries_at + ENTRY_SIZE * upto)
-
-    def reserved_entries(self) -> int:
-        """How many more entries can be written without reserving blocks."""
-        return max(0, (self._mf.allocated - self._entries_at) // ENTRY_SIZE - self.index_count)
+        self.reserved_upto = (self._mf.allocated - self._entries_at) // ENTRY_SIZE
 
     def start(self, prev_end_phy: int, prev_end_ts: int) -> None:
         """Begin an unstarted file where the previous one ended, and write its header."""

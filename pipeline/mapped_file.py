@@ -273,6 +273,8 @@ class MappedFile:
         """Make sure ``[0, end)`` has its blocks, allocating up to :attr:`ahead` bytes more than
         asked (less when that does not fit). Raises :class:`SegmentCreateError`, naming the
         file and the free space, when the file system has no room: nothing is written."""
+        if end <= self._allocated:
+            return  # the common case, on every put: kept to one comparison
         have = self.allocated
         end = min(self.size, end)
         if end <= have:

@@ -93,6 +93,7 @@ STORE_ENTRIES = ("commitlog", "consumequeue", "index", "config", "checkpoint", "
 MAX_TIMESTAMP = 2**63 - 1
 _NO_INDEX = (None, 0, 0, 0, 0)  # the single put's index arguments without a key index
 SCAN_BUDGET_BYTES = 16000  # RocketMQ's floor on ConsumeQueue bytes one filtered pull scans
+SINGLE_RESERVE = 64 * 1024  # the largest record a single put writes without the batch path
 
 
 class PutResult(NamedTuple):
@@ -571,11 +572,19 @@ class MessageStore:
             if not self.index.files:
                 return None
             index_file = self.index.files[-1]
-            # Each KEYS token is at least one character, plus the UNIQ_KEY's entry: a bound on
-            # the entries this message adds, which must all have their blocks already.
-            keys = m.keys
-            if index_file.reserved_entries() <= (len(keys) if keys else 0):
-                return None
+        # Blocks for what this put writes (see _prepare), a window at a time: a record of up
+        # to SINGLE_RESERVE bytes, one unit and, since each KEYS token is at least one
+        # character, at most 1 + len(keys) index entries. A longer record is left to the
+        # batch path, which reserves what it needs.
+        keys = m.keys
+        try:
+            mf.reserve(rel + SINGLE_RESERVE)
+            unit_file.reserve(unit_file.wrote_position + CQ_UNIT_SIZE)
+            if index_file is not None:
+                index_file.reserve(1 + (len(keys) if keys else 0))
+        except SegmentCreateError as exc:
+            raise SegmentCreateError(f"{exc}; the put of 1 message wrote nothing") from exc
+        if index_file is not None:
             at = (
                 index_file.mapping,
                 index_file.index_count,
@@ -590,12 +599,11 @@ class MessageStore:
             else None
         )
         try:
-            # The views end where the files' reserved blocks do: a record or unit that does not
-            # fit them is left to the batch path, whose prepare step reserves more.
+            # The record's view ends where the reserved blocks do: a record that does not fit
+            # is left to the batch path, whose prepare step reserves what it needs.
             done = self._single.put(
-                m, uniq, now, mf.buffer[: mf.allocated], rel, pos,
-                unit_file.buffer[: unit_file.allocated], unit_file.wrote_position,
-                queue_offset, *at, hook,
+                m, uniq, now, mf.buffer[: mf.allocated], rel, pos, unit_file.buffer,
+                unit_file.wrote_position, queue_offset, *at, hook,
             )  # fmt: skip
         except BaseException as exc:
             self._stop_writes(f"put of 1 message at CommitLog offset {pos}", exc)
