@@ -27,7 +27,8 @@ Contract:
   (an I/O error while writing or dispatching) raises :class:`StoreFailedError`, and so does
   every later write of this ``MessageStore``: reopen the store, and recovery repairs it
   exactly, from the durable dispatch point recorded by the last complete flush.
-* :meth:`close` flushes everything, writes the checkpoint, removes ``abort`` and unlocks.
+* :meth:`close` flushes everything, writes the checkpoint, removes ``abort`` and unlocks;
+  each of its steps runs even if an earlier one failed, and the lock is always released.
 * A writable store runs two background threads: the flusher (every flushIntervalCommitLog ms,
   which is what makes ``ASYNC_FLUSH`` data durable while the store stays open) and the cleaner
   (retention every 10 s). ``background=False`` starts neither, for a writer that holds the
@@ -461,26 +462,48 @@ class MessageStore:
         return best
 
     def close(self) -> None:
-        """Stop the flusher, flush everything, remove ``abort`` and unlock. Idempotent."""
+        """Stop the background threads, flush everything, close every file, remove ``abort``
+        and unlock. Idempotent.
+
+        Each step runs whatever became of the others, and the lock is always released; the
+        first error is raised at the end, with the later ones as notes. ``abort`` is removed
+        only after a complete flush of a store that had not failed: otherwise the next open
+        recovers as after a crash. A zero-copy view of a segment still alive does not stop
+        the close: its mapping stays valid until the view is collected."""
         if self._closed:
             return
-        for task in (self._cleaner, self._flusher):
-            if task is not None:
-                task.stop()
+        errors: list[BaseException] = []
+
+        def step(action: Callable[[], object]) -> bool:
+            try:
+                action()
+            except BaseException as exc:
+                errors.append(exc)
+                return False
+            return True
+
         try:
-            if not self.read_only:
-                self.flush(force=True)
+            for task in (self._cleaner, self._flusher):
+                if task is not None:
+                    step(task.stop)
+            clean = self.read_only or step(functools.partial(self.flush, force=True))
+            with self._mutex:
+                # Under the lock: a read in another thread either ran before or sees it closed.
+                self._closed = True
+                step(self.commitlog.close)
+                for cq in self.queues.values():
+                    step(cq.close)
+                if self.index is not None:
+                    step(self.index.close)
+                if not self.read_only and clean and self._failure is None:
+                    step(functools.partial(durability.remove, self.path / "abort"))
         finally:
-            self._closed = True
-            self.commitlog.close()
-            for cq in self.queues.values():
-                cq.close()
-            if self.index is not None:
-                self.index.close()
-            if not self.read_only:
-                durability.remove(self.path / "abort")
             if self._lock is not None:
-                self._lock.release()
+                step(self._lock.release)
+        if errors:
+            for later in errors[1:]:
+                errors[0].add_note(f"also while closing {self.path}: {later!r}")
+            raise errors[0]
 
     # -- writing ----------------------------------------------------------------------------
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import failpoints
 from pipeline.config import StoreConfig
-from pipeline.errors import NotAStoreError, StoreLockedError
+from pipeline.errors import NotAStoreError, StoreFailedError, StoreLockedError
 from pipeline.lock import DirectoryLock, is_locked_elsewhere
 from pipeline.message import Message
 from pipeline.store import MessageStore
@@ -358,3 +359,72 @@ def test_creating_a_store_another_writer_just_created(
     monkeypatch.undo()
     with open_store(path, read_only=True) as ro:
         assert ro.get_message(0).body == b"x"
+
+
+# -- closing ------------------------------------------------------------------------------
+
+CLASSIC_LOCKER = textwrap.dedent(
+    """
+    import fcntl, os, sys
+    fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        # The lock RocketMQ takes: FileChannel.tryLock(0, 1, false) is fcntl(F_SETLK) on byte 0.
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+    except OSError:
+        print("refused", flush=True)
+        sys.exit(0)
+    print("locked", flush=True)
+    if sys.argv[2] == "hold":
+        sys.stdin.readline()
+    """
+)
+
+
+def classic_lock_in_subprocess(lock_file: Path) -> str:
+    """Try a classic POSIX lock on ``lock_file`` from another process: 'locked' or 'refused'."""
+    done = subprocess.run(
+        [sys.executable, "-c", CLASSIC_LOCKER, str(lock_file), "try"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def test_close_with_a_zero_copy_view_alive_still_closes_everything(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    store = open_store(path)
+    put = store.put(Message("TopicTest", b"kept-after-close", keys="k"))
+    view = store.commitlog.raw(put.commit_log_offset, put.store_size)
+    expected = bytes(view)
+    store.close()
+    assert store.closed
+    assert len(store.mappings) == 0  # queues and index closed too
+    assert not (path / "abort").exists()
+    assert try_writer_in_subprocess(path) == "opened"  # the lock was released
+    with open_store(path) as again:  # and the registry entry
+        assert again.get_message(put.commit_log_offset).body == b"kept-after-close"
+    # "valid until the store closes" is a promise, not a trap: the bytes are still there.
+    assert bytes(view) == expected
+    del view
+
+
+def test_close_whose_flush_fails_unlocks_and_keeps_abort(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    store = open_store(path)
+    store.put(Message("TopicTest", b"x"))
+    failpoints.arm("flush")
+    try:
+        with pytest.raises(StoreFailedError, match="flush failed"):
+            store.close()
+    finally:
+        failpoints.disarm_all()
+    assert store.closed
+    assert len(store.mappings) == 0
+    # Not a clean shutdown: the next open must recover as after a crash.
+    assert (path / "abort").exists()
+    assert classic_lock_in_subprocess(path / "lock") == "locked"  # the lock was released
+    with open_store(path) as again:  # and the registry entry
+        assert again.abort_file_found
+        assert again.get_message(0).body == b"x"
