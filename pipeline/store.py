@@ -16,7 +16,9 @@ Contract:
 * One writer per directory. Opening for writing takes the ``lock`` file's lock; a second
   writable open, from this or any other process (a RocketMQ broker included), fails at once
   with :class:`StoreLockedError`. Read-only opens take no lock and write nothing.
-* Not thread-safe: use one ``MessageStore`` from one thread at a time.
+* Not thread-safe: use one ``MessageStore`` from one thread at a time. Every read and write
+  takes the store's lock (:meth:`MessageStore.writer_lock`), so none runs in the middle of
+  the store's own background flush or retention round.
 * A put or batch put returns after its records are in the CommitLog (flushed first under
   ``SYNC_FLUSH``, once per batch) and dispatched to the ConsumeQueues and index. A batch is all
   or nothing with respect to validation: a bad message refuses the whole batch before anything
@@ -735,43 +737,50 @@ class MessageStore:
         return sorted({t for t, _ in self.queues})
 
     def queue_infos(self, topic: str | None = None) -> list[QueueInfo]:
-        self._check_open()
-        return [
-            QueueInfo(t, q, cq.min_offset, cq.max_offset, cq.max_physic_offset)
-            for (t, q), cq in sorted(self.queues.items())
-            if topic is None or t == topic
-        ]
+        with self._mutex:
+            self._check_open()
+            return [
+                QueueInfo(t, q, cq.min_offset, cq.max_offset, cq.max_physic_offset)
+                for (t, q), cq in sorted(self.queues.items())
+                if topic is None or t == topic
+            ]
 
     def min_offset(self, topic: str, queue_id: int) -> int:
-        cq = self.queues.get((topic, queue_id))
-        return cq.min_offset if cq else 0
+        with self._mutex:
+            cq = self.queues.get((topic, queue_id))
+            return cq.min_offset if cq else 0
 
     def max_offset(self, topic: str, queue_id: int) -> int:
-        cq = self.queues.get((topic, queue_id))
-        return cq.max_offset if cq else 0
+        with self._mutex:
+            cq = self.queues.get((topic, queue_id))
+            return cq.max_offset if cq else 0
 
     @property
     def min_phy_offset(self) -> int:
-        return self.commitlog.min_offset
+        with self._mutex:
+            return self.commitlog.min_offset
 
     @property
     def max_phy_offset(self) -> int:
-        return self.commitlog.max_offset
+        with self._mutex:
+            return self.commitlog.max_offset
 
     def read_units(
         self, topic: str, queue_id: int, offset: int, count: int
     ) -> npt.NDArray[np.void]:
         """Raw ConsumeQueue units ``[offset, offset + count)`` (clipped to the queue)."""
-        self._check_open()
-        cq = self.queues.get((topic, queue_id))
-        if cq is None:
-            return np.empty(0, dtype=UNIT_DTYPE)
-        return cq.read(offset, count)
+        with self._mutex:
+            self._check_open()
+            cq = self.queues.get((topic, queue_id))
+            if cq is None:
+                return np.empty(0, dtype=UNIT_DTYPE)
+            return cq.read(offset, count)
 
     def get_message(self, commit_log_offset: int) -> record.MessageExt:
         """The message at a CommitLog offset (RocketMQ's ``lookMessageByOffset``)."""
-        self._check_open()
-        return self.commitlog.read(commit_log_offset)
+        with self._mutex:
+            self._check_open()
+            return self.commitlog.read(commit_log_offset)
 
     def get_by_msg_id(self, msg_id: str) -> record.MessageExt:
         """The message an offset msgId names; refuses an id whose host does not match."""
@@ -798,6 +807,17 @@ class MessageStore:
         scanned per call and
         ``next_begin_offset`` says where to continue.
         """
+        with self._mutex:
+            return self._get_messages(topic, queue_id, offset, max_count, subscription)
+
+    def _get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        subscription: str | Subscription | None,
+    ) -> GetResult:
         self._check_open()
         sub = (
             subscription
@@ -868,13 +888,14 @@ class MessageStore:
 
     def offset_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
         """RocketMQ's ``getOffsetInQueueByTime`` (see :meth:`ConsumeQueue.offset_by_time`)."""
-        self._check_open()
-        cq = self.queues.get((topic, queue_id))
-        if cq is None:
-            return 0
-        return cq.offset_by_time(
-            timestamp, self.commitlog.min_offset, self.commitlog.store_timestamp
-        )
+        with self._mutex:
+            self._check_open()
+            cq = self.queues.get((topic, queue_id))
+            if cq is None:
+                return 0
+            return cq.offset_by_time(
+                timestamp, self.commitlog.min_offset, self.commitlog.store_timestamp
+            )
 
     def query_by_key(
         self,
@@ -894,6 +915,12 @@ class MessageStore:
         Unlike RocketMQ, every candidate is checked against the real message, so a hash
         collision is never returned.
         """
+        with self._mutex:
+            return self._query_by_key(topic, key, begin, end, max_count, min_offset)
+
+    def _query_by_key(
+        self, topic: str, key: str, begin: int, end: int, max_count: int | None, min_offset: int
+    ) -> list[record.MessageExt]:
         self._check_open()
         if self.index is None:
             raise InvalidMessageError("messageIndexEnable=false: this store keeps no key index")
