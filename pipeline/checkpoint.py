@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pipeline import durability
 from pipeline.errors import NotAStoreError
+from pipeline.fileio import pwrite_all
 
 LAYOUT = struct.Struct(">qqq")
 FILE_SIZE = 4096
@@ -58,7 +59,7 @@ class StoreCheckpoint:
             if os.fstat(fd).st_size != FILE_SIZE:
                 created = True  # new (or of a foreign size): its name and size need syncing
                 os.ftruncate(fd, FILE_SIZE)
-            os.pwrite(
+            pwrite_all(
                 fd,
                 LAYOUT.pack(
                     self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp

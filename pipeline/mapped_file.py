@@ -381,21 +381,21 @@ class MappedFile:
             self._cache.forget(self)
         return True
 
-    def try_close(self) -> bool:
-        """Close unless a zero-copy view of the mapping is still alive (then return False and
-        stay open and usable). Retention uses it so that a segment a reader still holds is
-        kept until a later attempt rather than left half-closed."""
-        return self.unmap()
-
     def close(self) -> None:
-        if self._mm is None or self._view is None:
-            return
-        self._view.release()
-        self._mm.close()
-        self._mm = None
-        self._view = None
+        """Drop the mapping for good. Never fails for a zero-copy view still alive: the segment
+        forgets the mapping at once, and the mapping itself stays valid for the view and is
+        unmapped when the last view is collected."""
+        mm, view = self._mm, self._view
+        self._mm = self._view = None
         if self._cache is not None:
             self._cache.forget(self)
+        try:
+            if view is not None:
+                view.release()
+            if mm is not None:
+                mm.close()
+        except BufferError:
+            pass  # a view exports the mapping; dropping our references leaves it to the view
 
     def __repr__(self) -> str:
         return f"MappedFile({self.path.name}, wrote={self.wrote_position}/{self.size})"

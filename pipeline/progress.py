@@ -32,6 +32,7 @@ import zlib
 from pathlib import Path
 
 from pipeline import durability
+from pipeline.fileio import pwrite_all
 
 FILE_NAME = "rocketstore.json"
 VERSION = 1
@@ -97,7 +98,7 @@ class FlushProgress:
         tmp = config_dir / (FILE_NAME + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(fd, payload.encode())
+            pwrite_all(fd, payload.encode(), 0)
             durability.fsync(fd, tmp)
         finally:
             os.close(fd)

@@ -154,7 +154,7 @@ class SegmentQueue:
         if len(self.files) < 2:
             raise StoreError(f"{self.directory}: refusing to delete the last segment")
         mf = self.files[0]
-        if not mf.try_close():
+        if not mf.unmap():
             return False
         del self.files[0]
         durability.remove(mf.path)

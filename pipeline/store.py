@@ -16,7 +16,9 @@ Contract:
 * One writer per directory. Opening for writing takes the ``lock`` file's lock; a second
   writable open, from this or any other process (a RocketMQ broker included), fails at once
   with :class:`StoreLockedError`. Read-only opens take no lock and write nothing.
-* Not thread-safe: use one ``MessageStore`` from one thread at a time.
+* Not thread-safe: use one ``MessageStore`` from one thread at a time. Every read and write
+  takes the store's lock (:meth:`MessageStore.writer_lock`), so none runs in the middle of
+  the store's own background flush or retention round.
 * A put or batch put returns after its records are in the CommitLog (flushed first under
   ``SYNC_FLUSH``, once per batch) and dispatched to the ConsumeQueues and index. A batch is all
   or nothing with respect to validation: a bad message refuses the whole batch before anything
@@ -27,7 +29,8 @@ Contract:
   (an I/O error while writing or dispatching) raises :class:`StoreFailedError`, and so does
   every later write of this ``MessageStore``: reopen the store, and recovery repairs it
   exactly, from the durable dispatch point recorded by the last complete flush.
-* :meth:`close` flushes everything, writes the checkpoint, removes ``abort`` and unlocks.
+* :meth:`close` flushes everything, writes the checkpoint, removes ``abort`` and unlocks;
+  each of its steps runs even if an earlier one failed, and the lock is always released.
 * A writable store runs two background threads: the flusher (every flushIntervalCommitLog ms,
   which is what makes ``ASYNC_FLUSH`` data durable while the store stays open) and the cleaner
   (retention every 10 s). ``background=False`` starts neither, for a writer that holds the
@@ -485,26 +488,48 @@ class MessageStore:
         return best
 
     def close(self) -> None:
-        """Stop the flusher, flush everything, remove ``abort`` and unlock. Idempotent."""
+        """Stop the background threads, flush everything, close every file, remove ``abort``
+        and unlock. Idempotent.
+
+        Each step runs whatever became of the others, and the lock is always released; the
+        first error is raised at the end, with the later ones as notes. ``abort`` is removed
+        only after a complete flush of a store that had not failed: otherwise the next open
+        recovers as after a crash. A zero-copy view of a segment still alive does not stop
+        the close: its mapping stays valid until the view is collected."""
         if self._closed:
             return
-        for task in (self._cleaner, self._flusher):
-            if task is not None:
-                task.stop()
+        errors: list[BaseException] = []
+
+        def step(action: Callable[[], object]) -> bool:
+            try:
+                action()
+            except BaseException as exc:
+                errors.append(exc)
+                return False
+            return True
+
         try:
-            if not self.read_only:
-                self.flush(force=True)
+            for task in (self._cleaner, self._flusher):
+                if task is not None:
+                    step(task.stop)
+            clean = self.read_only or step(functools.partial(self.flush, force=True))
+            with self._mutex:
+                # Under the lock: a read in another thread either ran before or sees it closed.
+                self._closed = True
+                step(self.commitlog.close)
+                for cq in self.queues.values():
+                    step(cq.close)
+                if self.index is not None:
+                    step(self.index.close)
+                if not self.read_only and clean and self._failure is None:
+                    step(functools.partial(durability.remove, self.path / "abort"))
         finally:
-            self._closed = True
-            self.commitlog.close()
-            for cq in self.queues.values():
-                cq.close()
-            if self.index is not None:
-                self.index.close()
-            if not self.read_only:
-                durability.remove(self.path / "abort")
             if self._lock is not None:
-                self._lock.release()
+                step(self._lock.release)
+        if errors:
+            for later in errors[1:]:
+                errors[0].add_note(f"also while closing {self.path}: {later!r}")
+            raise errors[0]
 
     # -- writing ----------------------------------------------------------------------------
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
@@ -775,43 +800,50 @@ class MessageStore:
         return sorted({t for t, _ in self.queues})
 
     def queue_infos(self, topic: str | None = None) -> list[QueueInfo]:
-        self._check_open()
-        return [
-            QueueInfo(t, q, cq.min_offset, cq.max_offset, cq.max_physic_offset)
-            for (t, q), cq in sorted(self.queues.items())
-            if topic is None or t == topic
-        ]
+        with self._mutex:
+            self._check_open()
+            return [
+                QueueInfo(t, q, cq.min_offset, cq.max_offset, cq.max_physic_offset)
+                for (t, q), cq in sorted(self.queues.items())
+                if topic is None or t == topic
+            ]
 
     def min_offset(self, topic: str, queue_id: int) -> int:
-        cq = self.queues.get((topic, queue_id))
-        return cq.min_offset if cq else 0
+        with self._mutex:
+            cq = self.queues.get((topic, queue_id))
+            return cq.min_offset if cq else 0
 
     def max_offset(self, topic: str, queue_id: int) -> int:
-        cq = self.queues.get((topic, queue_id))
-        return cq.max_offset if cq else 0
+        with self._mutex:
+            cq = self.queues.get((topic, queue_id))
+            return cq.max_offset if cq else 0
 
     @property
     def min_phy_offset(self) -> int:
-        return self.commitlog.min_offset
+        with self._mutex:
+            return self.commitlog.min_offset
 
     @property
     def max_phy_offset(self) -> int:
-        return self.commitlog.max_offset
+        with self._mutex:
+            return self.commitlog.max_offset
 
     def read_units(
         self, topic: str, queue_id: int, offset: int, count: int
     ) -> npt.NDArray[np.void]:
         """Raw ConsumeQueue units ``[offset, offset + count)`` (clipped to the queue)."""
-        self._check_open()
-        cq = self.queues.get((topic, queue_id))
-        if cq is None:
-            return np.empty(0, dtype=UNIT_DTYPE)
-        return cq.read(offset, count)
+        with self._mutex:
+            self._check_open()
+            cq = self.queues.get((topic, queue_id))
+            if cq is None:
+                return np.empty(0, dtype=UNIT_DTYPE)
+            return cq.read(offset, count)
 
     def get_message(self, commit_log_offset: int) -> record.MessageExt:
         """The message at a CommitLog offset (RocketMQ's ``lookMessageByOffset``)."""
-        self._check_open()
-        return self.commitlog.read(commit_log_offset)
+        with self._mutex:
+            self._check_open()
+            return self.commitlog.read(commit_log_offset)
 
     def get_by_msg_id(self, msg_id: str) -> record.MessageExt:
         """The message an offset msgId names; refuses an id whose host does not match."""
@@ -838,6 +870,17 @@ class MessageStore:
         scanned per call and
         ``next_begin_offset`` says where to continue.
         """
+        with self._mutex:
+            return self._get_messages(topic, queue_id, offset, max_count, subscription)
+
+    def _get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        subscription: str | Subscription | None,
+    ) -> GetResult:
         self._check_open()
         sub = (
             subscription
@@ -908,13 +951,14 @@ class MessageStore:
 
     def offset_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
         """RocketMQ's ``getOffsetInQueueByTime`` (see :meth:`ConsumeQueue.offset_by_time`)."""
-        self._check_open()
-        cq = self.queues.get((topic, queue_id))
-        if cq is None:
-            return 0
-        return cq.offset_by_time(
-            timestamp, self.commitlog.min_offset, self.commitlog.store_timestamp
-        )
+        with self._mutex:
+            self._check_open()
+            cq = self.queues.get((topic, queue_id))
+            if cq is None:
+                return 0
+            return cq.offset_by_time(
+                timestamp, self.commitlog.min_offset, self.commitlog.store_timestamp
+            )
 
     def query_by_key(
         self,
@@ -934,6 +978,12 @@ class MessageStore:
         Unlike RocketMQ, every candidate is checked against the real message, so a hash
         collision is never returned.
         """
+        with self._mutex:
+            return self._query_by_key(topic, key, begin, end, max_count, min_offset)
+
+    def _query_by_key(
+        self, topic: str, key: str, begin: int, end: int, max_count: int | None, min_offset: int
+    ) -> list[record.MessageExt]:
         self._check_open()
         if self.index is None:
             raise InvalidMessageError("messageIndexEnable=false: this store keeps no key index")

@@ -20,6 +20,7 @@ from pipeline.errors import (
     StoreError,
 )
 from pipeline.mapped_file import PWRITE_MIN_BYTES, MappedFile, parse_segment_name, segment_name
+from pipeline.mappings import MappingCache
 from pipeline.message import Message
 from pipeline.segments import SegmentQueue
 from pipeline.store import MessageStore
@@ -275,6 +276,24 @@ def test_mapped_file_write_bounds(tmp_path: Path) -> None:
     with pytest.raises(StoreError):
         mf.write_at(-1, b"x")
     mf.close()
+
+
+@pytest.mark.parametrize("export", ["slice", "array"])
+def test_mapped_file_close_leaves_a_live_view_its_mapping(tmp_path: Path, export: str) -> None:
+    # A slice of the buffer, or an array over it (as the index reads its slots), keeps the
+    # mapping exported. Close must not fail for it, must forget the mapping, and what the
+    # reader holds must still read the bytes it was made for.
+    cache = MappingCache(2)
+    mf = MappedFile(tmp_path / segment_name(0), 0, 4096, read_only=False, create=True, cache=cache)
+    mf.write_at(0, b"still-here")
+    held = mf.buffer[:10] if export == "slice" else np.frombuffer(mf.buffer, np.uint8, count=10)
+    assert len(cache) == 1
+    mf.close()
+    assert not mf.mapped
+    assert len(cache) == 0
+    assert bytes(held) == b"still-here"
+    del held
+    mf.close()  # idempotent
 
 
 def test_large_writes_go_through_the_file_and_show_in_the_mapping(

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import concurrent.futures
+import fcntl
 import hashlib
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from contention import Aside, SignallingLock, run_aside
 
+from pipeline import failpoints
+from pipeline import lock as lock_module
 from pipeline.config import StoreConfig
-from pipeline.errors import NotAStoreError, StoreLockedError
+from pipeline.errors import NotAStoreError, StoreFailedError, StoreLockedError
 from pipeline.lock import DirectoryLock, is_locked_elsewhere
 from pipeline.message import Message
 from pipeline.store import MessageStore
@@ -358,3 +363,178 @@ def test_creating_a_store_another_writer_just_created(
     monkeypatch.undo()
     with open_store(path, read_only=True) as ro:
         assert ro.get_message(0).body == b"x"
+
+
+# -- the kind of lock, and the probe -------------------------------------------------------
+
+CLASSIC_LOCKER = textwrap.dedent(
+    """
+    import fcntl, os, sys
+    fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        # The lock RocketMQ takes: FileChannel.tryLock(0, 1, false) is fcntl(F_SETLK) on byte 0.
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+    except OSError:
+        print("refused", flush=True)
+        sys.exit(0)
+    print("locked", flush=True)
+    if sys.argv[2] == "hold":
+        sys.stdin.readline()
+    """
+)
+
+
+def classic_lock_in_subprocess(lock_file: Path) -> str:
+    """Try a classic POSIX lock on ``lock_file`` from another process: 'locked' or 'refused'."""
+    done = subprocess.run(
+        [sys.executable, "-c", CLASSIC_LOCKER, str(lock_file), "try"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+@pytest.fixture(params=["ofd", "posix"])
+def lock_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with open file description locks and with the classic fallback."""
+    kind = str(request.param)
+    if kind == "ofd" and lock_module._OFD_SETLK is None:
+        pytest.skip("this Python/kernel has no open file description locks (F_OFD_SETLK)")
+    monkeypatch.setattr(lock_module, "_OFD", kind == "ofd")
+    return kind
+
+
+def test_lock_conflicts_with_a_classic_lock_of_another_process(
+    tmp_path: Path, lock_kind: str
+) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", CLASSIC_LOCKER, str(tmp_path / "lock"), "hold"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        with pytest.raises(StoreLockedError, match="another process"):
+            DirectoryLock(tmp_path).acquire()
+    finally:
+        holder.communicate("\n", timeout=30)
+    ours = DirectoryLock(tmp_path)
+    ours.acquire()
+    assert ours.kind == lock_kind
+    assert classic_lock_in_subprocess(tmp_path / "lock") == "refused"
+    assert is_locked_elsewhere(tmp_path) is False  # it is this process's
+    ours.release()
+    assert classic_lock_in_subprocess(tmp_path / "lock") == "locked"
+
+
+def test_probe_racing_an_acquire_keeps_the_acquired_lock(
+    tmp_path: Path, lock_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A probe in one thread, an acquire in another that lands while the probe has the lock
+    # file open: the probe's close must not drop the lock the acquire took.
+    (tmp_path / "lock").touch()
+    registry = SignallingLock(threading.Lock())
+    monkeypatch.setattr(lock_module, "_registry_lock", registry)
+    real_fcntl = fcntl.fcntl
+    acquires: list[Aside[None]] = []
+    taken = DirectoryLock(tmp_path)
+
+    def fcntl_then_acquire(fd: int, cmd: int, arg: bytes) -> bytes:
+        if cmd == fcntl.F_GETLK and not acquires:
+            acquires.append(run_aside(taken.acquire, registry))
+        return real_fcntl(fd, cmd, arg)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(fcntl, "fcntl", fcntl_then_acquire)
+    assert is_locked_elsewhere(tmp_path) is False
+    assert len(acquires) == 1
+    acquires[0].result()
+    monkeypatch.undo()
+    try:
+        assert classic_lock_in_subprocess(tmp_path / "lock") == "refused"
+    finally:
+        taken.release()
+
+
+FORKING_HOLDER = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    import pipeline.lock as lock
+    lock._OFD = sys.argv[2] == "ofd"
+    held = lock.DirectoryLock(Path(sys.argv[1]))
+    held.acquire()
+    assert held.kind == sys.argv[2], held.kind
+    if os.fork() == 0:
+        sys.stdin.readline()  # the child lives on until the test lets it go
+        os._exit(0)
+    print("forked", flush=True)
+    os._exit(0)  # the parent dies without releasing, as in a crash
+    """
+)
+
+
+def test_a_forked_child_does_not_keep_the_lock_of_a_dead_parent(
+    tmp_path: Path, lock_kind: str
+) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", FORKING_HOLDER, str(tmp_path), lock_kind],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+        text=True,
+    )
+    assert parent.stdout is not None
+    try:
+        assert parent.stdout.readline() == "forked\n"
+        assert parent.wait(timeout=30) == 0
+        # The child still runs (blocked on the stdin it shares with its parent).
+        assert classic_lock_in_subprocess(tmp_path / "lock") == "locked"
+    finally:
+        assert parent.stdin is not None
+        parent.stdin.close()  # the child reads EOF and exits
+
+
+# -- closing ------------------------------------------------------------------------------
+
+
+def test_close_with_a_zero_copy_view_alive_still_closes_everything(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    store = open_store(path)
+    put = store.put(Message("TopicTest", b"kept-after-close", keys="k"))
+    view = store.commitlog.raw(put.commit_log_offset, put.store_size)
+    expected = bytes(view)
+    store.close()
+    assert store.closed
+    assert len(store.mappings) == 0  # queues and index closed too
+    assert not (path / "abort").exists()
+    assert try_writer_in_subprocess(path) == "opened"  # the lock was released
+    with open_store(path) as again:  # and the registry entry
+        assert again.get_message(put.commit_log_offset).body == b"kept-after-close"
+    # "valid until the store closes" is a promise, not a trap: the bytes are still there.
+    assert bytes(view) == expected
+    del view
+
+
+def test_close_whose_flush_fails_unlocks_and_keeps_abort(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    store = open_store(path)
+    store.put(Message("TopicTest", b"x"))
+    failpoints.arm("flush")
+    try:
+        with pytest.raises(StoreFailedError, match="flush failed"):
+            store.close()
+    finally:
+        failpoints.disarm_all()
+    assert store.closed
+    assert len(store.mappings) == 0
+    # Not a clean shutdown: the next open must recover as after a crash.
+    assert (path / "abort").exists()
+    assert classic_lock_in_subprocess(path / "lock") == "locked"  # the lock was released
+    with open_store(path) as again:  # and the registry entry
+        assert again.abort_file_found
+        assert again.get_message(0).body == b"x"
