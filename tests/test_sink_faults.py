@@ -21,6 +21,7 @@ from pipeline import failpoints
 from pipeline.root import StoreRoot
 from pipeline.store import MessageStore
 from pipeline.verify import verify
+from tests.realfs import real_fs
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = Path(__file__).resolve().parent / "sink_job.py"
@@ -32,12 +33,13 @@ def job(
     face: str,
     failpoint: str | None = None,
     env_extra: dict[str, str] | None = None,
+    root: Path | None = None,
 ) -> subprocess.Popen[str]:
     args = [
         sys.executable,
         str(JOB),
         str(tmp_path / "in"),
-        str(tmp_path / "store"),
+        str(root or tmp_path / "store"),
         str(tmp_path / "ck"),
         master,
         face,
@@ -62,12 +64,15 @@ def finish(proc: subprocess.Popen[str]) -> str:
     return out
 
 
-def check_exactly_once(tmp_path: Path, rows: list[dict[str, object]]) -> None:
-    stored = read_back(tmp_path / "store", "orders")
+def check_exactly_once(
+    tmp_path: Path, rows: list[dict[str, object]], root: Path | None = None
+) -> None:
+    root = root or tmp_path / "store"
+    stored = read_back(root, "orders")
     counts = collections.Counter(s["body"] for s in stored)
     assert sorted(counts) == sorted(r["body"] for r in rows)  # type: ignore[type-var]
     assert set(counts.values()) == {1}
-    for _, path in StoreRoot(tmp_path / "store").brokers():
+    for _, path in StoreRoot(root).brokers():
         with MessageStore(path, CONFIG, read_only=True) as store:
             assert verify(store).ok
 
@@ -130,3 +135,28 @@ def test_store_failing_mid_put_under_the_sink_is_retried_exactly_once(
     finish(job(tmp_path, "local[2,3]", face, env_extra=env))
     assert fired(log), "the store fault never fired"
     check_exactly_once(tmp_path, rows)
+
+
+@pytest.mark.parametrize("face", ["foreach", "format"])
+def test_sink_into_a_full_disk_fails_with_the_error_then_lands_every_row_once(
+    tmp_path: Path, face: str
+) -> None:
+    """A real full disk (a loop-mounted ext4) under the sink: the query fails with the store's
+    error, raised in the Python worker as an exception (no SIGBUS killing it); once space is
+    freed, a restart of the same query lands every row exactly once."""
+    # One micro-batch that alone overfills the disk: the retention check at open (puts refused
+    # above 90 % used) passes, and the disk fills between two checks, as a fast producer does.
+    # 80,000 rows are ~18 MB of records: more than the 16 MiB left beside the ballast.
+    rows = write_input(tmp_path / "in", files=1, rows_per_file=80_000)
+    with real_fs("ext4", 32) as mnt:
+        ballast = mnt / "ballast"
+        ballast.write_bytes(b"\1" * (14 << 20))
+        root = mnt / "store"
+        proc = job(tmp_path, "local[2]", face, root=root)
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode != 0, "the sink filled the disk without failing"
+        assert "No space left on device" in err and "bytes free" in err, err[-4000:]
+        assert "crashed" not in err and "exited unexpectedly" not in err, err[-4000:]
+        ballast.unlink()
+        finish(job(tmp_path, "local[2]", face, root=root))
+        check_exactly_once(tmp_path, rows, root)
