@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from pipeline import native, queueread, record
 from pipeline.config import StoreConfig
-from pipeline.errors import NotFoundError
+from pipeline.errors import NotFoundError, ProgressNotRecordedError
 from pipeline.output import emit, plain_cell, preview, print_table
 from pipeline.record import MessageExt
 from pipeline.store import MAX_TIMESTAMP, MessageStore
@@ -193,15 +193,29 @@ def cmd_query_msgid(args: argparse.Namespace) -> int:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    """Open the store for writing (which runs recovery), print the report, close it cleanly."""
-    with MessageStore(
+    """Open the store for writing (which runs recovery), print the report, close it cleanly.
+
+    Exit status 1 when the repair is done and flushed but the close could not record it (a
+    full disk): the store stays marked as not closed cleanly, and the next open repeats the
+    same recovery, which changes nothing more."""
+    store = MessageStore(
         args.store, StoreConfig.effective(args.config), create=False, full_check=True
-    ) as store:
+    )
+    unrecorded: ProgressNotRecordedError | None = None
+    try:
         report = store.recovery.to_json()
+    finally:
+        try:
+            store.close()
+        except ProgressNotRecordedError as exc:
+            unrecorded = exc
     if args.json:
         emit(report)
     else:
         print_table(("field", "value"), [[k, v] for k, v in report.items()])
+    if unrecorded is not None:
+        sys.stderr.write(f"rocketstore: warning: recovered, but {unrecorded}\n")
+        return 1
     return 0
 
 

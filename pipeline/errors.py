@@ -96,6 +96,14 @@ class StoreFailedError(StoreError):
     """
 
 
+class ProgressNotRecordedError(StoreError):
+    """A flush wrote and synced the store's files but could not record how far (the progress
+    file or the checkpoint could not be written: a full disk, an I/O error). Nothing is lost and
+    the store goes on taking puts; both files keep naming the previous point, so notes set since
+    then are not durable yet, and recovery after a crash starts from that point. The next flush
+    tries again."""
+
+
 class SegmentCreateError(StoreError):
     """A file the put needs (a CommitLog segment) could not be created: no space, no file
     descriptor left, no permission. Nothing of the put was written; the store is unchanged and

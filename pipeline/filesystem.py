@@ -1,11 +1,22 @@
 """What kind of file system holds a store, where that changes how its files must be written.
 
-Only one property matters today: whether *reading* a hole of a sparse file through a shared
+Two properties matter. First, whether *reading* a hole of a sparse file through a shared
 mapping needs a new block. On ext4, xfs, btrfs or a FUSE mount a read fault on a hole maps a
 page of zeros; on tmpfs (and the other memory-backed file systems) it allocates a page, so on a
 full tmpfs a reader that merely looks past the data of a sparse file dies of SIGBUS. On such a
 file system every store file is created with all its blocks (:mod:`pipeline.mapped_file`), so it
 has no hole for anyone to read, and a full disk is an error when the file is created.
+
+Second, whether a block reserved with ``posix_fallocate`` can still need space when written. On
+a copy-on-write file system it can: btrfs writes into a preallocated extent in place only the
+first time and puts every later write of a block somewhere new, so a mapped write of a page
+already written once can still fail on a full disk, and a mapped write that fails is a SIGBUS. On btrfs the store's directories get the ``NOCOW`` attribute
+(``chattr +C``) at a writable open; files created in them afterwards inherit it and are written
+in place, into their reserved blocks. It does not change files that already hold data (btrfs
+only allows it on empty files), and a snapshot makes the next write of each block copy once
+more, so on btrfs the guarantee holds for files the store creates and as long as no snapshot
+of the volume is taken. ZFS has no such attribute: there the disk-use limit of retention and a
+dataset reservation are the only defence (see the README).
 
 The type is read from ``/proc/self/mountinfo``: the mount with the longest mount point that
 holds the path, as the process sees it (mount namespaces included). Where that file is missing
@@ -16,12 +27,22 @@ Thread-safety: stateless.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import struct
 from pathlib import Path
 
 # Memory-backed file systems, whose read faults on holes allocate.
 READS_ALLOCATE = frozenset({"tmpfs", "shmem", "ramfs", "hugetlbfs"})
 MOUNTINFO = Path("/proc/self/mountinfo")
+# Copy-on-write file systems with a per-file switch to write in place.
+NOCOW_CAPABLE = frozenset({"btrfs"})
+
+# linux/fs.h: FS_IOC_GETFLAGS/SETFLAGS are _IOR/_IOW('f', 1/2, long); the kernel reads an int.
+_LONG = struct.calcsize("l")
+FS_IOC_GETFLAGS = (2 << 30) | (_LONG << 16) | (ord("f") << 8) | 1
+FS_IOC_SETFLAGS = (1 << 30) | (_LONG << 16) | (ord("f") << 8) | 2
+FS_NOCOW_FL = 0x00800000
 
 
 def _unescape(field: str) -> str:
@@ -56,3 +77,25 @@ def fs_type(path: Path) -> str | None:
 def reads_allocate(path: Path) -> bool:
     """Whether reading a hole through a mapping of a file under ``path`` allocates a block."""
     return fs_type(path) in READS_ALLOCATE
+
+
+def nocow(path: Path) -> bool:
+    """Whether ``path`` (a file or directory) has the ``NOCOW`` attribute."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        buf = fcntl.ioctl(fd, FS_IOC_GETFLAGS, bytes(4))
+    finally:
+        os.close(fd)
+    return bool(struct.unpack("i", buf)[0] & FS_NOCOW_FL)
+
+
+def set_nocow(directory: Path) -> None:
+    """Give ``directory`` the ``NOCOW`` attribute, so that files and directories created in it
+    from now on are written in place. Raises OSError where the file system refuses."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        (flags,) = struct.unpack("i", fcntl.ioctl(fd, FS_IOC_GETFLAGS, bytes(4)))
+        if not flags & FS_NOCOW_FL:
+            fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("i", flags | FS_NOCOW_FL))
+    finally:
+        os.close(fd)

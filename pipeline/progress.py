@@ -96,10 +96,16 @@ class FlushProgress:
         )
         payload += "\n"
         tmp = config_dir / (FILE_NAME + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            pwrite_all(fd, payload.encode(), 0)
-            durability.fsync(fd, tmp)
-        finally:
-            os.close(fd)
-        durability.replace(tmp, config_dir / FILE_NAME)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                pwrite_all(fd, payload.encode(), 0)
+                durability.fsync(fd, tmp)
+            finally:
+                os.close(fd)
+            durability.replace(tmp, config_dir / FILE_NAME)
+        except OSError:
+            # The old file stays in place and true; a half-written copy beside it would only
+            # hold blocks a full disk needs.
+            tmp.unlink(missing_ok=True)
+            raise

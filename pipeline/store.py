@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import os
 import threading
 import time
@@ -75,6 +76,7 @@ from pipeline.errors import (
     InvalidMessageError,
     NotAStoreError,
     OffsetOutOfRangeError,
+    ProgressNotRecordedError,
     ReadOnlyStoreError,
     SegmentCreateError,
     StoreClosedError,
@@ -97,6 +99,7 @@ MAX_TIMESTAMP = 2**63 - 1
 _NO_INDEX = (None, 0, 0, 0, 0)  # the single put's index arguments without a key index
 SCAN_BUDGET_BYTES = 16000  # RocketMQ's floor on ConsumeQueue bytes one filtered pull scans
 SINGLE_RESERVE = 64 * 1024  # the largest record a single put writes without the batch path
+_log = logging.getLogger(__name__)
 
 
 class PutResult(NamedTuple):
@@ -200,6 +203,8 @@ class MessageStore:
         self._cleaner: PeriodicTask | None = None
         self.retention: RetentionService | None = None
         self._failure: BaseException | None = None
+        # Why the last flush could not record its progress, until one does.
+        self._unrecorded: OSError | None = None
         self._check_directory(create)
         if not read_only:
             self._lock = DirectoryLock(self.path)
@@ -222,7 +227,7 @@ class MessageStore:
         if not read_only and background:
             self._flusher = PeriodicTask(
                 self.config.flush_interval_commitlog,
-                self.flush,
+                functools.partial(self._flush, force=False, quiet=True),
                 name=f"rocketstore-flush:{self.path.name}",
             )
             self._flusher.start()
@@ -252,6 +257,22 @@ class MessageStore:
         if self.read_only and "commitlog" not in entries:
             raise NotAStoreError(f"{p} is not a RocketMQ store directory (no commitlog/)")
 
+    def _write_in_place(self) -> None:
+        """On a copy-on-write file system, have new store files written in place, so that the
+        blocks reserved for them are the blocks their mapped writes use (pipeline.filesystem)."""
+        if filesystem.fs_type(self.path) not in filesystem.NOCOW_CAPABLE:
+            return
+        for sub in ("commitlog", "consumequeue", "index"):
+            try:
+                filesystem.set_nocow(self.path / sub)
+            except OSError as e:
+                _log.warning(
+                    "%s: cannot set NOCOW (%s); on a full disk a write through a mapping of "
+                    "a file created here can fail with SIGBUS",
+                    self.path / sub,
+                    e,
+                )
+
     def _open(self) -> None:
         cfg = self.config
         self.abort_file_found = (self.path / "abort").exists()
@@ -262,6 +283,7 @@ class MessageStore:
             # the shutdown was not clean.
             (self.path / "abort").touch()
             durability.fsync_dir(self.path)
+            self._write_in_place()
         self.mappings = MappingCache(cfg.max_mapped_files)
         # Where reading a hole through a mapping allocates (tmpfs), files get every block when
         # created, so that no reader can die of SIGBUS on a full disk (pipeline.filesystem).
@@ -376,7 +398,18 @@ class MessageStore:
     def flush(self, *, force: bool = False) -> None:
         """Flush CommitLog, ConsumeQueues and index, then record how far in the progress file
         and the checkpoint. Called by the background flusher every flushIntervalCommitLog ms
-        and on close; safe to call from any thread."""
+        and on close; safe to call from any thread.
+
+        A failed msync is fail-stop (:class:`StoreFailedError`). A failed write of the progress
+        file or the checkpoint (a full disk, an I/O error) is not: the data files are whole and
+        flushed, both files keep naming the previous point, and the store goes on taking puts.
+        This call then raises :class:`ProgressNotRecordedError` (notes set since the last
+        recorded point are not durable yet); the next flush tries again."""
+        self._flush(force=force, quiet=False)
+
+    def _flush(self, *, force: bool, quiet: bool) -> None:
+        """:meth:`flush`; with ``quiet``, a progress file that cannot be written is left for the
+        next round instead of raised (the background flusher, a put's own flush)."""
         if self._closed:
             raise StoreClosedError(f"{self.path}: store is closed")
         if self.read_only:
@@ -385,14 +418,31 @@ class MessageStore:
             # After a failed put the files still flush, but the progress file keeps naming the
             # last point every derived file reached, so recovery redoes the failed put's tail.
             end = self._dispatched_end
-            if end == self._flushed_end and not force:
+            if end == self._flushed_end and not force and self._unrecorded is None:
                 return
             # An msync or write that failed may have lost pages the page cache held, so nothing
             # after it can be vouched for: stop writing, as after a failed put.
             with self._fail_stop("flush"):
-                self._flush_files(end)
+                self._flush_files()
             self._flushed_end = end
             self._flushed_at = time.monotonic()
+            if self._failure is not None:
+                # After a failure the progress file and the checkpoint keep naming the last
+                # point that was whole and flushed; recovery redoes what follows.
+                return
+            try:
+                self._record_progress(end)
+            except OSError as exc:
+                self._unrecorded = exc
+                if not quiet:
+                    raise ProgressNotRecordedError(
+                        f"{self.path}: the store's files are flushed, but how far could not be "
+                        f"recorded ({exc!r}, {free_space(self.path)}); the "
+                        "store goes on, and after a crash recovery starts from the last point "
+                        "recorded"
+                    ) from exc
+            else:
+                self._unrecorded = None
 
     @contextlib.contextmanager
     def _fail_stop(self, what: str) -> Iterator[None]:
@@ -414,17 +464,17 @@ class MessageStore:
             ) from exc
         raise exc
 
-    def _flush_files(self, end: int) -> None:
+    def _flush_files(self) -> None:
         failpoints.hit("flush")
         self.commitlog.flush()
         for cq in self.queues.values():
             cq.flush()
         if self.index is not None:
             self.index.flush()
-        if self._failure is not None:
-            # After a failure the progress file and the checkpoint keep naming the last point
-            # that was whole and flushed; recovery redoes what follows.
-            return
+
+    def _record_progress(self, end: int) -> None:
+        """Write the progress file, then the checkpoint. Each is replaced whole or not at all,
+        so a failure leaves both naming an earlier point that is still true."""
         if self._last_record is not None:
             failpoints.hit("progress-write")
             last_offset, last_ts = self._last_record
@@ -643,7 +693,7 @@ class MessageStore:
         self._dispatched_end = pos + size
         self._last_record = (pos, now)
         if time.monotonic() - self._flushed_at >= self._flush_every_s:
-            self.flush()
+            self._flush(force=False, quiet=True)
         return PutResult(
             "PUT_OK",
             f"{self._store_host_hex}{pos:016X}",
@@ -713,7 +763,7 @@ class MessageStore:
         if time.monotonic() - self._flushed_at >= self._flush_every_s:
             # Back-to-back puts can keep the flusher thread from the lock; flushing here when
             # it is due bounds how much a crash makes recovery re-scan.
-            self.flush()
+            self._flush(force=False, quiet=True)
         return BatchPutResult(
             phys,
             queue_offsets,

@@ -1,4 +1,4 @@
-"""Real file systems for tests of real faults: a small tmpfs, a loop-mounted ext4 image.
+"""Real file systems for tests of real faults: a small tmpfs, loop-mounted ext4 and btrfs images.
 
 Each is a context manager that mounts a fresh file system of the given size, yields its mount
 point and always unmounts it (lazily when something still holds it) and removes what it made.
@@ -27,11 +27,12 @@ def require_root_mounts(kind: str = "tmpfs") -> None:
     """Skip the calling test unless this process can mount a ``kind`` file system here."""
     if os.geteuid() != 0:
         pytest.skip(f"mounting a {kind} needs root")
-    if kind == "ext4":
-        if shutil.which("mkfs.ext4") is None:
-            pytest.skip("no mkfs.ext4 (Debian package e2fsprogs) for a loop-mounted ext4 image")
+    package = {"ext4": "e2fsprogs", "btrfs": "btrfs-progs"}.get(kind)
+    if package is not None:
+        if shutil.which(f"mkfs.{kind}") is None:
+            pytest.skip(f"no mkfs.{kind} (Debian package {package}) for a loop-mounted image")
         if not Path("/dev/loop-control").exists():
-            pytest.skip("no loop devices (/dev/loop-control) for a loop-mounted ext4 image")
+            pytest.skip(f"no loop devices (/dev/loop-control) for a loop-mounted {kind} image")
 
 
 def _unmount(point: Path) -> None:
@@ -71,9 +72,25 @@ def ext4_image(size_mib: int) -> contextlib.AbstractContextManager[Path]:
     return _mounted(work, point, "-o", "loop", str(image))
 
 
+def btrfs_image(size_mib: int) -> contextlib.AbstractContextManager[Path]:
+    """A btrfs of ``size_mib`` MiB (at least 16) in an image file, loop-mounted on a new
+    directory. Mixed block groups (data and metadata share space, as mkfs.btrfs advises below
+    1 GiB) make a small image usable; a plain one needs 109 MiB or more."""
+    work = Path(tempfile.mkdtemp(prefix="rs-btrfs-"))
+    image, point = work / "fs.img", work / "mnt"
+    point.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(size_mib << 20)
+    _run("mkfs.btrfs", "-q", "-f", str(image))
+    return _mounted(work, point, "-o", "loop", str(image))
+
+
+IMAGES = {"ext4": ext4_image, "btrfs": btrfs_image}
+
+
 @contextlib.contextmanager
 def real_fs(kind: str, size_mib: int) -> Iterator[Path]:
-    """A file system of ``kind`` (``tmpfs`` or ``ext4``) and ``size_mib`` MiB."""
+    """A file system of ``kind`` (``tmpfs``, ``ext4`` or ``btrfs``) and ``size_mib`` MiB."""
     require_root_mounts(kind)
-    with tmpfs(f"{size_mib}m") if kind == "tmpfs" else ext4_image(size_mib) as point:
+    with tmpfs(f"{size_mib}m") if kind == "tmpfs" else IMAGES[kind](size_mib) as point:
         yield point

@@ -20,7 +20,8 @@ from crash_writer import GEOMETRY, batch_table, expected, store_config
 import pipeline
 from pipeline import failpoints
 from pipeline.cli import main as cli_main
-from pipeline.errors import StoreError, StoreFailedError
+from pipeline.errors import ProgressNotRecordedError, StoreError, StoreFailedError
+from pipeline.progress import FlushProgress
 from pipeline.store import MessageStore
 from pipeline.verify import verify
 
@@ -75,6 +76,12 @@ def store_files(path: Path) -> dict[str, bytes]:
     }
 
 
+def recorded(path: Path) -> int:
+    progress = FlushProgress.read(path / "config")
+    assert progress is not None
+    return progress.flushed_offset
+
+
 def recover_twice_identically(path: Path, tmp_path: Path) -> None:
     conf = tmp_path / "geometry.toml"
     conf.write_text(CONF)
@@ -111,9 +118,7 @@ def check_store(path: Path, acked: list[tuple[int, int, list[int]]], in_flight: 
 
 
 @pytest.mark.parametrize(("step", "nth"), PUT_STEPS, ids=[f"{s}@{n}" for s, n in PUT_STEPS])
-def test_fault_in_process_stops_writes_and_recovers_exactly(
-    tmp_path: Path, step: str, nth: int
-) -> None:
+def test_fault_in_process_then_recovers_exactly(tmp_path: Path, step: str, nth: int) -> None:
     path = tmp_path / "store"
     acked: list[tuple[int, int, list[int]]] = []
     seq = 1
@@ -138,6 +143,16 @@ def test_fault_in_process_stops_writes_and_recovers_exactly(
             # Fail-stop: no more writes until the store is reopened.
             with pytest.raises(StoreFailedError):
                 store.put_batch(batch_table(10**6, 1))
+        elif isinstance(info.value, ProgressNotRecordedError):
+            # The files were flushed; only the record of how far failed. Puts go on, and the
+            # next flush records the point the failed one could not.
+            assert step in ("progress-write", "checkpoint-write")
+            if step == "progress-write":
+                assert recorded(path) < store.max_phy_offset
+            result = store.put_batch(batch_table(10**6, 5))
+            acked.append((10**6, 5, result.commit_log_offsets.tolist()))
+            store.flush()
+            assert recorded(path) == store.max_phy_offset
         else:
             # Failed before its first byte: the store is unchanged and still takes puts.
             assert step == "segment-create"
