@@ -73,9 +73,9 @@ def ext4_image(size_mib: int) -> contextlib.AbstractContextManager[Path]:
 
 
 def btrfs_image(size_mib: int) -> contextlib.AbstractContextManager[Path]:
-    """A btrfs of ``size_mib`` MiB (at least 16) in an image file, loop-mounted on a new
-    directory. Mixed block groups (data and metadata share space, as mkfs.btrfs advises below
-    1 GiB) make a small image usable; a plain one needs 109 MiB or more."""
+    """A btrfs of ``size_mib`` MiB (at least 109, mkfs.btrfs's floor) in an image file,
+    loop-mounted on a new directory. Separate data and metadata block groups, as on a real
+    disk: mixed ones (``--mixed``) would allow a smaller image but behave unlike production."""
     work = Path(tempfile.mkdtemp(prefix="rs-btrfs-"))
     image, point = work / "fs.img", work / "mnt"
     point.mkdir()

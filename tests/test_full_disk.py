@@ -213,7 +213,7 @@ def test_store_files_on_btrfs_are_written_in_place(tmp_path: Path) -> None:
     """A writable open on btrfs gives the store's directories NOCOW, and the files it creates
     there inherit it: the reserved blocks are the ones their mapped writes use."""
     config = StoreConfig(mapped_file_size_commitlog=1 << 20)
-    with real_fs("btrfs", 40) as mnt:
+    with real_fs("btrfs", 128) as mnt:
         with MessageStore(mnt / "s", config) as store:
             store.put_batch([Message("T", b"x" * 100, queue_id=0, keys="k")])
         made = [
