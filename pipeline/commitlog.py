@@ -56,13 +56,7 @@ class CommitLog:
 
     def set_end(self, end: int) -> None:
         """Set the write position from a recovered end offset (segments past it are empty)."""
-        for mf in self.segments.files:
-            if mf.base + mf.size <= end:
-                mf.wrote_position = mf.flushed_position = mf.size
-            elif mf.base <= end:
-                mf.wrote_position = mf.flushed_position = end - mf.base
-            else:
-                mf.wrote_position = mf.flushed_position = 0
+        self.segments.set_end(end)
 
     # -- placement --------------------------------------------------------------------------
     def plan(self, sizes: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], list[int]]:

@@ -35,6 +35,8 @@ CONF_DIR_ENV = "ROCKETSTORE_CONF_DIR"
 DEFAULT_FILE = "store.toml"
 BUILT_IN = "built-in defaults"
 SYNC_FLUSH = "SYNC_FLUSH"
+# sharedStorage: decide from the file system's type, or say so.
+SHARED_STORAGE_CHOICES = ("auto", "shared", "local")
 CQ_UNIT_SIZE = 20
 
 # RocketMQ name -> (attribute, type). The order is the order `rocketstore config` prints.
@@ -53,6 +55,8 @@ _FIELDS: dict[str, tuple[str, type]] = {
     "diskMaxUsedSpaceRatio": ("disk_max_used_space_ratio", int),
     "checkCRCOnRecover": ("check_crc_on_recover", bool),
     "maxMappedFiles": ("max_mapped_files", int),
+    "sharedStorage": ("shared_storage", str),
+    "visibilityWaitMs": ("visibility_wait_ms", int),
     "brokerIP1": ("broker_ip1", str),
     "listenPort": ("listen_port", int),
 }
@@ -77,6 +81,10 @@ class StoreConfig:
     check_crc_on_recover: bool = True
     # Not a RocketMQ setting: how many ConsumeQueue and IndexFile mappings stay open at once.
     max_mapped_files: int = 1024
+    # Not RocketMQ settings: whether readers see only what the writer published
+    # (pipeline.visibility), and how long a reader waits for published data to reach its host.
+    shared_storage: str = "auto"
+    visibility_wait_ms: int = 30_000
     broker_ip1: str = "127.0.0.1"
     listen_port: int = 10911
     ignored_keys: tuple[str, ...] = dataclasses.field(default=(), compare=False)
@@ -120,6 +128,12 @@ class StoreConfig:
         need(self.max_message_size >= 1, "maxMessageSize", "must be >= 1")
         need(self.max_msgs_num_batch >= 1, "maxMsgsNumBatch", "must be >= 1")
         need(self.max_mapped_files >= 2, "maxMappedFiles", "must be >= 2")
+        need(
+            self.shared_storage in SHARED_STORAGE_CHOICES,
+            "sharedStorage",
+            f"must be one of {', '.join(SHARED_STORAGE_CHOICES)}",
+        )
+        need(self.visibility_wait_ms >= 0, "visibilityWaitMs", "must be >= 0 ms")
         need(self.file_reserved_time >= 0, "fileReservedTime", "must be >= 0 hours")
         need(
             all(_is_hour(h) for h in self.delete_when.split(";")),

@@ -354,15 +354,15 @@ class ConsumeQueue:
             )
         self.min_logic_offset = pos
 
-    def truncate_after_physical(self, phys_end: int) -> int:
-        """Drop units whose record does not end by ``phys_end``; returns how many were dropped."""
-        have = self.max_offset
-        lo, hi = self.min_offset, have
+    def first_past(self, phys_end: int) -> int:
+        """The first queue offset whose record does not end by ``phys_end`` (the end of the
+        queue if every record does)."""
+        lo, hi = self.min_offset, self.max_offset
         if hi > lo:
             last = self.read(hi - 1, 1)[0]
             if int(last["offset"]) + int(last["size"]) <= phys_end:
-                return 0  # the usual case on open: the queue ends before the cut
-        # Units are in CommitLog order, so the ones to drop are a suffix: binary search it.
+                return hi  # the usual case on open: the queue ends before the cut
+        # Units are in CommitLog order, so the ones past it are a suffix: binary search it.
         while lo < hi:
             mid = (lo + hi) // 2
             u = self.read(mid, 1)[0]
@@ -370,6 +370,12 @@ class ConsumeQueue:
                 lo = mid + 1
             else:
                 hi = mid
+        return lo
+
+    def truncate_after_physical(self, phys_end: int) -> int:
+        """Drop units whose record does not end by ``phys_end``; returns how many were dropped."""
+        have = self.max_offset
+        lo = self.first_past(phys_end)
         if lo >= have:
             return 0
         self.segments.truncate(lo * CQ_UNIT_SIZE)
@@ -378,6 +384,18 @@ class ConsumeQueue:
             int(last[0]["offset"]) + int(last[0]["size"]) if last is not None and len(last) else -1
         )
         return have - lo
+
+    def hide_from(self, length: int) -> None:
+        """A read-only view: units at queue offset ``length`` and past are not there (nothing
+        on disk changes). For what a writer on another host has not published yet."""
+        if length >= self.max_offset:
+            return
+        length = max(length, self.min_offset)
+        self.segments.set_end(length * CQ_UNIT_SIZE)
+        last = self.read(length - 1, 1) if length > self.min_offset else None
+        self.max_physic_offset = (
+            int(last[0]["offset"]) + int(last[0]["size"]) if last is not None and len(last) else -1
+        )
 
     def flush(self) -> None:
         self.segments.flush()

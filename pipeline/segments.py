@@ -205,6 +205,17 @@ class SegmentQueue:
                 break
             mf.reserve(end - mf.base)
 
+    def set_end(self, end: int) -> None:
+        """Take ``end`` as the offset one past the last written byte, in memory only (after
+        recovery found it, or to hide what a read-only view must not see)."""
+        for mf in self.files:
+            if mf.base + mf.size <= end:
+                mf.wrote_position = mf.flushed_position = mf.size
+            elif mf.base <= end:
+                mf.wrote_position = mf.flushed_position = end - mf.base
+            else:
+                mf.wrote_position = mf.flushed_position = 0
+
     def flush(self) -> None:
         for mf in reversed(self.files):
             if mf.wrote_position == 0:

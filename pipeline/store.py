@@ -65,6 +65,7 @@ from pipeline import (
     mapped_file,
     native,
     record,
+    visibility,
 )
 from pipeline.background import PeriodicTask
 from pipeline.checkpoint import StoreCheckpoint
@@ -332,6 +333,13 @@ class MessageStore:
         self._store_host_hex = self._store_host_field.hex().upper()
         self._sync_flush = cfg.sync_flush
         self._flush_every_s = cfg.flush_interval_commitlog / 1000
+        # On shared storage readers see only what a flush published (pipeline.visibility);
+        # under SYNC_FLUSH a put publishes before it returns, so what it acknowledges is
+        # readable from every host.
+        self.shared = visibility.is_shared(self.path, cfg.shared_storage)
+        self._publish_each_put = self._sync_flush and self.shared
+        if self.read_only and self.shared:
+            self._hide_unpublished()
         self._single = native.SinglePut(
             self._store_host_field,
             cfg.max_message_size,
@@ -351,6 +359,20 @@ class MessageStore:
         self._dispatched_end = self.commitlog.max_offset
         self._flushed_end = -1 if self.recovery.records_redispatched else self._dispatched_end
         self._flushed_at = time.monotonic()
+
+    def _hide_unpublished(self) -> None:
+        """A read-only view of a store on shared storage ends at what its writer published
+        and this host can read (pipeline.visibility): the log at the published offset or the
+        last record that checked out here, whichever is first; each queue at its published
+        length or its last unit whose record is in that log, whichever is first."""
+        point = visibility.published(self.path)
+        if point is None:
+            return  # nothing published (RocketMQ wrote the store): as on one host
+        end = min(self.commitlog.max_offset, max(point.commitlog_end, self.commitlog.min_offset))
+        self.commitlog.set_end(end)
+        for (topic, queue_id), cq in self.queues.items():
+            cq.hide_from(min(point.queue_length(topic, queue_id), cq.first_past(end)))
+        self._next_queue_offset = {key: cq.max_offset for key, cq in self.queues.items()}
 
     def _recover(self) -> RecoveryReport:
         report = recover(
@@ -692,7 +714,7 @@ class MessageStore:
         self._next_queue_offset[key] = queue_offset + 1
         self._dispatched_end = pos + size
         self._last_record = (pos, now)
-        if time.monotonic() - self._flushed_at >= self._flush_every_s:
+        if self._publish_each_put or time.monotonic() - self._flushed_at >= self._flush_every_s:
             self._flush(force=False, quiet=True)
         return PutResult(
             "PUT_OK",
@@ -760,7 +782,7 @@ class MessageStore:
         self._next_queue_offset.update(next_offsets)
         self._dispatched_end = int(phys[-1] + b.sizes[-1])
         self._last_record = (int(phys[-1]), now)
-        if time.monotonic() - self._flushed_at >= self._flush_every_s:
+        if self._publish_each_put or time.monotonic() - self._flushed_at >= self._flush_every_s:
             # Back-to-back puts can keep the flusher thread from the lock; flushing here when
             # it is due bounds how much a crash makes recovery re-scan.
             self._flush(force=False, quiet=True)

@@ -6,8 +6,9 @@ message is complete, and the offset of a store time. It gets them from the files
 :class:`~pipeline.store.MessageStore`: opening a store runs recovery, which reads far more than a
 micro-batch trigger can afford, and a writer may be appending in another process meanwhile.
 
-What is offered (the ``max`` of :meth:`BrokerView.queue_bounds`) is safe to read while a writer
-appends: the writer writes a record into the CommitLog before the ConsumeQueue unit that points
+On shared storage (:mod:`pipeline.visibility`) what is offered ends at what the writer
+published, whatever more this host sees. On one host, what is offered (the ``max`` of
+:meth:`BrokerView.queue_bounds`) is safe to read while a writer appends: the writer writes a record into the CommitLog before the ConsumeQueue unit that points
 at it, so every valid unit's record is already there. The last unit and its record are checked
 anyway (unit non-zero; the record by the native walk: magic, size, physical offset, queue,
 queue offset and body CRC), and a unit whose record is not complete yet is not offered until
@@ -29,7 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
-from pipeline import native, record
+from pipeline import native, record, visibility
 from pipeline.config import CQ_UNIT_SIZE
 from pipeline.consumequeue import PRE_BLANK_SIZE
 from pipeline.errors import StoreError
@@ -223,9 +224,12 @@ def _first_true(lo: int, hi: int, pred: Callable[[int], bool]) -> int:
 class BrokerView:
     """One broker directory (see the module docstring). Cheap; picklable; holds no files."""
 
-    def __init__(self, name: str, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, name: str, path: str | os.PathLike[str], shared_storage: str = "auto"
+    ) -> None:
         self.name = name
         self.path = Path(path)
+        self.shared = visibility.is_shared(self.path, shared_storage)
 
     def __repr__(self) -> str:
         return f"BrokerView({self.name!r}, {str(self.path)!r})"
@@ -257,20 +261,32 @@ class BrokerView:
     ) -> dict[int, QueueBounds]:
         # One listing of the CommitLog for all the queues: it is the same for each.
         def call() -> dict[int, QueueBounds]:
+            point = visibility.published(self.path) if self.shared else None
             with _files() as files:
                 log = _CommitLog(self.path / "commitlog", files)
-                return {q: self._queue_bounds(files, log, topic, q, tails) for q in queue_ids}
+                return {
+                    q: self._queue_bounds(files, log, topic, q, tails, point) for q in queue_ids
+                }
 
         return _retrying(f"{self.path}/consumequeue/{topic}", call)
 
     def _queue_bounds(
-        self, files: _Files, log: _CommitLog, topic: str, queue_id: int, tails: Tails | None
+        self,
+        files: _Files,
+        log: _CommitLog,
+        topic: str,
+        queue_id: int,
+        tails: Tails | None,
+        point: visibility.Published | None,
     ) -> QueueBounds:
         cq = _Queue(self.path / "consumequeue" / topic / str(queue_id), files)
         if not cq.segments:
             return QueueBounds(0, 0)
         last = None if tails is None else tails.get((topic, queue_id))
         raw_end = cq.end(None if last is None else last.end)
+        if point is not None:
+            # Shared storage: nothing past what the writer published (pipeline.visibility).
+            raw_end = max(cq.first, min(raw_end, point.queue_length(topic, queue_id)))
         if last is not None and last == Tail(raw_end, raw_end):
             # The tail's record checked out last time and its unit is still there.
             end = raw_end

@@ -25,6 +25,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
+from pipeline.config import StoreConfig
 from pipeline.errors import ConfigError
 from source.brokerview import BrokerView, QueueBounds, Tails
 from source.errors import DataLossError
@@ -276,7 +277,8 @@ class Planner:
     # -- what is there --------------------------------------------------------------------------
 
     def brokers(self) -> list[BrokerView]:
-        return [BrokerView(name, path) for name, path in self.options.root.brokers()]
+        setting = (self.options.config or StoreConfig()).shared_storage
+        return [BrokerView(name, path, setting) for name, path in self.options.root.brokers()]
 
     def broker_paths(self) -> dict[str, Path]:
         return dict(self.options.root.brokers())

@@ -35,7 +35,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import bodyformat, native, record
+from pipeline import bodyformat, native, record, visibility
 from pipeline.config import CQ_UNIT_SIZE, StoreConfig
 from pipeline.consumequeue import PRE_BLANK_SIZE, UNIT_DTYPE
 from pipeline.errors import ConfigError, CorruptRecordError, StoreError
@@ -135,11 +135,14 @@ class _SegmentCache:
                 self._open[base] = None
         return self._open[base]
 
-    def close(self) -> None:
+    def close(self) -> list[Path]:
+        """Unmap every segment; returns their paths."""
+        closed = [seg.path for seg in self._open.values() if seg is not None]
         for seg in self._open.values():
             if seg is not None:
                 seg.close()
         self._open.clear()
+        return closed
 
 
 def _read_units(
@@ -284,41 +287,42 @@ class BatchBuilder:
 
 
 def read_queue_range(rng: QueueRange, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
-    """The messages of one partition (see the module docstring), as record batches."""
+    """The messages of one partition (see the module docstring), as record batches.
+
+    On shared storage (:mod:`pipeline.visibility`) the range was planned, perhaps on another
+    host, below what the writer published, so a unit or record that does not check out here
+    has not reached this host yet: the chunk is read again, past this host's cached pages,
+    for up to ``visibilityWaitMs``, before it is reported as damage."""
     broker = Path(rng.broker_path)
     cq_dir = broker / "consumequeue" / rng.topic / str(rng.queue_id)
     segments = _SegmentCache(broker / "commitlog")
     builder = BatchBuilder(ctx, rng.broker, lambda phys: str(_segment_path(segments, phys)))
-    sub = ctx.subscription
+    config = ctx.config or StoreConfig()
+    shared = visibility.is_shared(broker, config.shared_storage)
     try:
         pos = rng.start
         while pos < rng.end:
             stop = min(rng.end, pos + ctx.chunk_units)
-            units, missing = _read_units(cq_dir, pos, stop)
-            _lost(ctx, rng, [(a, b, "its ConsumeQueue file was deleted") for a, b in missing])
-            offsets = np.arange(pos, stop, dtype=np.int64)
-            size = units["size"].astype(np.int64)
-            phys = units["offset"].astype(np.int64)
-            gone = np.zeros(len(units), dtype=bool)
-            for a, b in missing:
-                gone[a - pos : b - pos] = True
-            empty = ~gone & ((size <= 0) | (phys < 0))
-            if empty.any():
-                i = int(offsets[np.flatnonzero(empty)[0]])
-                path, at = _unit_location(cq_dir, i)
-                raise CorruptRecordError(
-                    path, at, f"unit of queue offset {i} is empty, but the query was offered it"
+
+            def chunk(pos: int = pos, stop: int = stop) -> list[pa.RecordBatch]:
+                return _read_chunk(rng, ctx, cq_dir, segments, pos, stop)
+
+            if shared:
+
+                def refresh(pos: int = pos, stop: int = stop) -> None:
+                    for path in segments.close():
+                        visibility.drop_cached(path)
+                    for path in _unit_files(cq_dir, pos, stop):
+                        visibility.drop_cached(path)
+
+                parts = visibility.wait_until_valid(
+                    chunk,
+                    lambda exc: isinstance(exc, CorruptRecordError),
+                    refresh,
+                    config.visibility_wait_ms,
                 )
-            pre_blank = size == PRE_BLANK_SIZE
-            expired = ~gone & ~pre_blank & (phys < segments.min_offset)
-            want = (
-                ~gone & ~pre_blank & ~expired & sub.hash_filter(units["tags_code"].astype(np.int64))
-            )
-            parts, lost = _decode_units(
-                segments, phys[want], size[want], offsets[want], rng, cq_dir, ctx.columns
-            )
-            lost_ranges = _runs(offsets[expired]) + _runs(lost)
-            _lost(ctx, rng, [(a, b, "its CommitLog segment was deleted") for a, b in lost_ranges])
+            else:
+                parts = chunk()
             if parts:
                 batch = builder.build(_one_batch(parts), rng.topic)
                 if batch is not None:
@@ -326,6 +330,56 @@ def read_queue_range(rng: QueueRange, ctx: ReadContext) -> Iterator[pa.RecordBat
             pos = stop
     finally:
         segments.close()
+
+
+def _read_chunk(
+    rng: QueueRange,
+    ctx: ReadContext,
+    cq_dir: Path,
+    segments: _SegmentCache,
+    pos: int,
+    stop: int,
+) -> list[pa.RecordBatch]:
+    """The records of units ``[pos, stop)`` of the partition's queue, checked to be theirs."""
+    units, missing = _read_units(cq_dir, pos, stop)
+    _lost(ctx, rng, [(a, b, "its ConsumeQueue file was deleted") for a, b in missing])
+    offsets = np.arange(pos, stop, dtype=np.int64)
+    size = units["size"].astype(np.int64)
+    phys = units["offset"].astype(np.int64)
+    gone = np.zeros(len(units), dtype=bool)
+    for a, b in missing:
+        gone[a - pos : b - pos] = True
+    empty = ~gone & ((size <= 0) | (phys < 0))
+    if empty.any():
+        i = int(offsets[np.flatnonzero(empty)[0]])
+        path, at = _unit_location(cq_dir, i)
+        raise CorruptRecordError(
+            path, at, f"unit of queue offset {i} is empty, but the query was offered it"
+        )
+    pre_blank = size == PRE_BLANK_SIZE
+    expired = ~gone & ~pre_blank & (phys < segments.min_offset)
+    want = (
+        ~gone
+        & ~pre_blank
+        & ~expired
+        & ctx.subscription.hash_filter(units["tags_code"].astype(np.int64))
+    )
+    parts, lost = _decode_units(
+        segments, phys[want], size[want], offsets[want], rng, cq_dir, ctx.columns
+    )
+    lost_ranges = _runs(offsets[expired]) + _runs(lost)
+    _lost(ctx, rng, [(a, b, "its CommitLog segment was deleted") for a, b in lost_ranges])
+    return parts
+
+
+def _unit_files(cq_dir: Path, start: int, end: int) -> list[Path]:
+    """The ConsumeQueue files that hold units ``[start, end)``."""
+    listed = list_segments(cq_dir)
+    if not listed:
+        return []
+    size = listed[0][1].stat().st_size or 1
+    lo, hi = start * CQ_UNIT_SIZE, end * CQ_UNIT_SIZE
+    return [p for base, p in listed if base < hi and base + size > lo]
 
 
 def _one_batch(parts: list[pa.RecordBatch]) -> pa.RecordBatch:

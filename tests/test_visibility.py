@@ -1,0 +1,172 @@
+"""The visibility rule for shared storage (pipeline.visibility), on one host with
+``sharedStorage = "shared"`` forced: readers see what the writer published, never more, and a
+record that does not check out below the published point is waited for, then damage.
+
+The same rule across two client caches (GlusterFS mounts) is tested in test_gluster_store.py."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from sourcekit import SMALL, message_table
+
+from pipeline import visibility
+from pipeline.config import SYNC_FLUSH, StoreConfig
+from pipeline.errors import ConfigError, CorruptRecordError
+from pipeline.root import StoreRoot, TopicMeta
+from pipeline.store import MessageStore
+from source import options, schema
+from source.brokerview import BrokerView, list_segments
+from source.planning import Planner
+from source.read import ReadContext, read_queue_range
+
+SHARED = dataclasses.replace(SMALL, shared_storage="shared", visibility_wait_ms=2000)
+LOCAL = dataclasses.replace(SMALL, shared_storage="local")
+
+
+def visible(path: Path, config: StoreConfig) -> tuple[int, int, int]:
+    """(CommitLog end, units of orders/0, key hits for k5) a read-only open shows."""
+    with MessageStore(path, config, read_only=True) as ro:
+        return (
+            ro.max_phy_offset,
+            ro.max_offset("orders", 0),
+            len(ro.query_by_key("orders", "k5")),
+        )
+
+
+def test_readers_see_only_what_a_flush_published(tmp_path: Path) -> None:
+    path = tmp_path / "b"
+    with MessageStore(path, SHARED, background=False) as w:
+        w.put_batch(message_table("orders", list(range(10)), 1))
+        w.flush()
+        published = visible(path, SHARED)
+        assert published[1] == 10 and published[2] == 1
+        w.put_batch(message_table("orders", list(range(10, 30)), 1))
+        # Written, in this host's page cache, not published: a shared-storage reader does not
+        # see it, a one-host reader does.
+        assert visible(path, SHARED) == published
+        assert visible(path, LOCAL)[1] == 30
+        bounds = BrokerView("b", path, "shared").queue_bounds("orders", 0)
+        assert (bounds.min, bounds.max) == (0, 10)
+        assert BrokerView("b", path, "local").queue_bounds("orders", 0).max == 30
+        w.flush()
+        assert visible(path, SHARED)[1] == 30
+        assert BrokerView("b", path, "shared").queue_bounds("orders", 0).max == 30
+
+
+def test_a_queue_created_after_the_published_point_is_empty(tmp_path: Path) -> None:
+    path = tmp_path / "b"
+    with MessageStore(path, SHARED, background=False) as w:
+        w.put_batch(message_table("orders", list(range(4)), 1))
+        w.flush()
+        w.put_batch(message_table("later", list(range(4)), 1))
+        with MessageStore(path, SHARED, read_only=True) as ro:
+            assert ro.max_offset("later", 0) == ro.min_offset("later", 0)
+            assert ro.max_offset("orders", 0) == 4
+        assert BrokerView("b", path, "shared").queue_bounds("later", 0).max == 0
+
+
+def test_sync_flush_publishes_before_a_put_returns(tmp_path: Path) -> None:
+    path = tmp_path / "b"
+    config = dataclasses.replace(SHARED, flush_disk_type=SYNC_FLUSH)
+    with MessageStore(path, config, background=False) as w:
+        for n in range(1, 4):
+            w.put_batch(message_table("orders", [n], 1))
+            point = visibility.published(path)
+            assert point is not None and point.queue_length("orders", 0) == n
+            assert visible(path, config)[1] == n
+            assert BrokerView("b", path, "shared").queue_bounds("orders", 0).max == n
+
+
+def test_a_store_without_a_progress_file_is_read_as_on_one_host(tmp_path: Path) -> None:
+    """RocketMQ publishes nothing: readers fall back to checking the tail, as on one host."""
+    path = tmp_path / "b"
+    with MessageStore(path, SMALL) as w:
+        w.put_batch(message_table("orders", list(range(7)), 1))
+    (path / "config" / "rocketstore.json").unlink()
+    assert visible(path, SHARED)[1] == 7
+    assert BrokerView("b", path, "shared").queue_bounds("orders", 0).max == 7
+
+
+def _planned(root: Path, config: StoreConfig) -> tuple[list[object], ReadContext]:
+    parsed = options.parse({"path": str(root), "topic": "orders"}, streaming=False)
+    parsed = dataclasses.replace(parsed, config=config)
+    planner = Planner(parsed)
+    start, end = planner.batch_range()
+    ctx = ReadContext(schema=schema.arrow_schema(None), root=str(root), config=config)
+    return list(planner.ranges(start, end)), ctx
+
+
+def _damage_last_body(root: Path) -> tuple[Path, int, bytes]:
+    segment = list_segments(root / "broker-0" / "commitlog")[0][1]
+    data = bytearray(segment.read_bytes())
+    at = data.rindex(b"m19:") + 1  # inside the last record's body: its CRC no longer holds
+    before = bytes(data[at : at + 1])
+    data[at] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    return segment, at, before
+
+
+def test_an_executor_waits_for_a_record_to_reach_its_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A published record that does not check out on this host is read again past the cache
+    until it does (here: it "arrives" when the reader drops its cached pages the second time)."""
+    StoreRoot(tmp_path).ensure_topic("orders", TopicMeta(1, 1))
+    with MessageStore(tmp_path / "broker-0", SHARED) as w:
+        w.put_batch(message_table("orders", list(range(20)), 1))
+    ranges, ctx = _planned(tmp_path, SHARED)
+    segment, at, good = _damage_last_body(tmp_path)
+    drops: list[Path] = []
+    real_drop = visibility.drop_cached
+
+    def arriving(path: Path, offset: int = 0, length: int = 0) -> None:
+        drops.append(path)
+        if path == segment and drops.count(segment) == 2:
+            with open(segment, "r+b") as f:
+                f.seek(at)
+                f.write(good)
+        real_drop(path, offset, length)
+
+    monkeypatch.setattr(visibility, "drop_cached", arriving)
+    (rng,) = ranges
+    rows = pa.Table.from_batches(list(read_queue_range(rng, ctx))).column("queueOffset")
+    assert rows.to_pylist() == list(range(20))
+    assert drops.count(segment) == 2
+
+
+def test_a_record_that_never_checks_out_is_damage_after_the_wait(tmp_path: Path) -> None:
+    StoreRoot(tmp_path).ensure_topic("orders", TopicMeta(1, 1))
+    config = dataclasses.replace(SHARED, visibility_wait_ms=50)
+    with MessageStore(tmp_path / "broker-0", config) as w:
+        w.put_batch(message_table("orders", list(range(20)), 1))
+    ranges, ctx = _planned(tmp_path, config)
+    segment, _, _ = _damage_last_body(tmp_path)
+    (rng,) = ranges
+    with pytest.raises(CorruptRecordError, match=str(segment)):
+        list(read_queue_range(rng, ctx))
+    # On one host the same damage is reported at once, without waiting.
+    _, local_ctx = _planned(tmp_path, dataclasses.replace(config, shared_storage="local"))
+    with pytest.raises(CorruptRecordError, match=str(segment)):
+        list(read_queue_range(rng, local_ctx))
+
+
+def test_auto_picks_shared_on_network_and_fuse_file_systems(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kinds = {"fuse.glusterfs": True, "nfs4": True, "ceph": True, "ext4": False, "tmpfs": False}
+    for kind, shared in kinds.items():
+        monkeypatch.setattr(visibility.filesystem, "fs_type", lambda _p, k=kind: k)
+        assert visibility.is_shared(tmp_path) is shared, kind
+        assert visibility.is_shared(tmp_path, "local") is False
+        assert visibility.is_shared(tmp_path, "shared") is True
+
+
+def test_the_setting_is_checked() -> None:
+    with pytest.raises(ConfigError, match="sharedStorage='yes': must be one of auto, shared"):
+        StoreConfig(shared_storage="yes")
+    with pytest.raises(ConfigError, match="visibilityWaitMs=-1"):
+        StoreConfig(visibility_wait_ms=-1)
