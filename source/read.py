@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import mmap
 import os
@@ -310,8 +311,7 @@ def read_queue_range(rng: QueueRange, ctx: ReadContext) -> Iterator[pa.RecordBat
             if shared:
 
                 def refresh(pos: int = pos, stop: int = stop) -> None:
-                    for path in segments.close():
-                        visibility.drop_cached(path)
+                    _drop_segments(segments)
                     for path in _unit_files(cq_dir, pos, stop):
                         visibility.drop_cached(path)
 
@@ -370,6 +370,12 @@ def _read_chunk(
     lost_ranges = _runs(offsets[expired]) + _runs(lost)
     _lost(ctx, rng, [(a, b, "its CommitLog segment was deleted") for a, b in lost_ranges])
     return parts
+
+
+def _drop_segments(segments: _SegmentCache) -> None:
+    """Unmap the segments a read touched and drop their cached pages (pipeline.visibility)."""
+    for path in segments.close():
+        visibility.drop_cached(path)
 
 
 def _unit_files(cq_dir: Path, start: int, end: int) -> list[Path]:
@@ -526,31 +532,73 @@ def read_key(kr: KeyRange, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
         raise StoreError(f"{broker / 'index'}: cannot read the key index ({exc})") from exc
     finally:
         index.close()
+    config = ctx.config or StoreConfig()
+    point = None
+    if visibility.is_shared(broker, config.shared_storage):
+        # Shared storage: entries past the published point may name records not synced yet.
+        point = visibility.published(broker)
+        if point is not None:
+            candidates = candidates[candidates < point.commitlog_end]
     segments = _SegmentCache(broker / "commitlog")
     builder = BatchBuilder(ctx, kr.broker, lambda phys: str(_segment_path(segments, phys)))
     try:
-        parts: list[pa.RecordBatch] = []
         live = (
             candidates[candidates >= segments.min_offset]
             if segments.segment_size
             else candidates[:0]
         )
-        bases = live - live % max(segments.segment_size, 1)
-        columns = ctx.columns | native.Columns.KEYS | native.Columns.UNIQ_KEY
-        for base in np.unique(bases).tolist():
-            seg = segments.get(base)
-            if seg is None:
-                continue
-            rel = live[bases == base] - base
-            rel = rel[native.record_starts(seg.mm, rel, base)]
-            recs = native.decode(seg.mm, rel, base, path=str(seg.path), columns=columns)
-            parts.append(recs.filter(_key_matches(recs, kr)))
+
+        def read(strict: bool) -> list[pa.RecordBatch]:
+            return _read_key_records(segments, live, kr, ctx, strict)
+
+        if point is None:
+            parts = read(False)
+        else:
+            # A published entry whose record does not start here has not reached this host
+            # yet: wait for it as for a queue's records; one that never does is skipped, as a
+            # damaged entry is on one host.
+            try:
+                parts = visibility.wait_until_valid(
+                    lambda: read(True),
+                    lambda exc: isinstance(exc, CorruptRecordError),
+                    functools.partial(_drop_segments, segments),
+                    config.visibility_wait_ms,
+                )
+            except CorruptRecordError:
+                parts = read(False)
         if parts:
             batch = builder.build(_one_batch(parts), kr.topic)
             if batch is not None:
                 yield batch
     finally:
         segments.close()
+
+
+def _read_key_records(
+    segments: _SegmentCache,
+    live: npt.NDArray[np.int64],
+    kr: KeyRange,
+    ctx: ReadContext,
+    strict: bool,
+) -> list[pa.RecordBatch]:
+    """The records at CommitLog offsets ``live`` whose key is ``kr.key``. An offset where no
+    record starts is skipped, or with ``strict`` raises :class:`CorruptRecordError`."""
+    parts: list[pa.RecordBatch] = []
+    bases = live - live % max(segments.segment_size, 1)
+    columns = ctx.columns | native.Columns.KEYS | native.Columns.UNIQ_KEY
+    for base in np.unique(bases).tolist():
+        seg = segments.get(base)
+        if seg is None:
+            continue
+        rel = live[bases == base] - base
+        starts = native.record_starts(seg.mm, rel, base)
+        if strict and not starts.all():
+            at = int(rel[np.flatnonzero(~starts)[0]])
+            raise CorruptRecordError(str(seg.path), at, "an index entry names no record here")
+        rel = rel[starts]
+        recs = native.decode(seg.mm, rel, base, path=str(seg.path), columns=columns)
+        parts.append(recs.filter(_key_matches(recs, kr)))
+    return parts
 
 
 def _key_matches(recs: pa.RecordBatch, kr: KeyRange) -> npt.NDArray[np.bool_]:

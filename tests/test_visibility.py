@@ -20,8 +20,8 @@ from pipeline.root import StoreRoot, TopicMeta
 from pipeline.store import MessageStore
 from source import options, schema
 from source.brokerview import BrokerView, list_segments
-from source.planning import Planner
-from source.read import ReadContext, read_queue_range
+from source.planning import KeyRange, Planner
+from source.read import ReadContext, read_key, read_queue_range
 
 SHARED = dataclasses.replace(SMALL, shared_storage="shared", visibility_wait_ms=2000)
 LOCAL = dataclasses.replace(SMALL, shared_storage="local")
@@ -170,3 +170,23 @@ def test_the_setting_is_checked() -> None:
         StoreConfig(shared_storage="yes")
     with pytest.raises(ConfigError, match="visibilityWaitMs=-1"):
         StoreConfig(visibility_wait_ms=-1)
+
+
+def test_key_look_ups_stop_at_the_published_point(tmp_path: Path) -> None:
+    path = tmp_path / "broker-0"
+    with MessageStore(path, SHARED, background=False) as w:
+        w.put_batch(message_table("orders", list(range(10)), 1))
+        w.flush()
+        w.put_batch(message_table("orders", list(range(10, 20)), 1))
+        found = {}
+        for config in (SHARED, LOCAL):
+            ctx = ReadContext(schema=schema.arrow_schema(None), root=str(tmp_path), config=config)
+            for key in ("k5", "k15"):
+                kr = KeyRange("orders", "broker-0", str(path), key, 0, 2**62)
+                found[config.shared_storage, key] = sum(b.num_rows for b in read_key(kr, ctx))
+    assert found == {
+        ("shared", "k5"): 1,
+        ("shared", "k15"): 0,
+        ("local", "k5"): 1,
+        ("local", "k15"): 1,
+    }
