@@ -36,6 +36,7 @@ Thread-safety: stateless functions; :class:`Published` is immutable.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -43,12 +44,14 @@ from pathlib import Path
 from typing import NamedTuple, TypeVar
 
 from pipeline import filesystem
+from pipeline.progress import FILE_NAME as PROGRESS_FILE
 from pipeline.progress import FlushProgress
 
 # File systems whose clients on different hosts do not share a page cache.
 SHARED_TYPES = frozenset(
     {"nfs", "nfs4", "ceph", "lustre", "gpfs", "cifs", "smb3", "9p", "glusterfs", "beegfs"}
 )
+READ_ATTEMPTS = 3
 FIRST_PAUSE_S = 0.005
 MAX_PAUSE_S = 0.2
 
@@ -78,8 +81,21 @@ class Published(NamedTuple):
 def published(store: Path) -> Published | None:
     """The store's published point, read afresh, or None when it has none (no progress file,
     or one that cannot be read)."""
-    progress = FlushProgress.read(store / "config")
-    if progress is None:
+    config = store / "config"
+    # The writer replaces the file by a rename. A FUSE client keeps the name's old entry for
+    # its entry timeout (1 s on GlusterFS) and reads the replaced file through it; listing the
+    # directory refreshes its entries at once (GlusterFS: a publish seen in 4 ms, not 960).
+    for _ in range(READ_ATTEMPTS):
+        with contextlib.suppress(OSError):
+            os.listdir(config)
+        progress = FlushProgress.read(config)
+        if progress is not None:
+            break
+        if not (config / PROGRESS_FILE).exists():
+            return None
+        # There but unreadable: a client that looked the name up just before a rename can
+        # fail to open the replaced file; the next look-up finds the new one.
+    else:
         return None
     return Published(progress.flushed_offset, progress.queues)
 

@@ -286,12 +286,25 @@ class BrokerView:
         raw_end = cq.end(None if last is None else last.end)
         if point is not None:
             # Shared storage: nothing past what the writer published (pipeline.visibility).
-            raw_end = max(cq.first, min(raw_end, point.queue_length(topic, queue_id)))
+            want = point.queue_length(topic, queue_id)
+            if raw_end < want:
+                # Published, but not seen here: this host still caches older pages of the
+                # queue's last files. Ask the file system again.
+                for _, path in cq.segments[-2:]:
+                    visibility.drop_cached(path)
+                raw_end = cq.end(None)
+            raw_end = max(cq.first, min(raw_end, want))
         if last is not None and last == Tail(raw_end, raw_end):
             # The tail's record checked out last time and its unit is still there.
             end = raw_end
         else:
             end = self._complete_end(cq, log, queue_id, raw_end)
+            if point is not None and end < raw_end:
+                # Records below the published point that do not check out here: older
+                # pages of the segment they are in, cached on this host.
+                for _, path in log.segments[-2:]:
+                    visibility.drop_cached(path)
+                end = self._complete_end(cq, log, queue_id, raw_end)
         if tails is not None:
             tails[(topic, queue_id)] = Tail(raw_end, end)
         cl_min = log.min_offset
