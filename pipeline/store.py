@@ -285,6 +285,8 @@ class MessageStore:
             (self.path / "abort").touch()
             durability.fsync_dir(self.path)
             self._write_in_place()
+        if self.read_only and visibility.is_shared(self.path, cfg.shared_storage):
+            self._forget_cached_tails()
         self.mappings = MappingCache(cfg.max_mapped_files)
         # Where reading a hole through a mapping allocates (tmpfs), files get every block when
         # created, so that no reader can die of SIGBUS on a full disk (pipeline.filesystem).
@@ -359,6 +361,20 @@ class MessageStore:
         self._dispatched_end = self.commitlog.max_offset
         self._flushed_end = -1 if self.recovery.records_redispatched else self._dispatched_end
         self._flushed_at = time.monotonic()
+
+    def _forget_cached_tails(self) -> None:
+        """Drop this host's cached pages of the files a writer elsewhere appends to (the last
+        CommitLog segments, each queue's and the index's last files), so that this view reads
+        them from the file system, not as this host saw them before (pipeline.visibility)."""
+        dirs = [self.path / "commitlog", self.path / "index"]
+        with contextlib.suppress(OSError):
+            for topic in (self.path / "consumequeue").iterdir():
+                with contextlib.suppress(OSError):
+                    dirs.extend(q for q in topic.iterdir() if q.name.isdigit())
+        for directory in dirs:
+            with contextlib.suppress(OSError):
+                for path in sorted(directory.iterdir())[-2:]:
+                    visibility.drop_cached(path)
 
     def _hide_unpublished(self) -> None:
         """A read-only view of a store on shared storage ends at what its writer published
