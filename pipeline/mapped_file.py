@@ -42,6 +42,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import resource
 from pathlib import Path
 
 from pipeline import durability, failpoints
@@ -85,6 +86,19 @@ def free_space(path: Path) -> str:
     return f"{st.f_bavail * st.f_frsize:,} bytes free"
 
 
+def limit_note(exc: OSError, directory: Path) -> str:
+    """The resource ``exc`` ran out of, for error messages: the free space of the file system
+    holding ``directory``, or the process limit (``ulimit -f``, ``ulimit -n``) it hit."""
+    if exc.errno == errno.EFBIG:
+        soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if soft != resource.RLIM_INFINITY:
+            return f"the process may write files of at most {soft:,} bytes (ulimit -f)"
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return f"the process may hold {soft:,} file descriptors (ulimit -n)"
+    return free_space(directory)
+
+
 def allocate(path: Path, start: int, length: int) -> None:
     """Give ``[start, start + length)`` of the file at ``path`` its blocks (the file's size does
     not change). Raises ``OSError`` (ENOSPC on a full disk) having written nothing the file's
@@ -117,12 +131,10 @@ def _create_full_size(path: Path, size: int, *, allocate_all: bool = False) -> N
         os.close(fd)
         fd = -1
         tmp.unlink(missing_ok=True)
-        if allocate_all and exc.errno == errno.ENOSPC:
-            raise SegmentCreateError(
-                f"{path}: cannot create a file of {size:,} bytes: {exc.strerror} "
-                f"({free_space(path.parent)})"
-            ) from exc
-        raise
+        raise SegmentCreateError(
+            f"{path}: cannot create a file of {size:,} bytes: {exc.strerror or exc} "
+            f"({limit_note(exc, path.parent)})"
+        ) from exc
     finally:
         if fd >= 0:
             os.close(fd)
@@ -295,7 +307,7 @@ class MappedFile:
         except OSError as exc:
             raise SegmentCreateError(
                 f"{self.path}: cannot reserve blocks for bytes [{have}, {end}) of the file: "
-                f"{exc.strerror or exc} ({free_space(self.path.parent)})"
+                f"{exc.strerror or exc} ({limit_note(exc, self.path.parent)})"
             ) from exc
         self._allocated = want
 

@@ -86,7 +86,7 @@ from pipeline.errors import (
 from pipeline.geometry import check_geometry
 from pipeline.index_service import IndexService
 from pipeline.lock import DirectoryLock
-from pipeline.mapped_file import WHOLE, MappedFile, free_space
+from pipeline.mapped_file import WHOLE, MappedFile, free_space, limit_note
 from pipeline.mappings import MappingCache
 from pipeline.message import Message
 from pipeline.progress import FlushProgress
@@ -840,7 +840,7 @@ class MessageStore:
             where = exc.filename or self.path
             raise SegmentCreateError(
                 f"{where}: cannot create a file for a put of {b.n} message(s): "
-                f"{exc.strerror or exc} ({free_space(self.path)}); nothing was written"
+                f"{exc.strerror or exc} ({limit_note(exc, self.path)}); nothing was written"
             ) from exc
 
     def _assign_queue_offsets(
