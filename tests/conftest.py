@@ -123,3 +123,35 @@ def connect_url(connect_server: Any) -> str:
     """The ``sc://127.0.0.1:PORT`` of the run's Spark Connect server."""
     url: str = connect_server.url
     return url
+
+
+GLUSTER_SKIP = "[GlusterFS]"
+
+
+@pytest.fixture
+def gluster_volume(tmp_path: Path) -> Iterator[Any]:
+    """A replica-3 GlusterFS volume mounted twice (``.a``, ``.b``: two hosts' views), torn
+    down after the test (tests/gluster.py). Skipped where the machine cannot make one."""
+    from tests.gluster import unavailable, volume
+
+    why = unavailable()
+    if why is not None:
+        pytest.skip(f"{GLUSTER_SKIP} {why}")
+    with volume(tmp_path) as vol:
+        yield vol
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say how many tests skipped for want of GlusterFS, and why: a run that skips them has
+    not checked the store across hosts."""
+    reasons: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = getattr(report, "longrepr", None)
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else ""
+        if GLUSTER_SKIP in str(reason):
+            text = str(reason).split(GLUSTER_SKIP, 1)[1].strip()
+            reasons[text] = reasons.get(text, 0) + 1
+    for text, count in reasons.items():
+        terminalreporter.write_line(
+            f"{count} test(s) across hosts (GlusterFS) skipped: {text}", yellow=True
+        )
