@@ -53,22 +53,32 @@ class StoreCheckpoint:
         return cls(*LAYOUT.unpack_from(raw, 0))
 
     def write(self, path: Path, *, sync: bool) -> None:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        created = False
+        """Write the timestamps in place. A missing checkpoint (or one of a foreign size) is
+        made whole under a temporary name and renamed into place, so that no reader, on this
+        host or another, ever sees one shorter than its layout."""
+        payload = LAYOUT.pack(
+            self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp
+        )
         try:
-            if os.fstat(fd).st_size != FILE_SIZE:
-                created = True  # new (or of a foreign size): its name and size need syncing
-                os.ftruncate(fd, FILE_SIZE)
-            pwrite_all(
-                fd,
-                LAYOUT.pack(
-                    self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp
-                ),
-                0,
-            )
-            if sync or created:
-                durability.fsync(fd, path)
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            fd = -1
+        if fd >= 0 and os.fstat(fd).st_size == FILE_SIZE:
+            try:
+                pwrite_all(fd, payload, 0)
+                if sync:
+                    durability.fsync(fd, path)
+            finally:
+                os.close(fd)
+            return
+        if fd >= 0:
+            os.close(fd)
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, FILE_SIZE)
+            pwrite_all(fd, payload, 0)
+            durability.fsync(fd, tmp)
         finally:
             os.close(fd)
-        if created:
-            durability.fsync_dir(path.parent)
+        durability.replace(tmp, path)

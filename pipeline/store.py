@@ -366,6 +366,8 @@ class MessageStore:
         """Drop this host's cached pages of the files a writer elsewhere appends to (the last
         CommitLog segments, each queue's and the index's last files), so that this view reads
         them from the file system, not as this host saw them before (pipeline.visibility)."""
+        with contextlib.suppress(OSError):
+            os.listdir(self.path)  # refreshes the client's attributes of the checkpoint
         dirs = [self.path / "commitlog", self.path / "index"]
         with contextlib.suppress(OSError):
             for topic in (self.path / "consumequeue").iterdir():

@@ -1,0 +1,273 @@
+"""The store across two hosts: a writer through one mount of a replicated GlusterFS volume,
+readers and a second writer through the other (tests/gluster.py; pipeline.visibility).
+
+* Readers on the other mount (read-only re-opens, the source's planner and its partition
+  reads) never see damage while 100,000 messages go in, and see every message right.
+* Two writers never hold one broker at once; when the writer (or its whole mount) dies, a
+  writer on the other mount takes the broker over, recovers, and every acknowledged message is
+  there exactly once.
+* A lost brick (one of three) fails nothing; losing two (no quorum) fails writes cleanly, and
+  once the bricks are back and healed, recovery keeps every acknowledged message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from pipeline.config import StoreConfig
+from pipeline.errors import StoreError, StoreLockedError
+from pipeline.store import MessageStore
+from pipeline.verify import verify
+from source import schema
+from source.brokerview import BrokerView
+from source.planning import QueueRange
+from source.read import ReadContext, read_queue_range
+
+pytestmark = [pytest.mark.gluster, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = StoreConfig(
+    mapped_file_size_commitlog=4 << 20,
+    mapped_file_size_consume_queue=20 * 3000,
+    max_hash_slot_num=5000,
+    max_index_num=200_000,
+)
+CONF_TEXT = """\
+mappedFileSizeCommitLog = 4194304
+mappedFileSizeConsumeQueue = 60000
+maxHashSlotNum = 5000
+maxIndexNum = 200000
+flushDiskType = "SYNC_FLUSH"
+"""
+QUEUES = 4
+TAKEOVER_BOUND_S = 30.0
+
+
+def body(i: int) -> bytes:
+    return f"m{i}:".encode() + b"x" * (i % 61)
+
+
+def table(first: int, n: int) -> pa.Table:
+    ids = range(first, first + n)
+    return pa.table(
+        {
+            "topic": pa.array(["T"] * n, pa.string()),
+            "body": pa.array([body(i) for i in ids], pa.binary()),
+            "queueId": pa.array([i % QUEUES for i in ids], pa.int32()),
+            "keys": pa.array([[f"k{i}"] for i in ids], pa.list_(pa.string())),
+        }
+    )
+
+
+def check_message(queue_id: int, data: bytes) -> int:
+    i = int(data.split(b":")[0][1:])
+    assert data == body(i) and i % QUEUES == queue_id, (queue_id, data[:30])
+    return i
+
+
+WRITER = """
+import sys, time
+import pyarrow as pa
+sys.path.insert(0, sys.argv[3])
+from tests.test_gluster_store import CONFIG, table
+from pipeline.store import MessageStore
+path, batches = sys.argv[1], int(sys.argv[2])
+with MessageStore(path, CONFIG) as store:
+    for b in range(batches):
+        store.put_batch(table(b * 1000, 1000))
+        store.flush()
+        time.sleep(0.15)  # paced, so that the readers re-open many times while it writes
+"""
+
+
+def test_readers_on_the_other_mount_never_see_damage(gluster_volume: Any) -> None:
+    """The issue's case: 100 batches of 1,000 through mount A, each flushed; through mount B,
+    read-only re-opens and the source's planner and partition reads, over and over."""
+    a, b = gluster_volume.a / "broker-0", gluster_volume.b / "broker-0"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(a), "100", str(ROOT)], stderr=subprocess.PIPE
+    )
+    errors: list[str] = []
+    opens = plans = 0
+    seen_ro: set[int] = set()
+    seen_src: set[int] = set()
+    view = BrokerView("broker-0", b)
+    ctx = ReadContext(schema=schema.arrow_schema(None), root=str(gluster_volume.b), config=CONFIG)
+    done_at: dict[int, int] = {}
+    ro_at: dict[int, int] = {}
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            finished = writer.poll() is not None
+            if not (b / "config" / "rocketstore.json").exists():
+                assert not finished, "the writer ended before its first flush"
+                continue  # nothing published yet: nothing to read
+            try:
+                with MessageStore(b, CONFIG, read_only=True) as ro:
+                    opens += 1
+                    for q in range(QUEUES):
+                        # From where the last open stopped, and the unit before it again.
+                        off = max(ro.min_offset("T", q), ro_at.get(q, 0) - 1)
+                        hi = ro.max_offset("T", q)
+                        while off < hi:
+                            got = ro.get_messages("T", q, off, 2000)
+                            seen_ro.update(check_message(q, m.body) for m in got.messages)
+                            off = got.next_begin_offset
+                        ro_at[q] = hi
+                for q, bounds in view.all_bounds("T").items():
+                    plans += 1
+                    start = done_at.get(q, 0)
+                    rng = QueueRange("T", "broker-0", str(b), q, start, bounds.max)
+                    for batch in read_queue_range(rng, ctx):
+                        for data in batch.column("body").to_pylist():
+                            seen_src.add(check_message(q, data))
+                    done_at[q] = bounds.max
+            except (OSError, StoreError, AssertionError) as exc:
+                errors.append(repr(exc)[:300])
+            if finished and len(seen_ro) == len(seen_src) == 100_000:
+                break
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+        _, err = writer.communicate()
+    assert writer.returncode == 0, err.decode()[-2000:]
+    assert errors == [], (len(errors), errors[:5], opens, plans)
+    assert seen_ro == seen_src == set(range(100_000))
+    assert opens >= 10 and plans >= 10 * QUEUES, (opens, plans)
+
+
+def produce(store: Path, lines: Path, conf: Path, **popen: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "produce", str(store), str(lines),
+         "--config", str(conf), "--batch-size", "200"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen,
+    )  # fmt: skip
+
+
+def write_lines(path: Path, first: int, n: int) -> None:
+    path.write_text(
+        "".join(
+            json.dumps({"topic": "T", "queueId": i % QUEUES, "body": body(i).decode()}) + "\n"
+            for i in range(first, first + n)
+        )
+    )
+
+
+def acked_ids(lines: list[str], first: int) -> list[int]:
+    rows = [json.loads(x) for x in lines if x.startswith("{")]
+    return [first + int(r["line"]) - 1 for r in rows if r["status"] == "PUT_OK"]
+
+
+def take_over(path: Path) -> tuple[MessageStore, float]:
+    """Open ``path`` for writing as soon as its lock is free; returns the store and the wait."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            return MessageStore(path, dataclasses.replace(CONFIG)), time.monotonic() - t0
+        except StoreLockedError:
+            assert time.monotonic() - t0 < TAKEOVER_BOUND_S, "the lock was not released"
+            time.sleep(0.05)  # polling interval: the loop tries the lock itself
+
+
+def all_ids(path: Path) -> list[int]:
+    """Every message's id through the ConsumeQueues, duplicates kept."""
+    ids: list[int] = []
+    with MessageStore(path, CONFIG, read_only=True) as ro:
+        report = verify(ro, max_per_kind=None)
+        assert report.ok, [str(p) for p in report.problems][:10]
+        for q in range(QUEUES):
+            off, hi = ro.min_offset("T", q), ro.max_offset("T", q)
+            while off < hi:
+                got = ro.get_messages("T", q, off, 2000)
+                ids.extend(check_message(q, m.body) for m in got.messages)
+                off = got.next_begin_offset
+    return ids
+
+
+@pytest.mark.parametrize("loss", ["writer", "host"])
+def test_a_writer_on_the_other_mount_takes_over(
+    gluster_volume: Any, tmp_path: Path, loss: str
+) -> None:
+    """kill -9 the writer (``produce``, SYNC_FLUSH) on mount A, or A's whole client (the host
+    gone): a writer through mount B gets the broker's lock, recovers and goes on; every
+    acknowledged message is there exactly once."""
+    vol = gluster_volume
+    conf = tmp_path / "store.toml"
+    conf.write_text(CONF_TEXT)
+    first = tmp_path / "first.jsonl"
+    write_lines(first, 0, 40_000)
+    proc = produce(vol.a / "broker-0", first, conf)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    while len(lines) < 2_000:  # some batches acknowledged, more in flight
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.stderr else ""
+        lines.append(line)
+    with pytest.raises(StoreLockedError):
+        MessageStore(vol.b / "broker-0", CONFIG)  # two writers never hold one broker
+    if loss == "writer":
+        proc.send_signal(signal.SIGKILL)
+    else:
+        os.kill(vol.client_pid(vol.a), signal.SIGKILL)
+    store, waited = take_over(vol.b / "broker-0")
+    out, _ = proc.communicate(timeout=120)
+    lines += out.splitlines()
+    acked = acked_ids(lines, 0)
+    assert proc.returncode != 0, "the writer on the lost side went on"
+    assert waited < TAKEOVER_BOUND_S
+    with store:
+        store.put_batch(table(100_000, 1_000))
+    ids = all_ids(vol.b / "broker-0")
+    assert len(ids) == len(set(ids)), "a message stored twice"
+    assert set(acked) <= set(ids)
+    assert set(range(100_000, 101_000)) <= set(ids)
+    # Whatever landed past the last acknowledgement is whole lines of the input, in order.
+    landed = sorted(i for i in ids if i < 100_000)
+    assert landed == list(range(len(landed)))
+
+
+def test_a_lost_brick_fails_nothing_and_two_fail_cleanly(gluster_volume: Any) -> None:
+    vol = gluster_volume
+    path = vol.a / "broker-0"
+    acked: list[int] = []
+    store = MessageStore(path, CONFIG)
+    try:
+        store.put_batch(table(0, 5_000))
+        acked += range(5_000)
+        vol.kill_brick(0)
+        for k in range(1, 6):  # one of three down: writes and reads go on
+            store.put_batch(table(k * 5_000, 5_000))
+            store.flush()
+            acked += range(k * 5_000, (k + 1) * 5_000)
+        vol.kill_brick(1)  # no quorum left: the client refuses writes
+        with pytest.raises(StoreError) as failed:
+            for k in range(6, 40):
+                store.put_batch(table(k * 5_000, 5_000))
+                store.flush()
+                acked += range(k * 5_000, (k + 1) * 5_000)
+    finally:
+        # A close without quorum may fail too; the lock goes with it either way.
+        with contextlib.suppress(StoreError):
+            store.close()
+    print(f"without quorum: {failed.value!r}")
+    vol.restart_bricks()
+    vol.wait_for_heal()
+    with MessageStore(vol.b / "broker-0", CONFIG) as again:  # recovers on the other mount
+        assert again.recovery is not None
+    ids = all_ids(vol.b / "broker-0")
+    assert len(ids) == len(set(ids))
+    assert set(acked) <= set(ids)
+    landed = sorted(ids)
+    assert landed == list(range(len(landed)))
