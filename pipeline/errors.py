@@ -108,3 +108,9 @@ class SegmentCreateError(StoreError):
     """A file the put needs (a CommitLog segment) could not be created: no space, no file
     descriptor left, no permission. Nothing of the put was written; the store is unchanged and
     takes the next put."""
+
+
+class NativeError(StoreError):
+    """The native core failed inside (a Rust panic): a bug in rocketstore, or a buffer the
+    caller lent it changed while it was in use. What the call was writing may be incomplete,
+    as after any failed write: the store fail-stops as usual."""

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from pipeline import _native
 from pipeline.consumequeue import UNIT_DTYPE
-from pipeline.errors import CorruptRecordError
+from pipeline.errors import CorruptRecordError, NativeError
 from pipeline.record import MessageExt
 
 StringTriple = tuple[Any, npt.NDArray[Any] | int, npt.NDArray[np.uint8] | None]
@@ -312,13 +312,11 @@ def decode(
     end = (1 << 62) if limit is None else limit
     try:
         raw = _native.decode(buf, rel, base, end, sizes, check_crc, int(columns))
-    except BaseException as exc:
-        # A panic outside the record loop (the loop catches its own) is a bug in the crate,
-        # but still a bad read of this segment, not a reason to take the process down.
-        if type(exc).__name__ != "PanicException":
-            raise
+    except NativeError as exc:
+        # A failure outside the record loop (the loop reports its own, with the record) is a
+        # bug in the crate, but still a bad read of this segment.
         at = base + int(rel[0]) if len(rel) else base
-        raise CorruptRecordError(path, at, f"decoder failed: {exc}") from None
+        raise CorruptRecordError(path, at, f"decoder failed: {exc}") from exc
     if raw["error"] is not None:
         _, phys, reason = raw["error"]
         raise CorruptRecordError(path, int(phys), str(reason))

@@ -9,6 +9,46 @@ use pyo3::buffer::{Element, PyBuffer, PyUntypedBuffer};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+/// The memory a buffer covers, to refuse an output that overlaps another argument: a
+/// function here writes its outputs while it reads its inputs, and overlapping them would
+/// let it read what it has just written (and is undefined behaviour in Rust).
+#[derive(Clone, Copy)]
+pub struct Span {
+    addr: usize,
+    len: usize,
+}
+
+impl Span {
+    fn of(ptr: *const u8, len: usize) -> Self {
+        Span {
+            addr: ptr as usize,
+            len,
+        }
+    }
+
+    fn overlaps(&self, other: &Span) -> bool {
+        self.len > 0
+            && other.len > 0
+            && self.addr < other.addr.saturating_add(other.len)
+            && other.addr < self.addr.saturating_add(self.len)
+    }
+}
+
+/// `ValueError` if any of `outputs` overlaps another output or any of `inputs`.
+pub fn disjoint(outputs: &[(&str, Span)], inputs: &[(&str, Span)]) -> PyResult<()> {
+    for (i, (name, span)) in outputs.iter().enumerate() {
+        for (other, o) in outputs[i + 1..].iter().chain(inputs) {
+            if span.overlaps(o) {
+                return Err(PyValueError::new_err(format!(
+                    "{name} overlaps {other}: an output buffer must not share memory with \
+                     another argument"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A read-only, C-contiguous column of `T`.
 pub struct Col<T: Element> {
     buf: PyBuffer<T>,
@@ -25,6 +65,10 @@ impl<T: Element> Col<T> {
             )));
         }
         Ok(Col { buf })
+    }
+
+    pub fn span(&self) -> Span {
+        Span::of(self.buf.buf_ptr() as *const u8, self.buf.len_bytes())
     }
 
     pub fn get(&self) -> &[T] {
@@ -56,6 +100,10 @@ impl Bytes {
             )));
         }
         Ok(Bytes { buf })
+    }
+
+    pub fn span(&self) -> Span {
+        Span::of(self.buf.buf_ptr() as *const u8, self.buf.len_bytes())
     }
 
     pub fn get(&self) -> &[u8] {
@@ -92,14 +140,22 @@ impl OutBytes {
         Ok(OutBytes { buf })
     }
 
-    /// The bytes, mutably. Callers must not pass the same memory as an input column of the
-    /// same call: the two slices would alias.
-    #[allow(clippy::mut_from_ref)]
-    pub fn get(&self) -> &mut [u8] {
+    pub fn span(&self) -> Span {
+        Span::of(self.buf.buf_ptr() as *const u8, self.buf.len_bytes())
+    }
+
+    pub fn len(&self) -> usize {
+        self.buf.len_bytes()
+    }
+
+    /// The bytes, mutably. Every caller checks first, with [`disjoint`], that no other
+    /// argument of the call shares this memory.
+    pub fn get(&mut self) -> &mut [u8] {
         match self.buf.as_slice_ptr() {
-            // SAFETY: writable (checked in `new`), contiguous, and alive as long as `self`.
-            // Exclusive access is the caller's contract: the store writes a segment from one
-            // thread, and every function here takes its output buffer once.
+            // SAFETY: writable (checked in `new`), contiguous, and alive as long as `self`;
+            // `&mut self` hands out one mutable slice at a time, and `disjoint` has ruled out
+            // the other arguments of the call. Python code could still write to it meanwhile;
+            // the store's single writer owns the buffers it hands in.
             Some(mut ptr) => unsafe { ptr.as_mut() },
             None => &mut [],
         }
@@ -124,8 +180,11 @@ impl<T: Element> OutCol<T> {
         Ok(OutCol { buf })
     }
 
-    #[allow(clippy::mut_from_ref)]
-    pub fn get(&self) -> &mut [T] {
+    pub fn span(&self) -> Span {
+        Span::of(self.buf.buf_ptr() as *const u8, self.buf.len_bytes())
+    }
+
+    pub fn get(&mut self) -> &mut [T] {
         match self.buf.as_slice_ptr() {
             // SAFETY: as for `OutBytes::get`.
             Some(mut ptr) => unsafe { ptr.as_mut() },
@@ -200,6 +259,26 @@ impl Strings {
             }
         }
         Ok(())
+    }
+
+    /// The memory of its buffers, named after the column.
+    pub fn spans<'n>(&self, what: &'n str) -> Vec<(&'n str, Span)> {
+        let mut out = vec![(what, self.data.span())];
+        match &self.offsets {
+            OffsetCol::Narrow(c) => out.push((what, c.span())),
+            OffsetCol::Wide(c) => out.push((what, c.span())),
+            OffsetCol::AllNull(_) => {}
+        }
+        if let Some(v) = &self.valid {
+            out.push((what, v.span()));
+        }
+        out
+    }
+
+    /// Check again that the offsets are ascending and inside the data: Python code may have
+    /// changed a borrowed column since it was checked.
+    pub fn recheck(&self, what: &str) -> PyResult<()> {
+        self.check(what)
     }
 
     pub fn view(&self) -> StrView<'_> {

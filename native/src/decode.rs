@@ -19,6 +19,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+
+use crate::{guarded, panic_text};
 use pyo3::types::PyDict;
 
 use crate::buffers::{require_len, Bytes, Col};
@@ -498,16 +500,6 @@ fn push_properties(c: &mut Columns, pairs: &Pairs<'_>) {
     }
 }
 
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        s.to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic".to_string()
-    }
-}
-
 /// Decode the records at relative positions `rel` of one segment's bytes `buf` (trusted up
 /// to `limit`); `base` is the segment's physical offset, `sizes` (optional, one per record)
 /// the sizes their ConsumeQueue units claim, `groups` the optional column groups wanted.
@@ -532,73 +524,75 @@ pub fn decode<'py>(
     check_crc: bool,
     groups: u32,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let buf = Bytes::new(buf, "buf")?;
-    let data = buf.get();
-    let limit = limit.min(data.len());
-    let rel = Col::<i64>::new(rel, "rel")?;
-    let rel = rel.get();
-    let sizes = sizes.map(|s| Col::<i64>::new(s, "sizes")).transpose()?;
-    let sizes = sizes.as_ref().map(|s| s.get());
-    if let Some(s) = sizes {
-        require_len("sizes", s.len(), rel.len())?;
-    }
-    let mut at = 0usize;
-    let outcome = py.detach(|| {
-        catch_unwind(AssertUnwindSafe(|| {
-            decode_columns(data, rel, base, sizes, limit, check_crc, groups, &mut at)
-        }))
-    });
-    let d = PyDict::new(py);
-    let c = match outcome {
-        Ok(Ok(c)) => c,
-        Ok(Err(bad)) => {
-            d.set_item("error", bad)?;
-            return Ok(d);
+    guarded("decode", || {
+        let buf = Bytes::new(buf, "buf")?;
+        let data = buf.get();
+        let limit = limit.min(data.len());
+        let rel = Col::<i64>::new(rel, "rel")?;
+        let rel = rel.get();
+        let sizes = sizes.map(|s| Col::<i64>::new(s, "sizes")).transpose()?;
+        let sizes = sizes.as_ref().map(|s| s.get());
+        if let Some(s) = sizes {
+            require_len("sizes", s.len(), rel.len())?;
         }
-        Err(payload) => {
-            let phys = rel.get(at).map_or(base, |&r| base.wrapping_add(r));
-            let reason = format!("decoder failed: {}", panic_text(payload.as_ref()));
-            d.set_item("error", (at, phys, reason))?;
-            return Ok(d);
+        let mut at = 0usize;
+        let outcome = py.detach(|| {
+            catch_unwind(AssertUnwindSafe(|| {
+                decode_columns(data, rel, base, sizes, limit, check_crc, groups, &mut at)
+            }))
+        });
+        let d = PyDict::new(py);
+        let c = match outcome {
+            Ok(Ok(c)) => c,
+            Ok(Err(bad)) => {
+                d.set_item("error", bad)?;
+                return Ok(d);
+            }
+            Err(payload) => {
+                let phys = rel.get(at).map_or(base, |&r| base.wrapping_add(r));
+                let reason = format!("decoder failed: {}", panic_text(payload.as_ref()));
+                d.set_item("error", (at, phys, reason))?;
+                return Ok(d);
+            }
+        };
+        if !c.fits() {
+            return Err(PyValueError::new_err(format!(
+                "{} records hold more than 2 GiB of one column: decode fewer per call",
+                rel.len()
+            )));
         }
-    };
-    if !c.fits() {
-        return Err(PyValueError::new_err(format!(
-            "{} records hold more than 2 GiB of one column: decode fewer per call",
-            rel.len()
-        )));
-    }
-    d.set_item("error", py.None())?;
-    for (name, col) in [
-        ("phys", Data::I64(c.phys)),
-        ("size", Data::I32(c.size)),
-        ("queue_id", Data::I32(c.queue_id)),
-        ("queue_offset", Data::I64(c.queue_offset)),
-        ("sys_flag", Data::I32(c.sys_flag)),
-        ("flag", Data::I32(c.flag)),
-        ("born_ts", Data::I64(c.born_ts)),
-        ("store_ts", Data::I64(c.store_ts)),
-        ("reconsume", Data::I32(c.reconsume)),
-        ("prep_tx", Data::I64(c.prep_tx)),
-        ("body_crc", Data::I32(c.body_crc)),
-    ] {
-        d.set_item(name, Owned::new(col))?;
-    }
-    d.set_item("topic", c.topic.into_py(py)?)?;
-    for (name, col) in [
-        ("body", c.body),
-        ("tags", c.tags),
-        ("uniq_key", c.uniq_key),
-        ("born_host", c.born_host),
-        ("store_host", c.store_host),
-        ("msg_id", c.msg_id),
-    ] {
-        d.set_item(name, col.map(|s| s.into_py(py)).transpose()?)?;
-    }
-    for (name, col) in [("keys", c.keys), ("properties", c.properties)] {
-        d.set_item(name, col.map(|s| s.into_py(py)).transpose()?)?;
-    }
-    Ok(d)
+        d.set_item("error", py.None())?;
+        for (name, col) in [
+            ("phys", Data::I64(c.phys)),
+            ("size", Data::I32(c.size)),
+            ("queue_id", Data::I32(c.queue_id)),
+            ("queue_offset", Data::I64(c.queue_offset)),
+            ("sys_flag", Data::I32(c.sys_flag)),
+            ("flag", Data::I32(c.flag)),
+            ("born_ts", Data::I64(c.born_ts)),
+            ("store_ts", Data::I64(c.store_ts)),
+            ("reconsume", Data::I32(c.reconsume)),
+            ("prep_tx", Data::I64(c.prep_tx)),
+            ("body_crc", Data::I32(c.body_crc)),
+        ] {
+            d.set_item(name, Owned::new(col))?;
+        }
+        d.set_item("topic", c.topic.into_py(py)?)?;
+        for (name, col) in [
+            ("body", c.body),
+            ("tags", c.tags),
+            ("uniq_key", c.uniq_key),
+            ("born_host", c.born_host),
+            ("store_host", c.store_host),
+            ("msg_id", c.msg_id),
+        ] {
+            d.set_item(name, col.map(|s| s.into_py(py)).transpose()?)?;
+        }
+        for (name, col) in [("keys", c.keys), ("properties", c.properties)] {
+            d.set_item(name, col.map(|s| s.into_py(py)).transpose()?)?;
+        }
+        Ok(d)
+    })
 }
 
 /// Which positions `rel` of a segment's bytes hold the start of a record, intact or not: a
@@ -612,23 +606,25 @@ pub fn record_starts<'py>(
     base: i64,
     limit: usize,
 ) -> PyResult<Owned> {
-    let buf = Bytes::new(buf, "buf")?;
-    let data = buf.get();
-    let limit = limit.min(data.len());
-    let rel = Col::<i64>::new(rel, "rel")?;
-    let rel = rel.get();
-    let out = py.detach(|| {
-        rel.iter()
-            .map(|&r| {
-                let ok = r >= 0
-                    && (r as u64) + 48 <= limit as u64
-                    && be_i32(data, r as usize + 4) == MAGIC
-                    && be_i64(data, r as usize + 28) == base.wrapping_add(r);
-                ok as u8
-            })
-            .collect()
-    });
-    Ok(Owned::new(Data::U8(out)))
+    guarded("record_starts", || {
+        let buf = Bytes::new(buf, "buf")?;
+        let data = buf.get();
+        let limit = limit.min(data.len());
+        let rel = Col::<i64>::new(rel, "rel")?;
+        let rel = rel.get();
+        let out = py.detach(|| {
+            rel.iter()
+                .map(|&r| {
+                    let ok = r >= 0
+                        && (r as u64) + 48 <= limit as u64
+                        && be_i32(data, r as usize + 4) == MAGIC
+                        && be_i64(data, r as usize + 28) == base.wrapping_add(r);
+                    ok as u8
+                })
+                .collect()
+        });
+        Ok(Owned::new(Data::U8(out)))
+    })
 }
 
 #[cfg(test)]

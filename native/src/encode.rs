@@ -8,7 +8,8 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::buffers::{require_len, Bytes, Col, OutBytes, OutCol, StrView, Strings};
+use crate::buffers::{disjoint, require_len, Bytes, Col, OutBytes, OutCol, Span, StrView, Strings};
+use crate::guarded;
 use crate::hash;
 use crate::layout::{self, Writer};
 use crate::owned::{Data, Owned};
@@ -189,36 +190,38 @@ impl EncodeBatch {
         uniq: &Bound<'_, PyAny>,
         user_props: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
-        let batch = EncodeBatch {
-            n,
-            topics: Strings::new(topics, "topics")?,
-            topic_codes: Col::new(topic_codes, "topic_codes")?,
-            queue_ids: Col::new(queue_ids, "queue_ids")?,
-            flags: optional(flags, "flags")?,
-            sys_flags: Col::new(sys_flags, "sys_flags")?,
-            reconsume: optional(reconsume, "reconsume")?,
-            prep_tx: optional(prep_tx, "prep_tx")?,
-            born_ts: optional(born_ts, "born_ts")?,
-            born_missing: if born_missing.is_none() {
-                None
-            } else {
-                Some(Bytes::new(born_missing, "born_missing")?)
-            },
-            born_hosts: Strings::new(born_hosts, "born_hosts")?,
-            born_codes: optional(born_codes, "born_codes")?,
-            store_host,
-            bodies: Strings::new(bodies, "bodies")?,
-            keys: Strings::new(keys, "keys")?,
-            tags: Strings::new(tags, "tags")?,
-            uniq: Strings::new(uniq, "uniq")?,
-            user_props: if user_props.is_none() {
-                None
-            } else {
-                Some(Strings::new(user_props, "user_props")?)
-            },
-        };
-        batch.check()?;
-        Ok(batch)
+        guarded("EncodeBatch", || {
+            let batch = EncodeBatch {
+                n,
+                topics: Strings::new(topics, "topics")?,
+                topic_codes: Col::new(topic_codes, "topic_codes")?,
+                queue_ids: Col::new(queue_ids, "queue_ids")?,
+                flags: optional(flags, "flags")?,
+                sys_flags: Col::new(sys_flags, "sys_flags")?,
+                reconsume: optional(reconsume, "reconsume")?,
+                prep_tx: optional(prep_tx, "prep_tx")?,
+                born_ts: optional(born_ts, "born_ts")?,
+                born_missing: if born_missing.is_none() {
+                    None
+                } else {
+                    Some(Bytes::new(born_missing, "born_missing")?)
+                },
+                born_hosts: Strings::new(born_hosts, "born_hosts")?,
+                born_codes: optional(born_codes, "born_codes")?,
+                store_host,
+                bodies: Strings::new(bodies, "bodies")?,
+                keys: Strings::new(keys, "keys")?,
+                tags: Strings::new(tags, "tags")?,
+                uniq: Strings::new(uniq, "uniq")?,
+                user_props: if user_props.is_none() {
+                    None
+                } else {
+                    Some(Strings::new(user_props, "user_props")?)
+                },
+            };
+            batch.check()?;
+            Ok(batch)
+        })
     }
 
     /// Fill `sizes` (int64, `n` rows) with each message's whole record size, and return how
@@ -230,7 +233,62 @@ impl EncodeBatch {
         sizes: &Bound<'_, PyAny>,
         max_props: usize,
     ) -> PyResult<(usize, i64)> {
-        let sz = OutCol::<i64>::new(sizes, "sizes")?;
+        guarded("EncodeBatch.measure", || {
+            self.measure_into(py, sizes, max_props)
+        })
+    }
+
+    /// Fill `out` (int64, `n` rows) with each message's ConsumeQueue tagsCode.
+    fn tags_codes(&self, py: Python<'_>, out: &Bound<'_, PyAny>) -> PyResult<()> {
+        guarded("EncodeBatch.tags_codes", || self.tags_codes_into(py, out))
+    }
+
+    /// Write records `lo..hi` back to back into `dest` from byte `dest_pos` (a segment's
+    /// mapping). `phys`, `queue_offsets` and `sizes` are per-row int64 columns; the records
+    /// must be contiguous in the log (`phys[i + 1] == phys[i] + sizes[i]`). Rows whose
+    /// ``born_missing`` is set take ``store_ts`` as their born timestamp. Checks every bound
+    /// (the batch's columns again, `dest` apart from every input, the rows, the sizes and
+    /// offsets) before writing anything.
+    #[allow(clippy::too_many_arguments)]
+    fn encode(
+        &self,
+        py: Python<'_>,
+        dest: &Bound<'_, PyAny>,
+        dest_pos: usize,
+        lo: usize,
+        hi: usize,
+        phys: &Bound<'_, PyAny>,
+        queue_offsets: &Bound<'_, PyAny>,
+        sizes: &Bound<'_, PyAny>,
+        store_ts: i64,
+    ) -> PyResult<()> {
+        guarded("EncodeBatch.encode", || {
+            let cols = (phys, queue_offsets, sizes);
+            self.encode_into(py, dest, dest_pos, lo, hi, cols, store_ts)
+        })
+    }
+
+    fn __len__(&self) -> usize {
+        self.n
+    }
+}
+
+type Cols<'a, 'py> = (
+    &'a Bound<'py, PyAny>,
+    &'a Bound<'py, PyAny>,
+    &'a Bound<'py, PyAny>,
+);
+
+impl EncodeBatch {
+    fn measure_into(
+        &self,
+        py: Python<'_>,
+        sizes: &Bound<'_, PyAny>,
+        max_props: usize,
+    ) -> PyResult<(usize, i64)> {
+        self.check()?;
+        let mut sz = OutCol::<i64>::new(sizes, "sizes")?;
+        disjoint(&[("sizes", sz.span())], &self.spans())?;
         let sz = sz.get();
         require_len("sizes", sz.len(), self.n)?;
         let v = self.view();
@@ -250,9 +308,10 @@ impl EncodeBatch {
         }))
     }
 
-    /// Fill `out` (int64, `n` rows) with each message's ConsumeQueue tagsCode.
-    fn tags_codes(&self, py: Python<'_>, out: &Bound<'_, PyAny>) -> PyResult<()> {
-        let out = OutCol::<i64>::new(out, "tags_codes")?;
+    fn tags_codes_into(&self, py: Python<'_>, out: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.check()?;
+        let mut out = OutCol::<i64>::new(out, "tags_codes")?;
+        disjoint(&[("tags_codes", out.span())], &self.spans())?;
         let out = out.get();
         require_len("tags_codes", out.len(), self.n)?;
         let tags = self.tags.view();
@@ -264,30 +323,31 @@ impl EncodeBatch {
         Ok(())
     }
 
-    /// Write records `lo..hi` back to back into `dest` from byte `dest_pos` (a segment's
-    /// mapping). `phys`, `queue_offsets` and `sizes` are per-row int64 columns; the records
-    /// must be contiguous in the log (`phys[i + 1] == phys[i] + sizes[i]`). Rows whose
-    /// ``born_missing`` is set take ``store_ts`` as their born timestamp. Checks every bound
-    /// before writing anything.
     #[allow(clippy::too_many_arguments)]
-    fn encode(
+    fn encode_into(
         &self,
         py: Python<'_>,
         dest: &Bound<'_, PyAny>,
         dest_pos: usize,
         lo: usize,
         hi: usize,
-        phys: &Bound<'_, PyAny>,
-        queue_offsets: &Bound<'_, PyAny>,
-        sizes: &Bound<'_, PyAny>,
+        (phys, queue_offsets, sizes): Cols<'_, '_>,
         store_ts: i64,
     ) -> PyResult<()> {
-        let dest = OutBytes::new(dest, "dest")?;
+        self.check()?;
+        let mut dest = OutBytes::new(dest, "dest")?;
         let (phys, qo, sz) = (
             Col::<i64>::new(phys, "phys")?,
             Col::<i64>::new(queue_offsets, "queue_offsets")?,
             Col::<i64>::new(sizes, "sizes")?,
         );
+        let mut inputs = self.spans();
+        inputs.extend([
+            ("phys", phys.span()),
+            ("queue_offsets", qo.span()),
+            ("sizes", sz.span()),
+        ]);
+        disjoint(&[("dest", dest.span())], &inputs)?;
         let (phys, qo, sz) = (phys.get(), qo.get(), sz.get());
         for (what, len) in [
             ("phys", phys.len()),
@@ -303,15 +363,21 @@ impl EncodeBatch {
             )));
         }
         let out = dest.get();
-        let total: i64 = sz[lo..hi].iter().sum();
-        if dest_pos as u64 + total as u64 > out.len() as u64 {
+        let total = sz[lo..hi]
+            .iter()
+            .try_fold(0usize, |acc, &x| acc.checked_add(usize::try_from(x).ok()?))
+            .ok_or_else(|| PyValueError::new_err("sizes: a negative size, or too many bytes"))?;
+        if dest_pos
+            .checked_add(total)
+            .is_none_or(|end| end > out.len())
+        {
             return Err(PyValueError::new_err(format!(
                 "{total} bytes at {dest_pos} run past the segment's {} bytes",
                 out.len()
             )));
         }
         for i in lo..hi.saturating_sub(1) {
-            if phys[i + 1] != phys[i] + sz[i] {
+            if phys[i].checked_add(sz[i]) != Some(phys[i + 1]) {
                 return Err(PyValueError::new_err(format!(
                     "rows {i} and {}: records are not contiguous",
                     i + 1
@@ -319,12 +385,49 @@ impl EncodeBatch {
             }
         }
         let v = self.view();
-        let region = &mut out[dest_pos..dest_pos + total as usize];
+        let region = &mut out[dest_pos..dest_pos + total];
         py.detach(|| encode_run(&v, region, lo, hi, phys, qo, sz, store_ts))
     }
 
-    fn __len__(&self) -> usize {
-        self.n
+    /// The memory of every column the batch borrows, for [`disjoint`].
+    fn spans(&self) -> Vec<(&'static str, Span)> {
+        let mut out = Vec::new();
+        for (name, s) in self.strings() {
+            out.extend(s.spans(name));
+        }
+        for (name, c) in [
+            ("topic_codes", Some(&self.topic_codes)),
+            ("queue_ids", Some(&self.queue_ids)),
+            ("flags", self.flags.as_ref()),
+            ("sys_flags", Some(&self.sys_flags)),
+            ("reconsume", self.reconsume.as_ref()),
+            ("born_codes", self.born_codes.as_ref()),
+        ] {
+            out.extend(c.map(|c| (name, c.span())));
+        }
+        for (name, c) in [("prep_tx", &self.prep_tx), ("born_ts", &self.born_ts)] {
+            out.extend(c.as_ref().map(|c| (name, c.span())));
+        }
+        out.extend(
+            self.born_missing
+                .as_ref()
+                .map(|m| ("born_missing", m.span())),
+        );
+        out
+    }
+
+    fn strings(&self) -> impl Iterator<Item = (&'static str, &Strings)> {
+        [
+            ("topics", Some(&self.topics)),
+            ("born_hosts", Some(&self.born_hosts)),
+            ("bodies", Some(&self.bodies)),
+            ("keys", Some(&self.keys)),
+            ("tags", Some(&self.tags)),
+            ("uniq", Some(&self.uniq)),
+            ("user_props", self.user_props.as_ref()),
+        ]
+        .into_iter()
+        .filter_map(|(name, s)| s.map(|s| (name, s)))
     }
 }
 
@@ -341,7 +444,12 @@ fn optional<T: pyo3::buffer::Element>(
 }
 
 impl EncodeBatch {
+    /// Every bound the row look-ups rely on. Run when the batch is made and again before
+    /// each use: the columns are borrowed, and Python code may change them in between.
     fn check(&self) -> PyResult<()> {
+        for (name, s) in self.strings() {
+            s.recheck(name)?;
+        }
         let n = self.n;
         let v = self.view();
         let rows = [
@@ -452,16 +560,19 @@ pub fn body_crcs(
     bodies: &Bound<'_, PyAny>,
     out: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
-    let bodies = Strings::new(bodies, "bodies")?;
-    let out = OutCol::<i32>::new(out, "out")?;
-    let (b, o) = (bodies.view(), out.get());
-    require_len("out", o.len(), b.len())?;
-    py.detach(|| {
-        for (i, slot) in o.iter_mut().enumerate() {
-            *slot = hash::body_crc(b.get(i).unwrap_or(b""));
-        }
-    });
-    Ok(())
+    guarded("body_crcs", || {
+        let bodies = Strings::new(bodies, "bodies")?;
+        let mut out = OutCol::<i32>::new(out, "out")?;
+        disjoint(&[("out", out.span())], &bodies.spans("bodies"))?;
+        let (b, o) = (bodies.view(), out.get());
+        require_len("out", o.len(), b.len())?;
+        py.detach(|| {
+            for (i, slot) in o.iter_mut().enumerate() {
+                *slot = hash::body_crc(b.get(i).unwrap_or(b""));
+            }
+        });
+        Ok(())
+    })
 }
 
 /// Java `String.hashCode` of each string (0 for null) into `out` (int32).
@@ -471,16 +582,19 @@ pub fn java_hashes(
     strings: &Bound<'_, PyAny>,
     out: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
-    let strings = Strings::new(strings, "strings")?;
-    let out = OutCol::<i32>::new(out, "out")?;
-    let (s, o) = (strings.view(), out.get());
-    require_len("out", o.len(), s.len())?;
-    py.detach(|| {
-        for (i, slot) in o.iter_mut().enumerate() {
-            *slot = s.get(i).map_or(0, hash::java_hash);
-        }
-    });
-    Ok(())
+    guarded("java_hashes", || {
+        let strings = Strings::new(strings, "strings")?;
+        let mut out = OutCol::<i32>::new(out, "out")?;
+        disjoint(&[("out", out.span())], &strings.spans("strings"))?;
+        let (s, o) = (strings.view(), out.get());
+        require_len("out", o.len(), s.len())?;
+        py.detach(|| {
+            for (i, slot) in o.iter_mut().enumerate() {
+                *slot = s.get(i).map_or(0, hash::java_hash);
+            }
+        });
+        Ok(())
+    })
 }
 
 /// Index entries in RocketMQ's order (per message: UNIQ_KEY, then each KEYS token; ROLLBACK
@@ -496,49 +610,51 @@ pub fn index_keys(
     keys: &Bound<'_, PyAny>,
     sys_flags: &Bound<'_, PyAny>,
 ) -> PyResult<(Owned, Owned)> {
-    let (topics, uniq, keys) = (
-        Strings::new(topics, "topics")?,
-        Strings::new(uniq, "uniq")?,
-        Strings::new(keys, "keys")?,
-    );
-    let (codes, flags) = (
-        Col::<i32>::new(topic_codes, "topic_codes")?,
-        Col::<i32>::new(sys_flags, "sys_flags")?,
-    );
-    let (t, u, k, c, f) = (
-        topics.view(),
-        uniq.view(),
-        keys.view(),
-        codes.get(),
-        flags.get(),
-    );
-    for (what, len) in [("uniq", u.len()), ("keys", k.len()), ("sys_flags", f.len())] {
-        require_len(what, len, c.len())?;
-    }
-    if c.iter().any(|&x| x < 0 || x as usize >= t.len()) {
-        return Err(PyValueError::new_err(
-            "topic_codes: a code outside the topic table",
-        ));
-    }
-    let (rows, hashes) = py.detach(|| {
-        let prefixes: Vec<i32> = (0..t.len())
-            .map(|j| hash::topic_prefix(t.get(j).unwrap_or(b"")))
-            .collect();
-        // One entry per message (its UNIQ_KEY) is the usual lower bound; KEYS add more.
-        let mut rows = Vec::with_capacity(c.len());
-        let mut hashes = Vec::with_capacity(c.len());
-        for i in 0..c.len() {
-            if !layout::indexed(f[i]) {
-                continue;
-            }
-            hash::for_each_index_key(prefixes[c[i] as usize], u.get(i), k.get(i), |h| {
-                rows.push(i as i64);
-                hashes.push(h);
-            });
+    guarded("index_keys", || {
+        let (topics, uniq, keys) = (
+            Strings::new(topics, "topics")?,
+            Strings::new(uniq, "uniq")?,
+            Strings::new(keys, "keys")?,
+        );
+        let (codes, flags) = (
+            Col::<i32>::new(topic_codes, "topic_codes")?,
+            Col::<i32>::new(sys_flags, "sys_flags")?,
+        );
+        let (t, u, k, c, f) = (
+            topics.view(),
+            uniq.view(),
+            keys.view(),
+            codes.get(),
+            flags.get(),
+        );
+        for (what, len) in [("uniq", u.len()), ("keys", k.len()), ("sys_flags", f.len())] {
+            require_len(what, len, c.len())?;
         }
-        (rows, hashes)
-    });
-    Ok((Owned::new(Data::I64(rows)), Owned::new(Data::I32(hashes))))
+        if c.iter().any(|&x| x < 0 || x as usize >= t.len()) {
+            return Err(PyValueError::new_err(
+                "topic_codes: a code outside the topic table",
+            ));
+        }
+        let (rows, hashes) = py.detach(|| {
+            let prefixes: Vec<i32> = (0..t.len())
+                .map(|j| hash::topic_prefix(t.get(j).unwrap_or(b"")))
+                .collect();
+            // One entry per message (its UNIQ_KEY) is the usual lower bound; KEYS add more.
+            let mut rows = Vec::with_capacity(c.len());
+            let mut hashes = Vec::with_capacity(c.len());
+            for i in 0..c.len() {
+                if !layout::indexed(f[i]) {
+                    continue;
+                }
+                hash::for_each_index_key(prefixes[c[i] as usize], u.get(i), k.get(i), |h| {
+                    rows.push(i as i64);
+                    hashes.push(h);
+                });
+            }
+            (rows, hashes)
+        });
+        Ok((Owned::new(Data::I64(rows)), Owned::new(Data::I32(hashes))))
+    })
 }
 
 /// Fill `out` with message ids in the layout of RocketMQ's `MessageClientIDSetter`, 32
@@ -546,28 +662,30 @@ pub fn index_keys(
 /// `start + i` big-endian, for `i` in `0..out.len() / 32`.
 #[pyfunction]
 pub fn uniq_ids(py: Python<'_>, prefix: &[u8], start: u64, out: &Bound<'_, PyAny>) -> PyResult<()> {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    if prefix.len() != 10 {
-        return Err(PyValueError::new_err("prefix must be 10 bytes"));
-    }
-    let out = OutBytes::new(out, "out")?;
-    let out = out.get();
-    if out.len() % 32 != 0 {
-        return Err(PyValueError::new_err("out must hold whole ids of 32 bytes"));
-    }
-    let mut head = [0u8; 20];
-    for (pair, b) in head.chunks_exact_mut(2).zip(prefix) {
-        pair[0] = HEX[(b >> 4) as usize];
-        pair[1] = HEX[(b & 15) as usize];
-    }
-    py.detach(|| {
-        for (i, id) in out.chunks_exact_mut(32).enumerate() {
-            id[..20].copy_from_slice(&head);
-            let seq = start.wrapping_add(i as u64) & ((1 << 48) - 1);
-            for (j, digit) in id[20..].iter_mut().enumerate() {
-                *digit = HEX[((seq >> (44 - 4 * j)) & 15) as usize];
-            }
+    guarded("uniq_ids", || {
+        const HEX: &[u8; 16] = b"0123456789ABCDEF";
+        if prefix.len() != 10 {
+            return Err(PyValueError::new_err("prefix must be 10 bytes"));
         }
-    });
-    Ok(())
+        let mut out = OutBytes::new(out, "out")?;
+        let out = out.get();
+        if out.len() % 32 != 0 {
+            return Err(PyValueError::new_err("out must hold whole ids of 32 bytes"));
+        }
+        let mut head = [0u8; 20];
+        for (pair, b) in head.chunks_exact_mut(2).zip(prefix) {
+            pair[0] = HEX[(b >> 4) as usize];
+            pair[1] = HEX[(b & 15) as usize];
+        }
+        py.detach(|| {
+            for (i, id) in out.chunks_exact_mut(32).enumerate() {
+                id[..20].copy_from_slice(&head);
+                let seq = start.wrapping_add(i as u64) & ((1 << 48) - 1);
+                for (j, digit) in id[20..].iter_mut().enumerate() {
+                    *digit = HEX[((seq >> (44 - 4 * j)) & 15) as usize];
+                }
+            }
+        });
+        Ok(())
+    })
 }

@@ -3,7 +3,8 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::buffers::{require_len, Col, OutBytes};
+use crate::buffers::{disjoint, require_len, Col, OutBytes};
+use crate::guarded;
 use crate::layout::{be_i32, Writer};
 
 pub const HEADER_SIZE: usize = 40;
@@ -55,7 +56,7 @@ pub fn put_key(
     let diff = if begin_ts <= 0 {
         0
     } else {
-        ((ts - begin_ts) / 1000).clamp(0, i32::MAX as i64) as i32
+        (ts.saturating_sub(begin_ts) / 1000).clamp(0, i32::MAX as i64) as i32
     };
     let mut w = Writer {
         buf: &mut entries[count * ENTRY_SIZE..(count + 1) * ENTRY_SIZE],
@@ -89,42 +90,56 @@ pub fn index_put(
     phys: &Bound<'_, PyAny>,
     times: &Bound<'_, PyAny>,
 ) -> PyResult<usize> {
-    let (slots, entries) = (
-        OutBytes::new(slots, "slots")?,
-        OutBytes::new(entries, "entries")?,
-    );
-    let (h, p, t) = (
-        Col::<i32>::new(hashes, "hashes")?,
-        Col::<i64>::new(phys, "phys")?,
-        Col::<i64>::new(times, "times")?,
-    );
-    let (h, p, t) = (h.get(), p.get(), t.get());
-    require_len("phys", p.len(), h.len())?;
-    require_len("times", t.len(), h.len())?;
-    let (slots, entries) = (slots.get(), entries.get());
-    let slot_num = slots.len() / SLOT_SIZE;
-    if slot_num == 0 || (index_count + h.len()) * ENTRY_SIZE > entries.len() {
-        return Err(PyValueError::new_err(format!(
-            "{} entries from number {index_count} do not fit the index file",
-            h.len()
-        )));
-    }
-    if h.iter().any(|&k| k < 0) {
-        return Err(PyValueError::new_err(
-            "index key hashes must not be negative",
-        ));
-    }
-    Ok(py.detach(|| {
-        let mut begin_ts = begin_ts;
-        let mut new_slots = 0;
-        for (k, count) in (index_count..index_count + h.len()).enumerate() {
-            if put_key(slots, entries, count, begin_ts, h[k], p[k], t[k]) {
-                new_slots += 1;
-            }
-            if count <= 1 {
-                begin_ts = t[k];
-            }
+    guarded("index_put", || {
+        let (mut slots, mut entries) = (
+            OutBytes::new(slots, "slots")?,
+            OutBytes::new(entries, "entries")?,
+        );
+        let (h, p, t) = (
+            Col::<i32>::new(hashes, "hashes")?,
+            Col::<i64>::new(phys, "phys")?,
+            Col::<i64>::new(times, "times")?,
+        );
+        disjoint(
+            &[("slots", slots.span()), ("entries", entries.span())],
+            &[
+                ("hashes", h.span()),
+                ("phys", p.span()),
+                ("times", t.span()),
+            ],
+        )?;
+        let (h, p, t) = (h.get(), p.get(), t.get());
+        require_len("phys", p.len(), h.len())?;
+        require_len("times", t.len(), h.len())?;
+        let (slots, entries) = (slots.get(), entries.get());
+        let slot_num = slots.len() / SLOT_SIZE;
+        let fits = index_count
+            .checked_add(h.len())
+            .and_then(|n| n.checked_mul(ENTRY_SIZE))
+            .is_some_and(|end| end <= entries.len());
+        if slot_num == 0 || !fits || index_count + h.len() > i32::MAX as usize {
+            return Err(PyValueError::new_err(format!(
+                "{} entries from number {index_count} do not fit the index file",
+                h.len()
+            )));
         }
-        new_slots
-    }))
+        if h.iter().any(|&k| k < 0) {
+            return Err(PyValueError::new_err(
+                "index key hashes must not be negative",
+            ));
+        }
+        Ok(py.detach(|| {
+            let mut begin_ts = begin_ts;
+            let mut new_slots = 0;
+            for (k, count) in (index_count..index_count + h.len()).enumerate() {
+                if put_key(slots, entries, count, begin_ts, h[k], p[k], t[k]) {
+                    new_slots += 1;
+                }
+                if count <= 1 {
+                    begin_ts = t[k];
+                }
+            }
+            new_slots
+        }))
+    })
 }

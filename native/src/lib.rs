@@ -4,8 +4,10 @@
 //! Python keeps the orchestration (files, placement, recovery decisions, Spark); every loop
 //! over messages lives here and runs with the GIL released. Inputs arrive as buffers borrowed
 //! from numpy, Arrow or a segment's mapping (see [`buffers`]); nothing is copied on the way
-//! in. Bad arguments raise `ValueError`; a panic surfaces as PyO3's `PanicException`, which
-//! the Python wrappers in `pipeline/native.py` turn into the store's own errors.
+//! in. Bad arguments (an output buffer that overlaps an input among them) raise `ValueError`.
+//! Every entry point runs under [`guarded`], so a panic (a bug, or a borrowed buffer changed
+//! under us) reaches Python as `pipeline.errors.NativeError`, a `StoreError`, never as PyO3's
+//! `PanicException`, which `except Exception` would miss.
 
 mod buffers;
 mod decode;
@@ -18,7 +20,51 @@ mod redispatch;
 mod scan;
 mod single;
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
 use pyo3::prelude::*;
+use pyo3::types::PyType;
+
+/// Run `f`, turning a panic into `pipeline.errors.NativeError` naming `what`. The closure's
+/// state is not used after a panic (the error goes straight to Python), which is why asserting
+/// unwind safety is sound here.
+pub fn guarded<T>(what: &str, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(result) => result,
+        Err(payload) => Err(native_error(what, &panic_text(payload.as_ref()))),
+    }
+}
+
+/// The message a panic carried.
+pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}
+
+/// Panics under [`guarded`]: lets the tests see a panic reach Python as `NativeError`.
+#[pyfunction]
+fn _panic_under_guard() -> PyResult<()> {
+    guarded("_panic_under_guard", || panic!("as asked"))
+}
+
+fn native_error(what: &str, text: &str) -> PyErr {
+    let message = format!("{what}: internal error in the native core: {text}");
+    Python::attach(|py| {
+        let class = py
+            .import("pipeline.errors")
+            .and_then(|m| m.getattr("NativeError"))
+            .and_then(|c| c.cast_into::<PyType>().map_err(PyErr::from));
+        match class {
+            Ok(class) => PyErr::from_type(class, message),
+            Err(e) => e,
+        }
+    })
+}
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -34,6 +80,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<owned::Owned>()?;
     m.add_function(wrap_pyfunction!(decode::decode, m)?)?;
     m.add_function(wrap_pyfunction!(decode::record_starts, m)?)?;
+    m.add_function(wrap_pyfunction!(_panic_under_guard, m)?)?;
     for (name, bit) in [
         ("DECODE_BODY", decode::BODY),
         ("DECODE_PROPERTIES", decode::PROPERTIES),

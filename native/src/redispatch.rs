@@ -8,6 +8,8 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use pyo3::prelude::*;
+
+use crate::guarded;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::buffers::Bytes;
@@ -76,80 +78,83 @@ pub fn dispatch_walk<'py>(
     check_crc: bool,
     index: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let buf = Bytes::new(buf, "buf")?;
-    let data = buf.get();
-    let limit = limit.min(data.len());
-    let (d, topics, stop) = py.detach(|| {
-        let mut d = Dispatched {
-            last_unit_ts: -1,
-            ..Default::default()
-        };
-        if index {
-            let guess = (limit.saturating_sub(start) / 128).min(1 << 22);
-            (d.hashes, d.phys, d.times) = (i32::take(guess), i64::take(guess), i64::take(guess));
-        }
-        let mut topics = Topics::default();
-        let mut queues: HashMap<u64, usize, BuildHasherDefault<QueueKeyHasher>> =
-            HashMap::default();
-        let stop = walk_records(
-            data,
-            start,
-            limit,
-            base,
-            check_crc,
-            usize::MAX,
-            end_phys,
-            |rel, r| {
-                let phys = base + rel as i64;
-                let (code, prefix) = topics.code(r.topic);
-                let reserved = hash::reserved(r.props);
-                if in_consume_queue(r.sys_flag) {
-                    let key = (code as u64) << 32 | r.queue_id as u32 as u64;
-                    let at = *queues.entry(key).or_insert_with(|| {
-                        d.runs.push(Run {
-                            topic: code,
-                            queue_id: r.queue_id,
-                            first: r.queue_offset,
-                            units: u8::take(1 << 16),
+    guarded("dispatch_walk", || {
+        let buf = Bytes::new(buf, "buf")?;
+        let data = buf.get();
+        let limit = limit.min(data.len());
+        let (d, topics, stop) = py.detach(|| {
+            let mut d = Dispatched {
+                last_unit_ts: -1,
+                ..Default::default()
+            };
+            if index {
+                let guess = (limit.saturating_sub(start) / 128).min(1 << 22);
+                (d.hashes, d.phys, d.times) =
+                    (i32::take(guess), i64::take(guess), i64::take(guess));
+            }
+            let mut topics = Topics::default();
+            let mut queues: HashMap<u64, usize, BuildHasherDefault<QueueKeyHasher>> =
+                HashMap::default();
+            let stop = walk_records(
+                data,
+                start,
+                limit,
+                base,
+                check_crc,
+                usize::MAX,
+                end_phys,
+                |rel, r| {
+                    let phys = base + rel as i64;
+                    let (code, prefix) = topics.code(r.topic);
+                    let reserved = hash::reserved(r.props);
+                    if in_consume_queue(r.sys_flag) {
+                        let key = (code as u64) << 32 | r.queue_id as u32 as u64;
+                        let at = *queues.entry(key).or_insert_with(|| {
+                            d.runs.push(Run {
+                                topic: code,
+                                queue_id: r.queue_id,
+                                first: r.queue_offset,
+                                units: u8::take(1 << 16),
+                            });
+                            d.runs.len() - 1
                         });
-                        d.runs.len() - 1
-                    });
-                    d.runs[at].units.extend_from_slice(&layout::unit(
-                        phys,
-                        r.size as i32,
-                        hash::tags_code(reserved.tags),
-                    ));
-                    d.last_unit_ts = r.store_ts;
-                }
-                if index && indexed(r.sys_flag) {
-                    hash::for_each_index_key(prefix, reserved.uniq, reserved.keys, |h| {
-                        d.hashes.push(h);
-                        d.phys.push(phys);
-                        d.times.push(r.store_ts);
-                    });
-                }
-                d.count += 1;
-            },
-        );
-        (d, topics.names, stop)
-    });
-    let out = PyDict::new(py);
-    let mut runs = Vec::with_capacity(d.runs.len());
-    for run in d.runs {
-        let units = Bound::new(py, Owned::new(Data::U8(run.units)))?;
-        runs.push((
-            PyBytes::new(py, topics[run.topic]),
-            run.queue_id,
-            run.first,
-            units,
-        ));
-    }
-    out.set_item("runs", runs)?;
-    out.set_item("hashes", Owned::new(Data::I32(d.hashes)))?;
-    out.set_item("phys", Owned::new(Data::I64(d.phys)))?;
-    out.set_item("times", Owned::new(Data::I64(d.times)))?;
-    out.set_item("count", d.count)?;
-    out.set_item("last_unit_ts", d.last_unit_ts)?;
-    stop.put_into(&out)?;
-    Ok(out)
+                        d.runs[at].units.extend_from_slice(&layout::unit(
+                            phys,
+                            r.size as i32,
+                            hash::tags_code(reserved.tags),
+                        ));
+                        d.last_unit_ts = r.store_ts;
+                    }
+                    if index && indexed(r.sys_flag) {
+                        hash::for_each_index_key(prefix, reserved.uniq, reserved.keys, |h| {
+                            d.hashes.push(h);
+                            d.phys.push(phys);
+                            d.times.push(r.store_ts);
+                        });
+                    }
+                    d.count += 1;
+                },
+            );
+            (d, topics.names, stop)
+        });
+        let out = PyDict::new(py);
+        let mut runs = Vec::with_capacity(d.runs.len());
+        for run in d.runs {
+            let units = Bound::new(py, Owned::new(Data::U8(run.units)))?;
+            runs.push((
+                PyBytes::new(py, topics[run.topic]),
+                run.queue_id,
+                run.first,
+                units,
+            ));
+        }
+        out.set_item("runs", runs)?;
+        out.set_item("hashes", Owned::new(Data::I32(d.hashes)))?;
+        out.set_item("phys", Owned::new(Data::I64(d.phys)))?;
+        out.set_item("times", Owned::new(Data::I64(d.times)))?;
+        out.set_item("count", d.count)?;
+        out.set_item("last_unit_ts", d.last_unit_ts)?;
+        stop.put_into(&out)?;
+        Ok(out)
+    })
 }

@@ -7,6 +7,8 @@
 use std::collections::HashMap;
 
 use pyo3::prelude::*;
+
+use crate::guarded;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::buffers::{push_i32, push_i64, Bytes};
@@ -161,30 +163,33 @@ pub fn walk<'py>(
     check_crc: bool,
     max_records: usize,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let buf = Bytes::new(buf, "buf")?;
-    let data = buf.get();
-    let limit = limit.min(data.len());
-    let c = py.detach(|| walk_columns(data, start, limit, base, check_crc, max_records));
-    let d = PyDict::new(py);
-    for (name, col) in [
-        ("phys", &c.phys),
-        ("sizes", &c.sizes),
-        ("queue_ids", &c.queue_ids),
-        ("queue_offsets", &c.queue_offsets),
-        ("sys_flags", &c.sys_flags),
-        ("store_ts", &c.store_ts),
-        ("tags_codes", &c.tags_codes),
-        ("topic_codes", &c.topic_codes),
-        ("key_rows", &c.key_rows),
-        ("key_hashes", &c.key_hashes),
-    ] {
-        d.set_item(name, PyBytes::new(py, col))?;
-    }
-    let topics: Vec<Bound<'py, PyBytes>> = c.topics.iter().map(|t| PyBytes::new(py, t)).collect();
-    d.set_item("topics", topics)?;
-    d.set_item("count", c.count)?;
-    c.stop.put_into(&d)?;
-    Ok(d)
+    guarded("walk", || {
+        let buf = Bytes::new(buf, "buf")?;
+        let data = buf.get();
+        let limit = limit.min(data.len());
+        let c = py.detach(|| walk_columns(data, start, limit, base, check_crc, max_records));
+        let d = PyDict::new(py);
+        for (name, col) in [
+            ("phys", &c.phys),
+            ("sizes", &c.sizes),
+            ("queue_ids", &c.queue_ids),
+            ("queue_offsets", &c.queue_offsets),
+            ("sys_flags", &c.sys_flags),
+            ("store_ts", &c.store_ts),
+            ("tags_codes", &c.tags_codes),
+            ("topic_codes", &c.topic_codes),
+            ("key_rows", &c.key_rows),
+            ("key_hashes", &c.key_hashes),
+        ] {
+            d.set_item(name, PyBytes::new(py, col))?;
+        }
+        let topics: Vec<Bound<'py, PyBytes>> =
+            c.topics.iter().map(|t| PyBytes::new(py, t)).collect();
+        d.set_item("topics", topics)?;
+        d.set_item("count", c.count)?;
+        c.stop.put_into(&d)?;
+        Ok(d)
+    })
 }
 
 /// Where and why a walk stopped: `end` is relative to the segment, `reason` says why for

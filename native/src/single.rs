@@ -12,7 +12,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 
-use crate::buffers::OutBytes;
+use crate::buffers::{disjoint, OutBytes};
+use crate::guarded;
 use crate::hash;
 use crate::index::{self, ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE};
 use crate::layout::{self, UNIT_SIZE};
@@ -214,25 +215,27 @@ impl SinglePut {
         slot_num: usize,
         index_num: usize,
     ) -> PyResult<Self> {
-        let sys_flag = match store_host.len() {
-            8 => 0,
-            20 => layout::BORNHOST_V6_FLAG | layout::STOREHOST_V6_FLAG,
-            _ => return Err(PyValueError::new_err("store_host must be 8 or 20 bytes")),
-        };
-        if slot_num == 0 || segment_size <= BLANK_SIZE {
-            return Err(PyValueError::new_err("empty slot table or segment"));
-        }
-        Ok(SinglePut {
-            store_host,
-            sys_flag,
-            max_body,
-            segment_size,
-            slot_num,
-            index_num,
-            field_names: FIELDS
-                .iter()
-                .map(|f| PyString::intern(py, f).unbind())
-                .collect(),
+        guarded("SinglePut", || {
+            let sys_flag = match store_host.len() {
+                8 => 0,
+                20 => layout::BORNHOST_V6_FLAG | layout::STOREHOST_V6_FLAG,
+                _ => return Err(PyValueError::new_err("store_host must be 8 or 20 bytes")),
+            };
+            if slot_num == 0 || segment_size <= BLANK_SIZE {
+                return Err(PyValueError::new_err("empty slot table or segment"));
+            }
+            Ok(SinglePut {
+                store_host,
+                sys_flag,
+                max_body,
+                segment_size,
+                slot_num,
+                index_num,
+                field_names: FIELDS
+                    .iter()
+                    .map(|f| PyString::intern(py, f).unbind())
+                    .collect(),
+            })
         })
     }
 
@@ -275,83 +278,92 @@ impl SinglePut {
         slot_count: i32,
         hook: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<(usize, usize, usize)>> {
-        let mut fields = Vec::with_capacity(FIELDS.len());
-        for name in &self.field_names {
-            fields.push(msg.getattr(name.bind(py))?);
-        }
-        let Ok(fields) = <[Bound<'_, PyAny>; 12]>::try_from(fields) else {
-            unreachable!("one attribute per name of FIELDS")
-        };
-        let Some(msg) = plain(&fields, uniq, self.max_body, now) else {
-            return Ok(None);
-        };
-        let (log, units) = (OutBytes::new(log, "log")?, OutBytes::new(units, "units")?);
-        let index = index.map(|i| OutBytes::new(i, "index")).transpose()?;
-        if phys < 0 || phys as u64 % self.segment_size != log_pos as u64 {
-            return Err(PyValueError::new_err(format!(
-                "offset {phys} is not byte {log_pos} of a segment"
-            )));
-        }
-        let index_size = HEADER_SIZE + SLOT_SIZE * self.slot_num + ENTRY_SIZE * self.index_num;
-        if index.as_ref().is_some_and(|i| i.get().len() != index_size) {
-            return Err(PyValueError::new_err(format!(
-                "index: expected a mapping of {index_size} bytes"
-            )));
-        }
-        let Some(placed) = self.place(msg, log_pos, log.get().len(), index.is_some()) else {
-            return Ok(None);
-        };
-        let entries = placed.key_hashes.len();
-        if unit_pos + UNIT_SIZE > units.get().len() || index_count + entries > self.index_num {
-            return Ok(None);
-        }
-        let size = placed.size;
-        let step = |name: &str| -> PyResult<()> {
-            match hook {
-                Some(h) => h.call1((PyString::intern(py, name), size)).map(drop),
-                None => Ok(()),
+        guarded("SinglePut.put", || {
+            let mut fields = Vec::with_capacity(FIELDS.len());
+            for name in &self.field_names {
+                fields.push(msg.getattr(name.bind(py))?);
             }
-        };
-        step("commitlog-write")?;
-        self.record(&placed.msg, phys, queue_offset, now)
-            .write(&mut log.get()[log_pos..log_pos + size], |w| {
-                w.bytes(&placed.msg.props)
-            });
-        step("record-sealed")?;
-        step("consumequeue-append")?;
-        units.get()[unit_pos..unit_pos + UNIT_SIZE].copy_from_slice(&layout::unit(
-            phys,
-            placed.size as i32,
-            placed.tags_code,
-        ));
-        let mut new_slots = 0;
-        if let Some(index) = &index {
-            let mut header = index::Header {
-                begin_ts,
-                end_ts: now,
-                begin_phy,
-                end_phy: phys,
-                slot_count,
-                count: index_count,
+            let Ok(fields) = <[Bound<'_, PyAny>; 12]>::try_from(fields) else {
+                unreachable!("one attribute per name of FIELDS")
             };
-            for &h in &placed.key_hashes {
-                step("index-put")?;
-                let buf = index.get();
-                let (head, rest) = buf.split_at_mut(HEADER_SIZE);
-                let (slots, entries) = rest.split_at_mut(SLOT_SIZE * self.slot_num);
-                if index::put_key(slots, entries, header.count, header.begin_ts, h, phys, now) {
-                    new_slots += 1;
-                    header.slot_count += 1;
-                }
-                if header.count <= 1 {
-                    header.begin_phy = phys;
-                    header.begin_ts = now;
-                }
-                header.count += 1;
-                header.write(head);
+            let Some(msg) = plain(&fields, uniq, self.max_body, now) else {
+                return Ok(None);
+            };
+            let (mut log, mut units) = (OutBytes::new(log, "log")?, OutBytes::new(units, "units")?);
+            let mut index = index.map(|i| OutBytes::new(i, "index")).transpose()?;
+            let mut outputs = vec![("log", log.span()), ("units", units.span())];
+            outputs.extend(index.as_ref().map(|i| ("index", i.span())));
+            disjoint(&outputs, &[])?;
+            if phys < 0 || phys as u64 % self.segment_size != log_pos as u64 {
+                return Err(PyValueError::new_err(format!(
+                    "offset {phys} is not byte {log_pos} of a segment"
+                )));
             }
-        }
-        Ok(Some((placed.size, entries, new_slots)))
+            let index_size = HEADER_SIZE + SLOT_SIZE * self.slot_num + ENTRY_SIZE * self.index_num;
+            if index.as_ref().is_some_and(|i| i.len() != index_size) {
+                return Err(PyValueError::new_err(format!(
+                    "index: expected a mapping of {index_size} bytes"
+                )));
+            }
+            let Some(placed) = self.place(msg, log_pos, log.len(), index.is_some()) else {
+                return Ok(None);
+            };
+            let entries = placed.key_hashes.len();
+            let unit_end = unit_pos.checked_add(UNIT_SIZE);
+            let index_end = index_count.checked_add(entries);
+            if unit_end.is_none_or(|end| end > units.len())
+                || index_end.is_none_or(|end| end > self.index_num)
+            {
+                return Ok(None);
+            }
+            let size = placed.size;
+            let step = |name: &str| -> PyResult<()> {
+                match hook {
+                    Some(h) => h.call1((PyString::intern(py, name), size)).map(drop),
+                    None => Ok(()),
+                }
+            };
+            step("commitlog-write")?;
+            self.record(&placed.msg, phys, queue_offset, now)
+                .write(&mut log.get()[log_pos..log_pos + size], |w| {
+                    w.bytes(&placed.msg.props)
+                });
+            step("record-sealed")?;
+            step("consumequeue-append")?;
+            units.get()[unit_pos..unit_pos + UNIT_SIZE].copy_from_slice(&layout::unit(
+                phys,
+                placed.size as i32,
+                placed.tags_code,
+            ));
+            let mut new_slots = 0;
+            if let Some(index) = &mut index {
+                let mut header = index::Header {
+                    begin_ts,
+                    end_ts: now,
+                    begin_phy,
+                    end_phy: phys,
+                    slot_count,
+                    count: index_count,
+                };
+                for &h in &placed.key_hashes {
+                    step("index-put")?;
+                    let buf = index.get();
+                    let (head, rest) = buf.split_at_mut(HEADER_SIZE);
+                    let (slots, entries) = rest.split_at_mut(SLOT_SIZE * self.slot_num);
+                    if index::put_key(slots, entries, header.count, header.begin_ts, h, phys, now) {
+                        new_slots += 1;
+                        header.slot_count += 1;
+                    }
+                    if header.count <= 1 {
+                        header.begin_phy = phys;
+                        header.begin_ts = now;
+                    }
+                    header.count += 1;
+                    header.write(head);
+                }
+            }
+            Ok(Some((placed.size, entries, new_slots)))
+        })
     }
 }
 
