@@ -4,6 +4,26 @@ from collections.abc import Callable
 from typing import Any
 
 DECODE_BODY: int
+MAGIC: int
+BLANK_MAGIC: int
+BLANK_SIZE: int
+FIXED_SIZE_V4: int
+BORNHOST_V6_FLAG: int
+STOREHOSTADDRESS_V6_FLAG: int
+TRANSACTION_MASK: int
+TRANSACTION_COMMIT_TYPE: int
+TRANSACTION_ROLLBACK_TYPE: int
+OFF_TOTALSIZE: int
+OFF_MAGIC: int
+OFF_BODYCRC: int
+OFF_QUEUEID: int
+OFF_FLAG: int
+OFF_QUEUEOFFSET: int
+OFF_PHYSICALOFFSET: int
+OFF_SYSFLAG: int
+OFF_BORNTIMESTAMP: int
+OFF_BORNHOST: int
+UNIT_SIZE: int
 DECODE_PROPERTIES: int
 DECODE_KEYS: int
 DECODE_TAGS: int
@@ -121,3 +141,5 @@ class SinglePut:
         slot_count: int,
         hook: Callable[[str, int], None] | None,
     ) -> tuple[int, int, int] | None: ...
+
+def _panic_under_guard() -> None: ...

@@ -182,14 +182,15 @@ class CommitLog:
     def read(self, phys: int, *, check_crc: bool = True) -> record.MessageExt:
         """The message at ``phys``; :class:`CorruptRecordError` if it fails its checks."""
         mf, rel = self._locate(phys)
-        return record.decode_record(
+        batch = native.decode(
             mf.buffer,
-            rel,
+            np.array([rel], dtype=np.int64),
+            mf.base,
             path=str(mf.path),
-            phys=phys,
             limit=mf.wrote_position,
             check_crc=check_crc,
         )
+        return next(native.messages(batch))
 
     def raw(self, phys: int, size: int) -> memoryview:
         """Zero-copy view of ``size`` bytes at ``phys`` (valid until the store closes)."""

@@ -79,10 +79,6 @@ class PreparedBatch:
     sizes: npt.NDArray[np.int64]
     encoder: native.EncodeBatch
 
-    @property
-    def transaction_types(self) -> npt.NDArray[np.int32]:
-        return self.sys_flags & record.TRANSACTION_MASK
-
 
 # -- UNIQ_KEY ----------------------------------------------------------------------------------
 

@@ -64,14 +64,3 @@ def java_hash_array(strings: pa.Array | pa.ChunkedArray | Sequence[str]) -> npt.
         codes = pc.fill_null(arr.indices, len(arr.dictionary)).to_numpy(zero_copy_only=False)
         return np.asarray(hashes[codes], dtype=np.int32)
     return native.java_hashes(arr)
-
-
-def binary_offsets(arr: pa.Array) -> npt.NDArray[np.int64]:
-    """The ``n + 1`` value offsets of a (sliced) string or binary array, as int64."""
-    dtype = (
-        np.int64
-        if pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
-        else np.int32
-    )
-    raw = np.frombuffer(arr.buffers()[1], dtype=dtype)
-    return raw[arr.offset : arr.offset + len(arr) + 1].astype(np.int64)

@@ -31,6 +31,12 @@ and the record goes whole into the next file.
 A message id ("offset msgId") is the uppercase hex of STOREHOST's address bytes, its port as an
 int and the record's physical offset as a long: 32 characters for IPv4, 56 for IPv6.
 
+The numbers of this layout are defined once, in the native core, which reads and writes every
+record in production (pipeline.native: the batch and single puts, the record walk of recovery
+and ``verify``, the decoder behind every read). :func:`encode_record` and
+:func:`decode_record` here are the readable reference the tests check the native core
+against, record for record; nothing in production parses a whole record with them.
+
 Pure functions over bytes; thread-safe.
 """
 
@@ -45,13 +51,16 @@ from typing import Any
 
 import numpy as np
 
+from pipeline import _native
 from pipeline.errors import CorruptRecordError, InvalidMessageError
 
-MAGIC = -626843481  # 0xDAA320A7, MESSAGE_MAGIC_CODE of RocketMQ 4.x
-BLANK_MAGIC = -875286124  # 0xCBD43194, BLANK_MAGIC_CODE
-BLANK_SIZE = 8  # END_OF_FILE_MIN_BLANK_LENGTH
+# The layout's numbers are defined once, in the native core (native/src/layout.rs), which
+# reads and writes every record in production.
+MAGIC: int = _native.MAGIC  # 0xDAA320A7, MESSAGE_MAGIC_CODE of RocketMQ 4.x
+BLANK_MAGIC: int = _native.BLANK_MAGIC  # 0xCBD43194, BLANK_MAGIC_CODE
+BLANK_SIZE: int = _native.BLANK_SIZE  # END_OF_FILE_MIN_BLANK_LENGTH
 
-FIXED_SIZE_V4 = 91
+FIXED_SIZE_V4: int = _native.FIXED_SIZE_V4
 HOST_EXTRA_V6 = 12
 
 # SYSFLAG bits (MessageSysFlag)
@@ -59,11 +68,11 @@ COMPRESSED_FLAG = 0x1
 MULTI_TAGS_FLAG = 0x2
 TRANSACTION_NOT_TYPE = 0x0
 TRANSACTION_PREPARED_TYPE = 0x4
-TRANSACTION_COMMIT_TYPE = 0x8
-TRANSACTION_ROLLBACK_TYPE = 0xC
-TRANSACTION_MASK = 0xC
-BORNHOST_V6_FLAG = 0x10
-STOREHOSTADDRESS_V6_FLAG = 0x20
+TRANSACTION_COMMIT_TYPE: int = _native.TRANSACTION_COMMIT_TYPE
+TRANSACTION_ROLLBACK_TYPE: int = _native.TRANSACTION_ROLLBACK_TYPE
+TRANSACTION_MASK: int = _native.TRANSACTION_MASK
+BORNHOST_V6_FLAG: int = _native.BORNHOST_V6_FLAG
+STOREHOSTADDRESS_V6_FLAG: int = _native.STOREHOSTADDRESS_V6_FLAG
 
 MAX_TOPIC_LENGTH = 127
 MAX_PROPERTIES_LENGTH = 32767
@@ -103,16 +112,16 @@ HOST_V6 = struct.Struct(">16si")
 # After the store host: RECONSUMETIMES, PREPAREDTRANSACTIONOFFSET, BODYLENGTH.
 TAIL = struct.Struct(">iqi")
 
-OFF_TOTALSIZE = 0
-OFF_MAGIC = 4
-OFF_BODYCRC = 8
-OFF_QUEUEID = 12
-OFF_FLAG = 16
-OFF_QUEUEOFFSET = 20
-OFF_PHYSICALOFFSET = 28
-OFF_SYSFLAG = 36
-OFF_BORNTIMESTAMP = 40
-OFF_BORNHOST = 48
+OFF_TOTALSIZE: int = _native.OFF_TOTALSIZE
+OFF_MAGIC: int = _native.OFF_MAGIC
+OFF_BODYCRC: int = _native.OFF_BODYCRC
+OFF_QUEUEID: int = _native.OFF_QUEUEID
+OFF_FLAG: int = _native.OFF_FLAG
+OFF_QUEUEOFFSET: int = _native.OFF_QUEUEOFFSET
+OFF_PHYSICALOFFSET: int = _native.OFF_PHYSICALOFFSET
+OFF_SYSFLAG: int = _native.OFF_SYSFLAG
+OFF_BORNTIMESTAMP: int = _native.OFF_BORNTIMESTAMP
+OFF_BORNHOST: int = _native.OFF_BORNHOST
 
 
 def body_crc(body: bytes | bytearray | memoryview) -> int:

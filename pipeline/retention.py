@@ -358,7 +358,6 @@ class RetentionService:
         self.disk_total = disk_total
         self._used_ratio = 0.0
         self._disk_full = False
-        self._checked_ms = 0
         # CommitLog min offset the ConsumeQueues and index were last cleaned for; -1 makes the
         # first run check them all (after a crash between the CommitLog and them).
         self._derived_clean_for = -1
@@ -369,11 +368,6 @@ class RetentionService:
     def used_ratio(self) -> float:
         """Disk use at the last measurement (0..1; -1 if unknown)."""
         return self._used_ratio
-
-    @property
-    def checked_ms(self) -> int:
-        """When the disk was last measured."""
-        return self._checked_ms
 
     def disk_full(self) -> bool:
         """Whether puts must be refused (cached; see :meth:`refresh`)."""
@@ -386,19 +380,18 @@ class RetentionService:
                 str(self.store.path), self._used_ratio, self.policy.warning_level_ratio
             )
 
-    def refresh(self, now_ms: int | None = None) -> float:
+    def refresh(self) -> float:
         """Measure the disk and update :meth:`disk_full`; returns the used share."""
         ratio = self._measure()
-        self._note(ratio, self.clock_ms() if now_ms is None else now_ms)
+        self._note(ratio)
         return ratio
 
     def _measure(self) -> float:
         directory = self.store.path / "commitlog"
         return float(self.disk_usage(directory if directory.is_dir() else self.store.path))
 
-    def _note(self, ratio: float, now_ms: int) -> None:
+    def _note(self, ratio: float) -> None:
         self._used_ratio = ratio
-        self._checked_ms = now_ms
         if ratio > self.policy.warning_level_ratio:
             self._disk_full = True
         elif ratio <= self.policy.clean_forcibly_ratio:
@@ -460,7 +453,7 @@ class RetentionService:
         self._check_store(write=True)
         now = self.clock_ms() if now_ms is None else now_ms
         ratio = self._measure()
-        self._note(ratio, now)
+        self._note(ratio)
         triggers = self._triggers(now, ratio, force_expired)
         log = self.store.commitlog
         before = log.min_offset
@@ -470,7 +463,7 @@ class RetentionService:
         )
         self._clean_derived(rnd, after)
         ratio_after = self._measure() if rnd.files else ratio
-        self._note(ratio_after, now)
+        self._note(ratio_after)
         return CleanReport(
             store=self.store.path,
             now_ms=now,

@@ -110,3 +110,21 @@ def test_crc_and_hash_outputs_must_not_overlap_their_input() -> None:
     offsets = np.array([0, 3, 7], np.int32)
     with pytest.raises(ValueError, match="out overlaps"):
         _native.java_hashes((raw, offsets, None), offsets[1:])
+
+
+def test_the_record_layout_is_defined_once_in_the_native_core() -> None:
+    """RocketMQ 4.9.x's values (MessageDecoder, MessageSysFlag), exported by the crate and
+    taken from there by pipeline.record."""
+    from pipeline import record
+
+    expected = {
+        "MAGIC": -626843481, "BLANK_MAGIC": -875286124, "BLANK_SIZE": 8, "FIXED_SIZE_V4": 91,
+        "BORNHOST_V6_FLAG": 0x10, "STOREHOSTADDRESS_V6_FLAG": 0x20, "TRANSACTION_MASK": 0xC,
+        "TRANSACTION_COMMIT_TYPE": 0x8, "TRANSACTION_ROLLBACK_TYPE": 0xC, "OFF_TOTALSIZE": 0,
+        "OFF_MAGIC": 4, "OFF_BODYCRC": 8, "OFF_QUEUEID": 12, "OFF_FLAG": 16,
+        "OFF_QUEUEOFFSET": 20, "OFF_PHYSICALOFFSET": 28, "OFF_SYSFLAG": 36,
+        "OFF_BORNTIMESTAMP": 40, "OFF_BORNHOST": 48,
+    }  # fmt: skip
+    for name, value in expected.items():
+        assert getattr(_native, name) == value, name
+        assert getattr(record, name) == value, name

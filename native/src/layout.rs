@@ -11,8 +11,43 @@ pub const TRANSACTION_MASK: i32 = 0xC;
 pub const TRANSACTION_COMMIT: i32 = 0x8;
 pub const TRANSACTION_ROLLBACK: i32 = 0xC;
 
+pub const BLANK_SIZE: usize = 8;
+
+// Field offsets of the fixed part of a record.
+pub const OFF_TOTALSIZE: usize = 0;
+pub const OFF_MAGIC: usize = 4;
+pub const OFF_BODYCRC: usize = 8;
+pub const OFF_QUEUEID: usize = 12;
+pub const OFF_FLAG: usize = 16;
+pub const OFF_QUEUEOFFSET: usize = 20;
+pub const OFF_PHYSICALOFFSET: usize = 28;
 pub const OFF_SYSFLAG: usize = 36;
+pub const OFF_BORNTIMESTAMP: usize = 40;
 pub const OFF_BORNHOST: usize = 48;
+
+/// The constants above, by the names `pipeline/record.py` gives them, for the Python side:
+/// one definition of the layout for both languages.
+pub const EXPORTED: [(&str, i64); 19] = [
+    ("MAGIC", MAGIC as i64),
+    ("BLANK_MAGIC", BLANK_MAGIC as i64),
+    ("BLANK_SIZE", BLANK_SIZE as i64),
+    ("FIXED_SIZE_V4", FIXED_SIZE_V4 as i64),
+    ("BORNHOST_V6_FLAG", BORNHOST_V6_FLAG as i64),
+    ("STOREHOSTADDRESS_V6_FLAG", STOREHOST_V6_FLAG as i64),
+    ("TRANSACTION_MASK", TRANSACTION_MASK as i64),
+    ("TRANSACTION_COMMIT_TYPE", TRANSACTION_COMMIT as i64),
+    ("TRANSACTION_ROLLBACK_TYPE", TRANSACTION_ROLLBACK as i64),
+    ("OFF_TOTALSIZE", OFF_TOTALSIZE as i64),
+    ("OFF_MAGIC", OFF_MAGIC as i64),
+    ("OFF_BODYCRC", OFF_BODYCRC as i64),
+    ("OFF_QUEUEID", OFF_QUEUEID as i64),
+    ("OFF_FLAG", OFF_FLAG as i64),
+    ("OFF_QUEUEOFFSET", OFF_QUEUEOFFSET as i64),
+    ("OFF_PHYSICALOFFSET", OFF_PHYSICALOFFSET as i64),
+    ("OFF_SYSFLAG", OFF_SYSFLAG as i64),
+    ("OFF_BORNTIMESTAMP", OFF_BORNTIMESTAMP as i64),
+    ("OFF_BORNHOST", OFF_BORNHOST as i64),
+];
 
 /// Whether a record of this SYSFLAG gets a ConsumeQueue unit (not PREPARED or ROLLBACK).
 pub fn in_consume_queue(sys_flag: i32) -> bool {

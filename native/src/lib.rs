@@ -81,6 +81,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decode::decode, m)?)?;
     m.add_function(wrap_pyfunction!(decode::record_starts, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_under_guard, m)?)?;
+    for (name, value) in layout::EXPORTED {
+        m.add(name, value)?;
+    }
+    m.add("UNIT_SIZE", layout::UNIT_SIZE)?;
     for (name, bit) in [
         ("DECODE_BODY", decode::BODY),
         ("DECODE_PROPERTIES", decode::PROPERTIES),
