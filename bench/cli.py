@@ -13,6 +13,7 @@ from bench import (
     decode,
     latency,
     recovery,
+    shared,
     spark_sink,
     spark_sink_batch,
     spark_source,
@@ -33,6 +34,7 @@ PARTS: dict[str, Callable[[Options], PartResult]] = {
     "source": spark_source.run,
     "latency": latency.run,
     "startup": startup.run,
+    "shared": shared.run,
 }
 
 

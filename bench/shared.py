@@ -1,0 +1,191 @@
+"""The ``shared`` part: the store on a replicated GlusterFS volume, against the local disk.
+
+Two FUSE mounts of one volume stand for two hosts (each has its own client cache). The volume
+is made by :mod:`tests.gluster` (replica 3, bricks on 127.0.0.2 under the work directory) and
+torn down at the end; the part is skipped, with the reason, where that is not possible (not
+root, no FUSE, no GlusterFS packages).
+
+Figures, each the median of ``--runs`` runs:
+
+1. **Put and flush**: a batch put of ``put_messages`` 100-byte messages followed by a flush
+   (the time until the data is on the servers, which is what publishes it), into a fresh store
+   through mount A, beside the same on the local disk (the work directory), run back to back.
+   Reported as msgs/s and the ratio GlusterFS / local.
+2. **Put to visible on the other host**: a writer through mount A puts one message at a time
+   (``visibility_messages`` of them, a few ms apart); a reader thread polls the planner's view
+   of the queue (:class:`source.brokerview.BrokerView`, ``sharedStorage=auto``, so the
+   visibility rule applies) through mount B as fast as it can. For each message, the time from
+   the put's return to the first poll that offers it: p50 and p99, under ``ASYNC_FLUSH`` (the
+   background flush publishes every ``flushIntervalCommitLog`` = 500 ms) and ``SYNC_FLUSH``
+   (each put publishes before it returns). The poll loop's own period is reported beside it.
+
+The load average before and after is in the JSON and the notes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from bench.common import Options, PartResult, Row, log, median, percentiles, scratch_dir
+from pipeline.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
+from pipeline.store import MessageStore
+from source.brokerview import BrokerView
+
+CONFIG = StoreConfig(
+    mapped_file_size_commitlog=64 << 20,
+    mapped_file_size_consume_queue=300_000 * 20,
+    max_hash_slot_num=50_000,
+    max_index_num=400_000,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    put_messages: int
+    visibility_messages: int
+    gap_s: float
+
+
+FULL = Sizes(put_messages=200_000, visibility_messages=300, gap_s=0.02)
+QUICK = Sizes(put_messages=10_000, visibility_messages=40, gap_s=0.01)
+
+
+def _table(first: int, n: int) -> pa.Table:
+    ids = np.arange(first, first + n)
+    return pa.table(
+        {
+            "topic": pa.array(["T"] * n, pa.string()),
+            "body": pa.array([b"%099d" % i for i in ids.tolist()], pa.binary()),
+            "queueId": pa.array(ids % 4, pa.int32()),
+        }
+    )
+
+
+def put_and_flush(directory: Path, table: pa.Table) -> float:
+    """Seconds for one batch put and the flush after it, into a fresh store."""
+    with scratch_dir(directory, "put-") as path, MessageStore(path, CONFIG, background=False) as s:
+        t0 = time.perf_counter()
+        s.put_batch(table)
+        s.flush()
+        return time.perf_counter() - t0
+
+
+def ack_to_visible(a: Path, b: Path, sizes: Sizes, flush: str) -> dict[str, Any]:
+    """Milliseconds from each put's return (writer through ``a``) to the first poll through
+    ``b`` that offers its message; the same store seen through both mounts."""
+    name = f"vis-{flush.lower()}-{os.getpid()}-{time.monotonic_ns()}"
+    config = dataclasses.replace(CONFIG, flush_disk_type=flush)
+    n = sizes.visibility_messages
+    acked = np.zeros(n)
+    seen = np.full(n, np.nan)
+    polls: list[float] = []
+    done = threading.Event()
+
+    def reader() -> None:
+        view = BrokerView("b", b / name)
+        last = 0
+        while not done.is_set() and last < n:
+            t0 = time.perf_counter()
+            try:
+                end = view.queue_bounds("T", 0).max
+            except FileNotFoundError:
+                end = 0  # the store's directories have not reached this mount yet
+            now = time.perf_counter()
+            polls.append(now - t0)
+            if end > last:
+                seen[last:end] = now
+                last = end
+
+    try:
+        with MessageStore(a / name, config) as store:
+            thread = threading.Thread(target=reader, name="bench-reader")
+            thread.start()
+            try:
+                for i in range(n):
+                    store.put_batch(_table(i * 4, 1))
+                    acked[i] = time.perf_counter()
+                    time.sleep(sizes.gap_s)  # pacing of the offered load, not synchronisation
+                deadline = time.monotonic() + 30
+                while np.isnan(seen).any() and time.monotonic() < deadline and thread.is_alive():
+                    thread.join(0.05)
+            finally:
+                done.set()
+                thread.join()
+    finally:
+        shutil.rmtree(a / name, ignore_errors=True)
+    delays = (seen - acked) * 1000
+    missing = int(np.isnan(delays).sum())
+    got = delays[~np.isnan(delays)]
+    return {
+        "flush": flush,
+        "messages": n,
+        "unseen": missing,
+        **({k: v for k, v in percentiles(got.tolist(), (50, 99)).items()} if len(got) else {}),
+        "max": float(got.max()) if len(got) else None,
+        "poll_ms_p50": percentiles([p * 1000 for p in polls], (50,))["p50"] if polls else None,
+    }
+
+
+def run(options: Options) -> PartResult:
+    from tests.gluster import GlusterUnavailable, volume
+
+    sizes = QUICK if options.quick else FULL
+    load_start = os.getloadavg()
+    notes: list[str] = []
+    table = _table(0, sizes.put_messages)
+    puts: list[dict[str, float]] = []
+    vis: dict[str, list[dict[str, Any]]] = {ASYNC_FLUSH: [], SYNC_FLUSH: []}
+    try:
+        with volume(options.work_dir) as vol:
+            for i in range(options.runs):
+                pair = {}
+                order = ("gluster", "local") if i % 2 == 0 else ("local", "gluster")
+                for where in order:
+                    directory = vol.a if where == "gluster" else options.work_dir
+                    pair[where] = put_and_flush(directory, table)
+                puts.append(pair)
+                log(f"shared: put+flush gluster {pair['gluster']:.3f}s local {pair['local']:.3f}s")
+            for flush in (ASYNC_FLUSH, SYNC_FLUSH):
+                for _ in range(options.runs):
+                    r = ack_to_visible(vol.a, vol.b, sizes, flush)
+                    vis[flush].append(r)
+                    log(f"shared: {flush} ack->visible {r}")
+    except GlusterUnavailable as exc:
+        return PartResult("shared", [], {"skipped": str(exc)}, [f"skipped: {exc}"])
+    load_end = os.getloadavg()
+    n = sizes.put_messages
+    g = [n / p["gluster"] for p in puts]
+    loc = [n / p["local"] for p in puts]
+    rows = [
+        Row(
+            "put+flush, GlusterFS mount",
+            "msgs/s",
+            median(g),
+            min(g),
+            max(g),
+            baseline="local disk",
+            ratio=median([p["local"] / p["gluster"] for p in puts]),
+        ),
+        Row("put+flush, local disk", "msgs/s", median(loc), min(loc), max(loc)),
+    ]
+    for flush, runs in vis.items():
+        for q in ("p50", "p99"):
+            values = [r[q] for r in runs if q in r]
+            if values:
+                rows.append(
+                    Row(f"put -> visible on mount B, {flush}, {q}", "ms", median(values),
+                        min(values), max(values))
+                )  # fmt: skip
+    notes.append(f"load average before {load_start[0]:.2f}, after {load_end[0]:.2f}")
+    data = {"sizes": dataclasses.asdict(sizes), "puts": puts, "visibility": vis,
+            "load_start": load_start, "load_end": load_end}  # fmt: skip
+    return PartResult("shared", rows, data, notes)
