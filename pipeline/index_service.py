@@ -216,9 +216,8 @@ class IndexService:
         self.files = []
         self.spares = []
 
-    def truncate_from(self, phys: int, store_time: Callable[[int], int]) -> int:
-        """Forget entries of messages at ``phys`` or later: files that start there are deleted,
-        the file holding the boundary is cut (see :meth:`IndexFile.truncate_from`)."""
+    def _drop_files_from(self, phys: int) -> int:
+        """Forget the files that begin at ``phys`` or later; returns their entries."""
         dropped = 0
         while self.files and self.files[-1].begin_phy_offset >= phys:
             f = self.files.pop()
@@ -226,9 +225,26 @@ class IndexService:
             f.close()
             if not self.read_only:
                 durability.remove(f.path)
+        return dropped
+
+    def truncate_from(self, phys: int, store_time: Callable[[int], int]) -> int:
+        """Forget entries of messages at ``phys`` or later: files that start there are deleted,
+        the file holding the boundary is cut (see :meth:`IndexFile.truncate_from`)."""
+        dropped = self._drop_files_from(phys)
         if self.files:
             dropped += self.files[-1].truncate_from(phys, store_time)
         return dropped
+
+    def mend(self, phys: int, store_time: Callable[[int], int]) -> tuple[int, int]:
+        """After a crash: forget entries of messages at ``phys`` or later, and make the last
+        file consistent whatever pages of it reached storage (see :meth:`IndexFile.mend`).
+        Only the last file needs it: a full file is flushed before the next one starts.
+        Returns (entries dropped, slot heads rewritten)."""
+        dropped = self._drop_files_from(phys)
+        if not self.files:
+            return dropped, 0
+        lost, rewritten = self.files[-1].mend(phys, store_time)
+        return dropped + lost, rewritten
 
     def candidates(
         self, topic: str, key: str, begin: int, end: int, min_phys: int = 0

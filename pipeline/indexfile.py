@@ -26,8 +26,10 @@ Hashes collide, so a look-up returns candidates; the caller must re-check the re
 does not, and we do).
 
 Thread-safety: none (one writer per store). Crash behaviour: entries are derived data. The
-header is updated after the entries and slots it describes, so a torn write leaves at worst
-entries the header does not count, which are ignored.
+header is updated after the entries and slots it describes, so a killed process leaves at worst
+entries the header does not count; a lost machine may leave any mix of old and new pages.
+Recovery keeps the entries ``putKey`` replayed from the start would have written and recomputes
+the slots (:meth:`IndexFile.mend`), and the CommitLog gives the rest again.
 
 Blocks (see :mod:`pipeline.mapped_file`): slots are written anywhere in their table, so a file
 this process writes has the header and the whole slot table reserved first, and entries a
@@ -267,28 +269,43 @@ class IndexFile:
         self.write_header()
         return count - keep
 
-    def repair_uncounted(self) -> int:
-        """Point slots that name an entry the header does not count (a crash between writing
-        entries and slots and writing the header that counts them) back down their chains to
-        the newest counted entry, and recount the used slots. Without it the next entry put in
-        such a slot would get itself as ``prevIndex``. Returns the number of slots repaired."""
-        count = self.index_count
-        slots = self._slots
-        bad = np.flatnonzero(slots >= count)
-        if not len(bad):
-            return 0
-        self._mf.reserve(self._entries_at)  # the slots are rewritten; entries only read
-        entries = self._entries
-        for s in bad.tolist():
-            e = int(slots[s])
-            # Chains only go down; anything else (or an entry past the file) ends the walk.
-            while e >= count:
-                prev = int(entries[e]["prev_index"]) if e < self.index_num else 0
-                e = prev if 0 <= prev < e else 0
-            slots[s] = e
-        self.hash_slot_count = int(np.count_nonzero(slots))
+    def mend(self, phys: int, store_time: Callable[[int], int]) -> tuple[int, int]:
+        """Make the file hold exactly its trustworthy entries of messages before CommitLog
+        offset ``phys``, whatever a crash left of the rest. Returns (entries dropped, slot heads
+        rewritten).
+
+        A process killed mid-put leaves slots naming entries the header never counted. When
+        the machine is lost instead (a power cut, or the client of a shared file system that
+        dies with the writer), each page of the mapping reached storage on its own schedule:
+        the header may count entries whose page never arrived, and a slot may name an entry
+        that did not arrive or miss one that did. So the header's count is an upper bound,
+        the entries kept are the longest prefix that is in CommitLog order, before ``phys``
+        and linked exactly as its hashes say, every slot head is recomputed from the kept
+        entries (a chain is fixed by the hashes and the order of its entries), and every entry
+        past them is zeroed.
+        """
+        count = min(max(self.index_count, 1), self.index_num)
+        self._mf.reserve(self._entries_at + ENTRY_SIZE * count)
+        buf = self._mf.buffer
+        keep, rewritten, used_slots, stale = native.index_mend(
+            buf[HEADER_SIZE : self._entries_at], buf[self._entries_at :], count, phys
+        )
+        if stale is not None:
+            # Entries past the kept ones, counted or not, are zeroed; a page that holds one
+            # that is not zero has its block already, but CoW file systems want it reserved.
+            self._mf.reserve(self._entries_at + ENTRY_SIZE * (stale + 1))
+            self._entries[keep : stale + 1] = np.zeros(stale + 1 - keep, dtype=ENTRY_DTYPE)
+        del buf
+        self.index_count = keep
+        self.hash_slot_count = used_slots
+        if keep > 1:
+            self.end_phy_offset = int(self._entries[keep - 1]["phy_offset"])
+            self.end_timestamp = store_time(self.end_phy_offset)
+        else:
+            self.end_phy_offset = self.begin_phy_offset
+            self.end_timestamp = self.begin_timestamp
         self.write_header()
-        return len(bad)
+        return count - keep, rewritten
 
     # -- reading ----------------------------------------------------------------------------
     def is_time_matched(self, begin: int, end: int) -> bool:

@@ -29,6 +29,7 @@ from pipeline.record import MessageExt
 StringTriple = tuple[Any, npt.NDArray[Any] | int, npt.NDArray[np.uint8] | None]
 EncodeBatch = _native.EncodeBatch
 index_put = _native.index_put
+index_mend = _native.index_mend
 index_keys = _native.index_keys
 uniq_ids = _native.uniq_ids
 SinglePut = _native.SinglePut

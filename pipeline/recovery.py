@@ -290,9 +290,13 @@ def recover(
         # crash, it is the start point; after a clean shutdown, the end.
         cut_at = start if (trusted is not None or abnormal) else end
         if index is not None and index.files and (abnormal or trusted is None):
-            # A crash may have left slots naming entries the header never counted; mended
-            # first, so that the cut below follows chains of counted entries only.
-            report.index_slots_repaired = index.files[-1].repair_uncounted()
+            # A crash may have left the last file's header, slots and entries out of step
+            # (a killed process, or a lost host whose pages arrived in any order): it is cut
+            # to its trustworthy entries before ``cut_at`` and its slots recomputed.
+            dropped, report.index_slots_repaired = index.mend(
+                cut_at, lambda at: log.store_timestamp(at, record.FIXED_SIZE_V4)
+            )
+            report.index_entries_dropped += dropped
         _drop_derived(log, queue_list, index, cut_at, report)
         if index is not None and index_damaged(log, index):
             # Unlike RocketMQ, an impossible index is dropped and dispatched again.

@@ -3,9 +3,9 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::buffers::{disjoint, require_len, Col, OutBytes};
+use crate::buffers::{disjoint, require_len, Bytes, Col, OutBytes};
 use crate::guarded;
-use crate::layout::{be_i32, Writer};
+use crate::layout::{be_i32, be_i64, Writer};
 
 pub const HEADER_SIZE: usize = 40;
 pub const SLOT_SIZE: usize = 4;
@@ -141,5 +141,83 @@ pub fn index_put(
             }
             new_slots
         }))
+    })
+}
+
+/// What [`index_mend`] found: entries kept, slot heads rewritten, slots in use, and the last
+/// entry past the kept ones that is not all zeros (or `None`).
+type Mended = (usize, usize, usize, Option<usize>);
+
+/// Replays `putKey` over entries `1..count` and stops at the first entry it would not have
+/// written: a negative hash or time difference, a CommitLog offset at `phys_limit` or beyond
+/// or below the previous entry's, or a `prevIndex` other than its slot's head at that point.
+/// The entries before it are kept; every slot head in `slots` that differs from the replay's
+/// is rewritten (so a slot naming a dropped, uncounted or missing entry points at its newest
+/// kept entry). Entries are only read.
+fn mend(slots: &mut [u8], entries: &[u8], count: usize, phys_limit: i64) -> Mended {
+    let slot_num = slots.len() / SLOT_SIZE;
+    let mut heads = vec![0i32; slot_num];
+    let mut last_phy = i64::MIN;
+    let mut keep = count.max(1);
+    for j in 1..count {
+        let at = j * ENTRY_SIZE;
+        let (hash, phy) = (be_i32(entries, at), be_i64(entries, at + 4));
+        let (diff, prev) = (be_i32(entries, at + 12), be_i32(entries, at + 16));
+        let slot = if hash >= 0 {
+            hash as usize % slot_num
+        } else {
+            0
+        };
+        if hash < 0 || diff < 0 || phy >= phys_limit || phy < last_phy || prev != heads[slot] {
+            keep = j;
+            break;
+        }
+        heads[slot] = j as i32;
+        last_phy = phy;
+    }
+    let mut rewritten = 0;
+    for (s, &head) in heads.iter().enumerate() {
+        let at = s * SLOT_SIZE;
+        if be_i32(slots, at) != head {
+            slots[at..at + SLOT_SIZE].copy_from_slice(&head.to_be_bytes());
+            rewritten += 1;
+        }
+    }
+    let used = heads.iter().filter(|&&h| h != 0).count();
+    let stale = entries
+        .chunks_exact(ENTRY_SIZE)
+        .enumerate()
+        .skip(keep)
+        .rev()
+        .find(|(_, e)| e.iter().any(|&b| b != 0))
+        .map(|(j, _)| j);
+    (keep, rewritten, used, stale)
+}
+
+/// After a crash: the number of entries of an IndexFile to keep (counting the unused entry 0),
+/// given `count` (the header's indexCount, an upper bound) and `phys_limit` (entries of
+/// records from there on are dropped). Rewrites `slots` to the heads of the kept entries and
+/// returns `(keep, slots rewritten, slots in use, last non-zero entry past keep or None)`;
+/// the caller zeroes the entries past `keep` and writes the header. See `IndexFile.mend`.
+#[pyfunction]
+pub fn index_mend(
+    py: Python<'_>,
+    slots: &Bound<'_, PyAny>,
+    entries: &Bound<'_, PyAny>,
+    count: usize,
+    phys_limit: i64,
+) -> PyResult<Mended> {
+    guarded("index_mend", || {
+        let mut out = OutBytes::new(slots, "slots")?;
+        let entries = Bytes::new(entries, "entries")?;
+        disjoint(&[("slots", out.span())], &[("entries", entries.span())])?;
+        let (slots, entries) = (out.get(), entries.get());
+        if slots.len() < SLOT_SIZE || count.saturating_mul(ENTRY_SIZE) > entries.len() {
+            return Err(PyValueError::new_err(format!(
+                "{count} entries and {} slot bytes do not fit the index file",
+                slots.len()
+            )));
+        }
+        Ok(py.detach(|| mend(slots, entries, count, phys_limit)))
     })
 }

@@ -75,6 +75,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode::uniq_ids, m)?)?;
     m.add_class::<single::SinglePut>()?;
     m.add_function(wrap_pyfunction!(index::index_put, m)?)?;
+    m.add_function(wrap_pyfunction!(index::index_mend, m)?)?;
     m.add_function(wrap_pyfunction!(scan::walk, m)?)?;
     m.add_function(wrap_pyfunction!(redispatch::dispatch_walk, m)?)?;
     m.add_class::<owned::Owned>()?;
