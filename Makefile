@@ -29,9 +29,13 @@ $(STAMP): pyproject.toml $(NATIVE_SOURCES)
 
 venv: $(STAMP) ## Create .venv and install rocketstore with its dev tools
 
+# Two workers: much of the suite waits on JVMs, subprocesses and mounts rather than computing.
+# Tests that share a machine-wide resource stay in one worker (see tests/conftest.py).
+PYTEST_WORKERS ?= 2
+
 test: $(STAMP) ## Run the whole test suite (the crate's unit tests, then pytest)
 	cd native && cargo test --release --quiet
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 demo: java $(STAMP) ## Run the whole Spark pipeline for a minute, then print what it did
 	$(PY) -m jobs.demo --dir $(DEMO_DIR) --seconds $(DEMO_SECONDS)

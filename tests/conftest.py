@@ -128,17 +128,37 @@ def connect_url(connect_server: Any) -> str:
 GLUSTER_SKIP = "[GlusterFS]"
 
 
-@pytest.fixture
-def gluster_volume(tmp_path: Path) -> Iterator[Any]:
-    """A replica-3 GlusterFS volume mounted twice (``.a``, ``.b``: two hosts' views), torn
-    down after the test (tests/gluster.py). Skipped where the machine cannot make one."""
-    from tests.gluster import unavailable, volume
+@pytest.fixture(scope="session")
+def gluster_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """glusterd for the session: started once if none runs, stopped at the end."""
+    from tests.gluster import daemon, unavailable
 
     why = unavailable()
     if why is not None:
         pytest.skip(f"{GLUSTER_SKIP} {why}")
+    with daemon(tmp_path_factory.mktemp("glusterd")):
+        yield
+
+
+@pytest.fixture
+def gluster_volume(gluster_daemon: None, tmp_path: Path) -> Iterator[Any]:
+    """A replica-3 GlusterFS volume mounted twice (``.a``, ``.b``: two hosts' views), torn
+    down after the test (tests/gluster.py). Skipped where the machine cannot make one."""
+    from tests.gluster import volume
+
     with volume(tmp_path) as vol:
         yield vol
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``pytest -n`` (``make test``), tests that share one machine-wide resource run in
+    one worker, one after another: GlusterFS tests share the one ``glusterd``, which the first
+    to need it may start and stop."""
+    for item in items:
+        if "gluster_volume" in getattr(item, "fixturenames", ()) or item.get_closest_marker(
+            "gluster"
+        ):
+            item.add_marker(pytest.mark.xdist_group("gluster"))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

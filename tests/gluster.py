@@ -100,7 +100,19 @@ def _glusterd(work: Path) -> Iterator[None]:
         yield
     finally:
         with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
-            os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+            pid = int(pid_file.read_text().strip())
+            os.kill(pid, signal.SIGTERM)
+            # Gone before the next volume asks: a glusterd still answering as it shuts down
+            # would be taken for a running one and then vanish under that volume.
+            _poll("glusterd to exit", lambda: not Path(f"/proc/{pid}").exists())
+
+
+@contextlib.contextmanager
+def daemon(work: Path) -> Iterator[None]:
+    """A running glusterd for a whole test session (started here if none runs, stopped after),
+    so that each volume does not start and stop its own."""
+    with _glusterd(work):
+        yield
 
 
 def mount(name: str, point: Path) -> None:

@@ -78,17 +78,22 @@ def check_message(queue_id: int, data: bytes) -> int:
 
 
 WRITER = """
-import sys, time
+import os, sys, time
 import pyarrow as pa
 sys.path.insert(0, sys.argv[3])
 from tests.test_gluster_store import CONFIG, table
 from pipeline.store import MessageStore
-path, batches = sys.argv[1], int(sys.argv[2])
+path, batches, reads = sys.argv[1], int(sys.argv[2]), sys.argv[4]
+deadline = time.monotonic() + 240
 with MessageStore(path, CONFIG) as store:
     for b in range(batches):
         store.put_batch(table(b * 1000, 1000))
         store.flush()
-        time.sleep(0.15)  # paced, so that the readers re-open many times while it writes
+        # Every 10 batches, wait until the reader has finished one more round since the last
+        # wait: however loaded the machine, reads and writes keep overlapping to the end.
+        while b % 10 == 9 and os.path.getsize(reads) < (b + 1) // 10:
+            assert time.monotonic() < deadline, "the reader stopped reading"
+            time.sleep(0.01)
 """
 
 
@@ -96,8 +101,11 @@ def test_readers_on_the_other_mount_never_see_damage(gluster_volume: Any) -> Non
     """The issue's case: 100 batches of 1,000 through mount A, each flushed; through mount B,
     read-only re-opens and the source's planner and partition reads, over and over."""
     a, b = gluster_volume.a / "broker-0", gluster_volume.b / "broker-0"
+    reads = gluster_volume.work / "reads"  # one byte per round of reads (local disk)
+    reads.write_bytes(b"")
     writer = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(a), "100", str(ROOT)], stderr=subprocess.PIPE
+        [sys.executable, "-c", WRITER, str(a), "100", str(ROOT), str(reads)],
+        stderr=subprocess.PIPE,
     )
     errors: list[str] = []
     opens = plans = 0
@@ -136,6 +144,8 @@ def test_readers_on_the_other_mount_never_see_damage(gluster_volume: Any) -> Non
                     done_at[q] = bounds.max
             except (OSError, StoreError, AssertionError) as exc:
                 errors.append(repr(exc)[:300])
+            with reads.open("ab") as f:
+                f.write(b".")
             if finished and len(seen_ro) == len(seen_src) == 100_000:
                 break
     finally:
