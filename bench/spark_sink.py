@@ -1,5 +1,5 @@
-"""The sink benchmark: one stream of rows written by the rocketstore sink, by Spark's parquet
-file sink and by the ``noop`` sink, in one run.
+"""The sink benchmark: one stream of rows written by the rocketstore sink's two faces, by
+Spark's parquet file sink and ``noop`` sink, and by the floors of a Python sink, in one run.
 
 The input is N rows (default 5M; ``--quick`` 200k) of a 100-byte body and a key each (100 000
 distinct keys), stored once as parquet files. Each timed run is a streaming query over those
@@ -11,32 +11,108 @@ about 1M rows, into:
 - ``rocketstore-ds``: the same store layout through the data source writer,
   ``writeStream.format("rocketstore")`` (no shuffle: each input partition's task appends to
   both brokers, free broker first);
-- ``parquet``: Spark's file sink, the baseline the target is set against;
+- ``floor-ds``: a Python data source writer with the same partitions that only counts the
+  Arrow batches it is handed: what any Python data source sink costs before it does anything;
+- ``floor-fb``: the ``foreachBatch`` face's own routing and shuffle into one task per broker,
+  feeding a ``mapInArrow`` task that only counts: the same for ``CommitLogSink``;
+- ``parquet``: Spark's file sink, the baseline the targets are set against;
 - ``noop``: the cost of reading the input and running the micro-batches, for scale.
 
-Figures are rows/s over the query's wall time (start to termination), the median of
-``--runs``; ratios are against the parquet sink in the same run. Target: the rocketstore sink
-at least as fast as the parquet sink (either face; ``CommitLogSink`` is the design's).
+Each query's wall time and its CPU seconds (this process, its JVM and the JVM's Python
+workers together, :func:`bench.common.process_tree_cpu_s`) are taken; figures are medians of
+``--runs``. The same run also times the native batch put of the same rows in this process
+(``MessageStore.put_batch``, CPU seconds of one thread), the work no sink can avoid.
+
+Targets: the data source writer at least 0.5 x the parquet sink and ``foreachBatch`` at least
+0.4 x; each sink's CPU per row beyond its floor's at most 1.5 x the native put's CPU per row.
 """
 
 from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.common import Options, PartResult, Row, log, median, scratch_dir, spread
+import pyarrow as pa
+import pyarrow.dataset as ds
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamWriter,
+    WriterCommitMessage,
+)
+
+from bench.common import (
+    Options,
+    PartResult,
+    Row,
+    log,
+    median,
+    process_tree_cpu_s,
+    scratch_dir,
+    spread,
+)
 from bench.session import local_session
 
-TARGET_RATIO = 1.0
+TARGETS = {"rocketstore": 0.4, "rocketstore-ds": 0.5}
+CPU_TARGET = 1.5  # a sink's CPU per row beyond its floor's, over the native put's
 FILES = 10
+BROKERS, QUEUES = 2, 4
 NAMES = {
     "rocketstore": "rocketstore sink (foreachBatch)",
     "rocketstore-ds": "rocketstore sink (data source writer)",
+    "floor-fb": "floor of foreachBatch (shuffle, count in Python)",
+    "floor-ds": "floor of a data source writer (count in Python)",
     "parquet": "parquet sink",
     "noop": "noop sink",
 }
+FLOOR_OF = {"rocketstore": "floor-fb", "rocketstore-ds": "floor-ds"}
+ORDER = ("noop", "parquet", "floor-ds", "rocketstore-ds", "floor-fb", "rocketstore")
+
+
+class CountDataSource(DataSource):
+    """A streaming data source writer that counts the rows it is handed and stores nothing."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "rocketstore_bench_count"
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> DataSourceStreamWriter:
+        return CountWriter()  # type: ignore[return-value]
+
+
+class CountWriter(DataSourceStreamArrowWriter):
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        rows = 0
+        for batch in iterator:
+            rows += batch.num_rows
+        return WriterCommitMessage()
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
+
+
+class ShuffleFloor:
+    """``foreachBatch`` function: what ``CommitLogSink`` does to a micro-batch before the
+    append (routing and the shuffle into one task per broker), then a task that counts."""
+
+    def __init__(self, path: str) -> None:
+        from sink.foreach import CommitLogSink
+
+        self.sink = CommitLogSink(path, topic="bench", brokers=BROKERS, queues=QUEUES)
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        def count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            rows = sum(b.num_rows for b in batches)
+            yield pa.RecordBatch.from_pydict({"rows": [rows]})
+
+        target = self.sink.partitioned(df)
+        out = from_arrow_schema(pa.schema([("rows", pa.int64())]))
+        target.mapInArrow(count, out).collect()
 
 
 def _session() -> tuple[Any, bool]:
@@ -63,60 +139,134 @@ def make_input(spark: Any, folder: Path, rows: int) -> None:
     )
 
 
+def native_put_cpu_s(source: Path, store: Path) -> float:
+    """CPU seconds (this thread) of putting the input's rows into one store in 1M-row batches
+    and flushing it: the native batch put every sink runs, without Spark around it."""
+    import numpy as np
+
+    from pipeline.config import StoreConfig
+    from pipeline.store import MessageStore
+    from sink.append import uniq_keys
+
+    table = ds.dataset(str(source)).to_table()
+    n = table.num_rows
+    rows = pa.table(
+        {
+            "topic": pa.array(np.full(n, "bench", dtype=object), pa.string()),
+            "body": table.column("body"),
+            "queueId": pa.array((np.arange(n) % QUEUES).astype(np.int32)),
+            "keys": table.column("keys"),
+            # The sink gives every row a UNIQ_KEY, which the index holds beside the keys.
+            "uniqKey": uniq_keys(b"bnch", 0, 0, n),
+        }
+    )
+    cpu = 0.0
+    with MessageStore(store, StoreConfig.effective(None), create=True, background=False) as s:
+        for lo in range(0, n, 1_000_000):
+            part = rows.slice(lo, 1_000_000)
+            t0 = time.thread_time()
+            s.put_batch(part)
+            cpu += time.thread_time() - t0
+        t0 = time.thread_time()
+        s.flush()
+        cpu += time.thread_time() - t0
+    shutil.rmtree(store, ignore_errors=True)
+    return cpu
+
+
 def run(options: Options) -> PartResult:
-    from pyspark.sql import functions as F  # noqa: F401  (imported for the session's side)
-
-    from sink.foreach import CommitLogSink
-
     rows = 200_000 if options.quick else 5_000_000
     spark, owned = _session()
-    results: dict[str, list[float]] = {name: [] for name in NAMES}
+    spark.dataSource.register(CountDataSource)
+    wall: dict[str, list[float]] = {name: [] for name in NAMES}
+    cpu: dict[str, list[float]] = {name: [] for name in NAMES}
+    put_cpu: list[float] = []
+    loads: list[float] = []
     with scratch_dir(options.work_dir, "sink-") as work:
-        source = work / "input"
+        source, warm = work / "input", work / "warm"
         make_input(spark, source, rows)
+        make_input(spark, warm, 20 * FILES)
         schema = spark.read.parquet(str(source)).schema
 
-        def stream() -> Any:
+        def stream(files: Path) -> Any:
             return (
                 spark.readStream.schema(schema)
                 .option("maxFilesPerTrigger", max(1, FILES // 5))
-                .parquet(str(source))
+                .parquet(str(files))
             )
 
+        def query(name: str, out: Path, files: Path = source) -> Any:
+            writer = stream(files).writeStream.option("checkpointLocation", str(out / "_ck"))
+            store = str(out / "store")
+            if name == "rocketstore":
+                from sink.foreach import CommitLogSink
+
+                sink = CommitLogSink(store, topic="bench", brokers=BROKERS, queues=QUEUES)
+                return writer.foreachBatch(sink)
+            if name == "floor-fb":
+                return writer.foreachBatch(ShuffleFloor(store))
+            if name in ("rocketstore-ds", "floor-ds"):
+                fmt = "rocketstore" if name == "rocketstore-ds" else CountDataSource.name()
+                return (
+                    writer.format(fmt)
+                    .option("path", store)
+                    .option("topic", "bench")
+                    .option("brokers", BROKERS)
+                    .option("queues", QUEUES)
+                )
+            if name == "parquet":
+                return writer.format("parquet").option("path", str(out / "files"))
+            return writer.format("noop")
+
+        # Warm-up, not timed: each kind's first query starts its Python workers and loads its
+        # classes, a fixed cost that would otherwise fall on whichever kind runs first.
+        for name in ORDER:
+            out = work / f"warm-{name}"
+            query(name, out, warm).trigger(availableNow=True).start().awaitTermination()
+            shutil.rmtree(out, ignore_errors=True)
         for i in range(options.runs):
-            for name in ("noop", "parquet", "rocketstore", "rocketstore-ds"):
+            loads.append(_load())
+            # Rotated, so that no kind always runs first after the machine was idle.
+            order = ORDER[i % len(ORDER) :] + ORDER[: i % len(ORDER)]
+            for name in order:
                 out = work / f"{name}-{i}"
-                writer = stream().writeStream.option("checkpointLocation", str(out / "_ck"))
-                if name == "rocketstore":
-                    writer = writer.foreachBatch(
-                        CommitLogSink(str(out / "store"), topic="bench", brokers=2, queues=4)
-                    )
-                elif name == "rocketstore-ds":
-                    writer = (
-                        writer.format("rocketstore")
-                        .option("path", str(out / "store"))
-                        .option("topic", "bench")
-                        .option("brokers", 2)
-                        .option("queues", 4)
-                    )
-                elif name == "parquet":
-                    writer = writer.format("parquet").option("path", str(out / "files"))
-                else:
-                    writer = writer.format("noop")
+                cpu0 = process_tree_cpu_s()
                 t0 = time.perf_counter()
-                writer.trigger(availableNow=True).start().awaitTermination()
-                elapsed = time.perf_counter() - t0
-                results[name].append(rows / elapsed)
-                log(f"sink run {i + 1}/{options.runs} {name}: {rows / elapsed:,.0f} rows/s")
+                query(name, out).trigger(availableNow=True).start().awaitTermination()
+                wall[name].append(time.perf_counter() - t0)
+                cpu[name].append(process_tree_cpu_s() - cpu0)
+                log(
+                    f"sink run {i + 1}/{options.runs} {name}: {rows / wall[name][-1]:,.0f} rows/s, "
+                    f"{cpu[name][-1]:.2f} CPU s"
+                )
                 shutil.rmtree(out, ignore_errors=True)
+            put_cpu.append(native_put_cpu_s(source, work / f"put-{i}"))
+            log(f"sink run {i + 1}/{options.runs} native put: {put_cpu[-1]:.2f} CPU s")
+            loads.append(_load())
     if owned:
         spark.stop()
-    base = median(results["parquet"])
+    return PartResult(
+        "sink", _table(rows, wall, cpu, put_cpu), _data(rows, wall, cpu, put_cpu, loads)
+    )
+
+
+def _load() -> float:
+    import os
+
+    return os.getloadavg()[0]
+
+
+def _table(
+    rows: int, wall: dict[str, list[float]], cpu: dict[str, list[float]], put_cpu: list[float]
+) -> list[Row]:
+    per_m = 1_000_000 / rows
+    speed = {name: [rows / w for w in wall[name]] for name in NAMES}
+    base = median(speed["parquet"])
+    put = median(put_cpu) * per_m
     table = []
     for name in NAMES:
-        m = median(results[name])
-        s = spread(results[name])
-        is_target = name.startswith("rocketstore")
+        m, s = median(speed[name]), spread(speed[name])
+        goal = TARGETS.get(name)
         table.append(
             Row(
                 name=f"{NAMES[name]}, {rows:,} x 100 B",
@@ -126,8 +276,50 @@ def run(options: Options) -> PartResult:
                 high=s["max"],
                 baseline="parquet sink",
                 ratio=m / base,
-                target=f">= {TARGET_RATIO:g} x parquet" if is_target else "",
-                met=(m / base >= TARGET_RATIO) if is_target else None,
+                target=f">= {goal:g} x parquet" if goal else "",
+                met=(m / base >= goal) if goal else None,
             )
         )
-    return PartResult("sink", table, {"rows": rows, "rows_per_s": results})
+    for name, floor in FLOOR_OF.items():
+        table.append(
+            Row(
+                name=f"{NAMES[name]} over its floor",
+                unit="x",
+                median=median(speed[name]) / median(speed[floor]),
+                baseline=NAMES[floor],
+            )
+        )
+    for name in NAMES:
+        c = [x * per_m for x in cpu[name]]
+        table.append(Row(name=f"{NAMES[name]}: CPU", unit="CPU s / M rows", median=median(c)))
+    table.append(Row(name="native batch put (one thread)", unit="CPU s / M rows", median=put))
+    for name, floor in FLOOR_OF.items():
+        beyond = (median(cpu[name]) - median(cpu[floor])) * per_m
+        table.append(
+            Row(
+                name=f"{NAMES[name]}: CPU beyond its floor",
+                unit="CPU s / M rows",
+                median=beyond,
+                baseline="native batch put",
+                ratio=beyond / put,
+                target=f"<= {CPU_TARGET:g} x native put",
+                met=beyond / put <= CPU_TARGET,
+            )
+        )
+    return table
+
+
+def _data(
+    rows: int,
+    wall: dict[str, list[float]],
+    cpu: dict[str, list[float]],
+    put_cpu: list[float],
+    loads: list[float],
+) -> dict[str, Any]:
+    return {
+        "rows": rows,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "native_put_cpu_s": put_cpu,
+        "load_avg": loads,
+    }

@@ -126,6 +126,13 @@ class CommitLogSink:
         routed = numbered.select("*", F.expr(mq).alias("__rs_mq"))
         return routed.repartition(plan.brokers, pk)
 
+    def partitioned(self, df: DataFrame) -> DataFrame:
+        """``df`` as the append step receives it: numbered, routed and shuffled into one
+        partition per broker (for the benchmark's floor; ``__call__`` does the same)."""
+        arrow_schema = to_arrow_schema(df.schema, timezone="UTC")
+        plan = prepare(self.settings, arrow_schema)
+        return self._shuffled(df, plan, arrow_schema) if not _one_partition(df) else df
+
     def _keys_for(self, spark: SparkSession, n: int) -> list[int]:
         if n not in self._partition_keys:
             self._partition_keys[n] = partition_keys(spark, n)
