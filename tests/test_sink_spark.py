@@ -290,6 +290,11 @@ def test_two_queries_writing_one_root_at_once(spark: SparkSession, tmp_path: Pat
             assert verify(store).ok
 
 
+# Keys with every kind of spacing: runs, leading and trailing, only spaces, empty, and a tab
+# (which separates nothing).
+SPACED = ["k{}  extra", "k{}", " k{}", "k{} ", "   ", "", "a  b   k{}", " k{}\tx  y ", "k{} z"]
+
+
 def test_spark_routing_matches_the_numpy_routing(spark: SparkSession) -> None:
     """The SQL expression foreachBatch routes with and the numpy routing of the data source
     writer choose the same queue for every row (string keys, array keys, no key, queueId)."""
@@ -303,7 +308,7 @@ def test_spark_routing_matches_the_numpy_routing(spark: SparkSession) -> None:
         [
             (
                 i,
-                f"k{i % 97}  extra{i % 3}" if i % 11 else None,
+                SPACED[i % len(SPACED)].format(i % 97) if i % 11 else None,
                 [f"a{i}", "b"],
                 i % 9 if i % 5 == 0 else None,
             )
