@@ -47,10 +47,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import os
 import threading
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -93,17 +95,18 @@ def sink_fingerprint(sink_id: str) -> bytes:
     return hashlib.sha1(sink_id.encode("utf-8")).digest()[:4]
 
 
-def uniq_keys(sink_fp: bytes, batch_id: int, slot: int, n: int) -> pa.StringArray:
-    """The UNIQ_KEYs of rows ``0 .. n-1`` of one (batch, slot) (layout in the module doc)."""
-    if not 0 <= batch_id < 1 << 40 or not 0 <= slot < 1 << 24 or n >= 1 << 32:
+def uniq_keys(sink_fp: bytes, batch_id: int, slot: int, n: int, start: int = 0) -> pa.StringArray:
+    """The UNIQ_KEYs of rows ``start .. start+n-1`` of one (batch, slot) (layout in the module
+    doc)."""
+    if not 0 <= batch_id < 1 << 40 or not 0 <= slot < 1 << 24 or start + n >= 1 << 32:
         raise StoreError(
-            f"batch {batch_id}, slot {slot}, {n} rows: outside the sink's UNIQ_KEY layout"
+            f"batch {batch_id}, slot {slot}, {start + n} rows: outside the sink's UNIQ_KEY layout"
         )
     raw = np.empty((n, UNIQ_BYTES), dtype=np.uint8)
     raw[:, :4] = np.frombuffer(sink_fp, dtype=np.uint8)
     raw[:, 4:9] = np.frombuffer(batch_id.to_bytes(5, "big"), dtype=np.uint8)
     raw[:, 9:12] = np.frombuffer(slot.to_bytes(3, "big"), dtype=np.uint8)
-    raw[:, 12:] = np.arange(n, dtype=">u4").view(np.uint8).reshape(n, 4)
+    raw[:, 12:] = np.arange(start, start + n, dtype=">u4").view(np.uint8).reshape(n, 4)
     return encode.hex_fixed(raw)
 
 
@@ -235,38 +238,114 @@ def append(
     Every row is validated before any is written: a bad row fails the call with
     :class:`~pipeline.errors.InvalidMessageError` naming the column, the reason and the count.
     """
-    n = rows.num_rows
     with open_writer(path, config, lock_timeout_ms) as store:
-        # Built once the lock is held: a writer that finds the broker taken and tries another
-        # first (sink.writer) has not spent this work in vain.
-        uniq = uniq_keys(sink_fp, batch_id, slot, n)
-        rows = rows.append_column("uniqKey", uniq)
-        topics = rows.column("topic").to_pylist()
+        return _append_all(store, rows, sink_fp, batch_id, slot, chunk_rows, attempt)
+
+
+def _append_all(
+    store: MessageStore,
+    rows: pa.Table,
+    sink_fp: bytes,
+    batch_id: int,
+    slot: int,
+    chunk_rows: int,
+    attempt: int,
+) -> AppendStats:
+    """:func:`append`, on a store already open with its lock held."""
+    n = rows.num_rows
+    path = store.path
+    # Built once the lock is held: a writer that finds the broker taken and tries another
+    # first (sink.writer) has not spent this work in vain.
+    uniq = uniq_keys(sink_fp, batch_id, slot, n)
+    rows = rows.append_column("uniqKey", uniq)
+    topics = rows.column("topic").to_pylist()
+    note_name = "sink." + sink_fp.hex()
+    note = _valid_note(store.note(note_name))
+    since = search_bound(note, batch_id)
+    done = landed_prefix(store, topics, uniq, since)
+    if done:
+        _check_same_rows(store, rows, topics, done - 1, path, since)
+    if note is None or note[0] < batch_id:
+        store.set_note(note_name, [batch_id, store.commitlog.max_offset, since])
+    rest = rows.slice(done)
+    if rest.num_rows > chunk_rows:
+        # Validate everything before the first chunk goes in, so a bad row cannot leave
+        # half a batch behind.
+        encode.prepare(rest, store.config, encode.UniqKeyGenerator(), store.clock_ms())
+    put = _Puts(store, attempt)
+    for start in range(0, rest.num_rows, chunk_rows):
+        put(rest.slice(start, chunk_rows))
+    clean_when_due(store)
+    return AppendStats(path.name, slot, n, done, n - done, put.bytes, put.first, put.last)
+
+
+class _Puts:
+    """Batch puts of one append, with what they stored and the test suite's failpoint."""
+
+    def __init__(self, store: MessageStore, attempt: int) -> None:
+        self.store, self.attempt = store, attempt
+        self.first = self.last = -1
+        self.bytes = self.count = 0
+
+    def __call__(self, part: pa.Table) -> None:
+        result = self.store.put_batch(part)
+        if len(result):
+            if self.first < 0:
+                self.first = int(result.commit_log_offsets[0])
+            self.last = int(result.commit_log_offsets[-1])
+        self.bytes += result.total_bytes
+        self.count += 1
+        _failpoint(self.count, self.attempt, self.store)
+
+
+def append_stream(
+    path: Path,
+    config: StoreConfig,
+    parts: Iterator[pa.Table],
+    *,
+    sink_fp: bytes,
+    batch_id: int,
+    slot: int,
+    lock_timeout_ms: int,
+    chunk_rows: int = 1_000_000,
+    attempt: int = 0,
+) -> AppendStats | None:
+    """Append the rows of ``parts`` (message columns, in their final order, as they arrive) as
+    (batch, slot), each part put as soon as it is there: with ``parts`` a
+    :func:`sink.prefetch.prefetched` iterator, the next part is received while this one is
+    stored. Returns None when ``parts`` is empty (the broker's lock is not taken then).
+
+    The first attempt of a (batch, slot) finds its first row's UNIQ_KEY absent and streams
+    every row through. A re-run that finds it present needs the whole row count to search what
+    landed, so it collects the rest and appends as :func:`append` does. Each part is validated
+    before it is put, so an invalid row fails the task after the parts before its own: those
+    stay, and a re-run with the row fixed or filtered out (the rows before it unchanged) skips
+    them and goes on, exactly once.
+    """
+    first = next(parts, None)
+    if first is None:
+        return None
+    with open_writer(path, config, lock_timeout_ms) as store:
         note_name = "sink." + sink_fp.hex()
         note = _valid_note(store.note(note_name))
         since = search_bound(note, batch_id)
-        done = landed_prefix(store, topics, uniq, since)
-        if done:
-            _check_same_rows(store, rows, topics, done - 1, path, since)
+        key = uniq_keys(sink_fp, batch_id, slot, 1)[0].as_py()
+        topic = first.column("topic")[0].as_py()
+        if store.query_by_key(topic, key, max_count=1, min_offset=since):
+            rows = pa.concat_tables([first, *parts])
+            return _append_all(store, rows, sink_fp, batch_id, slot, chunk_rows, attempt)
         if note is None or note[0] < batch_id:
             store.set_note(note_name, [batch_id, store.commitlog.max_offset, since])
-        rest = rows.slice(done)
-        if rest.num_rows > chunk_rows:
-            # Validate everything before the first chunk goes in, so a bad row cannot leave
-            # half a batch behind.
-            encode.prepare(rest, config, encode.UniqKeyGenerator(), store.clock_ms())
-        first = last = -1
-        total_bytes = 0
-        for i, start in enumerate(range(0, rest.num_rows, chunk_rows)):
-            result = store.put_batch(rest.slice(start, chunk_rows))
-            if first < 0 and len(result):
-                first = int(result.commit_log_offsets[0])
-            if len(result):
-                last = int(result.commit_log_offsets[-1])
-            total_bytes += result.total_bytes
-            _failpoint(i + 1, attempt, store)
+        put = _Puts(store, attempt)
+        n = 0
+        for part in itertools.chain([first], parts):
+            for start in range(0, part.num_rows, chunk_rows):
+                piece = part.slice(start, chunk_rows)
+                k = piece.num_rows
+                put(piece.append_column("uniqKey", uniq_keys(sink_fp, batch_id, slot, k, n)))
+                n += k
         clean_when_due(store)
-    return AppendStats(path.name, slot, n, done, n - done, total_bytes, first, last)
+    return AppendStats(path.name, slot, n, 0, n, put.bytes, put.first, put.last)
 
 
 def _check_same_rows(

@@ -7,14 +7,16 @@ Per micro-batch (``__call__`` runs on the driver; the ``mapInArrow`` step on exe
    partition and position (``monotonically_increasing_id``), so a replay numbers rows the same;
 2. shuffle: ``repartition(brokers, key)`` with, for each broker, a key value that Spark's hash
    partitioner sends to the partition of the same number, so broker ``b``'s rows all land in
-   task ``b`` (one writer per broker). A micro-batch that Spark plans as one partition (a
-   small file, a one-partition source) skips the shuffle: its one task is then the only writer
-   of every broker and appends to them one after another, which saves a stage per batch;
-3. append: the task sorts its rows by row number, takes broker ``b``'s lock and appends broker
-   ``b``'s rows as vectorised batch puts, skipping what an earlier attempt of the same batch
-   already stored (see :mod:`sink.append`). Either way broker ``b``'s rows are written in the
-   same order with the same UNIQ_KEYs (slot ``b``), so a replay finds what landed whichever
-   way it runs.
+   task ``b`` (one writer per broker), sorted there by row number in the JVM. A micro-batch
+   that Spark plans as one partition (a small file, a one-partition source) skips the
+   shuffle: its one task is then the only writer of every broker and appends to them one
+   after another, which saves a stage per batch;
+3. append: task ``b`` takes broker ``b``'s lock and puts its rows as they come, Spark's next
+   Arrow batch received in a thread of its own while the native put of the current one runs
+   (:func:`sink.writer.append_shuffled`), and flushes once at the end; a re-run skips what an
+   earlier attempt of the same batch already stored (see :mod:`sink.append`). Either way
+   broker ``b``'s rows are written in the same order with the same UNIQ_KEYs (slot ``b``),
+   so a replay finds what landed whichever way it runs.
 
 Exactly once: given a deterministic, replayable input (Spark's file sources, Kafka, the
 rocketstore source, ``rate``), every row is stored once across task retries and driver
@@ -44,7 +46,7 @@ from sink.identity import QueryIdentity
 from sink.plan import Plan, prepare, route_batches
 from sink.rows import queue_expression
 from sink.settings import SinkSettings
-from sink.writer import STATS_SCHEMA, append_routed, stats_batch
+from sink.writer import STATS_SCHEMA, append_routed, append_shuffled, stats_batch
 
 log = logging.getLogger("rocketstore.sink")
 
@@ -87,22 +89,33 @@ class CommitLogSink:
         plan = prepare(self.settings, arrow_schema)
         fp = sink_fingerprint(self.settings.sink_id or self._query.id_of(df, batch_id))
 
+        shuffle = not _one_partition(df)
+
         def append_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             ctx = TaskContext.get()
             attempt = ctx.attemptNumber() if ctx is not None else 0
-            yield from stats_batch(
-                append_routed(
+            routed = route_batches(plan, batches, 0)
+            if shuffle:
+                stats = append_shuffled(
                     plan.settings,
                     plan.queues,
-                    route_batches(plan, batches, 0),
+                    routed,
+                    batch_id=batch_id,
+                    sink_fp=fp,
+                    attempt=attempt,
+                )
+            else:
+                stats = append_routed(
+                    plan.settings,
+                    plan.queues,
+                    routed,
                     batch_id=batch_id,
                     sink_fp=fp,
                     slot=None,
                     attempt=attempt,
                 )
-            )
+            yield from stats_batch(stats)
 
-        shuffle = not _one_partition(df)
         target = self._shuffled(df, plan, arrow_schema) if shuffle else df
         stats = target.mapInArrow(append_fn, from_arrow_schema(STATS_SCHEMA)).collect()
         self._record(batch_id, stats, plan, shuffle)
@@ -124,7 +137,8 @@ class CommitLogSink:
         # every micro-batch: two, and the partition key is an expression of the shuffle.
         numbered = df.select("*", F.monotonically_increasing_id().alias("__rs_row"))
         routed = numbered.select("*", F.expr(mq).alias("__rs_mq"))
-        return routed.repartition(plan.brokers, pk)
+        # Sorted in the JVM, so that the task can append its rows in replay order as they come.
+        return routed.repartition(plan.brokers, pk).sortWithinPartitions("__rs_row")
 
     def partitioned(self, df: DataFrame) -> DataFrame:
         """``df`` as the append step receives it: numbered, routed and shuffled into one

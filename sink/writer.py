@@ -9,16 +9,19 @@ appends to every broker its rows route to, one broker lock at a time, free broke
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import StoreConfig
-from pipeline.errors import StoreLockedError
+from pipeline.errors import StoreError, StoreLockedError
 from pipeline.root import StoreRoot, broker_name
-from sink.append import AppendStats, LockWait, append
+from sink.append import AppendStats, LockWait, append, append_stream
+from sink.prefetch import prefetched
 from sink.settings import SinkSettings
 
 STATS_SCHEMA = pa.schema(
@@ -72,17 +75,7 @@ def append_routed(
     def rows_of(b: int) -> pa.Table:
         picked = np.flatnonzero(brokers == b)
         part = table.take(pa.array(picked)) if len(picked) != table.num_rows else table
-        return pa.table(
-            {
-                "topic": part.column("topic"),
-                "body": part.column("body"),
-                "queueId": pa.array((mq[picked] % queues).astype(np.int32)),
-                "keys": part.column("keys"),
-                "tags": part.column("tags"),
-                "properties": part.column("properties"),
-                "flag": part.column("flag"),
-            }
-        )
+        return message_table(part, mq[picked] % queues)
 
     def append_broker(b: int, timeout_ms: int) -> AppendStats:
         # Kept for another try when the broker's lock turns out to be taken.
@@ -107,6 +100,104 @@ def append_routed(
     if slot is None:
         return [append_broker(b, settings.lock_timeout_ms) for b in targets]
     return _append_free_first(targets, slot, settings.lock_timeout_ms, append_broker)
+
+
+# Rows per put when a task appends as its rows come: Spark hands over Arrow batches of 10,000
+# rows (spark.sql.execution.arrow.maxRecordsPerBatch), and a put of so few pays its fixed cost
+# too often; a few of these are in memory at a time.
+STREAM_ROWS = 1 << 17
+
+
+def append_shuffled(
+    settings: SinkSettings,
+    queues: int,
+    batches: Iterable[pa.RecordBatch],
+    *,
+    batch_id: int,
+    sink_fp: bytes,
+    attempt: int,
+) -> list[AppendStats]:
+    """One task of a shuffled ``foreachBatch`` micro-batch: routed rows (schema
+    :data:`sink.rows.ROUTED`) that all belong to one broker and come in ``__rs_row`` order,
+    since the shuffle sorts them in the JVM. They are appended as they come, Spark's next
+    Arrow batch received (and shaped) in a thread of its own while the current one is put
+    (:func:`sink.prefetch.prefetched`, :func:`sink.append.append_stream`); the slot is the
+    broker, as in :func:`append_routed`, so either path finds what the other stored."""
+    parts = prefetched(_one_broker(batches, queues))
+    head = next(parts, None)
+    if head is None:
+        return []  # a broker none of this batch's rows route to
+    broker, first = head
+    stats = append_stream(
+        StoreRoot(settings.root).broker_path(broker),
+        broker_config(settings.store_config, broker),
+        itertools.chain([first], (table for _, table in parts)),
+        sink_fp=sink_fp,
+        batch_id=batch_id,
+        slot=broker,
+        lock_timeout_ms=settings.lock_timeout_ms,
+        chunk_rows=settings.chunk_rows,
+        attempt=attempt,
+    )
+    return [stats] if stats is not None else []
+
+
+def _one_broker(batches: Iterable[pa.RecordBatch], queues: int) -> Iterator[tuple[int, pa.Table]]:
+    """The routed batches as message columns, with their broker, gathered into parts of at
+    least :data:`STREAM_ROWS` rows; refuses rows of a second broker or out of ``__rs_row``
+    order, which would break the replay order (see sink.append)."""
+    broker: int | None = None
+    last = -1
+    held: list[pa.RecordBatch] = []
+    count = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        rows = batch.column("__rs_row").to_numpy()
+        mq = batch.column("__rs_mq").to_numpy().astype(np.int64)
+        brokers = mq // queues
+        if broker is None:
+            broker = int(brokers[0])
+        if int(rows[0]) <= last or bool(np.any(rows[1:] <= rows[:-1])):
+            raise StoreError(
+                f"{broker_name(broker)}: the shuffled rows of a micro-batch came out of row "
+                "order; the sink cannot append them in replay order"
+            )
+        if bool(np.any(brokers != broker)):
+            raise StoreError(
+                f"{broker_name(broker)}: one task of a shuffled micro-batch got rows of more "
+                "than one broker"
+            )
+        last = int(rows[-1])
+        held.append(batch)
+        count += batch.num_rows
+        if count >= STREAM_ROWS:
+            yield broker, _gathered(held, queues)
+            held, count = [], 0
+    if held:
+        assert broker is not None
+        yield broker, _gathered(held, queues)
+
+
+def _gathered(held: list[pa.RecordBatch], queues: int) -> pa.Table:
+    table = pa.Table.from_batches(held).combine_chunks()
+    mq = table.column("__rs_mq").to_numpy().astype(np.int64)
+    return message_table(table, mq % queues)
+
+
+def message_table(part: pa.Table, queue_ids: npt.NDArray[np.int64]) -> pa.Table:
+    """Routed rows as the message columns a put takes, with their queue in the broker."""
+    return pa.table(
+        {
+            "topic": part.column("topic"),
+            "body": part.column("body"),
+            "queueId": pa.array(queue_ids.astype(np.int32)),
+            "keys": part.column("keys"),
+            "tags": part.column("tags"),
+            "properties": part.column("properties"),
+            "flag": part.column("flag"),
+        }
+    )
 
 
 def _append_free_first(
@@ -173,4 +264,4 @@ def stats_batch(stats: list[AppendStats]) -> Iterator[pa.RecordBatch]:
     yield pa.RecordBatch.from_pydict(cols, schema=STATS_SCHEMA)
 
 
-__all__ = ["STATS_SCHEMA", "append_routed", "broker_name", "stats_batch"]
+__all__ = ["STATS_SCHEMA", "append_routed", "append_shuffled", "broker_name", "stats_batch"]
