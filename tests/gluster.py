@@ -231,9 +231,11 @@ def volume(parent: Path | None = None) -> Iterator[Volume]:
         with _glusterd(work):
             for brick in vol.bricks:
                 brick.mkdir()
-            gluster("volume", "create", vol.name, "replica", "3",
-                    *(f"{HOST}:{b}" for b in vol.bricks), "force")  # fmt: skip
             try:
+                # Inside the try: a create that fails after glusterd recorded the volume
+                # (glusterd lost mid-call) must not leave the volume behind.
+                gluster("volume", "create", vol.name, "replica", "3",
+                        *(f"{HOST}:{b}" for b in vol.bricks), "force")  # fmt: skip
                 gluster("volume", "start", vol.name)
                 try:
                     mount(vol.name, vol.a)
