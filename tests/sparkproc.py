@@ -3,6 +3,7 @@ Connect server) from the pip-installed pyspark."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -29,14 +30,23 @@ def tail(path: Path, lines: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    """Stop processes this run started, by PID: SIGTERM, then SIGKILL for any that lingers."""
+def stop(procs: list[subprocess.Popen[bytes]], group: bool = False) -> None:
+    """Stop processes this run started, by PID (or, with ``group``, the process group each
+    leads, started with ``start_new_session``): SIGTERM, then SIGKILL for any that lingers."""
+
+    def signal_(proc: subprocess.Popen[bytes], sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            if group:
+                os.killpg(proc.pid, sig)
+            else:
+                os.kill(proc.pid, sig)
+
     for proc in procs:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
+        if proc.poll() is None or group:
+            signal_(proc, signal.SIGTERM)
     for proc in procs:
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
+            signal_(proc, signal.SIGKILL)
             proc.wait(timeout=30)

@@ -1,6 +1,8 @@
 """The jobs on a real Spark standalone cluster: a master and two workers on 127.0.0.1, started
 from the pip-installed pyspark, and ``spark-submit --master spark://...`` of ``ingest`` and
-``export`` against one store root, with one executor on each worker.
+``export`` against one store root, with one executor on each worker. Then the same on hosts of
+their own: the store root on a replicated GlusterFS volume, each worker and the driver in a
+mount namespace with its own FUSE mount of it at the same path.
 
 The project reaches the nodes as the README says it must, with its compiled core: a wheel built
 by ``pip wheel .`` and installed into the Python environment the driver and the executors run
@@ -8,7 +10,7 @@ by ``pip wheel .`` and installed into the Python environment the driver and the 
 packages of the test's virtualenv but not the project's editable install, so the jobs can only
 run if the wheel works.
 
-Every process the test starts is stopped by its PID at the end, whatever happens.
+Every process the test starts is stopped by its process group at the end, whatever happens.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ from conftest import ROOT
 from sparkproc import free_port, spark_home, tail
 from test_jobs import committed_files
 
+from pipeline.config import StoreConfig
+from pipeline.store import MessageStore
+from pipeline.verify import verify
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
@@ -45,6 +51,13 @@ ROWS = 2000
 START_TIMEOUT = 90.0
 SUBMIT_TIMEOUT = 300.0
 STORE_TOML = "mappedFileSizeCommitLog = 1048576\nmaxHashSlotNum = 4096\nmaxIndexNum = 65536\n"
+
+
+Launcher = Callable[..., "subprocess.Popen[bytes]"]
+
+
+def _here(cmd: list[str], **popen: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(cmd, **popen)
 
 
 def master_state(ui_port: int) -> dict[str, Any] | None:
@@ -60,8 +73,11 @@ def master_state(ui_port: int) -> dict[str, Any] | None:
 class Cluster:
     """A standalone master and its workers, as child processes of the test."""
 
-    def __init__(self, base: Path, workers: int) -> None:
+    def __init__(self, base: Path, workers: int, host: Launcher | None = None) -> None:
         self.base = base
+        # How a worker or a driver is started: here, or on a "host" of its own (a mount
+        # namespace, see tests/gluster.py). The master needs no storage and runs here.
+        self.host: Launcher = host or _here
         self.port = free_port()
         self.ui_port = free_port()
         self.url = f"spark://127.0.0.1:{self.port}"
@@ -77,13 +93,15 @@ class Cluster:
 
     def _spawn(self, name: str, *args: str) -> None:
         log = self.base / f"{name}.log"
+        launch = _here if name == "master" else self.host
         with open(log, "wb") as out:
-            proc = subprocess.Popen(
+            proc = launch(
                 [str(spark_home() / "bin" / "spark-class"), *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 cwd=self.base,
+                start_new_session=True,
             )
         self.procs.append((proc, log))
 
@@ -138,8 +156,9 @@ class Cluster:
         )
 
     def stop(self) -> None:
-        """Stop every process started here, by PID: SIGTERM, then SIGKILL if it lingers."""
-        sparkproc.stop([proc for proc, _ in reversed(self.procs)])
+        """Stop every process started here, by process group (a worker on a host of its own
+        runs under a shell that holds its mount): SIGTERM, then SIGKILL if it lingers."""
+        sparkproc.stop([proc for proc, _ in reversed(self.procs)], group=True)
 
     def submit(self, script: str, *args: str, python: Path) -> subprocess.CompletedProcess[str]:
         cmd = [
@@ -155,15 +174,19 @@ class Cluster:
             str(ROOT / "jobs" / script),
             *args,
         ]  # fmt: skip
-        done = subprocess.run(
+        proc = self.host(
             cmd,
-            capture_output=True,
-            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             env=self.env,
             cwd=ROOT,
-            timeout=SUBMIT_TIMEOUT,
-            check=False,
+            start_new_session=True,
         )
+        try:
+            out, err = proc.communicate(timeout=SUBMIT_TIMEOUT)
+        finally:
+            sparkproc.stop([proc], group=True)
+        done = subprocess.CompletedProcess(cmd, proc.returncode, out.decode(), err.decode())
         (self.base / f"submit-{script}.log").write_text(done.stdout + done.stderr)
         return done
 
@@ -220,6 +243,13 @@ def app_dirs(work: Path) -> set[str]:
 
 
 def test_ingest_and_export_on_a_standalone_cluster(cluster: Cluster, tmp_path: Path) -> None:
+    run_jobs(cluster, tmp_path, tmp_path, tmp_path)
+
+
+def run_jobs(cluster: Cluster, tmp_path: Path, shared: Path, view: Path) -> None:
+    """``ingest`` then ``export`` on ``cluster``, the store, checkpoints and output under
+    ``shared`` as the driver and executors see it, checked through ``view`` (the same
+    directory as this process sees it)."""
     incoming = tmp_path / "in"
     incoming.mkdir()
     for part in range(2):
@@ -230,7 +260,7 @@ def test_ingest_and_export_on_a_standalone_cluster(cluster: Cluster, tmp_path: P
                 for i in rows
             )
         )
-    store, config = tmp_path / "store", tmp_path / "store.toml"
+    store, config = shared / "store", tmp_path / "store.toml"
     config.write_text(STORE_TOML)
     python = node_python(tmp_path)
     common = ["--store", str(store), "--store-config", str(config), "--topic", "events"]
@@ -238,7 +268,7 @@ def test_ingest_and_export_on_a_standalone_cluster(cluster: Cluster, tmp_path: P
     ingested = cluster.submit(
         "ingest.py",
         *common,
-        "--checkpoint", str(tmp_path / "ck-ingest"),
+        "--checkpoint", str(shared / "ck-ingest"),
         "--input", str(incoming),
         "--schema", "id BIGINT, customer STRING, note STRING",
         "--key-column", "customer",
@@ -252,12 +282,11 @@ def test_ingest_and_export_on_a_standalone_cluster(cluster: Cluster, tmp_path: P
     # spark-submit passes the Python driver's stderr on as its stdout.
     assert f"{ROWS} message(s) appended" in ingested.stdout
 
-    out = tmp_path / "out"
     exported = cluster.submit(
         "export.py",
         *common,
-        "--checkpoint", str(tmp_path / "ck-export"),
-        "--output", str(out),
+        "--checkpoint", str(shared / "ck-export"),
+        "--output", str(shared / "out"),
         "--format", "parquet",
         "--max-messages-per-trigger", "1000",
         "--trigger", "available-now",
@@ -265,7 +294,9 @@ def test_ingest_and_export_on_a_standalone_cluster(cluster: Cluster, tmp_path: P
     )  # fmt: skip
     assert exported.returncode == 0, exported.stderr[-4000:]
 
-    rows = [r for f in committed_files(out) for r in pq.read_table(f).to_pylist()]
+    # The manifest names files as the driver saw them: read them through this process's view.
+    files = [view / f.relative_to(shared) for f in committed_files(view / "out")]
+    rows = [r for f in files for r in pq.read_table(f).to_pylist()]
     assert sorted(r["id"] for r in rows) == list(range(ROWS))
     assert {r["brokerName"] for r in rows} == {"broker-0", "broker-1"}
     assert all(r["keys"] == [r["customer"]] for r in rows)
@@ -274,3 +305,27 @@ def test_ingest_and_export_on_a_standalone_cluster(cluster: Cluster, tmp_path: P
     per_worker = [app_dirs(w) for w in cluster.worker_dirs]
     assert all(len(apps) == 2 for apps in per_worker), per_worker
     assert per_worker[0] == per_worker[1]
+
+
+@pytest.mark.gluster
+def test_jobs_on_hosts_of_their_own(gluster_volume: Any, tmp_path: Path) -> None:
+    """The same jobs with the store root on a replicated GlusterFS volume and each worker and
+    the driver on a host of its own: a mount namespace with its own FUSE mount of the volume
+    at the same path (its own client and cache). The result is read through a fourth mount."""
+    vol = gluster_volume
+    shared = tmp_path / "hosts"
+
+    def host(cmd: list[str], **popen: Any) -> subprocess.Popen[bytes]:
+        return vol.in_namespace(cmd, shared, **popen)  # type: ignore[no-any-return]
+
+    cluster = Cluster(tmp_path / "cluster", workers=2, host=host)
+    try:
+        cluster.start()
+        run_jobs(cluster, tmp_path, shared, vol.a)
+    finally:
+        cluster.stop()
+    config = StoreConfig.load(tmp_path / "store.toml")
+    for broker in ("broker-0", "broker-1"):
+        with MessageStore(vol.a / "store" / broker, config, read_only=True) as store:
+            report = verify(store)
+            assert report.ok, [str(p) for p in report.problems][:5]
