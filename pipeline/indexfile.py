@@ -258,16 +258,19 @@ class IndexFile:
         self._slots[affected] = heads
         self.hash_slot_count -= int(np.count_nonzero(heads == 0))
         self._entries[keep:count] = np.zeros(count - keep, dtype=ENTRY_DTYPE)
+        self._end_at(keep, store_time)
+        return count - keep
+
+    def _end_at(self, keep: int, store_time: Callable[[int], int]) -> None:
+        """Make entry ``keep - 1`` the file's last: count, end offset and time, header."""
         self.index_count = keep
         if keep > 1:
-            last = int(self._entries[keep - 1]["phy_offset"])
-            self.end_phy_offset = last
-            self.end_timestamp = store_time(last)
+            self.end_phy_offset = int(self._entries[keep - 1]["phy_offset"])
+            self.end_timestamp = store_time(self.end_phy_offset)
         else:
             self.end_phy_offset = self.begin_phy_offset
             self.end_timestamp = self.begin_timestamp
         self.write_header()
-        return count - keep
 
     def mend(self, phys: int, store_time: Callable[[int], int]) -> tuple[int, int]:
         """Make the file hold exactly its trustworthy entries of messages before CommitLog
@@ -296,15 +299,8 @@ class IndexFile:
             self._mf.reserve(self._entries_at + ENTRY_SIZE * (stale + 1))
             self._entries[keep : stale + 1] = np.zeros(stale + 1 - keep, dtype=ENTRY_DTYPE)
         del buf
-        self.index_count = keep
         self.hash_slot_count = used_slots
-        if keep > 1:
-            self.end_phy_offset = int(self._entries[keep - 1]["phy_offset"])
-            self.end_timestamp = store_time(self.end_phy_offset)
-        else:
-            self.end_phy_offset = self.begin_phy_offset
-            self.end_timestamp = self.begin_timestamp
-        self.write_header()
+        self._end_at(keep, store_time)
         return count - keep, rewritten
 
     # -- reading ----------------------------------------------------------------------------

@@ -293,9 +293,7 @@ def recover(
             # A crash may have left the last file's header, slots and entries out of step
             # (a killed process, or a lost host whose pages arrived in any order): it is cut
             # to its trustworthy entries before ``cut_at`` and its slots recomputed.
-            dropped, report.index_slots_repaired = index.mend(
-                cut_at, lambda at: log.store_timestamp(at, record.FIXED_SIZE_V4)
-            )
+            dropped, report.index_slots_repaired = index.mend(cut_at, _store_time(log))
             report.index_entries_dropped += dropped
         _drop_derived(log, queue_list, index, cut_at, report)
         if index is not None and index_damaged(log, index):
@@ -348,6 +346,11 @@ def recover(
     return report
 
 
+def _store_time(log: CommitLog) -> Callable[[int], int]:
+    """The store time of the record at a CommitLog offset, for an index file's new end."""
+    return lambda at: log.store_timestamp(at, record.FIXED_SIZE_V4)
+
+
 def _drop_derived(
     log: CommitLog,
     queues: list[ConsumeQueue],
@@ -359,9 +362,7 @@ def _drop_derived(
     for cq in queues:
         report.units_dropped += cq.truncate_after_physical(phys)
     if index is not None:
-        report.index_entries_dropped += index.truncate_from(
-            phys, lambda at: log.store_timestamp(at, record.FIXED_SIZE_V4)
-        )
+        report.index_entries_dropped += index.truncate_from(phys, _store_time(log))
 
 
 def _derived_lost(
