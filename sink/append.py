@@ -195,6 +195,24 @@ def search_bound(note: list[int] | None, batch_id: int) -> int:
     return 0
 
 
+class _Note:
+    """A broker's note for one sink, read when an attempt of ``batch_id`` takes the lock (see
+    the module doc): ``since`` is where that attempt searches from."""
+
+    def __init__(self, store: MessageStore, sink_fp: bytes, batch_id: int) -> None:
+        self.store, self.batch_id = store, batch_id
+        self.name = "sink." + sink_fp.hex()
+        self.note = _valid_note(store.note(self.name))
+        self.since = search_bound(self.note, batch_id)
+
+    def record_attempt(self) -> None:
+        """Before the attempt writes: move the note to this batch, never back."""
+        if self.note is None or self.note[0] < self.batch_id:
+            self.store.set_note(
+                self.name, [self.batch_id, self.store.commitlog.max_offset, self.since]
+            )
+
+
 def landed_prefix(
     store: MessageStore, topics: list[str], uniq: pa.StringArray, min_offset: int = 0
 ) -> int:
@@ -239,11 +257,13 @@ def append(
     :class:`~pipeline.errors.InvalidMessageError` naming the column, the reason and the count.
     """
     with open_writer(path, config, lock_timeout_ms) as store:
-        return _append_all(store, rows, sink_fp, batch_id, slot, chunk_rows, attempt)
+        note = _Note(store, sink_fp, batch_id)
+        return _append_all(store, note, rows, sink_fp, batch_id, slot, chunk_rows, attempt)
 
 
 def _append_all(
     store: MessageStore,
+    note: _Note,
     rows: pa.Table,
     sink_fp: bytes,
     batch_id: int,
@@ -251,7 +271,7 @@ def _append_all(
     chunk_rows: int,
     attempt: int,
 ) -> AppendStats:
-    """:func:`append`, on a store already open with its lock held."""
+    """:func:`append`, on a store already open with its lock held and its ``note`` read."""
     n = rows.num_rows
     path = store.path
     # Built once the lock is held: a writer that finds the broker taken and tries another
@@ -259,14 +279,10 @@ def _append_all(
     uniq = uniq_keys(sink_fp, batch_id, slot, n)
     rows = rows.append_column("uniqKey", uniq)
     topics = rows.column("topic").to_pylist()
-    note_name = "sink." + sink_fp.hex()
-    note = _valid_note(store.note(note_name))
-    since = search_bound(note, batch_id)
-    done = landed_prefix(store, topics, uniq, since)
+    done = landed_prefix(store, topics, uniq, note.since)
     if done:
-        _check_same_rows(store, rows, topics, done - 1, path, since)
-    if note is None or note[0] < batch_id:
-        store.set_note(note_name, [batch_id, store.commitlog.max_offset, since])
+        _check_same_rows(store, rows, topics, done - 1, path, note.since)
+    note.record_attempt()
     rest = rows.slice(done)
     if rest.num_rows > chunk_rows:
         # Validate everything before the first chunk goes in, so a bad row cannot leave
@@ -326,16 +342,13 @@ def append_stream(
     if first is None:
         return None
     with open_writer(path, config, lock_timeout_ms) as store:
-        note_name = "sink." + sink_fp.hex()
-        note = _valid_note(store.note(note_name))
-        since = search_bound(note, batch_id)
         key = uniq_keys(sink_fp, batch_id, slot, 1)[0].as_py()
         topic = first.column("topic")[0].as_py()
-        if store.query_by_key(topic, key, max_count=1, min_offset=since):
+        note = _Note(store, sink_fp, batch_id)
+        if store.query_by_key(topic, key, max_count=1, min_offset=note.since):
             rows = pa.concat_tables([first, *parts])
-            return _append_all(store, rows, sink_fp, batch_id, slot, chunk_rows, attempt)
-        if note is None or note[0] < batch_id:
-            store.set_note(note_name, [batch_id, store.commitlog.max_offset, since])
+            return _append_all(store, note, rows, sink_fp, batch_id, slot, chunk_rows, attempt)
+        note.record_attempt()
         put = _Puts(store, attempt)
         n = 0
         for part in itertools.chain([first], parts):

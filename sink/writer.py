@@ -149,6 +149,7 @@ def _one_broker(batches: Iterable[pa.RecordBatch], queues: int) -> Iterator[tupl
     broker: int | None = None
     last = -1
     held: list[pa.RecordBatch] = []
+    held_mq: list[npt.NDArray[np.int64]] = []
     count = 0
     for batch in batches:
         if batch.num_rows == 0:
@@ -170,19 +171,21 @@ def _one_broker(batches: Iterable[pa.RecordBatch], queues: int) -> Iterator[tupl
             )
         last = int(rows[-1])
         held.append(batch)
+        held_mq.append(mq)
         count += batch.num_rows
         if count >= STREAM_ROWS:
-            yield broker, _gathered(held, queues)
-            held, count = [], 0
+            yield broker, _gathered(held, held_mq, queues)
+            held, held_mq, count = [], [], 0
     if held:
         assert broker is not None
-        yield broker, _gathered(held, queues)
+        yield broker, _gathered(held, held_mq, queues)
 
 
-def _gathered(held: list[pa.RecordBatch], queues: int) -> pa.Table:
+def _gathered(
+    held: list[pa.RecordBatch], held_mq: list[npt.NDArray[np.int64]], queues: int
+) -> pa.Table:
     table = pa.Table.from_batches(held).combine_chunks()
-    mq = table.column("__rs_mq").to_numpy().astype(np.int64)
-    return message_table(table, mq % queues)
+    return message_table(table, np.concatenate(held_mq) % queues)
 
 
 def message_table(part: pa.Table, queue_ids: npt.NDArray[np.int64]) -> pa.Table:
