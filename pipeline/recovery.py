@@ -130,10 +130,16 @@ def find_end(log: CommitLog, start: int, *, check_crc: bool) -> tuple[int, list[
 
 
 def third_last_start(log: CommitLog) -> int:
+    """RocketMQ's normal-recovery start: the third-last segment, or an earlier one when that
+    one does not begin with a record. A put that failed after its prepare step created the
+    segments ahead (a full disk) leaves them empty, and a walk must not start past the end."""
     files = log.segments.files
     if not files:
         return 0
-    return files[max(0, len(files) - 3)].base
+    i = max(0, len(files) - 3)
+    while i > 0 and _record_end(log, files[i].base, None) is None:
+        i -= 1
+    return files[i].base
 
 
 def checkpoint_start(log: CommitLog, checkpoint: StoreCheckpoint) -> int:

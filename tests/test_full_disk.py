@@ -21,6 +21,7 @@ from pipeline.config import StoreConfig
 from pipeline.errors import SegmentCreateError
 from pipeline.message import Message
 from pipeline.store import MessageStore
+from pipeline.verify import verify
 from tests.realfs import real_fs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -158,6 +159,31 @@ def test_default_geometry_on_a_small_tmpfs_is_a_clear_error(tmp_path: Path) -> N
         assert out and all(r["status"] == "NOT_STORED" for r in out)
         check = cli("verify", str(mnt / "store"), "--config", str(conf))
         assert check.returncode == 0, check.stdout[-2000:]
+
+
+def test_a_first_put_larger_than_the_disk_leaves_a_store_that_opens(tmp_path: Path) -> None:
+    """The first put into a new store needs more segments than fit (found by the sink into a
+    full disk with one big chunk): its prepare step creates the segments that fit and fails on
+    the next. Those empty segments must not take normal recovery's start (the third-last
+    segment) past the log's end: the store reopens empty and takes a put once space is freed."""
+    config = StoreConfig(mapped_file_size_commitlog=1 << 20, max_index_num=65536)
+    with real_fs("ext4", 32) as mnt:
+        ballast = mnt / "ballast"
+        ballast.write_bytes(b"\1" * (14 << 20))
+        batch = [Message("T", b"x" * 300, queue_id=i % 2, keys=f"k{i}") for i in range(45_000)]
+        with MessageStore(mnt / "s", config) as store:
+            with pytest.raises(SegmentCreateError, match="No space left on device"):
+                store.put_batch(batch)
+            assert store.max_phy_offset == 0
+        assert len(list((mnt / "s" / "commitlog").iterdir())) >= 3
+        ballast.unlink()
+        with MessageStore(mnt / "s", config) as store:
+            assert store.recovery.commitlog_end == 0
+            store.put_batch(batch[:1000])
+        with MessageStore(mnt / "s", config, read_only=True) as ro:
+            got = ro.get_messages("T", 1, 0, 1000).messages
+            assert [m.keys for m in got] == [[f"k{i}"] for i in range(1, 1000, 2)]
+            assert verify(ro).ok
 
 
 def test_files_on_a_disk_are_reserved_ahead_not_whole(tmp_path: Path) -> None:

@@ -152,11 +152,14 @@ def test_sink_into_a_full_disk_fails_with_the_error_then_lands_every_row_once(
         ballast = mnt / "ballast"
         ballast.write_bytes(b"\1" * (14 << 20))
         root = mnt / "store"
-        proc = job(tmp_path, "local[2]", face, root=root)
+        # The sink's own chunk size: one put per broker, which must fail whole before its
+        # first byte and leave a store the retry can open.
+        whole = {"SINK_JOB_CHUNK_ROWS": "1000000"}
+        proc = job(tmp_path, "local[2]", face, root=root, env_extra=whole)
         _, err = proc.communicate(timeout=600)
         assert proc.returncode != 0, "the sink filled the disk without failing"
         assert "No space left on device" in err and "bytes free" in err, err[-4000:]
         assert "crashed" not in err and "exited unexpectedly" not in err, err[-4000:]
         ballast.unlink()
-        finish(job(tmp_path, "local[2]", face, root=root))
+        finish(job(tmp_path, "local[2]", face, root=root, env_extra=whole))
         check_exactly_once(tmp_path, rows, root)
