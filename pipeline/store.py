@@ -48,7 +48,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 import numpy.typing as npt
@@ -997,47 +997,55 @@ class MessageStore:
         while pos < hi and len(messages) < max_count and pos - offset < budget:
             units = cq.read(pos, min(1024, budget - (pos - offset)))
             # Units whose record retention already deleted are skipped, as RocketMQ skips them.
-            passed = sub.hash_filter(units["tags_code"]) & (
-                units["offset"] >= self.commitlog.min_offset
+            passed = np.flatnonzero(
+                sub.hash_filter(units["tags_code"]) & (units["offset"] >= self.commitlog.min_offset)
             )
-            for i in range(len(units)):
-                if not passed[i]:
-                    continue
-                msg = self._unit_message(cq, pos + i, units[i])
-                if sub.matches_tag(msg.tags):
-                    messages.append(msg)
-                    if len(messages) >= max_count:
-                        pos += i + 1
-                        break
-            else:
-                pos += len(units)
+            stop = len(units)
+            # Decoded a call at a time, no more than could still be returned: a tag filter
+            # that rejects some of them asks for the next few.
+            while len(passed) and stop == len(units):
+                need = max_count - len(messages)
+                take, passed = passed[:need], passed[need:]
+                for i, msg in zip(
+                    take.tolist(), self._unit_messages(cq, pos, units, take), strict=True
+                ):
+                    if sub.matches_tag(msg.tags):
+                        messages.append(msg)
+                        if len(messages) >= max_count:
+                            stop = i + 1
+                            break
+            pos += stop
         status = "FOUND" if messages else "NO_MATCHED_MESSAGE"
         return GetResult(status, messages, pos, lo, hi)
 
-    def _unit_message(
-        self, cq: ConsumeQueue, queue_offset: int, unit: np.void
-    ) -> record.MessageExt:
-        """The message a ConsumeQueue unit points at, checked to be that unit's: a unit that
-        points elsewhere is reported against the ConsumeQueue file, a damaged record against
-        the CommitLog, and neither is ever returned."""
-        phys, size = int(unit["offset"]), int(unit["size"])
-        if not self.commitlog.starts_record(phys):
-            path, pos = cq.unit_location(queue_offset)
-            raise CorruptRecordError(
-                path,
-                pos,
-                f"unit {queue_offset} points at CommitLog offset {phys}, where no "
-                f"record of {size} bytes starts",
-            )
-        msg = self.commitlog.read(phys)
-        if (msg.topic, msg.queue_id, msg.queue_offset) != (cq.topic, cq.queue_id, queue_offset):
-            raise CorruptRecordError(
-                str(self.commitlog.segments.find(phys).path),
-                phys,
-                f"record says {msg.topic}/{msg.queue_id}/{msg.queue_offset}, but unit "
-                f"{queue_offset} of {cq.topic}/{cq.queue_id} points at it",
-            )
-        return msg
+    def _unit_messages(
+        self, cq: ConsumeQueue, first: int, units: npt.NDArray[Any], rows: npt.NDArray[np.intp]
+    ) -> list[record.MessageExt]:
+        """The messages units ``rows`` (of ``units``, the first at queue offset ``first``)
+        point at, each checked to be its unit's: a unit that points elsewhere is reported
+        against the ConsumeQueue file, a damaged record against the CommitLog, and neither is
+        ever returned."""
+        phys = units["offset"][rows].astype(np.int64)
+        for row, at in zip(rows.tolist(), phys.tolist(), strict=True):
+            if not self.commitlog.starts_record(at):
+                path, pos = cq.unit_location(first + row)
+                raise CorruptRecordError(
+                    path,
+                    pos,
+                    f"unit {first + row} points at CommitLog offset {at}, where no "
+                    f"record of {int(units['size'][row])} bytes starts",
+                )
+        msgs = self.commitlog.read_many(phys)
+        for row, msg in zip(rows.tolist(), msgs, strict=True):
+            queue_offset = first + row
+            if (msg.topic, msg.queue_id, msg.queue_offset) != (cq.topic, cq.queue_id, queue_offset):
+                raise CorruptRecordError(
+                    str(self.commitlog.segments.find(msg.commit_log_offset).path),
+                    msg.commit_log_offset,
+                    f"record says {msg.topic}/{msg.queue_id}/{msg.queue_offset}, but unit "
+                    f"{queue_offset} of {cq.topic}/{cq.queue_id} points at it",
+                )
+        return msgs
 
     def offset_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
         """RocketMQ's ``getOffsetInQueueByTime`` (see :meth:`ConsumeQueue.offset_by_time`)."""
