@@ -379,10 +379,11 @@ def _failpoint(chunks: int, attempt: int, store: MessageStore) -> None:
     """Test-only fault injection from ``$ROCKETSTORE_TEST_FAILPOINT``, on a task's first attempt
     only.
 
-    ``after_chunk:N:FILE`` raises after N chunks; ``hang_after_chunk:N:FILE`` flushes and blocks
-    forever, for a test that kills the whole process while a batch is half done. Either first
-    appends a line to FILE, so that a test sees that it fired. ``@PATH`` reads the spec from
-    the file PATH, when it exists.
+    ``after_chunk:N:FILE`` raises after N chunks; ``once_after_chunk:N:FILE`` does so in the
+    first task to get there only (in any process on any host that sees FILE: it fires when it
+    creates FILE); ``hang_after_chunk:N:FILE`` flushes and blocks forever, for a test that kills
+    the whole process while a batch is half done. Each first appends a line to FILE, so that a
+    test sees that it fired. ``@PATH`` reads the spec from the file PATH, when it exists.
     """
     spec = os.environ.get(FAILPOINT_ENV)
     if spec and spec.startswith("@"):
@@ -397,15 +398,21 @@ def _failpoint(chunks: int, attempt: int, store: MessageStore) -> None:
         return
     kind, _, rest = spec.partition(":")
     count, _, marker = rest.partition(":")
-    if kind not in ("after_chunk", "hang_after_chunk") or not count.isdigit() or not marker:
+    kinds = ("after_chunk", "once_after_chunk", "hang_after_chunk")
+    if kind not in kinds or not count.isdigit() or not marker:
         raise SinkFailpoint(f"{FAILPOINT_ENV}={spec!r}: expected KIND:N:FILE")
     if chunks != int(count):
         return
+    if kind == "once_after_chunk":
+        try:
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except FileExistsError:
+            return
     if kind == "hang_after_chunk":
         store.flush()  # what this attempt stored is on disk before the test kills the process
     with open(marker, "a", encoding="utf-8") as fired:
         fired.write(f"{kind} pid={os.getpid()} broker={store.path.name} chunks={chunks}\n")
-    if kind == "after_chunk":
+    if kind != "hang_after_chunk":
         raise SinkFailpoint(f"failpoint {spec}: task stopped after {chunks} chunk(s)")
     while True:
         time.sleep(3600)

@@ -153,10 +153,13 @@ def gluster_volume(gluster_daemon: None, tmp_path: Path) -> Iterator[Any]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under ``pytest -n`` (``make test``), tests that share one machine-wide resource run in
     one worker, one after another: GlusterFS tests share the one ``glusterd``, which the first
-    to need it may start and stop."""
+    to need it may start and stop; the Spark standalone cluster tests (six JVMs each) would
+    starve each other, and share the nodes' Python built once per worker."""
     for item in items:
-        if "gluster_volume" in getattr(item, "fixturenames", ()) or item.get_closest_marker(
-            "gluster"
+        if (
+            "gluster_volume" in getattr(item, "fixturenames", ())
+            or item.get_closest_marker("gluster")
+            or item.nodeid.startswith("tests/test_cluster.py")
         ):
             item.add_marker(pytest.mark.xdist_group("gluster"))
 

@@ -2,7 +2,8 @@
 from the pip-installed pyspark, and ``spark-submit --master spark://...`` of ``ingest`` and
 ``export`` against one store root, with one executor on each worker. Then the same on hosts of
 their own: the store root on a replicated GlusterFS volume, each worker and the driver in a
-mount namespace with its own FUSE mount of it at the same path.
+mount namespace with its own FUSE mount of it at the same path; there, also a streaming sink
+and source running at once, and a sink task that fails retried by Spark on the other host.
 
 The project reaches the nodes as the README says it must, with its compiled core: a wheel built
 by ``pip wheel .`` and installed into the Python environment the driver and the executors run
@@ -160,18 +161,26 @@ class Cluster:
         runs under a shell that holds its mount): SIGTERM, then SIGKILL if it lingers."""
         sparkproc.stop([proc for proc, _ in reversed(self.procs)], group=True)
 
-    def submit(self, script: str, *args: str, python: Path) -> subprocess.CompletedProcess[str]:
+    def submit(
+        self, script: str | Path, *args: str, python: Path, conf: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """``spark-submit`` of ``script`` (a job's file name, or a path) on the cluster, from
+        the driver's host; waits for it and returns what it printed."""
+        settings = {
+            "spark.pyspark.python": str(python),
+            "spark.pyspark.driver.python": str(python),
+            **(conf or {}),
+        }
         cmd = [
             str(Path(sys.executable).parent / "spark-submit"),
             "--master", self.url,
             "--total-executor-cores", "2",
             "--executor-cores", "1",
             "--executor-memory", "512m",
-            "--conf", f"spark.pyspark.python={python}",
-            "--conf", f"spark.pyspark.driver.python={python}",
+            *[arg for key, value in settings.items() for arg in ("--conf", f"{key}={value}")],
             # As the README says to: the project's Spark settings and quiet logging.
             "--properties-file", str(ROOT / "conf" / "spark-defaults.conf"),
-            str(ROOT / "jobs" / script),
+            str(script if isinstance(script, Path) else ROOT / "jobs" / script),
             *args,
         ]  # fmt: skip
         proc = self.host(
@@ -187,7 +196,7 @@ class Cluster:
         finally:
             sparkproc.stop([proc], group=True)
         done = subprocess.CompletedProcess(cmd, proc.returncode, out.decode(), err.decode())
-        (self.base / f"submit-{script}.log").write_text(done.stdout + done.stderr)
+        (self.base / f"submit-{Path(script).name}.log").write_text(done.stdout + done.stderr)
         return done
 
 
@@ -199,6 +208,12 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="session")
+def node_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """:func:`node_python`, built once per test session (worker)."""
+    return node_python(tmp_path_factory.mktemp("node"))
 
 
 def node_python(base: Path) -> Path:
@@ -242,14 +257,16 @@ def app_dirs(work: Path) -> set[str]:
     return {app.name for app in work.glob("app-*") if any(app.iterdir())}
 
 
-def test_ingest_and_export_on_a_standalone_cluster(cluster: Cluster, tmp_path: Path) -> None:
-    run_jobs(cluster, tmp_path, tmp_path, tmp_path)
+def test_ingest_and_export_on_a_standalone_cluster(
+    cluster: Cluster, node_venv: Path, tmp_path: Path
+) -> None:
+    run_jobs(cluster, tmp_path, tmp_path, tmp_path, node_venv)
 
 
-def run_jobs(cluster: Cluster, tmp_path: Path, shared: Path, view: Path) -> None:
-    """``ingest`` then ``export`` on ``cluster``, the store, checkpoints and output under
-    ``shared`` as the driver and executors see it, checked through ``view`` (the same
-    directory as this process sees it)."""
+def run_jobs(cluster: Cluster, tmp_path: Path, shared: Path, view: Path, python: Path) -> None:
+    """``ingest`` then ``export`` on ``cluster`` with the nodes' ``python``, the store,
+    checkpoints and output under ``shared`` as the driver and executors see it, checked through
+    ``view`` (the same directory as this process sees it)."""
     incoming = tmp_path / "in"
     incoming.mkdir()
     for part in range(2):
@@ -262,7 +279,6 @@ def run_jobs(cluster: Cluster, tmp_path: Path, shared: Path, view: Path) -> None
         )
     store, config = shared / "store", tmp_path / "store.toml"
     config.write_text(STORE_TOML)
-    python = node_python(tmp_path)
     common = ["--store", str(store), "--store-config", str(config), "--topic", "events"]
 
     ingested = cluster.submit(
@@ -307,11 +323,104 @@ def run_jobs(cluster: Cluster, tmp_path: Path, shared: Path, view: Path) -> None
     assert per_worker[0] == per_worker[1]
 
 
+STREAM_FILES = 6
+STREAM_ROWS = 3000
+STREAM_FIRST_ID = 100_000
+
+
+def run_stream(cluster: Cluster, tmp_path: Path, shared: Path, view: Path, python: Path) -> None:
+    """A streaming sink and a streaming source at once (``tests/cluster_stream.py``: the ingest
+    and export jobs' queries in one application), with one sink task failing after it stored
+    its part and Spark retrying it on the other worker's host; every row exactly once."""
+    incoming = tmp_path / "in-stream"
+    incoming.mkdir()
+    per_file = STREAM_ROWS // STREAM_FILES
+    for part in range(STREAM_FILES):
+        first = STREAM_FIRST_ID + part * per_file
+        (incoming / f"part-{part}.json").write_text(
+            "".join(
+                json.dumps({"id": i, "customer": f"c{i % 37}", "note": "y" * (i % 40)}) + "\n"
+                for i in range(first, first + per_file)
+            )
+        )
+    fired, events, summary = tmp_path / "fired", tmp_path / "events", tmp_path / "stream.json"
+    events.mkdir()
+    done = cluster.submit(
+        ROOT / "tests" / "cluster_stream.py",
+        str(shared / "store"), str(tmp_path / "store.toml"), str(incoming), str(shared),
+        str(STREAM_ROWS), str(summary),
+        python=python,
+        conf={
+            # The first sink task to store its part then fails, once in the whole run.
+            "spark.executorEnv.ROCKETSTORE_TEST_FAILPOINT": f"once_after_chunk:1:{fired}",
+            # A failed task is not retried on the executor it failed on: the other host.
+            "spark.excludeOnFailure.enabled": "true",
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": events.as_uri(),
+            "spark.eventLog.compress": "false",
+            "spark.eventLog.rolling.enabled": "false",
+            "spark.sql.streaming.numRecentProgressUpdates": "10000",
+        },
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    result = json.loads(summary.read_text())
+    assert len(fired.read_text().splitlines()) == 1
+    # The retry found what the failed attempt stored and appended only the rest.
+    assert result["skipped"] > 0 and result["appended"] + result["skipped"] == STREAM_ROWS
+    # Every file went in after the source had read all before it.
+    assert result["fed"] == STREAM_FILES, result
+
+    files = [view / f.relative_to(shared) for f in committed_files(view / "out-stream")]
+    ids = sorted(r["id"] for f in files for r in pq.read_table(f, columns=["id"]).to_pylist())
+    assert ids == list(range(STREAM_FIRST_ID, STREAM_FIRST_ID + STREAM_ROWS))
+
+    failed, retried = retried_task(events)
+    hosts = [executor_worker(cluster, events, e) for e in (failed, retried)]
+    assert hosts[0] != hosts[1], hosts
+
+
+def event_log(events: Path) -> tuple[str, list[dict[str, Any]]]:
+    """The application id and the events of the one application logged in ``events`` (an
+    uncompressed log: a file named after the application, or Spark 4's directory of parts)."""
+    (log,) = events.iterdir()
+    parts = sorted(log.glob("events_*")) if log.is_dir() else [log]
+    app = log.name.removeprefix("eventlog_v2_").split(".")[0]
+    return app, [json.loads(line) for p in parts for line in p.read_text().splitlines()]
+
+
+def retried_task(events: Path) -> tuple[str, str]:
+    """The executors of the failpoint's failed task attempt and of its successful retry, from
+    the application's event log."""
+    ends = [e for e in event_log(events)[1] if e["Event"] == "SparkListenerTaskEnd"]
+    failures = [
+        e for e in ends if "failpoint" in json.dumps(e["Task End Reason"]).lower()
+    ]  # fmt: skip
+    assert len(failures) == 1, [e["Task End Reason"] for e in ends if e["Task End Reason"]]
+    bad = failures[0]
+    again = [
+        e for e in ends
+        if e["Stage ID"] == bad["Stage ID"]
+        and e["Task Info"]["Index"] == bad["Task Info"]["Index"]
+        and e["Task End Reason"]["Reason"] == "Success"
+    ]  # fmt: skip
+    assert len(again) == 1, again
+    return bad["Task Info"]["Executor ID"], again[0]["Task Info"]["Executor ID"]
+
+
+def executor_worker(cluster: Cluster, events: Path, executor: str) -> int:
+    """Which worker (host) ran ``executor`` of the application logged in ``events``."""
+    app = event_log(events)[0]
+    (worker,) = [i for i, w in enumerate(cluster.worker_dirs) if (w / app / executor).is_dir()]
+    return worker
+
+
 @pytest.mark.gluster
-def test_jobs_on_hosts_of_their_own(gluster_volume: Any, tmp_path: Path) -> None:
+def test_jobs_on_hosts_of_their_own(gluster_volume: Any, node_venv: Path, tmp_path: Path) -> None:
     """The same jobs with the store root on a replicated GlusterFS volume and each worker and
     the driver on a host of its own: a mount namespace with its own FUSE mount of the volume
-    at the same path (its own client and cache). The result is read through a fourth mount."""
+    at the same path (its own client and cache). Then a streaming sink and a streaming
+    source at once, with a sink task retried on the other host (:func:`run_stream`). The
+    results are read through a fourth mount."""
     vol = gluster_volume
     shared = tmp_path / "hosts"
 
@@ -321,7 +430,8 @@ def test_jobs_on_hosts_of_their_own(gluster_volume: Any, tmp_path: Path) -> None
     cluster = Cluster(tmp_path / "cluster", workers=2, host=host)
     try:
         cluster.start()
-        run_jobs(cluster, tmp_path, shared, vol.a)
+        run_jobs(cluster, tmp_path, shared, vol.a, node_venv)
+        run_stream(cluster, tmp_path, shared, vol.a, node_venv)
     finally:
         cluster.stop()
     config = StoreConfig.load(tmp_path / "store.toml")
@@ -329,3 +439,5 @@ def test_jobs_on_hosts_of_their_own(gluster_volume: Any, tmp_path: Path) -> None
         with MessageStore(vol.a / "store" / broker, config, read_only=True) as store:
             report = verify(store)
             assert report.ok, [str(p) for p in report.problems][:5]
+            live = [q for q in store.queue_infos("live")]
+            assert sum(q.max_offset for q in live) > 0
