@@ -19,6 +19,14 @@ Figures, each the median of ``--runs`` runs:
    background flush publishes every ``flushIntervalCommitLog`` = 500 ms) and ``SYNC_FLUSH``
    (each put publishes before it returns). The poll loop's own period is reported beside it.
 
+3. **Spark sink and source**: the data source writer (``writeStream.format("rocketstore")``,
+   ``availableNow``, 2 brokers x 4 queues) storing ``spark_rows`` 100-byte rows from parquet
+   into a store on mount A, beside the same into the local disk; then the streaming source
+   (``format("rocketstore")`` into Spark's noop sink) reading that store back, the GlusterFS
+   one through mount B (the other host, so the visibility rule is in play). Checkpoints stay
+   on the local disk either way, so the figures are the store's. Rows/s and the ratio
+   GlusterFS / local, the two run back to back in one ``local[2]`` session.
+
 The load average before and after is in the JSON and the notes.
 """
 
@@ -53,10 +61,11 @@ class Sizes:
     put_messages: int
     visibility_messages: int
     gap_s: float
+    spark_rows: int
 
 
-FULL = Sizes(put_messages=200_000, visibility_messages=300, gap_s=0.02)
-QUICK = Sizes(put_messages=10_000, visibility_messages=40, gap_s=0.01)
+FULL = Sizes(put_messages=200_000, visibility_messages=300, gap_s=0.02, spark_rows=1_000_000)
+QUICK = Sizes(put_messages=10_000, visibility_messages=40, gap_s=0.01, spark_rows=50_000)
 
 
 def _table(first: int, n: int) -> pa.Table:
@@ -135,6 +144,100 @@ def ack_to_visible(a: Path, b: Path, sizes: Sizes, flush: str) -> dict[str, Any]
     }
 
 
+class SparkPair:
+    """The Spark sink and source timed against one store directory (see figure 3)."""
+
+    def __init__(self, work: Path, rows: int) -> None:
+        from bench.session import local_session
+        from bench.spark_sink import make_input
+
+        self.spark, self.owned = local_session("rocketstore-bench-shared")
+        self.work = work
+        self.input = work / "input"
+        make_input(self.spark, self.input, rows)
+        self.schema = self.spark.read.parquet(str(self.input)).schema
+        self.runs = 0
+
+    def sink(self, root: Path) -> tuple[float, int]:
+        """Seconds and rows for the data source writer storing the input under ``root``."""
+        self.runs += 1
+        query = (
+            self.spark.readStream.schema(self.schema)
+            .parquet(str(self.input))
+            .writeStream.format("rocketstore")
+            .option("path", str(root))
+            .option("topic", "bench")
+            .option("brokers", 2)
+            .option("queues", 4)
+            .option("checkpointLocation", str(self.work / f"ck-sink-{self.runs}"))
+            .trigger(availableNow=True)
+        )
+        return _timed(query.start)
+
+    def source(self, root: Path) -> tuple[float, int]:
+        """Seconds and rows for the streaming source reading every message under ``root``."""
+        self.runs += 1
+        query = (
+            self.spark.readStream.format("rocketstore")
+            .option("path", str(root))
+            .option("topic", "bench")
+            .option("startingOffsets", "earliest")
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(self.work / f"ck-source-{self.runs}"))
+            .trigger(availableNow=True)
+        )
+        return _timed(query.start)
+
+    def close(self) -> None:
+        if self.owned:
+            self.spark.stop()
+
+
+def _timed(start: Any) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    query = start()
+    query.awaitTermination()
+    elapsed = time.perf_counter() - t0
+    return elapsed, sum(int(p["numInputRows"]) for p in query.recentProgress)
+
+
+def spark_figures(vol: Any, options: Options, rows: int) -> list[dict[str, float]]:
+    """Per run, rows/s of the sink and the source on GlusterFS (written through mount A, read
+    through mount B) and on the local disk, run back to back in alternating order."""
+    runs: list[dict[str, float]] = []
+    with scratch_dir(options.work_dir, "shared-spark-") as work:
+        pair = SparkPair(work, rows)
+        try:
+            for where in ("local", "gluster"):  # warm-up, not timed: workers, plans, classes
+                root = (vol.a if where == "gluster" else work) / f"warm-{os.getpid()}"
+                pair.sink(root)
+                pair.source(vol.b / root.name if where == "gluster" else root)
+                shutil.rmtree(root, ignore_errors=True)
+            for i in range(options.runs):
+                got: dict[str, float] = {}
+                order = ("gluster", "local") if i % 2 == 0 else ("local", "gluster")
+                for where in order:
+                    name = f"spark-{os.getpid()}-{i}"
+                    root = (vol.a if where == "gluster" else work) / name
+                    try:
+                        seconds, n = pair.sink(root)
+                        if n != rows:
+                            raise RuntimeError(f"the sink stored {n} rows of {rows}")
+                        got[f"sink_{where}"] = n / seconds
+                        seconds, n = pair.source(vol.b / name if where == "gluster" else root)
+                        if n != rows:
+                            raise RuntimeError(f"the source read {n} rows of {rows}")
+                        got[f"source_{where}"] = n / seconds
+                    finally:
+                        shutil.rmtree(root, ignore_errors=True)
+                log(f"shared: spark run {i + 1}/{options.runs} rows/s {got}")
+                runs.append(got)
+        finally:
+            pair.close()
+    return runs
+
+
 def run(options: Options) -> PartResult:
     from tests.gluster import GlusterUnavailable, volume
 
@@ -159,6 +262,7 @@ def run(options: Options) -> PartResult:
                     r = ack_to_visible(vol.a, vol.b, sizes, flush)
                     vis[flush].append(r)
                     log(f"shared: {flush} ack->visible {r}")
+            spark = spark_figures(vol, options, sizes.spark_rows)
     except GlusterUnavailable as exc:
         return PartResult("shared", [], {"skipped": str(exc)}, [f"skipped: {exc}"])
     load_end = os.getloadavg()
@@ -185,7 +289,16 @@ def run(options: Options) -> PartResult:
                     Row(f"put -> visible on mount B, {flush}, {q}", "ms", median(values),
                         min(values), max(values))
                 )  # fmt: skip
+    for face in ("sink", "source"):
+        g = [r[f"{face}_gluster"] for r in spark]
+        loc = [r[f"{face}_local"] for r in spark]
+        ratios = [r[f"{face}_gluster"] / r[f"{face}_local"] for r in spark]
+        rows += [
+            Row(f"Spark {face}, GlusterFS", "rows/s", median(g), min(g), max(g),
+                baseline="local disk", ratio=median(ratios)),
+            Row(f"Spark {face}, local disk", "rows/s", median(loc), min(loc), max(loc)),
+        ]  # fmt: skip
     notes.append(f"load average before {load_start[0]:.2f}, after {load_end[0]:.2f}")
     data = {"sizes": dataclasses.asdict(sizes), "puts": puts, "visibility": vis,
-            "load_start": load_start, "load_end": load_end}  # fmt: skip
+            "spark": spark, "load_start": load_start, "load_end": load_end}  # fmt: skip
     return PartResult("shared", rows, data, notes)
