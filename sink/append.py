@@ -342,23 +342,47 @@ def append_stream(
     if first is None:
         return None
     with open_writer(path, config, lock_timeout_ms) as store:
-        key = uniq_keys(sink_fp, batch_id, slot, 1)[0].as_py()
-        topic = first.column("topic")[0].as_py()
-        note = _Note(store, sink_fp, batch_id)
-        if store.query_by_key(topic, key, max_count=1, min_offset=note.since):
-            rows = pa.concat_tables([first, *parts])
-            return _append_all(store, note, rows, sink_fp, batch_id, slot, chunk_rows, attempt)
-        note.record_attempt()
-        put = _Puts(store, attempt)
-        n = 0
-        for part in itertools.chain([first], parts):
-            for start in range(0, part.num_rows, chunk_rows):
-                piece = part.slice(start, chunk_rows)
-                k = piece.num_rows
-                put(piece.append_column("uniqKey", uniq_keys(sink_fp, batch_id, slot, k, n)))
-                n += k
-        clean_when_due(store)
-    return AppendStats(path.name, slot, n, 0, n, put.bytes, put.first, put.last)
+        return stream_into(
+            store,
+            itertools.chain([first], parts),
+            sink_fp=sink_fp,
+            batch_id=batch_id,
+            slot=slot,
+            chunk_rows=chunk_rows,
+            attempt=attempt,
+        )
+
+
+def stream_into(
+    store: MessageStore,
+    parts: Iterator[pa.Table],
+    *,
+    sink_fp: bytes,
+    batch_id: int,
+    slot: int,
+    chunk_rows: int,
+    attempt: int,
+) -> AppendStats:
+    """:func:`append_stream` into a store already open with its lock held; ``parts`` holds at
+    least one row."""
+    first = next(parts)
+    key = uniq_keys(sink_fp, batch_id, slot, 1)[0].as_py()
+    topic = first.column("topic")[0].as_py()
+    note = _Note(store, sink_fp, batch_id)
+    if store.query_by_key(topic, key, max_count=1, min_offset=note.since):
+        rows = pa.concat_tables([first, *parts])
+        return _append_all(store, note, rows, sink_fp, batch_id, slot, chunk_rows, attempt)
+    note.record_attempt()
+    put = _Puts(store, attempt)
+    n = 0
+    for part in itertools.chain([first], parts):
+        for start in range(0, part.num_rows, chunk_rows):
+            piece = part.slice(start, chunk_rows)
+            k = piece.num_rows
+            put(piece.append_column("uniqKey", uniq_keys(sink_fp, batch_id, slot, k, n)))
+            n += k
+    clean_when_due(store)
+    return AppendStats(store.path.name, slot, n, 0, n, put.bytes, put.first, put.last)
 
 
 def _check_same_rows(

@@ -3,9 +3,11 @@
 
 A data source writer sees Spark's partitions as they are and cannot shuffle them, so each
 task routes its own rows and appends them to every broker they belong to, one broker lock at a
-time, taking whichever broker nobody holds first (task ``p`` starts at broker ``p``): every
-broker still has exactly one writer at a time, a task's rows of one queue keep their order,
-and the tasks of a micro-batch do not queue behind each other on the same broker. The replay
+time. Task ``p`` leads with broker ``p``: it appends that broker's rows as they arrive
+(:func:`sink.writer.append_partition`) and holds the others' until its input ends, then takes
+whichever of their brokers nobody holds first. Every broker still has exactly one writer at a
+time, a task's rows of one queue keep their order, and the tasks of a micro-batch do not queue
+behind each other on the same broker. The replay
 slot is the Spark partition id (see :mod:`sink.append`), which a re-run of the same
 micro-batch keeps. For one task per broker (fewer, larger appends),
 use :class:`sink.CommitLogSink` with ``foreachBatch``.
@@ -36,7 +38,7 @@ from pipeline.errors import ConfigError
 from sink.append import AppendStats, sink_fingerprint
 from sink.plan import Plan, prepare, route_batches
 from sink.settings import SinkSettings
-from sink.writer import append_routed
+from sink.writer import append_partition
 
 log = logging.getLogger("rocketstore.sink")
 _ROW_BITS = 40
@@ -68,9 +70,10 @@ def _write(
     part = ctx.partitionId() if ctx is not None else 0
     attempt = ctx.attemptNumber() if ctx is not None else 0
     routed = route_batches(plan, batches, part << _ROW_BITS)
-    stats = append_routed(
+    stats = append_partition(
         plan.settings,
         plan.queues,
+        plan.brokers,
         routed,
         batch_id=batch_id,
         sink_fp=sink_fp,

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from pipeline.config import StoreConfig
 from pipeline.errors import StoreError, StoreLockedError
 from pipeline.root import StoreRoot, broker_name
-from sink.append import AppendStats, LockWait, append, append_stream
+from sink.append import AppendStats, LockWait, append, append_stream, open_writer, stream_into
 from sink.prefetch import prefetched
 from sink.settings import SinkSettings
 
@@ -140,6 +140,96 @@ def append_shuffled(
         attempt=attempt,
     )
     return [stats] if stats is not None else []
+
+
+def append_partition(
+    settings: SinkSettings,
+    queues: int,
+    brokers: int,
+    batches: Iterable[pa.RecordBatch],
+    *,
+    batch_id: int,
+    sink_fp: bytes,
+    slot: int,
+    attempt: int,
+) -> list[AppendStats]:
+    """One task of the data source writer: routed rows of every broker, in the partition's
+    order. The rows of broker ``slot % brokers`` (the task's lead) are appended as they come,
+    the next Arrow batch received and routed in a thread of its own while the current part is
+    put; the other brokers' rows are held, and appended once the input ends, as
+    :func:`append_routed` does. The slot is the partition either way, and each broker gets the
+    partition's rows in one order, so a re-run finds what any attempt stored.
+
+    The lead broker's lock is tried once, without waiting, when its first rows are there:
+    another task holding it sends the whole partition down :func:`append_routed`, which takes
+    free brokers first.
+    """
+    lead = slot % brokers
+    held: list[pa.RecordBatch] = []
+    parts = prefetched(_lead_rows(batches, queues, lead, held))
+    first = next(parts, None)
+
+    def the_rest(lead_rows: Iterable[pa.Table]) -> list[AppendStats]:
+        # ``held`` is complete only once the producer thread is done: after ``parts`` ends.
+        routed = [b for t in lead_rows for b in t.to_batches()]
+        return append_routed(
+            settings,
+            queues,
+            routed + held,
+            batch_id=batch_id,
+            sink_fp=sink_fp,
+            slot=slot,
+            attempt=attempt,
+        )
+
+    if first is None:
+        return the_rest([])
+    path = StoreRoot(settings.root).broker_path(lead)
+    try:
+        store = open_writer(path, broker_config(settings.store_config, lead), 0)
+    except StoreLockedError:
+        return the_rest([first, *parts])
+    with store:
+        stats = stream_into(
+            store,
+            (_as_messages(t, queues) for t in itertools.chain([first], parts)),
+            sink_fp=sink_fp,
+            batch_id=batch_id,
+            slot=slot,
+            chunk_rows=settings.chunk_rows,
+            attempt=attempt,
+        )
+    return [stats, *the_rest([])]
+
+
+def _lead_rows(
+    batches: Iterable[pa.RecordBatch], queues: int, lead: int, held: list[pa.RecordBatch]
+) -> Iterator[pa.Table]:
+    """The routed rows of broker ``lead``, gathered into parts of at least
+    :data:`STREAM_ROWS` rows; every other row goes to ``held``, in order."""
+    mine: list[pa.RecordBatch] = []
+    count = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        is_lead = batch.column("__rs_mq").to_numpy() // queues == lead
+        if not bool(is_lead.all()):
+            held.append(batch.filter(pa.array(~is_lead)))
+            batch = batch.filter(pa.array(is_lead))
+            if batch.num_rows == 0:
+                continue
+        mine.append(batch)
+        count += batch.num_rows
+        if count >= STREAM_ROWS:
+            yield pa.Table.from_batches(mine).combine_chunks()
+            mine, count = [], 0
+    if mine:
+        yield pa.Table.from_batches(mine).combine_chunks()
+
+
+def _as_messages(routed: pa.Table, queues: int) -> pa.Table:
+    mq = routed.column("__rs_mq").to_numpy().astype(np.int64)
+    return message_table(routed, mq % queues)
 
 
 def _one_broker(batches: Iterable[pa.RecordBatch], queues: int) -> Iterator[tuple[int, pa.Table]]:
@@ -267,4 +357,11 @@ def stats_batch(stats: list[AppendStats]) -> Iterator[pa.RecordBatch]:
     yield pa.RecordBatch.from_pydict(cols, schema=STATS_SCHEMA)
 
 
-__all__ = ["STATS_SCHEMA", "append_routed", "append_shuffled", "broker_name", "stats_batch"]
+__all__ = [
+    "STATS_SCHEMA",
+    "append_partition",
+    "append_routed",
+    "append_shuffled",
+    "broker_name",
+    "stats_batch",
+]

@@ -1,5 +1,6 @@
-"""The streaming append of a shuffled ``foreachBatch`` task (``sink.append.append_stream``,
-``sink.writer.append_shuffled``) and the prefetching thread it runs beside
+"""The streaming appends of a shuffled ``foreachBatch`` task (``sink.append.append_stream``,
+``sink.writer.append_shuffled``) and of a data source writer task's lead broker
+(``sink.writer.append_partition``), and the prefetching thread they run beside
 (``sink.prefetch``): the same rows land, with the same UNIQ_KEYs, as the whole-table
 ``append`` gives them, and a re-run finds what either stored."""
 
@@ -14,13 +15,14 @@ import pyarrow as pa
 import pytest
 from test_sink_append import CONFIG, FP, rows, stored
 
-from pipeline.errors import InvalidMessageError, StoreError
+from pipeline.errors import InvalidMessageError, StoreError, StoreLockedError
 from pipeline.store import MessageStore
+from sink import writer
 from sink.append import FAILPOINT_ENV, SinkFailpoint, SinkReplayError, append, append_stream
 from sink.prefetch import prefetched
 from sink.rows import ROUTED
 from sink.settings import SinkSettings
-from sink.writer import append_shuffled
+from sink.writer import append_partition, append_routed, append_shuffled
 
 
 def parts(table: pa.Table, size: int) -> Iterator[pa.Table]:
@@ -211,3 +213,139 @@ def test_prefetched_stops_its_thread_when_the_consumer_stops() -> None:
     for t in threads:
         t.join(timeout=10)
         assert not t.is_alive()
+
+
+def mixed(n: int, brokers: int, queues: int) -> list[pa.RecordBatch]:
+    """One partition's routed rows, every broker's mixed in, as Spark's batches of 10."""
+    ids = list(range(n))
+    mq = [(i * 7) % (brokers * queues) for i in ids]
+    table = pa.RecordBatch.from_pydict(
+        {
+            "topic": ["orders"] * n,
+            "body": [b"body-%d" % i for i in ids],
+            "keys": [[f"k{i}"] for i in ids],
+            "tags": [None] * n,
+            "properties": [None] * n,
+            "flag": [0] * n,
+            "__rs_row": ids,
+            "__rs_mq": mq,
+        },
+        schema=ROUTED,
+    )
+    return [table.slice(i, 10) for i in range(0, n, 10)]
+
+
+def broker_rows(root: Path, brokers: int) -> dict[str, list[tuple[int, bytes, str]]]:
+    """Per broker, each message's queue, body and UNIQ_KEY, in CommitLog order."""
+    out = {}
+    for b in range(brokers):
+        path = root / f"broker-{b}"
+        if not path.exists():
+            continue
+        with MessageStore(path, CONFIG, read_only=True) as s:
+            got = [
+                (m.commit_log_offset, m.queue_id, m.body, m.properties["UNIQ_KEY"])
+                for info in s.queue_infos("orders")
+                for m in s.get_messages("orders", info.queue_id, 0, 10_000).messages
+            ]
+        out[path.name] = [g[1:] for g in sorted(got)]
+    return out
+
+
+def settings_for(root: Path, **extra: object) -> SinkSettings:
+    return SinkSettings.from_options(
+        {
+            "path": str(root),
+            "topic": "orders",
+            "mappedFileSizeCommitLog": str(1 << 16),
+            "maxHashSlotNum": "512",
+            "maxIndexNum": "4096",
+            **extra,
+        }
+    )
+
+
+def partition(root: Path, slot: int, attempt: int = 0, **extra: object) -> list[object]:
+    return append_partition(  # type: ignore[return-value]
+        settings_for(root, **extra),
+        2,
+        3,
+        mixed(95, 3, 2),
+        batch_id=4,
+        sink_fp=FP,
+        slot=slot,
+        attempt=attempt,
+    )
+
+
+@pytest.mark.parametrize("slot", [0, 1, 5])
+def test_a_partition_streams_its_lead_broker_and_stores_what_the_gathered_path_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slot: int
+) -> None:
+    monkeypatch.setattr(writer, "STREAM_ROWS", 8)  # several parts for the lead broker
+    got = partition(tmp_path / "streamed", slot)
+    whole = append_routed(
+        settings_for(tmp_path / "gathered"),
+        2,
+        mixed(95, 3, 2),
+        batch_id=4,
+        sink_fp=FP,
+        slot=slot,
+        attempt=0,
+    )
+    lead = f"broker-{slot % 3}"
+    assert got[0].broker == lead  # type: ignore[attr-defined]
+    assert sorted(s.broker for s in got) == sorted(s.broker for s in whole)  # type: ignore[attr-defined]
+    streamed = broker_rows(tmp_path / "streamed", 3)
+    assert streamed == broker_rows(tmp_path / "gathered", 3)
+    # Each broker holds its rows in the partition's order.
+    for name, held in streamed.items():
+        bodies = [int(body.split(b"-")[1]) for _, body, _ in held]
+        assert bodies == sorted(bodies) and len(bodies) > 0, name
+
+
+def test_a_partition_whose_lead_broker_is_held_goes_down_the_gathered_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tried: list[str] = []
+
+    def held(path: Path, *args: object) -> object:
+        tried.append(path.name)
+        raise StoreLockedError(f"{path}: held")
+
+    monkeypatch.setattr(writer, "open_writer", held)
+    got = partition(tmp_path / "a", 1)
+    assert tried == ["broker-1"]
+    assert [s.broker for s in got] == ["broker-1", "broker-2", "broker-0"]  # type: ignore[attr-defined]
+    monkeypatch.undo()
+    partition(tmp_path / "b", 1)
+    assert broker_rows(tmp_path / "a", 3) == broker_rows(tmp_path / "b", 3)
+
+
+def test_a_partition_without_rows_of_its_lead_broker_leaves_it_alone(tmp_path: Path) -> None:
+    batches = [
+        b.filter(pa.compute.not_equal(pa.compute.divide(b["__rs_mq"], 2), 0))
+        for b in mixed(95, 3, 2)
+    ]
+    got = append_partition(
+        settings_for(tmp_path), 2, 3, batches, batch_id=4, sink_fp=FP, slot=0, attempt=0
+    )
+    assert sorted(s.broker for s in got) == ["broker-1", "broker-2"]  # type: ignore[attr-defined]
+    assert not (tmp_path / "broker-0").exists()
+
+
+def test_a_partition_failing_mid_stream_is_completed_by_its_retry_exactly_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer, "STREAM_ROWS", 8)
+    monkeypatch.setenv(FAILPOINT_ENV, f"after_chunk:2:{tmp_path / 'fired'}")
+    with pytest.raises(SinkFailpoint):
+        partition(tmp_path / "a", 0, chunkRows=5)
+    # The lead broker kept the chunks before the failure; the others got nothing yet.
+    landed = broker_rows(tmp_path / "a", 3)
+    assert list(landed) == ["broker-0"] and len(landed["broker-0"]) > 0
+    again = partition(tmp_path / "a", 0, attempt=1, chunkRows=5)
+    assert again[0].skipped == len(landed["broker-0"])  # type: ignore[attr-defined]
+    monkeypatch.delenv(FAILPOINT_ENV)
+    partition(tmp_path / "b", 0)
+    assert broker_rows(tmp_path / "a", 3) == broker_rows(tmp_path / "b", 3)
