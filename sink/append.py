@@ -45,6 +45,7 @@ Thread-safety: one call per task; nothing is shared between calls.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -325,11 +326,14 @@ def append_stream(
     lock_timeout_ms: int,
     chunk_rows: int = 1_000_000,
     attempt: int = 0,
+    store: MessageStore | None = None,
 ) -> AppendStats | None:
     """Append the rows of ``parts`` (message columns, in their final order, as they arrive) as
     (batch, slot), each part put as soon as it is there: with ``parts`` a
     :func:`sink.prefetch.prefetched` iterator, the next part is received while this one is
-    stored. Returns None when ``parts`` is empty (the broker's lock is not taken then).
+    stored. Returns None when ``parts`` is empty (the broker's lock is not taken then). With
+    ``store`` (``path`` already open, its lock held by the caller) the rows go into it, which
+    stays open.
 
     The first attempt of a (batch, slot) finds its first row's UNIQ_KEY absent and streams
     every row through. A re-run that finds it present needs the whole row count to search what
@@ -341,48 +345,25 @@ def append_stream(
     first = next(parts, None)
     if first is None:
         return None
-    with open_writer(path, config, lock_timeout_ms) as store:
-        return stream_into(
-            store,
-            itertools.chain([first], parts),
-            sink_fp=sink_fp,
-            batch_id=batch_id,
-            slot=slot,
-            chunk_rows=chunk_rows,
-            attempt=attempt,
-        )
-
-
-def stream_into(
-    store: MessageStore,
-    parts: Iterator[pa.Table],
-    *,
-    sink_fp: bytes,
-    batch_id: int,
-    slot: int,
-    chunk_rows: int,
-    attempt: int,
-) -> AppendStats:
-    """:func:`append_stream` into a store already open with its lock held; ``parts`` holds at
-    least one row."""
-    first = next(parts)
-    key = uniq_keys(sink_fp, batch_id, slot, 1)[0].as_py()
-    topic = first.column("topic")[0].as_py()
-    note = _Note(store, sink_fp, batch_id)
-    if store.query_by_key(topic, key, max_count=1, min_offset=note.since):
-        rows = pa.concat_tables([first, *parts])
-        return _append_all(store, note, rows, sink_fp, batch_id, slot, chunk_rows, attempt)
-    note.record_attempt()
-    put = _Puts(store, attempt)
-    n = 0
-    for part in itertools.chain([first], parts):
-        for start in range(0, part.num_rows, chunk_rows):
-            piece = part.slice(start, chunk_rows)
-            k = piece.num_rows
-            put(piece.append_column("uniqKey", uniq_keys(sink_fp, batch_id, slot, k, n)))
-            n += k
-    clean_when_due(store)
-    return AppendStats(store.path.name, slot, n, 0, n, put.bytes, put.first, put.last)
+    held = contextlib.nullcontext(store) if store else open_writer(path, config, lock_timeout_ms)
+    with held as store:
+        key = uniq_keys(sink_fp, batch_id, slot, 1)[0].as_py()
+        topic = first.column("topic")[0].as_py()
+        note = _Note(store, sink_fp, batch_id)
+        if store.query_by_key(topic, key, max_count=1, min_offset=note.since):
+            rows = pa.concat_tables([first, *parts])
+            return _append_all(store, note, rows, sink_fp, batch_id, slot, chunk_rows, attempt)
+        note.record_attempt()
+        put = _Puts(store, attempt)
+        n = 0
+        for part in itertools.chain([first], parts):
+            for start in range(0, part.num_rows, chunk_rows):
+                piece = part.slice(start, chunk_rows)
+                k = piece.num_rows
+                put(piece.append_column("uniqKey", uniq_keys(sink_fp, batch_id, slot, k, n)))
+                n += k
+        clean_when_due(store)
+    return AppendStats(path.name, slot, n, 0, n, put.bytes, put.first, put.last)
 
 
 def _check_same_rows(

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from pipeline.config import StoreConfig
 from pipeline.errors import StoreError, StoreLockedError
 from pipeline.root import StoreRoot, broker_name
-from sink.append import AppendStats, LockWait, append, append_stream, open_writer, stream_into
+from sink.append import AppendStats, LockWait, append, append_stream, open_writer
 from sink.prefetch import prefetched
 from sink.settings import SinkSettings
 
@@ -190,15 +190,19 @@ def append_partition(
     except StoreLockedError:
         return the_rest([first, *parts])
     with store:
-        stats = stream_into(
-            store,
+        stats = append_stream(
+            path,
+            store.config,
             (_as_messages(t, queues) for t in itertools.chain([first], parts)),
             sink_fp=sink_fp,
             batch_id=batch_id,
             slot=slot,
+            lock_timeout_ms=0,
             chunk_rows=settings.chunk_rows,
             attempt=attempt,
+            store=store,
         )
+    assert stats is not None  # ``first`` held rows
     return [stats, *the_rest([])]
 
 

@@ -125,8 +125,9 @@ def test_a_bad_row_stops_the_stream_after_the_parts_before_it(tmp_path: Path) ->
     assert (got.skipped, got.appended) == (20, 9)  # type: ignore[attr-defined]
 
 
-def routed(n: int, broker: int, queues: int, order: list[int] | None = None) -> pa.RecordBatch:
-    ids = order if order is not None else list(range(n))
+def routed_rows(ids: list[int], mq: list[int]) -> pa.RecordBatch:
+    """Routed rows (schema ``ROUTED``) numbered ``ids``, each in message queue ``mq[i]``."""
+    n = len(ids)
     return pa.RecordBatch.from_pydict(
         {
             "topic": ["orders"] * n,
@@ -136,10 +137,15 @@ def routed(n: int, broker: int, queues: int, order: list[int] | None = None) -> 
             "properties": [None] * n,
             "flag": [0] * n,
             "__rs_row": ids,
-            "__rs_mq": [broker * queues + i % queues for i in ids],
+            "__rs_mq": mq,
         },
         schema=ROUTED,
     )
+
+
+def routed(n: int, broker: int, queues: int, order: list[int] | None = None) -> pa.RecordBatch:
+    ids = order if order is not None else list(range(n))
+    return routed_rows(ids, [broker * queues + i % queues for i in ids])
 
 
 def test_a_shuffled_task_appends_its_broker_in_row_order(tmp_path: Path) -> None:
@@ -218,20 +224,7 @@ def test_prefetched_stops_its_thread_when_the_consumer_stops() -> None:
 def mixed(n: int, brokers: int, queues: int) -> list[pa.RecordBatch]:
     """One partition's routed rows, every broker's mixed in, as Spark's batches of 10."""
     ids = list(range(n))
-    mq = [(i * 7) % (brokers * queues) for i in ids]
-    table = pa.RecordBatch.from_pydict(
-        {
-            "topic": ["orders"] * n,
-            "body": [b"body-%d" % i for i in ids],
-            "keys": [[f"k{i}"] for i in ids],
-            "tags": [None] * n,
-            "properties": [None] * n,
-            "flag": [0] * n,
-            "__rs_row": ids,
-            "__rs_mq": mq,
-        },
-        schema=ROUTED,
-    )
+    table = routed_rows(ids, [(i * 7) % (brokers * queues) for i in ids])
     return [table.slice(i, 10) for i in range(0, n, 10)]
 
 
