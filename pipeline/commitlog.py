@@ -182,15 +182,9 @@ class CommitLog:
     def read(self, phys: int, *, check_crc: bool = True) -> record.MessageExt:
         """The message at ``phys``; :class:`CorruptRecordError` if it fails its checks."""
         mf, rel = self._locate(phys)
-        batch = native.decode(
-            mf.buffer,
-            np.array([rel], dtype=np.int64),
-            mf.base,
-            path=str(mf.path),
-            limit=mf.wrote_position,
-            check_crc=check_crc,
+        return native.decode_one(
+            mf.buffer, rel, mf.base, path=str(mf.path), limit=mf.wrote_position, check_crc=check_crc
         )
-        return next(native.messages(batch))
 
     def read_many(self, phys: npt.NDArray[np.int64]) -> list[record.MessageExt]:
         """The messages at ``phys`` (ascending), each checked as :meth:`read` checks it, with

@@ -331,6 +331,40 @@ def decode(
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
+def decode_one(
+    buf: Any, rel: int, base: int, *, path: str, limit: int, check_crc: bool = True
+) -> MessageExt:
+    """The record at relative position ``rel`` of one segment's bytes, checked as
+    :func:`decode` checks each record and returned as :func:`messages` returns it, without
+    Arrow columns in between (a single read would spend most of its time building them).
+    Raises :class:`CorruptRecordError` naming ``path`` and the offset."""
+    try:
+        error, f = _native.decode_one(buf, rel, base, limit, check_crc)
+    except NativeError as exc:
+        raise CorruptRecordError(path, base + rel, f"decoder failed: {exc}") from exc
+    if error is not None:
+        raise CorruptRecordError(path, int(error[0]), str(error[1]))
+    return MessageExt(
+        commit_log_offset=f[0],
+        store_size=f[1],
+        queue_id=f[2],
+        queue_offset=f[3],
+        sys_flag=f[4],
+        flag=f[5],
+        born_timestamp=f[6],
+        store_timestamp=f[7],
+        reconsume_times=f[8],
+        prepared_transaction_offset=f[9],
+        body_crc=f[10],
+        topic=f[11],
+        body=f[12],
+        properties=f[13],
+        born_host=f[14],
+        store_host=f[15],
+        msg_id=f[16],
+    )
+
+
 def record_starts(
     buf: Any, rel: npt.NDArray[np.int64], base: int, limit: int | None = None
 ) -> npt.NDArray[np.bool_]:

@@ -124,6 +124,7 @@ def test_decode_matches_reference(
     sizes = np.array([len(record.encode_record(physical_offset=0, **m)) for m in msgs])
     batch = native.decode(bytes(buf), np.array(rel), base, path="seg", sizes=sizes)
     assert_same(batch, reference(buf, rel, base))
+    check_decode_one(bytes(buf), rel, base)
 
 
 @given(msgs=st.lists(messages(), min_size=1, max_size=6))
@@ -252,6 +253,7 @@ def test_result_outlives_the_mapping(tmp_path: Any) -> None:
 def check_against_reference(buf: bytes, rel: list[int], base: int) -> None:
     """Native decode succeeds exactly when the reference accepts every record, and then gives
     the reference's messages; otherwise it names the first record the reference refuses."""
+    check_decode_one(buf, rel, base)
     first_bad: int | None = None
     want: list[record.MessageExt] = []
     for r in rel:
@@ -268,6 +270,20 @@ def check_against_reference(buf: bytes, rel: list[int], base: int) -> None:
         return
     assert first_bad is None
     assert_same(batch, want)
+
+
+def check_decode_one(buf: bytes, rel: list[int], base: int) -> None:
+    """The single-record decoder accepts each record exactly when the reference does, and then
+    gives the reference's message; otherwise it names the same file and offset."""
+    for r in rel:
+        try:
+            want = record.decode_record(buf, r, phys=base + r, path="seg")
+        except CorruptRecordError as exc:
+            with pytest.raises(CorruptRecordError) as got:
+                native.decode_one(buf, r, base, path="seg", limit=len(buf))
+            assert (got.value.path, got.value.offset) == ("seg", exc.offset)
+        else:
+            assert native.decode_one(buf, r, base, path="seg", limit=len(buf)) == want
 
 
 def check_walk(buf: bytes, start: int, base: int) -> None:

@@ -21,13 +21,13 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::{guarded, panic_text};
-use pyo3::types::PyDict;
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::buffers::{require_len, Bytes, Col};
 use crate::hash;
 use crate::layout::*;
 use crate::owned::{Data, Owned, Recycled};
-use crate::scan::scan_record;
+use crate::scan::{scan_record, Scanned};
 
 /// Optional column groups (a bit mask); the fixed-width columns and `topic` always come.
 pub const BODY: u32 = 1;
@@ -371,6 +371,85 @@ fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
 /// A record that failed its checks: its row in the call, its physical offset, and why.
 type Bad = (usize, i64, String);
 
+/// One checked record's fields, borrowed from the segment's bytes.
+struct Rec<'a> {
+    s: Scanned<'a>,
+    topic: &'a str,
+    flag: i32,
+    born_ts: i64,
+    reconsume: i32,
+    prep_tx: i64,
+    body_crc: i32,
+    born_host: &'a [u8],
+    store_host: &'a [u8],
+}
+
+impl Rec<'_> {
+    /// The bytes a msgId is the hex of: the store host field, then the physical offset.
+    fn msg_id_field<'b>(&self, phys: i64, buf: &'b mut [u8; 28]) -> &'b [u8] {
+        let n = self.store_host.len();
+        buf[..n].copy_from_slice(self.store_host);
+        buf[n..n + 8].copy_from_slice(&phys.to_be_bytes());
+        &buf[..n + 8]
+    }
+}
+
+/// Checks the record at relative position `r` (physical offset `phys`) as the walk does, and
+/// against `want_size`, the size its ConsumeQueue unit claims, when there is one.
+fn check_record(
+    data: &[u8],
+    r: i64,
+    phys: i64,
+    limit: usize,
+    want_size: Option<i64>,
+    check_crc: bool,
+) -> Result<Rec<'_>, String> {
+    if r < 0 || r as u64 > limit as u64 {
+        return Err(format!(
+            "position {r} is outside the segment's {limit} bytes"
+        ));
+    }
+    let pos = r as usize;
+    if pos + 8 <= limit && be_i32(data, pos + 4) == BLANK_MAGIC {
+        return Err("END_OF_FILE blank where a message was expected".to_string());
+    }
+    let s = scan_record(data, pos, limit, phys, check_crc)?;
+    if let Some(want) = want_size {
+        if s.size as i64 != want {
+            return Err(format!(
+                "TOTALSIZE {} differs from the ConsumeQueue unit's size {want}",
+                s.size
+            ));
+        }
+    }
+    let topic = std::str::from_utf8(s.topic).map_err(|_| "topic is not valid UTF-8".to_string())?;
+    // scan_record checked that every field up to BODYLENGTH lies inside the record.
+    let born_len = if s.sys_flag & BORNHOST_V6_FLAG != 0 {
+        20
+    } else {
+        8
+    };
+    let store_len = if s.sys_flag & STOREHOST_V6_FLAG != 0 {
+        20
+    } else {
+        8
+    };
+    let born_at = pos + OFF_BORNHOST;
+    let store_at = born_at + born_len + 8;
+    let tail = store_at + store_len;
+    Ok(Rec {
+        topic,
+        flag: be_i32(data, pos + 16),
+        born_ts: be_i64(data, pos + 40),
+        reconsume: be_i32(data, tail),
+        prep_tx: be_i64(data, tail + 4),
+        body_crc: be_i32(data, pos + 8),
+        born_host: &data[born_at..born_at + born_len],
+        store_host: &data[store_at..store_at + store_len],
+        s,
+    })
+}
+
 #[allow(clippy::too_many_arguments)]
 fn decode_columns(
     data: &[u8],
@@ -395,55 +474,21 @@ fn decode_columns(
     for (i, &r) in rel.iter().enumerate() {
         *at = i;
         let phys = base.wrapping_add(r);
-        let bad = |reason: String| (i, phys, reason);
-        if r < 0 || r as u64 > limit as u64 {
-            return Err(bad(format!(
-                "position {r} is outside the segment's {limit} bytes"
-            )));
-        }
-        let pos = r as usize;
-        if pos + 8 <= limit && be_i32(data, pos + 4) == BLANK_MAGIC {
-            return Err(bad(
-                "END_OF_FILE blank where a message was expected".to_string()
-            ));
-        }
-        let s = scan_record(data, pos, limit, phys, check_crc).map_err(bad)?;
-        if let Some(want) = sizes {
-            if s.size as i64 != want[i] {
-                return Err(bad(format!(
-                    "TOTALSIZE {} differs from the ConsumeQueue unit's size {}",
-                    s.size, want[i]
-                )));
-            }
-        }
-        let topic = std::str::from_utf8(s.topic)
-            .map_err(|_| bad("topic is not valid UTF-8".to_string()))?;
-        // scan_record checked that every field up to BODYLENGTH lies inside the record.
-        let born_len = if s.sys_flag & BORNHOST_V6_FLAG != 0 {
-            20
-        } else {
-            8
-        };
-        let store_len = if s.sys_flag & STOREHOST_V6_FLAG != 0 {
-            20
-        } else {
-            8
-        };
-        let born_at = pos + OFF_BORNHOST;
-        let store_at = born_at + born_len + 8;
-        let tail = store_at + store_len;
+        let want = sizes.map(|s| s[i]);
+        let rec = check_record(data, r, phys, limit, want, check_crc).map_err(|e| (i, phys, e))?;
+        let s = &rec.s;
         c.phys.push(phys);
         c.size.push(s.size as i32);
         c.queue_id.push(s.queue_id);
         c.queue_offset.push(s.queue_offset);
         c.sys_flag.push(s.sys_flag);
-        c.flag.push(be_i32(data, pos + 16));
-        c.born_ts.push(be_i64(data, pos + 40));
+        c.flag.push(rec.flag);
+        c.born_ts.push(rec.born_ts);
         c.store_ts.push(s.store_ts);
-        c.reconsume.push(be_i32(data, tail));
-        c.prep_tx.push(be_i64(data, tail + 4));
-        c.body_crc.push(be_i32(data, pos + 8));
-        c.topic.push(topic.as_bytes());
+        c.reconsume.push(rec.reconsume);
+        c.prep_tx.push(rec.prep_tx);
+        c.body_crc.push(rec.body_crc);
+        c.topic.push(rec.topic.as_bytes());
         if let Some(col) = &mut c.body {
             col.push(s.body);
         }
@@ -452,16 +497,13 @@ fn decode_columns(
             push_properties(&mut c, &pairs);
         }
         if let Some(col) = &mut c.born_host {
-            col.push(born_hosts.format(&data[born_at..born_at + born_len]));
+            col.push(born_hosts.format(rec.born_host));
         }
         if let Some(col) = &mut c.store_host {
-            col.push(store_hosts.format(&data[store_at..store_at + store_len]));
+            col.push(store_hosts.format(rec.store_host));
         }
         if let Some(col) = &mut c.msg_id {
-            let id = &mut id_field[..store_len + 8];
-            id[..store_len].copy_from_slice(&data[store_at..store_at + store_len]);
-            id[store_len..].copy_from_slice(&phys.to_be_bytes());
-            push_hex(&mut col.data, id);
+            push_hex(&mut col.data, rec.msg_id_field(phys, &mut id_field));
             col.end_row(true);
         }
     }
@@ -592,6 +634,85 @@ pub fn decode<'py>(
             d.set_item(name, col.map(|s| s.into_py(py)).transpose()?)?;
         }
         Ok(d)
+    })
+}
+
+/// Decode the one record at relative position `rel` of a segment's bytes `buf` (trusted up
+/// to `limit`, physical offset `base` at its first byte), checked as [`decode`] checks each
+/// record, straight into Python values: for single reads, where building Arrow columns for one
+/// row costs several times what the record does. No loop, so the GIL stays held.
+///
+/// Returns `(None, fields)` or `((physical offset, reason), None)`. `fields` is `(phys, size,
+/// queue_id, queue_offset, sys_flag, flag, born_ts, store_ts, reconsume, prep_tx, body_crc,
+/// topic, body, properties, born_host, store_host, msg_id)`, with `body` as bytes,
+/// `properties` a dict (names in first-seen order, each with its last value) and the rest as
+/// [`decode`] gives them.
+#[pyfunction]
+pub fn decode_one<'py>(
+    py: Python<'py>,
+    buf: &Bound<'py, PyAny>,
+    rel: i64,
+    base: i64,
+    limit: usize,
+    check_crc: bool,
+) -> PyResult<Bound<'py, PyTuple>> {
+    guarded("decode_one", || {
+        let buf = Bytes::new(buf, "buf")?;
+        let data = buf.get();
+        let limit = limit.min(data.len());
+        let phys = base.wrapping_add(rel);
+        let rec = match check_record(data, rel, phys, limit, None, check_crc) {
+            Ok(rec) => rec,
+            Err(reason) => {
+                return PyTuple::new(
+                    py,
+                    [
+                        (phys, reason).into_pyobject(py)?.into_any(),
+                        py.None().into_bound(py),
+                    ],
+                )
+            }
+        };
+        let mut pairs = Pairs::default();
+        pairs.parse(rec.s.props);
+        let properties = PyDict::new(py);
+        for (name, value) in &pairs.pairs {
+            properties.set_item(name.as_ref(), value.as_ref())?;
+        }
+        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+        let mut born = Vec::with_capacity(48);
+        format_host(rec.born_host, &mut born);
+        let mut store = Vec::with_capacity(48);
+        format_host(rec.store_host, &mut store);
+        let mut id_field = [0u8; 28];
+        let mut msg_id = Vec::with_capacity(56);
+        push_hex(&mut msg_id, rec.msg_id_field(phys, &mut id_field));
+        let s = &rec.s;
+        let head = (
+            phys,
+            s.size as i32,
+            s.queue_id,
+            s.queue_offset,
+            s.sys_flag,
+            rec.flag,
+            rec.born_ts,
+            s.store_ts,
+            rec.reconsume,
+            rec.prep_tx,
+            rec.body_crc,
+        )
+            .into_pyobject(py)?;
+        let tail = (
+            rec.topic,
+            PyBytes::new(py, s.body),
+            properties,
+            text(&born),
+            text(&store),
+            text(&msg_id),
+        )
+            .into_pyobject(py)?;
+        let fields = head.add(tail)?;
+        PyTuple::new(py, [py.None().into_bound(py), fields.into_any()])
     })
 }
 

@@ -80,6 +80,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(redispatch::dispatch_walk, m)?)?;
     m.add_class::<owned::Owned>()?;
     m.add_function(wrap_pyfunction!(decode::decode, m)?)?;
+    m.add_function(wrap_pyfunction!(decode::decode_one, m)?)?;
     m.add_function(wrap_pyfunction!(decode::record_starts, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_under_guard, m)?)?;
     for (name, value) in layout::EXPORTED {
