@@ -53,7 +53,7 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -215,14 +215,19 @@ class _Note:
 
 
 def landed_prefix(
-    store: MessageStore, topics: list[str], uniq: pa.StringArray, min_offset: int = 0
+    store: MessageStore,
+    topics: Sequence[str] | pa.ChunkedArray,
+    uniq: pa.StringArray,
+    min_offset: int = 0,
 ) -> int:
     """How many leading rows (by UNIQ_KEY) are already in the store, looking at records from
-    ``min_offset`` on (see the module doc)."""
+    ``min_offset`` on (see the module doc). ``topics`` may be the rows' Arrow column: the
+    search reads a few dozen of its values, never all."""
     n = len(uniq)
 
     def present(i: int) -> bool:
-        found = store.query_by_key(topics[i], uniq[i].as_py(), max_count=1, min_offset=min_offset)
+        topic = _text(topics[i])
+        found = store.query_by_key(topic, uniq[i].as_py(), max_count=1, min_offset=min_offset)
         return bool(found)
 
     if n == 0 or not present(0):
@@ -279,7 +284,7 @@ def _append_all(
     # first (sink.writer) has not spent this work in vain.
     uniq = uniq_keys(sink_fp, batch_id, slot, n)
     rows = rows.append_column("uniqKey", uniq)
-    topics = rows.column("topic").to_pylist()
+    topics = rows.column("topic")
     done = landed_prefix(store, topics, uniq, note.since)
     if done:
         _check_same_rows(store, rows, topics, done - 1, path, note.since)
@@ -366,11 +371,15 @@ def append_stream(
     return AppendStats(path.name, slot, n, 0, n, put.bytes, put.first, put.last)
 
 
+def _text(value: str | pa.Scalar) -> str:
+    return value if isinstance(value, str) else value.as_py()
+
+
 def _check_same_rows(
-    store: MessageStore, rows: pa.Table, topics: list[str], i: int, path: Path, since: int
+    store: MessageStore, rows: pa.Table, topics: pa.ChunkedArray, i: int, path: Path, since: int
 ) -> None:
     key = rows.column("uniqKey")[i].as_py()
-    stored = store.query_by_key(topics[i], key, max_count=1, min_offset=since)[0]
+    stored = store.query_by_key(_text(topics[i]), key, max_count=1, min_offset=since)[0]
     body = rows.column("body")[i].as_py() or b""
     if zlib.crc32(stored.body) != zlib.crc32(body):
         raise SinkReplayError(

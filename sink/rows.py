@@ -148,7 +148,7 @@ def shape(
     n = batch.num_rows
     cols = {name: batch.column(name) for name in batch.schema.names}
     if layout.topic is not None:
-        topic = pa.array(np.full(n, layout.topic, dtype=object), pa.string())
+        topic = repeated(layout.topic, n)
     else:
         topic = cols["topic"].cast(pa.string())
     if layout.body_schema is not None:
@@ -177,6 +177,18 @@ def shape(
             pa.array(mq.astype(np.int32)),
         ],
         schema=ROUTED,
+    )
+
+
+def repeated(text: str, n: int) -> pa.Array:
+    """``text`` ``n`` times as a string array, built from its buffers: going through a numpy
+    object array costs about 3 us a row, what the rest of a row's routing costs."""
+    raw = text.encode("utf-8")
+    if n * len(raw) >= 1 << 31:
+        return pa.array([text] * n, pa.large_string()).cast(pa.string())
+    offsets = (np.arange(n + 1, dtype=np.int64) * len(raw)).astype(np.int32)
+    return pa.Array.from_buffers(
+        pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)]
     )
 
 

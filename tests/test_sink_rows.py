@@ -9,7 +9,7 @@ import pytest
 from pipeline.bodyformat import SCHEMA_PROPERTY
 from pipeline.errors import ConfigError, InvalidMessageError
 from pipeline.javahash import java_hash
-from sink.rows import ROUTED, Layout, check_schema, route
+from sink.rows import ROUTED, Layout, check_schema, repeated, route
 
 
 def java_selector(key: str, total: int) -> int:
@@ -102,3 +102,12 @@ def test_avro_layout_encodes_other_columns_and_names_schema() -> None:
     assert props == [[(SCHEMA_PROPERTY, schema.fingerprint)]] * 2
     with pytest.raises(InvalidMessageError, match="column body: bodyFormat=avro"):
         check_schema(pa.schema([("body", pa.binary()), ("x", pa.int32())]), "t", "avro", None)
+
+
+@pytest.mark.parametrize("text", ["orders", "主题-é", ""])
+@pytest.mark.parametrize("n", [0, 1, 10_000])
+def test_repeated_builds_the_plain_string_array(text: str, n: int) -> None:
+    got = repeated(text, n)
+    got.validate(full=True)
+    assert got.type == pa.string()
+    assert got.to_pylist() == [text] * n
