@@ -125,6 +125,24 @@ def mount(name: str, point: Path) -> None:
     )
 
 
+def client_pids(name: str) -> list[int]:
+    """PIDs of the FUSE client processes of volume ``name`` (every mount, any namespace)."""
+    out = subprocess.run(["pgrep", "-f", f"glusterfs .*--volfile-id=/{name} "],
+                         capture_output=True, text=True, check=False).stdout  # fmt: skip
+    return [int(x) for x in out.split()]
+
+
+def stop_clients(name: str) -> None:
+    """Stop the FUSE clients of volume ``name`` that outlived their mounts. A mount made in a
+    namespace of its own (:meth:`Volume.in_namespace`) is unmounted by the shell that made it;
+    a test that kills that shell (killing a host) leaves the client, which keeps its namespace
+    alive, and so its own mount: nothing else would ever stop it."""
+    for pid in client_pids(name):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    _poll(f"the clients of {name} to exit", lambda: not client_pids(name))
+
+
 def unmount(point: Path) -> None:
     if subprocess.run(["umount", str(point)], capture_output=True).returncode != 0:
         subprocess.run(["umount", "-l", str(point)], capture_output=True)
@@ -247,6 +265,7 @@ def volume(parent: Path | None = None) -> Iterator[Volume]:
                             unmount(vol.b)
                     finally:
                         unmount(vol.a)
+                        stop_clients(vol.name)
                 finally:
                     gluster("volume", "stop", vol.name, "force", check=False)
             finally:

@@ -2,12 +2,13 @@
 file system the store relies on (README, "Running on a cluster"), checked through two mounts:
 a write on one is read on the other after it is synced; a POSIX record lock taken on one
 conflicts on the other; a lost brick leaves the volume usable and heals; a namespace mount is
-a host of its own."""
+a host of its own, and its client is stopped at teardown even when the host was killed."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -81,3 +82,17 @@ def test_a_namespace_mount_is_a_host_of_its_own(gluster_volume: Any, tmp_path: P
     assert out.decode().splitlines() == ["from host a", "1"]  # mounted there, inside
     with open("/proc/self/mounts") as mounts:
         assert f" {at} " not in mounts.read()  # and not here
+
+
+def test_teardown_stops_the_client_of_a_killed_host(gluster_daemon: None, tmp_path: Path) -> None:
+    from tests.gluster import _poll, client_pids, volume
+
+    with volume(tmp_path) as vol:
+        at = tmp_path / "host-d"
+        proc = vol.in_namespace(["sleep", "600"], at, start_new_session=True)
+        _poll("the namespace's mount", lambda: len(client_pids(vol.name)) == 3)
+        os.killpg(proc.pid, signal.SIGKILL)  # the host dies: its shell cannot unmount
+        proc.wait(timeout=60)
+        assert len(client_pids(vol.name)) == 3  # what the teardown has to deal with
+        name = vol.name
+    assert client_pids(name) == []
