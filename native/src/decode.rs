@@ -21,7 +21,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::{guarded, panic_text};
-use pyo3::types::{PyBytes, PyDict, PyTuple};
+use pyo3::types::{PyBytes, PyDict};
 
 use crate::buffers::{require_len, Bytes, Col};
 use crate::hash;
@@ -637,6 +637,9 @@ pub fn decode<'py>(
     })
 }
 
+/// What [`decode_one`] returns: the record's fields, or why it failed.
+type OneRecord<'py> = (Option<(i64, String)>, Option<Bound<'py, PyAny>>);
+
 /// Decode the one record at relative position `rel` of a segment's bytes `buf` (trusted up
 /// to `limit`, physical offset `base` at its first byte), checked as [`decode`] checks each
 /// record, straight into Python values: for single reads, where building Arrow columns for one
@@ -655,7 +658,7 @@ pub fn decode_one<'py>(
     base: i64,
     limit: usize,
     check_crc: bool,
-) -> PyResult<Bound<'py, PyTuple>> {
+) -> PyResult<OneRecord<'py>> {
     guarded("decode_one", || {
         let buf = Bytes::new(buf, "buf")?;
         let data = buf.get();
@@ -663,15 +666,7 @@ pub fn decode_one<'py>(
         let phys = base.wrapping_add(rel);
         let rec = match check_record(data, rel, phys, limit, None, check_crc) {
             Ok(rec) => rec,
-            Err(reason) => {
-                return PyTuple::new(
-                    py,
-                    [
-                        (phys, reason).into_pyobject(py)?.into_any(),
-                        py.None().into_bound(py),
-                    ],
-                )
-            }
+            Err(reason) => return Ok((Some((phys, reason)), None)),
         };
         let mut pairs = Pairs::default();
         pairs.parse(rec.s.props);
@@ -711,8 +706,7 @@ pub fn decode_one<'py>(
             text(&msg_id),
         )
             .into_pyobject(py)?;
-        let fields = head.add(tail)?;
-        PyTuple::new(py, [py.None().into_bound(py), fields.into_any()])
+        Ok((None, Some(head.add(tail)?)))
     })
 }
 
