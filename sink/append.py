@@ -53,7 +53,7 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -216,17 +216,17 @@ class _Note:
 
 def landed_prefix(
     store: MessageStore,
-    topics: Sequence[str] | pa.ChunkedArray,
+    topics: pa.Array | pa.ChunkedArray,
     uniq: pa.StringArray,
     min_offset: int = 0,
 ) -> int:
     """How many leading rows (by UNIQ_KEY) are already in the store, looking at records from
-    ``min_offset`` on (see the module doc). ``topics`` may be the rows' Arrow column: the
-    search reads a few dozen of its values, never all."""
+    ``min_offset`` on (see the module doc). ``topics`` stays an Arrow column: the search reads
+    a few dozen of its values, never all."""
     n = len(uniq)
 
     def present(i: int) -> bool:
-        topic = _text(topics[i])
+        topic = topics[i].as_py()
         found = store.query_by_key(topic, uniq[i].as_py(), max_count=1, min_offset=min_offset)
         return bool(found)
 
@@ -371,15 +371,11 @@ def append_stream(
     return AppendStats(path.name, slot, n, 0, n, put.bytes, put.first, put.last)
 
 
-def _text(value: str | pa.Scalar) -> str:
-    return value if isinstance(value, str) else value.as_py()
-
-
 def _check_same_rows(
     store: MessageStore, rows: pa.Table, topics: pa.ChunkedArray, i: int, path: Path, since: int
 ) -> None:
     key = rows.column("uniqKey")[i].as_py()
-    stored = store.query_by_key(_text(topics[i]), key, max_count=1, min_offset=since)[0]
+    stored = store.query_by_key(topics[i].as_py(), key, max_count=1, min_offset=since)[0]
     body = rows.column("body")[i].as_py() or b""
     if zlib.crc32(stored.body) != zlib.crc32(body):
         raise SinkReplayError(

@@ -142,7 +142,7 @@ def test_landed_prefix_by_binary_search(tmp_path: Path) -> None:
     keys = uniq_keys(FP, 1, 0, 1000)
     with MessageStore(path, CONFIG, create=True) as s:
         s.put_batch(rows(1000).slice(0, 613).append_column("uniqKey", keys[:613]))
-        assert landed_prefix(s, ["orders"] * 1000, keys) == 613
+        assert landed_prefix(s, pa.array(["orders"] * 1000), keys) == 613
 
 
 def note_of(path: Path, fp: bytes = FP) -> list[int] | None:
