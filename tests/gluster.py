@@ -125,11 +125,14 @@ def mount(name: str, point: Path) -> None:
     )
 
 
+def _pgrep(pattern: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True, check=False)
+    return [int(x) for x in out.stdout.split()]
+
+
 def client_pids(name: str) -> list[int]:
     """PIDs of the FUSE client processes of volume ``name`` (every mount, any namespace)."""
-    out = subprocess.run(["pgrep", "-f", f"glusterfs .*--volfile-id=/{name} "],
-                         capture_output=True, text=True, check=False).stdout  # fmt: skip
-    return [int(x) for x in out.split()]
+    return _pgrep(f"glusterfs .*--volfile-id=/{name} ")
 
 
 def stop_clients(name: str) -> None:
@@ -206,9 +209,7 @@ class Volume:
 
     def client_pid(self, point: Path) -> int:
         """PID of the FUSE client process serving the mount at ``point``."""
-        out = subprocess.run(["pgrep", "-f", f"glusterfs.*--volfile-id=/{self.name} {point}$"],
-                             capture_output=True, text=True, check=False).stdout  # fmt: skip
-        pids = [int(x) for x in out.split()]
+        pids = _pgrep(f"glusterfs.*--volfile-id=/{self.name} {point}$")
         if len(pids) != 1:
             raise RuntimeError(f"{len(pids)} client processes for {point}")
         return pids[0]
