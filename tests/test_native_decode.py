@@ -160,6 +160,35 @@ def test_properties_follow_rocketmq_rules() -> None:
     # Empty values, a second separator and items without one are dropped; the last duplicate
     # wins in the first one's place; KEYS without tokens is an empty list, not null.
     raw = b"a\x011\x02e\x01\x02KEYS\x01  \x02x\x01y\x01z\x02junk\x02a\x012\x02\x01anon"
+    rec = _with_properties(raw)
+    batch = native.decode(bytes(rec), np.array([0]), 0, path="seg")
+    assert batch.column("properties").to_pylist() == [[("a", "2"), ("KEYS", "  "), ("", "anon")]]
+    assert batch.column("keys").to_pylist() == [[]]
+    assert list(native.messages(batch)) == reference(rec, [0], 0)
+
+
+def test_named_columns_without_the_map_follow_the_same_rules() -> None:
+    # Without the properties map the decoder picks KEYS, TAGS and UNIQ_KEY in one pass of its
+    # own: the last of each name wins, malformed UTF-8 becomes U+FFFD, a dropped item counts
+    # for nothing, as in the map.
+    raw = (
+        b"KEYS\x01k1 k2\x02TAGS\x01old\x02UNIQ_KEY\x01u\xff1\x02TAGS\x01new\x02"
+        b"KEYS\x01\x02x\x01y\x02KEYS\x01 k3  k\xc3\xa9\x02TAGS\x01\x01z"
+    )
+    rec = _with_properties(raw)
+    want = {"keys": [["k3", "k\u00e9"]], "tags": ["new"], "uniqKey": ["u\ufffd1"]}
+    named = native.Columns.KEYS | native.Columns.TAGS | native.Columns.UNIQ_KEY
+    for columns in (named, named | native.Columns.PROPERTIES):
+        batch = native.decode(bytes(rec), np.array([0]), 0, path="seg", columns=columns)
+        assert {name: batch.column(name).to_pylist() for name in want} == want, columns
+    # None of the three: nulls (KEYS null, not an empty list).
+    rec = _with_properties(b"A\x01b")
+    batch = native.decode(bytes(rec), np.array([0]), 0, path="seg", columns=named)
+    assert [batch.column(n).to_pylist() for n in ("keys", "tags", "uniqKey")] == [[None]] * 3
+
+
+def _with_properties(raw: bytes) -> bytearray:
+    """A valid record whose PROPERTIES field is ``raw`` (which encode_properties may refuse)."""
     head = record.encode_record(
         topic="T",
         body=b"b",
@@ -172,13 +201,9 @@ def test_properties_follow_rocketmq_rules() -> None:
         born_host="1.2.3.4:5",
         store_host="1.2.3.4:5",
     )
-    # Swap in the hand-made PROPERTIES field (encode_properties would refuse it).
     rec = bytearray(head[:-2]) + len(raw).to_bytes(2, "big") + raw
     rec[0:4] = len(rec).to_bytes(4, "big")
-    batch = native.decode(bytes(rec), np.array([0]), 0, path="seg")
-    assert batch.column("properties").to_pylist() == [[("a", "2"), ("KEYS", "  "), ("", "anon")]]
-    assert batch.column("keys").to_pylist() == [[]]
-    assert list(native.messages(batch)) == reference(rec, [0], 0)
+    return rec
 
 
 def test_failure_names_segment_and_offset() -> None:
