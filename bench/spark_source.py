@@ -17,6 +17,12 @@ Each run times, back to back and in a rotating order, from scratch (fresh checkp
   any Python data source producing these columns: Spark's own cost of taking Arrow batches from
   a Python worker and turning them into rows;
 
+* **replay_stream**: the same replay as a streaming query (a minimal Python streaming data
+  source whose one micro-batch holds every file, ``availableNow``, into ``noop``): the floor of
+  any Python *streaming* source, which pays what the batch replay does plus Spark's fixed cost
+  of a streaming Python source (its own Python process on the driver for the offsets, the
+  checkpoint, the micro-batch); the source's target is measured against it;
+
 then, for the analysis, the source with ``includeAll`` (the full row, the default before the
 narrow one), and the same two streaming queries reading nothing (the source from the latest
 offsets, parquet from an empty directory): what a query costs before its first row.
@@ -34,13 +40,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from bench.common import (
     Options,
@@ -53,6 +57,7 @@ from bench.common import (
     spread,
     work_dir_notes,
 )
+from bench.replay import ReplayDataSource, ReplayStreamDataSource
 from bench.session import local_session
 from pipeline.config import StoreConfig
 from pipeline.root import StoreRoot, TopicMeta
@@ -64,6 +69,8 @@ QUEUES = 4
 BODY_BYTES = 100
 PUT_CHUNK = 500_000
 TARGET_RATIO = 1.0
+# Issue 21: the source within 10 % of its floor, the streaming replay (wall time, same run).
+FLOOR_TARGET = 0.9
 
 
 def make_table(first: int, n: int, rng: np.random.Generator) -> pa.Table:
@@ -100,38 +107,6 @@ def build_root(root: Path, n: int, seed: int) -> int:
     return written
 
 
-class ReplayDataSource(DataSource):
-    """Yields Arrow IPC files' record batches as they are (option ``path``: their directory)."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "rocketstore_bench_replay"
-
-    def schema(self) -> Any:
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        from source.schema import arrow_schema
-
-        return from_arrow_schema(arrow_schema(None))  # the source's default row
-
-    def reader(self, schema: Any) -> DataSourceReader:
-        return ReplayReader(str(self.options["path"]))
-
-
-class ReplayReader(DataSourceReader):
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def partitions(self) -> list[InputPartition]:
-        return [InputPartition(str(p)) for p in sorted(Path(self.path).glob("*.arrow"))]
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        with pa.memory_map(partition.value) as source:
-            reader = pa.ipc.open_file(source)
-            for i in range(reader.num_record_batches):
-                yield reader.get_batch(i)
-
-
 def write_replay_files(root: Path, out: Path) -> None:
     """The source's own record batches, one IPC file per partition (decoded without Spark)."""
     from source import options, schema
@@ -163,9 +138,24 @@ def read_replay(spark: Any, files: Path) -> tuple[float, int]:
     return elapsed, rows
 
 
+def read_replay_stream(spark: Any, files: Path, checkpoint: Path) -> tuple[float, int]:
+    return _timed(
+        lambda: (
+            spark.readStream.format("rocketstore_bench_replay_stream")
+            .option("path", str(files))
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+    )
+
+
 def _session() -> tuple[Any, bool]:
     spark, owned = local_session("rocketstore-bench-source")
     spark.dataSource.register(ReplayDataSource)
+    spark.dataSource.register(ReplayStreamDataSource)
     return spark, owned
 
 
@@ -226,7 +216,7 @@ def write_parquet_copy(spark: Any, root: Path, files: Path) -> Any:
     return df.schema
 
 
-KINDS = ("source", "parquet", "replay")
+KINDS = ("source", "parquet", "replay", "replay_stream")
 # For the analysis, after those three: the full row, and two queries that read nothing.
 EXTRA_KINDS = ("source_all", "source_empty", "parquet_empty")
 EMPTY_KINDS = ("source_empty", "parquet_empty")
@@ -262,6 +252,8 @@ def run(options: Options) -> PartResult:
                     secs, rows = read_parquet(spark, files, schema, checkpoint)
                 elif which == "replay":
                     secs, rows = read_replay(spark, replay)
+                elif which == "replay_stream":
+                    secs, rows = read_replay_stream(spark, replay, checkpoint)
                 elif which == "source_all":
                     secs, rows = read_source(spark, root, checkpoint, includeAll="true")
                 elif which == "source_empty":
@@ -271,12 +263,12 @@ def run(options: Options) -> PartResult:
                 return secs, rows, process_tree_cpu_s() - cpu0
 
             # Warm-up: Python workers, the JIT, the page cache (the extra queries run after these
-            # three in every run, so they find everything warm).
+            # in every run, so they find everything warm).
             for which in KINDS:
                 measure(which)
             runs: list[dict[str, Any]] = []
             for i in range(options.runs):
-                order = KINDS[i % 3 :] + KINDS[: i % 3]
+                order = KINDS[i % len(KINDS) :] + KINDS[: i % len(KINDS)]
                 load_before = os.getloadavg()[0]
                 got = {which: measure(which) for which in order + EXTRA_KINDS}
                 load_after = os.getloadavg()[0]
@@ -299,6 +291,8 @@ def run(options: Options) -> PartResult:
                         "replay_over_parquet": secs["parquet"] / secs["replay"],
                         "source_over_parquet_cpu": cpu["parquet"] / cpu["source"],
                         "replay_over_parquet_cpu": cpu["parquet"] / cpu["replay"],
+                        "source_over_floor": secs["replay_stream"] / secs["source"],
+                        "source_over_floor_cpu": cpu["replay_stream"] / cpu["source"],
                         "source_all_over_source": secs["source"] / secs["source_all"],
                     }
                 )
@@ -321,6 +315,8 @@ def _result(
     rate = {k: col(f"{k}_rows_per_s") for k in KINDS}
     per_cpu = {k: col(f"{k}_rows_per_cpu_s") for k in KINDS}
     ratio = median(col("source_over_parquet"))
+    floor_ratio = median(col("source_over_floor"))
+    floor = f"streaming replay {median(rate['replay_stream']):,.0f} rows/s"
     baseline = f"parquet source {median(rate['parquet']):,.0f} rows/s"
     cpu_baseline = f"parquet source {median(per_cpu['parquet']):,.0f} rows/CPU-s"
 
@@ -337,6 +333,15 @@ def _result(
             target=f">= {TARGET_RATIO:g} x parquet",
             met=ratio >= TARGET_RATIO,
         ),
+        spread_row(
+            "source against its floor (the streaming replay)",
+            "rows/s",
+            rate["source"],
+            baseline=floor,
+            ratio=floor_ratio,
+            target=f">= {FLOOR_TARGET:g} x its floor",
+            met=floor_ratio >= FLOOR_TARGET,
+        ),
         spread_row("parquet file source -> noop, availableNow", "rows/s", rate["parquet"]),
         spread_row(
             "replay: Python data source, pre-decoded batches -> noop",
@@ -344,6 +349,19 @@ def _result(
             rate["replay"],
             baseline=baseline,
             ratio=median(col("replay_over_parquet")),
+        ),
+        spread_row(
+            "replay_stream: the same as a streaming query (the source's floor)",
+            "rows/s",
+            rate["replay_stream"],
+            baseline=baseline,
+        ),
+        spread_row(
+            "source per CPU-second, against its floor's",
+            "rows/CPU-s",
+            per_cpu["source"],
+            baseline=f"streaming replay {median(per_cpu['replay_stream']):,.0f} rows/CPU-s",
+            ratio=median(col("source_over_floor_cpu")),
         ),
         *(
             spread_row(
@@ -385,6 +403,8 @@ def _result(
         "source_over_parquet_cpu": spread(col("source_over_parquet_cpu")),
         "replay_over_parquet_cpu": spread(col("replay_over_parquet_cpu")),
         "source_all_over_source": spread(col("source_all_over_source")),
+        "source_over_floor": spread(col("source_over_floor")),
+        "source_over_floor_cpu": spread(col("source_over_floor_cpu")),
         "source_empty_s": spread(col("source_empty_s")),
         "parquet_empty_s": spread(col("parquet_empty_s")),
     }

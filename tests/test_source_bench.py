@@ -28,8 +28,8 @@ def test_source_benchmark_quick(
     assert data["part"] == "source" and data["messages"] == 200_000
     assert data["commitlog_bytes"] > 200_000 * 100
     (run,) = data["runs"]
-    assert sorted(run["order"]) == ["parquet", "replay", "source"]
-    for key in ("source_s", "parquet_s", "replay_s", "source_over_parquet"):
+    assert sorted(run["order"]) == ["parquet", "replay", "replay_stream", "source"]
+    for key in ("source_s", "parquet_s", "replay_s", "replay_stream_s", "source_over_floor"):
         assert run[key] > 0
     assert not list((out / "tmp").iterdir()), "scratch stores must be removed"
     # The test session is the bench's session: it must still be usable.
