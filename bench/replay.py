@@ -21,6 +21,14 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
 
+def read_file(path: str) -> Iterator[pa.RecordBatch]:
+    """The record batches of one Arrow IPC file, memory-mapped, as they are."""
+    with pa.memory_map(path) as source:
+        reader = pa.ipc.open_file(source)
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i)
+
+
 class ReplayDataSource(DataSource):
     """Yields Arrow IPC files' record batches as they are (option ``path``: their directory)."""
 
@@ -48,10 +56,7 @@ class ReplayReader(DataSourceReader):
         return [InputPartition(str(p)) for p in sorted(Path(self.path).glob("*.arrow"))]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        with pa.memory_map(partition.value) as source:
-            reader = pa.ipc.open_file(source)
-            for i in range(reader.num_record_batches):
-                yield reader.get_batch(i)
+        return read_file(partition.value)
 
 
 class ReplayStreamDataSource(ReplayDataSource):
@@ -84,7 +89,7 @@ class ReplayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [InputPartition(f) for f in self.files[start["files"] : end["files"]]]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return ReplayReader("").read(partition)
+        return read_file(partition.value)
 
     def commit(self, end: dict[str, int]) -> None:
         pass

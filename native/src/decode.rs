@@ -726,7 +726,6 @@ pub fn decode_one<'py>(
         for (name, value) in &pairs.pairs {
             properties.set_item(name.as_ref(), value.as_ref())?;
         }
-        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
         let mut born = Vec::with_capacity(48);
         format_host(rec.born_host, &mut born);
         let mut store = Vec::with_capacity(48);
