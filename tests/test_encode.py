@@ -67,9 +67,7 @@ def expected_properties(m: Message, uniq: str) -> dict[str, str]:
     return props
 
 
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     batch=st.lists(messages(), min_size=1, max_size=25)
     | st.lists(messages(large=True), min_size=1, max_size=8),

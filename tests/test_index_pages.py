@@ -73,7 +73,6 @@ def index_file(store: Path) -> Path:
 @settings(
     max_examples=40,
     database=None,
-    deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
@@ -163,7 +162,7 @@ def index_images(draw: st.DrawFn) -> tuple[bytearray, bytearray, int, int]:
     return slots, entries, count, draw(st.integers(0, phy + 2))
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=500)
 @given(index_images())
 def test_native_mend_matches_the_replay(image: tuple[bytearray, bytearray, int, int]) -> None:
     slots, entries, count, limit = image

@@ -146,9 +146,7 @@ def test_batch_put_equals_one_at_a_time(tmp_path: Path, seed: int) -> None:
     f2.close()
 
 
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     slots=st.integers(1, 5),
     entries=st.integers(2, 12),
@@ -320,9 +318,7 @@ def test_service_rolls_files(tmp_path: Path, shanghai_tz: None) -> None:
     svc.close()
 
 
-@settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     keys=st.lists(st.integers(0, 5), min_size=1, max_size=30),
     min_phys=st.integers(0, 3100),

@@ -81,7 +81,7 @@ def test_index_key_hash() -> None:
     assert index_key_hash("TopicTest", key) == 0
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(st.lists(TEXT, max_size=30))
 def test_array_equals_scalar_any_text(values: list[str]) -> None:
     out = java_hash_array(values)
@@ -90,13 +90,13 @@ def test_array_equals_scalar_any_text(values: list[str]) -> None:
     assert out.tolist() == [reference_hash(v) for v in values]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(st.lists(ASCII, max_size=30))
 def test_array_equals_scalar_ascii(values: list[str]) -> None:
     assert java_hash_array(pa.array(values, pa.string())).tolist() == [java_hash(v) for v in values]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(st.lists(st.one_of(st.none(), TEXT), max_size=20), st.data())
 def test_sliced_arrays_with_nulls(values: list[str | None], data: st.DataObject) -> None:
     arr = pa.array(values, pa.string())

@@ -22,9 +22,7 @@ from test_native_differential import check_dispatch_walk
 from pipeline import native, record
 from pipeline.errors import CorruptRecordError
 
-FUZZ = settings(
-    deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
-)
+FUZZ = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 # Text without the property separators (encode_properties refuses them).
 _CHARS = st.characters(blacklist_categories=["Cs"], blacklist_characters="\x01\x02")

@@ -146,9 +146,7 @@ def read_log(path: Path, config: StoreConfig) -> list[record.MessageExt]:
     return out
 
 
-@settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     batches=st.lists(st.lists(messages(), min_size=1, max_size=20), min_size=1, max_size=4),
     big_props=st.booleans(),
@@ -270,7 +268,7 @@ def check_dispatch_walk(
     assert d.store_ts.tolist() == w.store_ts[w.key_rows[entries]].tolist()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     batch=st.lists(messages(), min_size=1, max_size=15),
     cut=st.integers(0, 10**6),
@@ -386,9 +384,7 @@ def test_index_keys_skip_rollback_and_empty_tokens() -> None:
     ]
 
 
-@settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=st.lists(messages(), min_size=1, max_size=30))
 def test_single_puts_write_what_batches_of_one_write(tmp_path: Path, batch: list[Message]) -> None:
     """``put`` takes its own path for plain messages; the bytes must be the batch path's."""
@@ -479,9 +475,7 @@ def odd_messages(draw: st.DrawFn) -> Message:
     return dataclasses.replace(plain, **{f: draw(ODD_FIELDS[f]) for f in odd})
 
 
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=st.lists(odd_messages(), min_size=1, max_size=12))
 def test_odd_single_puts_match_batches_of_one(tmp_path: Path, batch: list[Message]) -> None:
     """Whatever a single put takes itself, it stores as a batch of one would; whatever it

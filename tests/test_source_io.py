@@ -217,7 +217,7 @@ def show_units(files: list[tuple[Path, bytes]], end: int, spare: bool = False) -
         base += size
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     ends=st.lists(st.tuples(st.integers(0, SMALL_UNITS), st.booleans()), min_size=1, max_size=12)
 )

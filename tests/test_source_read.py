@@ -176,9 +176,7 @@ def messages(draw: st.DrawFn) -> list[Message]:
     return out
 
 
-@settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=messages(), v6=st.booleans())
 def test_decoding_matches_the_engine(
     tmp_path_factory: pytest.TempPathFactory, batch: list[Message], v6: bool

@@ -636,7 +636,6 @@ class StoreMachine(RuleBasedStateMachine):
 StoreMachine.TestCase.settings = settings(
     max_examples=80,
     stateful_step_count=50,
-    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestStoreMachine = StoreMachine.TestCase
@@ -657,7 +656,7 @@ def opened(config: StoreConfig, clock: Clock | None = None) -> Iterator[MessageS
             store.close()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 @given(
     data=st.data(),
     kind=st.sampled_from([*INVALID_KINDS, "record_too_large"]),
@@ -850,7 +849,7 @@ def test_four_mib_bodies(host: str) -> None:
 # -- UTF-8 and key tokens -------------------------------------------------------------------------
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     key=texts(1, 12, exclude=" "),
     tag=texts(1, 12).filter(lambda t: t == t.strip() and "||" not in t),
