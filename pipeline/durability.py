@@ -3,10 +3,11 @@ of a directory, and the directory operations that need one.
 
 The store never calls ``mmap.flush``, ``os.fsync`` or ``os.fdatasync`` itself, nor renames or
 deletes a store file itself: it calls :func:`msync`, :func:`fsync`, :func:`fsync_dir`,
-:func:`replace` and :func:`remove` here, looked up on this module at call time. A test replaces
-those names with a recorder (``tests/powercut.py``) that remembers what each barrier made
-durable and can then simulate a power cut; in production they are these plain functions, so the
-indirection costs one attribute look-up per barrier and nothing per write.
+:func:`replace` and :func:`remove` here (or :func:`write_file`, built on them), looked up on
+this module at call time. A test replaces those names with a recorder (``tests/powercut.py``)
+that remembers what each barrier made durable and can then simulate a power cut; in production
+they are these plain functions, so the indirection costs one attribute look-up per barrier and
+nothing per write.
 
 When a directory needs an fsync (POSIX makes a new, renamed or deleted name durable only then):
 
@@ -21,6 +22,8 @@ from __future__ import annotations
 import mmap
 import os
 from pathlib import Path
+
+from pipeline.fileio import pwrite_all
 
 
 def _msync(mm: mmap.mmap, start: int, length: int, path: Path) -> None:
@@ -89,3 +92,23 @@ def _remove(path: Path) -> None:
 
 replace = _replace
 remove = _remove
+
+
+def write_file(path: Path, data: bytes, tmp: Path | None = None) -> None:
+    """Replace ``path`` with ``data``, whole or not at all: written to ``tmp`` (default
+    ``path`` + ``.tmp``), fsynced, renamed over ``path``, its directory fsynced. A crash at
+    any point leaves the old file or the new one, never a torn one; an ``OSError`` leaves the
+    old file in place and ``tmp`` removed (a half-written copy would only hold blocks a full
+    disk needs). Concurrent writers of one ``path`` must use distinct ``tmp`` names."""
+    tmp = tmp if tmp is not None else path.with_name(path.name + ".tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            pwrite_all(fd, data, 0)
+            fsync(fd, tmp)
+        finally:
+            os.close(fd)
+        replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise

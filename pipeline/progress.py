@@ -27,12 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import zlib
 from pathlib import Path
 
 from pipeline import durability
-from pipeline.fileio import pwrite_all
 
 FILE_NAME = "rocketstore.json"
 VERSION = 1
@@ -94,18 +92,4 @@ class FlushProgress:
         payload = json.dumps(
             {**fields, "checksum": self._checksum(fields)}, indent=2, sort_keys=True
         )
-        payload += "\n"
-        tmp = config_dir / (FILE_NAME + ".tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                pwrite_all(fd, payload.encode(), 0)
-                durability.fsync(fd, tmp)
-            finally:
-                os.close(fd)
-            durability.replace(tmp, config_dir / FILE_NAME)
-        except OSError:
-            # The old file stays in place and true; a half-written copy beside it would only
-            # hold blocks a full disk needs.
-            tmp.unlink(missing_ok=True)
-            raise
+        durability.write_file(config_dir / FILE_NAME, (payload + "\n").encode())

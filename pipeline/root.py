@@ -226,12 +226,7 @@ class StoreRoot:
 
 def atomic_write(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` so that a crash leaves the old or the new file, whole."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        durability.fsync(f.fileno(), tmp)
-    durability.replace(tmp, path)
+    durability.write_file(path, text.encode(), path.with_name(f".{path.name}.{os.getpid()}.tmp"))
 
 
 def select_queues(
