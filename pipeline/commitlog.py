@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import numpy as np
 import numpy.typing as npt
 
-from pipeline import native, record
+from pipeline import durability, native, record
 from pipeline.errors import CorruptRecordError, OffsetOutOfRangeError, StoreError
 from pipeline.mapped_file import MappedFile
 from pipeline.segments import SegmentQueue
@@ -145,6 +145,29 @@ class CommitLog:
     def flush(self) -> None:
         self.segments.flush()
 
+    def fence_off(self) -> int:
+        """End the log where it is and go on in the next segment that has no file yet; returns
+        that segment's base, the new end (pipeline.fencing: the dead region after an unclean
+        take-over). The current segment gets an END_OF_FILE blank at the end, every segment
+        file after it (created ahead, empty) one at its start; all of it synced before the
+        return, the new segment's name included."""
+        files = self.segments.files
+        end = self.max_offset
+        if not files or (end % self.segment_size == 0 and end >= files[-1].base + files[-1].size):
+            return end  # no file reaches past the end: nothing of an old writer's can land there
+        at = end
+        for mf in list(files):
+            if mf.base + mf.size <= at:
+                continue
+            rel = at - mf.base
+            mf.overwrite(rel, record.SIZE_MAGIC.pack(mf.size - rel, record.BLANK_MAGIC))
+            mf.sync_range(rel, rel + record.BLANK_SIZE)
+            mf.wrote_position = mf.flushed_position = mf.size
+            at = mf.base + mf.size
+        self.segments.segment_for_write(at)
+        durability.fsync_dir(self.segments.directory)
+        return at
+
     def has_data_after(self, end: int, probe: int = 4096) -> bool:
         """Whether anything follows ``end``: a later segment file, or non-zero bytes in the
         ``probe`` bytes after it (a writer leaves zeros past its last record)."""
@@ -241,14 +264,20 @@ class CommitLog:
             return -1
         return record.store_timestamp_at(mf.buffer, rel)
 
-    def walks(self, start: int, *, check_crc: bool) -> Iterator[native.Walk]:
+    def walks(
+        self, start: int, *, check_crc: bool, until: int | None = None
+    ) -> Iterator[native.Walk]:
         """The native record walk (:func:`pipeline.native.walk`) of each segment from ``start``
         (a record boundary) to the first invalid record: one :class:`~pipeline.native.Walk` per
         segment. A blank, or a record that ends exactly at the segment's end, moves on to the
-        next segment; anything else ends the walk, and the last walk's ``end`` is where."""
+        next segment; anything else ends the walk, and the last walk's ``end`` is where. With
+        ``until``, no record at or past that offset is read (the walk ends there at most)."""
         for mf in self.segments.segments_from(start):
+            if until is not None and mf.base >= until:
+                return
             rel = max(0, start - mf.base)
-            w = native.walk(mf.buffer, rel, mf.size, mf.base, check_crc=check_crc)
+            limit = mf.size if until is None else min(mf.size, until - mf.base)
+            w = native.walk(mf.buffer, rel, limit, mf.base, check_crc=check_crc)
             yield w
             if w.stop == native.STOP_INVALID or (
                 w.stop == native.STOP_END and w.end != mf.base + mf.size

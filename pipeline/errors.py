@@ -24,6 +24,12 @@ class StoreLockedError(StoreError):
     """Another process (or another open in this process) holds the store's exclusive lock."""
 
 
+class FencedError(StoreLockedError):
+    """This writer lost the store to another: its lock was given away (a network partition on
+    shared storage) or a newer writer recorded its epoch (pipeline.fencing). Nothing of the
+    refused call was written; the store object takes no more writes."""
+
+
 class StoreClosedError(StoreError):
     """The store was used after :meth:`MessageStore.close`."""
 
@@ -60,6 +66,11 @@ class CorruptRecordError(StoreError):
         self.path = path
         self.offset = offset
         self.reason = reason
+
+
+class DamagedLogError(CorruptRecordError):
+    """Recovery found valid records after the end of the log it could read: damage inside the
+    log, not a torn tail. Recovery refuses to cut (which would drop them) and changes nothing."""
 
 
 class NotFoundError(StoreError, LookupError):

@@ -96,6 +96,28 @@ class DirectoryLock:
                 ) from None
             raise
 
+    def verify(self) -> None:
+        """Take the held lock again on its own descriptor: a no-op while this process holds it.
+
+        On a shared file system the servers can give a lock away (a client cut off by the
+        network) and the client can reopen the descriptor without it after the heal; asking
+        again goes to the servers. Raises :class:`StoreLockedError` when another process holds
+        the lock, ``OSError`` when the descriptor is unusable (``EBADFD``, ``ENOTCONN``). If
+        nobody holds it, this takes it back: whether another writer held it meanwhile is for
+        the epochs to tell (pipeline.fencing)."""
+        fd = self._fd
+        if fd is None:
+            raise OSError(errno.EBADF, f"{self.path}: the lock is not held")
+        if self.kind == "ofd" and _OFD_SETLK is not None:
+            try:
+                fcntl.fcntl(fd, _OFD_SETLK, _flock(fcntl.F_WRLCK))
+            except OSError as exc:
+                if exc.errno in (errno.EACCES, errno.EAGAIN):
+                    raise StoreLockedError(f"{self.path}: locked by another process") from None
+                raise
+        else:
+            self._lock(fd)
+
     def release(self) -> None:
         with _registry_lock:
             fd = self._fd

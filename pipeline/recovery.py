@@ -32,16 +32,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from pipeline import dispatch, native, record
+from pipeline import dispatch, fencing, native, record
 from pipeline.checkpoint import StoreCheckpoint
 from pipeline.commitlog import CommitLog
 from pipeline.consumequeue import ConsumeQueue
-from pipeline.errors import OffsetOutOfRangeError
+from pipeline.errors import DamagedLogError, OffsetOutOfRangeError
 from pipeline.index_service import IndexService
 from pipeline.progress import FlushProgress
 
@@ -62,6 +62,12 @@ class RecoveryReport:
     queues_rebuilt: list[str] = dataclasses.field(default_factory=list)
     index_rebuilt: bool = False
     index_slots_repaired: int = 0
+    # Dead regions (pipeline.fencing) inside the recovered log, and the bytes a fenced writer
+    # left in them (restored to a blank and zeros by a writable open).
+    fenced_regions: list[list[int]] = dataclasses.field(default_factory=list)
+    fenced_bytes: int = 0
+    # A valid record after the end found (damage inside the log; a writable open refuses).
+    damage_resumes_at: int | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -77,6 +83,8 @@ class RecoveryReport:
             "queuesRebuilt": self.queues_rebuilt,
             "indexRebuilt": self.index_rebuilt,
             "indexSlotsRepaired": self.index_slots_repaired,
+            "fencedRegions": self.fenced_regions,
+            "fencedBytes": self.fenced_bytes,
             "durationMs": round(self.duration_ms, 3),
         }
 
@@ -117,16 +125,93 @@ def dispatched_end(log: CommitLog, queues: list[ConsumeQueue], index: IndexServi
     return log.min_offset if index_end is None else min(queue_end, index_end)
 
 
-def find_end(log: CommitLog, start: int, *, check_crc: bool) -> tuple[int, list[native.Walk]]:
+def find_end(
+    log: CommitLog, start: int, *, check_crc: bool, dead: Sequence[tuple[int, int]] = ()
+) -> tuple[int, list[native.Walk]]:
     """Walk from ``start`` (a record boundary) to the first invalid record. Returns its offset
     and the walks (kept, so that re-dispatching them needs no second scan).
 
     A walk that meets a blank goes on in the next segment; if that holds nothing valid, the end
-    is the blank's position, where RocketMQ's recovery also leaves it.
+    is the blank's position, where RocketMQ's recovery also leaves it. A dead region ``[x, s)``
+    (pipeline.fencing) is never read: a walk that reaches ``x`` goes on at ``s`` when that
+    segment exists, and otherwise ends at ``x``.
     """
-    walks = list(log.walks(start, check_crc=check_crc))
+    walks: list[native.Walk] = []
+    at = start
+    for x, s in dead:
+        if s <= at:
+            continue
+        if x >= at:
+            part = list(log.walks(at, check_crc=check_crc, until=x))
+            walks += part
+            end = _last_end(part, at)
+            if end != x and not _blank_reaches(log, end, x):
+                return end, walks
+            at = x
+        if not any(mf.base == s for mf in log.segments.files):
+            return at, walks
+        at = s
+    part = list(log.walks(at, check_crc=check_crc))
+    return _last_end(part, at), walks + part
+
+
+def _last_end(walks: list[native.Walk], start: int) -> int:
     ends = [int(w.phys[-1] + w.sizes[-1]) for w in walks if len(w)]
-    return (ends[-1] if ends else start), walks
+    return ends[-1] if ends else start
+
+
+def _blank_reaches(log: CommitLog, end: int, x: int) -> bool:
+    """Whether the walk stopped at ``end`` only because an END_OF_FILE blank there sends it to a
+    segment at or before ``x`` (a dead region that begins at a segment's start)."""
+    try:
+        mf = log.segments.find(end)
+    except OffsetOutOfRangeError:
+        return False
+    rel = end - mf.base
+    if rel + record.BLANK_SIZE > mf.size:
+        return mf.base + mf.size == x
+    _, magic = record.SIZE_MAGIC.unpack_from(mf.buffer, rel)
+    return magic == record.BLANK_MAGIC and mf.base + mf.size == x
+
+
+def resumes_after(log: CommitLog, end: int) -> int | None:
+    """The offset of a whole, valid record after ``end`` that a cut at ``end`` would drop, if
+    there is one in the same segment: the log is then damaged in its middle (another writer's
+    bytes over this one's), not torn at its tail, and cutting would lose what follows.
+
+    A crash leaves at most one record cut short, then zeros; a power cut loses whole pages,
+    which read as zeros. So only the bytes up to the first page (from ``end``, page-aligned)
+    that is all zeros are searched; a candidate must carry the magic code, its own offset as
+    PHYSICALOFFSET and a matching body CRC.
+    """
+    try:
+        mf = log.segments.find(end)
+    except OffsetOutOfRangeError:
+        return None
+    buf = mf.buffer
+    rel = end - mf.base
+    stop = rel
+    while stop < mf.size:
+        nxt = min(mf.size, (stop // _PAGE + 1) * _PAGE)
+        if not any(buf[stop:nxt]):
+            break
+        stop = nxt
+    at = rel + 1
+    while at < stop:
+        hit = bytes(buf[at:stop]).find(_MAGIC_BYTES)
+        if hit < 0:
+            break
+        cand = at + hit - 4
+        at += hit + 1
+        if cand <= rel or cand + record.FIXED_SIZE_V4 > mf.size:
+            continue
+        if len(native.walk(buf, cand, mf.size, mf.base, check_crc=True, max_records=1)):
+            return mf.base + cand
+    return None
+
+
+_PAGE = 4096
+_MAGIC_BYTES = (record.MAGIC & 0xFFFFFFFF).to_bytes(4, "big")
 
 
 def third_last_start(log: CommitLog) -> int:
@@ -240,10 +325,14 @@ def index_damaged(log: CommitLog, index: IndexService) -> bool:
     return False
 
 
-def _trusted_progress(log: CommitLog, progress: FlushProgress | None) -> int | None:
+def _trusted_progress(
+    log: CommitLog, progress: FlushProgress | None, dead: Sequence[tuple[int, int]]
+) -> int | None:
     if progress is None or not log.segments.files:
         return None
     flushed, last = progress.flushed_offset, progress.last_record_offset
+    if any(x < flushed <= s or x <= last < s for x, s in dead):
+        return None  # written by a writer fenced off there (pipeline.fencing)
     if flushed == log.min_offset:
         return flushed
     if not (log.min_offset <= last < flushed):
@@ -263,11 +352,16 @@ def recover(
     check_crc: bool,
     queue_factory: Callable[[str, int], ConsumeQueue],
     full_check: bool = False,
+    dead: Sequence[tuple[int, int]] = (),
 ) -> RecoveryReport:
+    """Recover (see the module). ``dead`` are the CommitLog's dead regions (pipeline.fencing).
+
+    Raises :class:`DamagedLogError`, having changed nothing, when valid records follow the end
+    it found: cutting there would drop them (pipeline.recovery.resumes_after)."""
     started = time.perf_counter()
     report = RecoveryReport(abort_file_found=abnormal)
     queue_list = list(queues.values())
-    trusted = _trusted_progress(log, progress)
+    trusted = _trusted_progress(log, progress, dead)
     if trusted is not None:
         start, report.start_source = trusted, "progress"
     elif not abnormal:
@@ -278,14 +372,42 @@ def recover(
             start, report.start_source = third_last_start(log), "rocketmq-normal"
     else:
         start, report.start_source = checkpoint_start(log, checkpoint), "checkpoint"
+    for x, s in dead:
+        if x < start < s:
+            # A fenced writer's unit or index entry pointed inside its dead region: start
+            # where the region does, so that the region is checked and restored.
+            start = x
     report.scan_start = start
-    end, walked = find_end(log, start, check_crc=check_crc)
+    end, walked = find_end(log, start, check_crc=check_crc, dead=dead)
     report.commitlog_end = end
+    if log.has_data_after(end):
+        resume = report.damage_resumes_at = resumes_after(log, end)
+        if resume is not None and not read_only:
+            seg = log.segments.find(end)
+            raise DamagedLogError(
+                str(seg.path),
+                end,
+                f"the log does not end here: a valid record follows at offset {resume} "
+                f"({resume - end} bytes on), so this is damage inside the log (another "
+                "writer's bytes over this one's, or a bad block), not a torn tail. Recovery "
+                f"changed nothing: cutting at {end} would drop every record after it. "
+                "`rocketstore verify` lists the damage",
+            )
+    live = [(x, e) for x, e in dead if start <= x and e <= end]
+    report.fenced_regions = [[x, e] for x, e in live]
+    report.fenced_bytes = sum(fencing.junk_bytes(log, x, e) for x, e in live)
     lasts = [int(w.phys[-1]) for w in walked if len(w)]
     last = lasts[-1] if lasts else -1
     report.last_record_offset = last
     if last < 0 and trusted is not None and progress is not None and start > log.min_offset:
         report.last_record_offset = progress.last_record_offset
+    if not read_only and report.fenced_bytes:
+        # A fenced writer's bytes are not data: the blanks the dead regions began with come
+        # back, and every derived file is checked whole, since its units and entries may have
+        # gone over the live writer's.
+        for x, e in live:
+            fencing.restore(log, x, e)
+        full_check = True
     if not read_only and log.has_data_after(end):
         report.bytes_truncated = log.cut(end)
     log.set_end(end)
@@ -302,7 +424,7 @@ def recover(
             dropped, report.index_slots_repaired = index.mend(cut_at, _store_time(log))
             report.index_entries_dropped += dropped
         _drop_derived(log, queue_list, index, cut_at, report)
-        if index is not None and index_damaged(log, index):
+        if index is not None and (index_damaged(log, index) or report.fenced_bytes):
             # Unlike RocketMQ, an impossible index is dropped and dispatched again.
             index.destroy()
             report.index_rebuilt = True

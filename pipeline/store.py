@@ -60,6 +60,7 @@ from pipeline import (
     durability,
     encode,
     failpoints,
+    fencing,
     filesystem,
     indexfile,
     mapped_file,
@@ -74,6 +75,7 @@ from pipeline.config import CQ_UNIT_SIZE, StoreConfig
 from pipeline.consumequeue import UNIT_DTYPE, ConsumeQueue
 from pipeline.errors import (
     CorruptRecordError,
+    FencedError,
     InvalidMessageError,
     NotAStoreError,
     OffsetOutOfRangeError,
@@ -330,7 +332,13 @@ class MessageStore:
                 ahead=WHOLE if whole else indexfile.RESERVE_AHEAD,
             )
             self.index.load()
+        # On shared storage a writer fences off those before it (pipeline.fencing); every
+        # writable open honours the dead regions earlier take-overs left.
+        self.shared = visibility.is_shared(self.path, cfg.shared_storage)
+        self._fence: fencing.Fence | None = None
         self.recovery = self._recover()
+        if not self.read_only and self.shared:
+            self._take_epoch()
         self._store_host_field = record.encode_host(cfg.store_host)[0]
         self._store_host_hex = self._store_host_field.hex().upper()
         self._sync_flush = cfg.sync_flush
@@ -338,7 +346,6 @@ class MessageStore:
         # On shared storage readers see only what a flush published (pipeline.visibility);
         # under SYNC_FLUSH a put publishes before it returns, so what it acknowledges is
         # readable from every host.
-        self.shared = visibility.is_shared(self.path, cfg.shared_storage)
         self._publish_each_put = self._sync_flush and self.shared
         if self.read_only and self.shared:
             self._hide_unpublished()
@@ -392,8 +399,29 @@ class MessageStore:
             cq.hide_from(min(point.queue_length(topic, queue_id), cq.first_past(end)))
         self._next_queue_offset = {key: cq.max_offset for key, cq in self.queues.items()}
 
+    def _take_epoch(self) -> None:
+        """Record this writer's epoch (pipeline.fencing). After an unclean take-over (``abort``
+        found: the last holder never closed, and on shared storage may still be alive) the log
+        goes on in a fresh segment, so that anything the old holder still writes lands in the
+        dead region before it."""
+        assert self._lock is not None
+        end = self.commitlog.max_offset
+        start = self.commitlog.fence_off() if self.abort_file_found else end
+        self._fence = fencing.Fence.take(self.path, self._lock, end, start, self.clock_ms())
+
+    def _check_fence(self, what: str) -> None:
+        """Refuse a write of a writer that no longer owns the store (pipeline.fencing)."""
+        if self._fence is None:
+            return
+        try:
+            self._fence.check(what)
+        except FencedError as exc:
+            self._failure = self._failure or exc
+            raise
+
     def _recover(self) -> RecoveryReport:
         report = recover(
+            dead=fencing.dead_regions(fencing.read_epochs(self.path)),
             log=self.commitlog,
             queues=self.queues,
             index=self.index,
@@ -424,6 +452,8 @@ class MessageStore:
             raise StoreClosedError(f"{self.path}: store is closed")
         if write and self.read_only:
             raise ReadOnlyStoreError(f"{self.path}: store was opened read-only")
+        if write and isinstance(self._failure, FencedError):
+            raise FencedError(str(self._failure)) from self._failure
         if write and self._failure is not None:
             raise StoreFailedError(
                 f"{self.path}: an earlier put failed part-way ({self._failure!r}); the store "
@@ -460,6 +490,9 @@ class MessageStore:
             end = self._dispatched_end
             if end == self._flushed_end and not force and self._unrecorded is None:
                 return
+            # A fenced writer's msync would reach the servers too, and its progress file
+            # would name its own end over the new writer's.
+            self._check_fence("flush")
             # An msync or write that failed may have lost pages the page cache held, so nothing
             # after it can be vouched for: stop writing, as after a failed put.
             with self._fail_stop("flush"):
@@ -558,6 +591,7 @@ class MessageStore:
             return
         with self._mutex:
             if not self._closed:
+                self._check_fence("retention")
                 self.retention.run()
 
     def _write_checkpoint(self) -> None:
@@ -611,6 +645,8 @@ class MessageStore:
                     step(cq.close)
                 if self.index is not None:
                     step(self.index.close)
+                if self._fence is not None:
+                    step(self._fence.close)
                 if not self.read_only and clean and self._failure is None:
                     step(functools.partial(durability.remove, self.path / "abort"))
         finally:
@@ -649,6 +685,7 @@ class MessageStore:
         with self._mutex:
             if self._flusher is not None:
                 self._flusher.raise_if_failed()
+            self._check_fence("put of 1 message")
             if self.retention is not None:
                 self.retention.check_put()
             now = self.clock_ms()
@@ -768,6 +805,7 @@ class MessageStore:
     ) -> BatchPutResult:
         if self._flusher is not None:
             self._flusher.raise_if_failed()
+        self._check_fence("put")
         if self.retention is not None:
             # Refused before anything is encoded or written; the cached verdict of the last
             # disk check, so the put path never measures the disk itself.

@@ -74,6 +74,8 @@ commitlog-blank                     an END_OF_FILE blank that does not end its s
 commitlog-hole                      zeros where a record or blank was expected, data after
 commitlog-garbage-after-end         non-zero bytes after the last record of the log
 commitlog-garbage-after-blank       non-zero bytes after an END_OF_FILE blank
+commitlog-fenced-writer             bytes in a dead region (pipeline.fencing): a writer that had
+                                    lost the store wrote there; recovery restores the region
 commitlog-record-mismatch           a record's topic, queue id, queue offset or transaction type
                                     contradicts the ConsumeQueue unit pointing at it
 cq-unit-points-nowhere              no record starts at the unit's offset
@@ -125,7 +127,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pipeline import native, record
+from pipeline import fencing, native, record
 from pipeline.config import CQ_UNIT_SIZE
 from pipeline.consumequeue import PRE_BLANK_SIZE, UNIT_DTYPE, ConsumeQueue
 from pipeline.indexfile import (
@@ -533,6 +535,7 @@ class _Verifier:
         self.load_queues()
         self.load_index()
         walked_from = self.done
+        self.check_dead_regions()
         self.walk_commitlog()
         self.tick(walked_from + self.cl_total)
         self.check_mismatched()
@@ -541,6 +544,22 @@ class _Verifier:
         self.report.damaged_records = len(self.damaged)
         self.report.seconds = time.perf_counter() - started
         return self.report
+
+    def check_dead_regions(self) -> None:
+        """Name what writers fenced off left in the dead regions their successors made."""
+        for e in fencing.read_epochs(self.store.path):
+            if e.dead is None or e.start > self.log_end or e.fenced_end < self.base0:
+                continue
+            junk = fencing.junk_bytes(self.log, e.fenced_end, e.start)
+            if junk:
+                self.problem(
+                    "commitlog-fenced-writer",
+                    self.record_path(e.fenced_end),
+                    e.fenced_end,
+                    f"{junk} bytes in [{e.fenced_end}, {e.start}), the dead region epoch "
+                    f"{e.epoch} began with: a writer that had lost the store wrote there; they "
+                    "are not data, and `rocketstore recover` restores the region",
+                )
 
     # -- ConsumeQueue units (read before the walk: they guide resynchronisation) -------------
     def file_units(self, q: _Queue, n: int) -> npt.NDArray[np.void]:

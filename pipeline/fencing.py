@@ -1,0 +1,267 @@
+"""Writer fencing: a writer that has lost the store's lock never writes another byte.
+
+On one host the kernel holds a writer's lock for as long as its process lives. On a shared file
+system the lock lives on the servers, and they drop it when they lose the client: GlusterFS
+releases a cut-off client's locks after ``server.tcp-user-timeout``, and when the network heals
+the client reconnects by itself and reopens the writer's files *without* the lock. Nothing tells
+the writer. Meanwhile a writer on another host has taken the lock, recovered and written on; the
+old writer's next put would land at its old end of the log, on top of the new writer's records.
+
+Three measures, on shared storage (``sharedStorage`` resolving to ``shared``), after Kafka's
+leader epochs:
+
+* **Epochs.** Each writer that takes the lock appends an epoch to ``config/rocketstore-epochs``
+  (durable before its first put). Before every put, flush (which also publishes) and retention
+  round, :meth:`Fence.check` takes the lock again on the writer's own descriptor (a no-op while
+  it is held; refused while another writer holds it; ``EBADFD`` or ``ENOTCONN`` when the client
+  lost it) and then reads the file: anything past its own slot means a newer writer took over.
+  Either way the writer is fenced (:class:`~pipeline.errors.FencedError`) and takes no more
+  writes.
+* **A dead region after an unclean take-over.** A writer that finds ``abort`` (the previous
+  holder did not close) does not append at the end ``X`` that recovery found. It writes an
+  END_OF_FILE blank at ``X`` and starts at the next segment that has no file, ``S``. Whatever the
+  old holder still had on its way (a write queued in its client, dirty pages of its mapped
+  segment written back after the heal) lands in ``[X, S)``, never on the new writer's records:
+  the old holder's mappings reach at most the segment files that existed when it was cut off,
+  and it cannot create ``S`` (the creation is exclusive). The epoch records ``X`` and ``S``.
+* **Recovery skips dead regions.** Bytes in ``[X, S)`` other than the blank are a fenced
+  writer's and not data: recovery walks the log around them, restores the blank, drops
+  ConsumeQueue units and index entries that pointed there and rebuilds what they overwrote
+  (:func:`pipeline.recovery.recover`); ``verify`` names them.
+
+What the store alone cannot close is the time between a check and the write it allows: a write
+that the old holder's client still holds when the servers give its lock away reaches the
+volume when the network heals. The volume closes it when a client gives up on unanswered
+requests before the servers give its locks away: ``network.ping-timeout`` (client side)
+shorter than ``server.tcp-user-timeout`` (server side); the README's cluster section says how
+to set them. The dead region keeps such a write off the new writer's CommitLog records.
+
+The file, ``config/rocketstore-epochs``: a run of 48-byte slots, slot ``n`` for epoch ``n``
+(big-endian; RocketMQ ignores files it does not know in ``config/``)::
+
+    0  magic "RSEP"       4  CRC-32 of bytes 8..47   8  epoch (long)
+    16 fenced end X (long)  24 start S (long)        32 taken at, ms since epoch (long)
+    40 pid (int)            44 reserved (int, 0)
+
+A slot that is not whole (a torn append) ends the run; the next writer writes its slot there.
+
+Thread-safety: a :class:`Fence` is used under the store's lock. Crash behaviour: a taker that
+dies before its slot is durable wrote nothing else; one that dies after it leaves an epoch whose
+dead region recovery honours whether or not a record ever followed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pipeline import durability, filesystem, record
+from pipeline.errors import FencedError, StoreLockedError
+from pipeline.fileio import pwrite_all
+from pipeline.lock import DirectoryLock
+
+if TYPE_CHECKING:
+    from pipeline.commitlog import CommitLog
+    from pipeline.mapped_file import MappedFile
+
+FILE_NAME = "rocketstore-epochs"
+MAGIC = b"RSEP"
+SLOT = struct.Struct(">4sIqqqqii")
+_BODY = struct.Struct(">qqqqii")
+
+
+@dataclasses.dataclass(frozen=True)
+class Epoch:
+    """One writer's tenure: ``[fenced_end, start)`` of the CommitLog is dead (empty when the
+    take-over was clean)."""
+
+    epoch: int
+    fenced_end: int
+    start: int
+    taken_at_ms: int
+    pid: int
+
+    @property
+    def dead(self) -> tuple[int, int] | None:
+        return (self.fenced_end, self.start) if self.start > self.fenced_end else None
+
+    def pack(self) -> bytes:
+        body = _BODY.pack(self.epoch, self.fenced_end, self.start, self.taken_at_ms, self.pid, 0)
+        return MAGIC + struct.pack(">I", zlib.crc32(body)) + body
+
+
+def path_of(store_dir: Path) -> Path:
+    return store_dir / "config" / FILE_NAME
+
+
+def read_epochs(store_dir: Path) -> list[Epoch]:
+    """The recorded epochs, oldest first, up to the first slot that is not whole."""
+    try:
+        data = path_of(store_dir).read_bytes()
+    except FileNotFoundError:
+        return []
+    epochs: list[Epoch] = []
+    for at in range(0, len(data) - SLOT.size + 1, SLOT.size):
+        magic, crc, *fields = SLOT.unpack_from(data, at)
+        if magic != MAGIC or crc != zlib.crc32(data[at + 8 : at + SLOT.size]):
+            break
+        e = Epoch(*fields[:5])
+        if e.epoch != len(epochs):
+            break
+        epochs.append(e)
+    return epochs
+
+
+def dead_regions(epochs: list[Epoch]) -> list[tuple[int, int]]:
+    """The CommitLog ranges no writer owns, in order."""
+    return sorted(d for e in epochs if (d := e.dead) is not None)
+
+
+class Fence:
+    """The epoch this writer holds and the check that it still holds it (see the module)."""
+
+    def __init__(self, store_dir: Path, lock: DirectoryLock, epoch: Epoch) -> None:
+        self.store_dir = store_dir
+        self.lock = lock
+        self.epoch = epoch
+        self._next_slot = (epoch.epoch + 1) * SLOT.size
+        self._fd: int | None = os.open(path_of(store_dir), os.O_RDONLY | _direct_flag(store_dir))
+        self.fenced: FencedError | None = None
+
+    @classmethod
+    def take(
+        cls, store_dir: Path, lock: DirectoryLock, fenced_end: int, start: int, now_ms: int
+    ) -> Fence:
+        """Record the next epoch (durable on return) and hold it. The caller holds ``lock``."""
+        epochs = read_epochs(store_dir)
+        e = Epoch(len(epochs), fenced_end, start, now_ms, os.getpid())
+        path = path_of(store_dir)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            pwrite_all(fd, e.pack(), e.epoch * SLOT.size)
+            # Anything after the slot (a torn later append) would read as a newer epoch.
+            os.ftruncate(fd, (e.epoch + 1) * SLOT.size)
+            durability.fsync(fd, path)
+        finally:
+            os.close(fd)
+        durability.fsync_dir(path.parent)
+        return cls(store_dir, lock, e)
+
+    def check(self, what: str) -> None:
+        """Raise :class:`FencedError` unless this writer still holds the lock and its epoch is
+        the newest. Once fenced, always fenced."""
+        if self.fenced is not None:
+            raise FencedError(str(self.fenced))
+        reason = self._lost(what)
+        if reason is not None:
+            self.fenced = FencedError(
+                f"{self.store_dir}: {what} refused: this writer (epoch {self.epoch.epoch}) "
+                f"no longer owns the store: {reason}. Nothing was written; close this store and "
+                "open it again to take the store back once the other writer is gone"
+            )
+            raise FencedError(str(self.fenced))
+
+    def _lost(self, what: str) -> str | None:
+        try:
+            self.lock.verify()
+        except StoreLockedError:
+            return "another writer holds its lock"
+        except OSError as exc:
+            return f"its lock could not be confirmed ({errno.errorcode.get(exc.errno or 0, exc)})"
+        try:
+            newer = self._read_next()
+        except OSError as exc:
+            return f"{path_of(self.store_dir)} cannot be read ({exc.strerror or exc})"
+        if newer:
+            later = read_epochs(self.store_dir)
+            if len(later) > self.epoch.epoch + 1:
+                taker = later[-1]
+                return (
+                    f"epoch {taker.epoch} was taken by process {taker.pid} at "
+                    f"{taker.taken_at_ms} ms (in {path_of(self.store_dir)})"
+                )
+            return f"a newer epoch is being written to {path_of(self.store_dir)}"
+        return None
+
+    def _read_next(self) -> bool:
+        """Whether anything follows this writer's slot, read from the file system itself."""
+        fd = self._fd
+        if fd is None:
+            raise OSError(errno.EBADF, "fence closed")
+        try:
+            return bool(os.pread(fd, 1, self._next_slot))
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+        # O_DIRECT refused for this length or offset: a fresh open, which a FUSE client serves
+        # from the servers (it drops its cached pages of a file when it is opened).
+        with open(path_of(self.store_dir), "rb", buffering=0) as f:
+            return bool(os.pread(f.fileno(), 1, self._next_slot))
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _dead_parts(log: CommitLog, x: int, s: int) -> Iterator[tuple[MappedFile, int, bytes]]:
+    """Each segment's part of the dead region ``[x, s)``: (segment, start in it, the blank that
+    :meth:`~pipeline.commitlog.CommitLog.fence_off` wrote there)."""
+    for mf in log.segments.files:
+        if mf.base + mf.size <= x or mf.base >= s:
+            continue
+        rel = max(0, x - mf.base)
+        yield mf, rel, record.SIZE_MAGIC.pack(mf.size - rel, record.BLANK_MAGIC)
+
+
+_STEP = 1 << 20
+
+
+def _nonzero_span(mf: MappedFile, start: int) -> int:
+    """Bytes from ``start`` to the segment's last non-zero byte (0 when all are zeros)."""
+    last = start
+    for at in range(start, mf.size, _STEP):
+        n = min(_STEP, mf.size - at)
+        chunk = np.frombuffer(mf.buffer, dtype=np.uint8, count=n, offset=at)
+        nz = np.flatnonzero(chunk)
+        if len(nz):
+            last = at + int(nz[-1]) + 1
+        del chunk
+    return last - start
+
+
+def junk_bytes(log: CommitLog, x: int, s: int) -> int:
+    """How many bytes of the dead region ``[x, s)`` a fenced writer left: the span of bytes
+    that are neither the blanks the region began with nor zeros."""
+    junk = 0
+    for mf, rel, blank in _dead_parts(log, x, s):
+        span = _nonzero_span(mf, rel + len(blank))
+        if span or bytes(mf.buffer[rel : rel + len(blank)]) != blank:
+            junk += len(blank) + span
+    return junk
+
+
+def restore(log: CommitLog, x: int, s: int) -> None:
+    """Put the dead region ``[x, s)`` back as it was made: the blanks, zeros after them; synced."""
+    for mf, rel, blank in _dead_parts(log, x, s):
+        span = _nonzero_span(mf, rel + len(blank))
+        for at in range(rel + len(blank), rel + len(blank) + span, _STEP):
+            mf.overwrite(at, bytes(min(_STEP, rel + len(blank) + span - at)))
+        mf.overwrite(rel, blank)
+        mf.sync_range(rel, rel + len(blank) + span)
+
+
+def _direct_flag(store_dir: Path) -> int:
+    """``O_DIRECT`` where reads through it skip this host's cache of the file: FUSE file
+    systems pass it on to their servers and accept any length. Local disks need neither (one
+    page cache) nor could take a 1-byte direct read."""
+    kind = filesystem.fs_type(store_dir) or ""
+    return getattr(os, "O_DIRECT", 0) if kind.startswith("fuse") else 0

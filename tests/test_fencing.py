@@ -1,0 +1,236 @@
+"""pipeline/fencing.py: a writer that lost the store's lock writes nothing more, and recovery
+and ``verify`` treat what such a writer left in a dead region as not data.
+
+A lost lock is made the way a shared file system loses it: the lock is dropped on the writer's
+own descriptor while the writer goes on holding the store open (GlusterFS's servers drop a
+cut-off client's locks; the client reopens without them after the heal). The new writer runs in
+another process, as on another host. ``tests/test_partition.py`` does the same across network
+namespaces on GlusterFS.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pipeline import fencing
+from pipeline import lock as lock_module
+from pipeline.config import StoreConfig
+from pipeline.errors import DamagedLogError, FencedError
+from pipeline.message import Message
+from pipeline.store import MessageStore
+from pipeline.verify import verify
+
+ROOT = Path(__file__).resolve().parent.parent
+SEGMENT = 64 * 1024
+CONFIG = StoreConfig(
+    mapped_file_size_commitlog=SEGMENT,
+    mapped_file_size_consume_queue=20 * 1024,
+    max_hash_slot_num=64,
+    max_index_num=4096,
+    shared_storage="shared",
+)
+TOPIC = "Fenced"
+QUEUES = 2
+
+# The new writer: takes the store over, puts bodies "B-<i>", prints each acknowledged offset,
+# then waits for a line before closing (holding the lock meanwhile).
+TAKER = textwrap.dedent(
+    f"""
+    import sys
+    from pipeline.config import StoreConfig
+    from pipeline.message import Message
+    from pipeline.store import MessageStore
+
+    cfg = StoreConfig(mapped_file_size_commitlog={SEGMENT}, mapped_file_size_consume_queue=20480,
+                      max_hash_slot_num=64, max_index_num=4096, shared_storage="shared")
+    store = MessageStore(sys.argv[1], cfg)
+    for i in range(int(sys.argv[2])):
+        body = f"B-{{i}}".encode()
+        r = store.put(Message("{TOPIC}", body, queue_id=i % {QUEUES}, keys=[f"b{{i}}"]))
+        print(r.commit_log_offset, flush=True)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    store.close()
+    """
+)
+
+
+class Taker:
+    """The writer on the other host."""
+
+    def __init__(self, path: Path, messages: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", TAKER, str(path), str(messages)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )
+        assert self.proc.stdout is not None
+        self.offsets: list[int] = []
+        for line in self.proc.stdout:
+            if line.strip() == "ready":
+                break
+            self.offsets.append(int(line))
+        else:
+            raise AssertionError(f"taker failed: {self.proc.communicate()[1]}")
+
+    def close(self) -> None:
+        _, err = self.proc.communicate("\n", timeout=60)
+        assert self.proc.returncode == 0, err
+
+
+def lose_lock(store: MessageStore) -> None:
+    """Drop the store's lock on its own descriptor, as a file system's servers do."""
+    held = store._lock
+    assert held is not None and held._fd is not None
+    if held.kind == "ofd":
+        assert lock_module._OFD_SETLK is not None
+        fcntl.fcntl(held._fd, lock_module._OFD_SETLK, lock_module._flock(fcntl.F_UNLCK))
+    else:
+        fcntl.lockf(held._fd, fcntl.LOCK_UN, 1, 0)
+
+
+def abandon(store: MessageStore) -> None:
+    """Leave a store the way a writer that dies does: no flush, no close, the lock let go."""
+    for task in (store._cleaner, store._flusher):
+        if task is not None:
+            task.stop()
+    assert store._lock is not None
+    store._lock.release()
+    store._closed = True
+
+
+def put_a(store: MessageStore, lo: int, hi: int) -> dict[int, bytes]:
+    """Bodies "A-<i>" put by the first writer; what it acknowledged, by offset."""
+    acked = {}
+    for i in range(lo, hi):
+        body = f"A-{i}".encode()
+        r = store.put(Message(TOPIC, body, queue_id=i % QUEUES, keys=[f"a{i}"]))
+        acked[r.commit_log_offset] = body
+    return acked
+
+
+def bodies(path: Path) -> list[bytes]:
+    """Every message of every queue, through the ConsumeQueues, in queue order."""
+    with MessageStore(path, CONFIG, read_only=True) as store:
+        out = []
+        for q in range(QUEUES):
+            offset = store.min_offset(TOPIC, q)
+            while offset < store.max_offset(TOPIC, q):
+                got = store.get_messages(TOPIC, q, offset, 64)
+                out += [m.body for m in got.messages]
+                offset = got.next_begin_offset
+        return out
+
+
+def expected(a_count: int, b_count: int) -> list[bytes]:
+    by_queue: list[list[bytes]] = [[] for _ in range(QUEUES)]
+    for i in range(a_count):
+        by_queue[i % QUEUES].append(f"A-{i}".encode())
+    for i in range(b_count):
+        by_queue[i % QUEUES].append(f"B-{i}".encode())
+    return [b for q in by_queue for b in q]
+
+
+@pytest.mark.parametrize("taker_still_holds", [True, False], ids=["held", "released"])
+def test_a_writer_that_lost_its_lock_writes_nothing(
+    tmp_path: Path, taker_still_holds: bool
+) -> None:
+    store = MessageStore(tmp_path, CONFIG)
+    put_a(store, 0, 50)
+    store.flush()
+    lose_lock(store)
+    taker = Taker(tmp_path, 300)  # crosses segments: the take-over starts a fresh one
+    if not taker_still_holds:
+        taker.close()
+    before = {p.name: p.read_bytes() for p in (tmp_path / "commitlog").iterdir()}
+    # Puts, batch puts, flushes and retention are refused; the error says why.
+    with pytest.raises(FencedError, match="no longer owns the store") as info:
+        store.put(Message(TOPIC, b"late", queue_id=0))
+    reason = "another writer holds its lock" if taker_still_holds else "epoch 1 was taken"
+    assert reason in str(info.value)
+    with pytest.raises(FencedError):
+        store.put_batch([Message(TOPIC, b"late", queue_id=1)])
+    with pytest.raises(FencedError):
+        store.flush(force=True)
+    with pytest.raises(FencedError):
+        store.close()
+    after = {p.name: p.read_bytes() for p in (tmp_path / "commitlog").iterdir()}
+    assert after == before
+    if taker_still_holds:
+        taker.close()
+    assert bodies(tmp_path) == expected(50, 300)
+    epochs = fencing.read_epochs(tmp_path)
+    assert [e.epoch for e in epochs] == [0, 1]
+    # The first writer never closed: the taker started at a segment of its own.
+    assert epochs[1].start % SEGMENT == 0 and epochs[1].start > epochs[1].fenced_end
+    assert min(taker.offsets) == epochs[1].start
+    with MessageStore(tmp_path, CONFIG, read_only=True) as ro:
+        assert verify(ro).ok
+
+
+def test_recovery_restores_what_an_unfenced_writer_left_in_the_dead_region(tmp_path: Path) -> None:
+    """The first writer's late writes (here: a writer with no fencing at all, as before it
+    existed) land in the dead region; recovery drops them and keeps every one of the taker's
+    acknowledged messages, and verify names the region until then."""
+    store = MessageStore(tmp_path, CONFIG)
+    put_a(store, 0, 50)
+    store.flush()
+    lose_lock(store)
+    taker = Taker(tmp_path, 300)
+    taker.close()
+    dead = fencing.read_epochs(tmp_path)[1]
+    store._fence = None  # what the store did before fencing: write on regardless
+    late = put_a(store, 50, 80)
+    store.flush()
+    abandon(store)
+    assert all(dead.fenced_end <= off < dead.start for off in late)
+    with MessageStore(tmp_path, CONFIG, read_only=True) as ro:
+        kinds = {p.kind for p in verify(ro).problems}
+    assert "commitlog-fenced-writer" in kinds
+    # The late writer's units went over the taker's: reading through them is wrong now.
+    assert bodies(tmp_path) != expected(50, 300)
+    with MessageStore(tmp_path, CONFIG) as fresh:
+        report = fresh.recovery
+        assert report.fenced_bytes > 0 and report.fenced_regions == [[dead.fenced_end, dead.start]]
+        assert report.bytes_truncated == 0
+    assert bodies(tmp_path) == expected(50, 300)
+    with MessageStore(tmp_path, CONFIG, read_only=True) as ro:
+        result = verify(ro)
+        assert result.ok, [str(p) for p in result.problems]
+    # Recovery is exact: a second run changes nothing.
+    with MessageStore(tmp_path, CONFIG) as again:
+        assert again.recovery.fenced_bytes == 0 and again.recovery.bytes_truncated == 0
+
+
+def test_recovery_refuses_to_cut_valid_records_and_changes_nothing(tmp_path: Path) -> None:
+    """Another writer's records over the middle of this one's (no dead region between them):
+    the walk stops inside the log with valid records after it. Cutting there would drop them,
+    so recovery refuses and leaves every file as it was."""
+    cfg = StoreConfig(mapped_file_size_commitlog=1 << 20, max_hash_slot_num=64, max_index_num=4096)
+    with MessageStore(tmp_path, cfg) as store:
+        acked = [
+            store.put(Message(TOPIC, b"x" * (100 + i % 7), keys=[f"k{i}"])) for i in range(400)
+        ]
+    seg = tmp_path / "commitlog" / "00000000000000000000"
+    data = bytearray(seg.read_bytes())
+    # A shorter record written at record 100's place, as an overlapping writer would.
+    at = acked[100].commit_log_offset
+    data[at : at + 150] = data[acked[0].commit_log_offset : acked[0].commit_log_offset + 150]
+    seg.write_bytes(bytes(data))
+    # As after a crash before any flush recorded a point past the damage.
+    (tmp_path / "abort").touch()
+    (tmp_path / "config" / "rocketstore.json").unlink()
+    snapshot = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(DamagedLogError, match="a valid record follows at offset"):
+        MessageStore(tmp_path, cfg)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == snapshot
