@@ -1,0 +1,231 @@
+"""The stock Apache RocketMQ 4.9.4 servers and tools of ../shared/rocketmq-4.9.4, for tests that
+hold rocketstore's files against RocketMQ itself.
+
+:func:`unavailable` says why they cannot run on this machine (the tests then skip with that
+reason). :class:`StockCluster` runs a name server and brokers in a network namespace of its own:
+the servers bind every address (4.9.4 has no setting for it), and a private namespace keeps them
+off the host's ports and lets several tests use the same port numbers at once. The kit's tools
+(``mqadmin.sh``, ``consume.sh``, ...) run in the same namespace through :meth:`StockCluster.tool`.
+
+A server counts as up when it prints its "boot success" line: a reader thread per server copies
+its output to ``RUN/<name>.out`` and reports that line (or the end of the output, when the
+server dies), so nothing waits by sleeping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import threading
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+ROOT = Path(__file__).resolve().parent.parent
+KIT = ROOT.parent / "shared" / "rocketmq-4.9.4"
+NAMESRV_PORT = 19876
+BROKER_PORT = 20911
+BOOT_SECONDS = 90  # a broker on a small store boots in 1-3 s on an idle machine
+STOP_SECONDS = 60  # a clean stop takes 4-7 s
+
+
+def unavailable() -> str | None:
+    """Why the stock servers cannot run here, or None when they can."""
+    if not KIT.is_dir():
+        return f"needs the stock RocketMQ 4.9.4 kit at {KIT} (../shared beside the clone)"
+    if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("nsenter")):
+        return "needs root with unshare and nsenter to run the stock servers in a network namespace"
+    # env.sh checks the Debian jars and java, and says what is missing.
+    check = subprocess.run(
+        ["bash", "-c", '. "$0/env.sh"', str(KIT)], capture_output=True, text=True, check=False
+    )
+    if check.returncode != 0:
+        return f"the stock RocketMQ kit cannot run: {check.stderr.strip()}"
+    return None
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Consumed:
+    """One message as the stock pull consumer (``consume.sh``) printed it."""
+
+    topic: str
+    broker: str
+    queue_id: int
+    queue_offset: int
+    keys: str
+    tags: str
+    body: bytes
+
+
+@dataclasses.dataclass
+class Server:
+    name: str
+    proc: subprocess.Popen[str]
+    log: Path
+    reader: threading.Thread
+
+
+class StockCluster:
+    """A network namespace holding a stock name server (started on entry) and the brokers
+    :meth:`broker` starts; everything still running is stopped on exit, brokers first."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        # The kit's scripts keep their logs, generated confs and state under RMQ_RUN.
+        self.env = {**os.environ, "RMQ_RUN": str(run_dir)}
+        self._holder: subprocess.Popen[str] | None = None
+        self._servers: list[Server] = []
+
+    def __enter__(self) -> StockCluster:
+        # The namespace lives as long as this process does; `cat` ends when its stdin closes.
+        self._holder = subprocess.Popen(
+            ["unshare", "-n", "--", "sh", "-c", "ip link set lo up && echo up && exec cat"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self._holder.stdout is not None
+        if self._holder.stdout.readline().strip() != "up":
+            self._holder.kill()
+            raise RuntimeError("could not make a network namespace (unshare -n)")
+        try:
+            self._start("namesrv", [str(KIT / "namesrv.sh"), str(NAMESRV_PORT)])
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for server in reversed(self._servers):
+            self.stop(server)
+        if self._holder is not None:
+            assert self._holder.stdin is not None
+            self._holder.stdin.close()
+            self._holder.wait(timeout=STOP_SECONDS)
+            self._holder = None
+
+    @property
+    def namesrv(self) -> str:
+        return f"127.0.0.1:{NAMESRV_PORT}"
+
+    def _in_namespace(self, argv: list[str]) -> list[str]:
+        assert self._holder is not None, "the cluster is not running"
+        return ["nsenter", f"--net=/proc/{self._holder.pid}/ns/net", "--", *argv]
+
+    def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Server:
+        log = self.run_dir / f"{name}.out"
+        proc = subprocess.Popen(
+            self._in_namespace(argv),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**self.env, **(env or {})},
+        )
+        events: queue.Queue[str] = queue.Queue()
+        assert proc.stdout is not None
+        reader = threading.Thread(target=_copy, args=(proc.stdout, log, events), daemon=True)
+        reader.start()
+        server = Server(name, proc, log, reader)
+        self._servers.append(server)
+        try:
+            event = events.get(timeout=BOOT_SECONDS)
+        except queue.Empty:
+            event = "timed out"
+        if event != "booted":
+            self.stop(server)
+            tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
+            raise RuntimeError(f"stock {name} did not start; the end of its output:\n{tail}")
+        return server
+
+    def broker(self, store: Path, port: int = BROKER_PORT, *conf: str) -> Server:
+        """A stock broker serving ``store`` (brokerName = its directory's name,
+        ``autoCreateTopicEnable=false``; ``conf`` adds broker.conf lines), once it is up."""
+        return self._start(
+            f"broker-{store.name}-{port}",
+            [str(KIT / "broker.sh"), str(store), str(port), str(NAMESRV_PORT), *conf],
+        )
+
+    def stop(self, server: Server) -> None:
+        """Stop a server cleanly (SIGTERM: a broker persists its config files as it stops)."""
+        if server not in self._servers:
+            return
+        self._servers.remove(server)
+        if server.proc.poll() is None:
+            server.proc.send_signal(signal.SIGTERM)
+            try:
+                server.proc.wait(timeout=STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                server.proc.kill()
+                server.proc.wait()
+        server.reader.join()
+
+    def tool(
+        self, script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 180
+    ) -> str:
+        """Run one of the kit's client scripts in the namespace; its standard output. A failure
+        raises with its output."""
+        done = subprocess.run(
+            self._in_namespace([str(KIT / script), *args]),
+            capture_output=True,
+            text=True,
+            env={**self.env, **(env or {})},
+            timeout=timeout,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"{script} {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}"
+            )
+        return done.stdout
+
+    def consume(self, topic: str, idle_ms: int = 3000) -> list[Consumed]:
+        """Every message of ``topic`` the stock pull consumer reads from the earliest offsets
+        (it stops after ``idle_ms`` without a new one)."""
+        env = {"CONSUME_JOPTS": f"-DidleMs={idle_ms}"}
+        return parse_consumed(self.tool("consume.sh", str(NAMESRV_PORT), topic, env=env))
+
+
+def _copy(stream: IO[str], log: Path, events: queue.Queue[str]) -> None:
+    """Copy a server's output to ``log``; put "booted" on ``events`` at its boot line and
+    "ended" when the output ends (the server is gone), so that a waiter wakes either way."""
+    with open(log, "w", encoding="utf-8") as out:
+        for line in stream:
+            out.write(line)
+            out.flush()
+            if "boot success" in line:
+                events.put("booted")
+    events.put("ended")
+
+
+def parse_consumed(stdout: str) -> list[Consumed]:
+    """The ``MSG`` lines of one or more runs of ``consume.sh`` (``serve-and-consume.sh`` runs
+    it once per topic), each run checked against the ``COUNT`` line that closes it."""
+    rows: list[Consumed] = []
+    closed = 0  # rows up to here belong to runs whose COUNT matched
+    runs = 0
+    for line in stdout.splitlines():
+        parts = line.split("\t")
+        if parts[0] == "MSG":
+            topic, broker, queue_id, offset, keys, tags, body = parts[1:]
+            rows.append(
+                Consumed(topic, broker, int(queue_id), int(offset), keys, tags, bytes.fromhex(body))
+            )
+        elif parts[0] == "COUNT":
+            if int(parts[1]) != len(rows) - closed:
+                raise AssertionError(
+                    f"consume.sh printed {len(rows) - closed} messages but {line!r}"
+                )
+            closed, runs = len(rows), runs + 1
+    if runs == 0 or closed != len(rows):
+        raise AssertionError(f"consume.sh output ends without its COUNT line:\n{stdout[-2000:]}")
+    return rows
