@@ -4,6 +4,7 @@ Commands (``rocketstore COMMAND --help`` for each)::
 
     dump STORE [--topic T]                      every message, one JSON object per line
     queues STORE [--topic T]                    ConsumeQueue bounds per topic and queue
+    topics STORE [--topic T]                    the topics a stock broker serves, queue counts
     get STORE --topic T --queue Q --offset N    messages of one queue (tag filter: --tags)
     query-key STORE --topic T --key K           messages by KEYS token or UNIQ_KEY
     query-time STORE --topic T --queue Q --timestamp MS
@@ -141,6 +142,18 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "pipeline.commands:cmd_queues",
         "Print each queue's bounds",
         "Per topic and queue: topic, queueId, minOffset, maxOffset, maxPhysicOffset.",
+        [store, as_json],
+    )
+    p.add_argument("--topic", help="only this topic")
+    p = command(
+        "topics",
+        "pipeline.commands:cmd_topics",
+        "Print the topics a stock RocketMQ broker would serve from the store",
+        "Per topic named in config/topics.json (the topic table a broker loads at start-up; "
+        "it serves no other topic) or with ConsumeQueues on disk: readQueueNums, "
+        "writeQueueNums, perm (R read, W write, X inherit), order, and diskQueues (1 + the "
+        "highest queue id on disk). A note on stderr names each topic on disk a broker would "
+        "not serve in full.",
         [store, as_json],
     )
     p.add_argument("--topic", help="only this topic")

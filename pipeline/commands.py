@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from pipeline import native, queueread, record
+from pipeline import native, queueread, record, topicconfig
 from pipeline.config import StoreConfig
 from pipeline.errors import NotFoundError, ProgressNotRecordedError
 from pipeline.output import emit, plain_cell, preview, print_table
@@ -128,6 +128,60 @@ def cmd_queues(args: argparse.Namespace) -> int:
         for row in rows:
             emit(dict(zip(header, row, strict=True)))
     elif rows:
+        print_table(header, rows)
+    return 0
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    """The topic table a broker would load (config/topics.json, else its .bak) beside the
+    queues on disk; a note for each topic on disk that a broker would not serve in full."""
+    with _open(args) as store:
+        disk = topicconfig.queue_counts(
+            (i.topic, i.queue_id) for i in store.queue_infos(args.topic)
+        )
+        found = topicconfig.read_topics(store.path / "config")
+    config_file = store.path / "config" / topicconfig.FILE_NAME
+    if found is None:
+        configured: dict[str, topicconfig.TopicConfig] = {}
+        if disk:
+            _note(
+                f"no {config_file} (or it is empty): a stock broker with "
+                "autoCreateTopicEnable=false serves none of this store's topics"
+            )
+    else:
+        configured = found.topics
+        if found.path.name != topicconfig.FILE_NAME:
+            _note(f"{config_file} is missing or empty; shown: {found.path}, as a broker loads it")
+    if args.topic is not None:
+        configured = {k: v for k, v in configured.items() if k == args.topic}
+        if not configured and not disk:
+            _note(f"no topic {args.topic!r} in {config_file} nor on disk in {args.store}")
+    header = ("topic", "readQueueNums", "writeQueueNums", "perm", "order", "diskQueues")
+    rows: list[list[object]] = []
+    for name in sorted(set(configured) | set(disk)):
+        tc, on_disk = configured.get(name), disk.get(name)
+        if tc is None:
+            # Without any topics.json, the note above has said it for every topic.
+            if found is not None:
+                _note(f"topic {name!r} is on disk but not in {config_file}: a broker ignores it")
+        elif on_disk is not None and on_disk > tc.read_queue_nums:
+            _note(
+                f"topic {name!r} has queues 0..{on_disk - 1} on disk but readQueueNums "
+                f"{tc.read_queue_nums}: a broker serves queues 0..{tc.read_queue_nums - 1} only"
+            )
+        if args.json:
+            fields = (tc or topicconfig.TopicConfig(name)).to_json()
+            del fields["topicName"]
+            if tc is None:  # the same keys for every topic: null where topics.json has none
+                fields = dict.fromkeys(fields)
+            emit({"topic": name, **fields, "diskQueues": on_disk})
+        elif tc is None:
+            rows.append([name, None, None, None, None, on_disk])
+        else:
+            rows.append(
+                [name, tc.read_queue_nums, tc.write_queue_nums, tc.perm_text, tc.order, on_disk]
+            )
+    if rows:
         print_table(header, rows)
     return 0
 

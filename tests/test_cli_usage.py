@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ARGS: dict[str, tuple[list[str], list[list[str]]]] = {
     "dump": (["S"], [["--topic", "T"], ["--config", "c.toml"]]),
     "queues": (["S"], [["--topic", "T"], ["--json"], ["--config", "c.toml"]]),
+    "topics": (["S"], [["--topic", "T"], ["--json"], ["--config", "c.toml"]]),
     "get": (
         ["S"],
         [

@@ -1,6 +1,6 @@
 """pipeline/topicconfig.py: ``config/topics.json`` in RocketMQ 4.9.4's own format, merged with
-what a broker wrote, written crash-safely; and stock brokers (../shared/rocketmq-4.9.4,
-tests/stockrocketmq.py) loading and serving what it wrote."""
+what a broker wrote, written crash-safely, shown by ``rocketstore topics``; and stock brokers
+(../shared/rocketmq-4.9.4, tests/stockrocketmq.py) loading and serving what it wrote."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import SMALL_CONFIG
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from powercut import PowerCut, PowerLost
 from stockrocketmq import KIT, Consumed, StockCluster, parse_consumed, unavailable
 
-from pipeline import durability
+from pipeline import cli, durability
 from pipeline.config import StoreConfig
 from pipeline.message import Message
 from pipeline.store import MessageStore
@@ -489,6 +490,120 @@ def test_the_keeper_reads_the_file_only_for_something_new(tmp_path: Path) -> Non
     found = read_topics(tmp_path)
     assert found is not None
     assert found.topics["A"].read_queue_nums == 4
+
+
+# -- rocketstore topics -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    """A store with TopicA on queues 0-2 and TopicB on queue 0, and its geometry as a file."""
+    path = tmp_path / "broker-a"
+    with MessageStore(path, SMALL_CONFIG) as store:
+        for topic, qid in (("TopicA", 0), ("TopicA", 1), ("TopicA", 2), ("TopicB", 0)):
+            store.put(Message(topic, b"body", queue_id=qid))
+    (tmp_path / "store.properties").write_text(
+        "".join(
+            f"{name}={getattr(SMALL_CONFIG, field)}\n"
+            for name, field in (
+                ("mappedFileSizeCommitLog", "mapped_file_size_commitlog"),
+                ("mappedFileSizeConsumeQueue", "mapped_file_size_consume_queue"),
+                ("maxHashSlotNum", "max_hash_slot_num"),
+                ("maxIndexNum", "max_index_num"),
+            )
+        )
+    )
+    return path
+
+
+def topics_cli(capsys: pytest.CaptureFixture[str], store: Path, *opts: str) -> tuple[int, str, str]:
+    conf = store.parent / "store.properties"
+    rc = cli.main(["topics", str(store), "--config", str(conf), *opts])
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def test_cli_topics_without_a_topics_file(
+    capsys: pytest.CaptureFixture[str], store_dir: Path
+) -> None:
+    rc, out, err = topics_cli(capsys, store_dir)
+    assert rc == 0
+    assert out.splitlines() == [
+        "topic   readQueueNums  writeQueueNums  perm  order  diskQueues",
+        "TopicA                                                       3",
+        "TopicB                                                       1",
+    ]
+    assert "topics.json (or it is empty): a stock broker with autoCreateTopicEnable=false" in err
+
+
+def test_cli_topics_shows_the_settings_and_what_a_broker_would_not_serve(
+    capsys: pytest.CaptureFixture[str], store_dir: Path
+) -> None:
+    config = store_dir / "config"
+    write_json(
+        config / "topics.json",
+        {
+            "topicConfigTable": {
+                "TopicA": TopicConfig("TopicA", 2, 1, perm=4).to_json(),
+                "SCHEDULE_TOPIC_XXXX": TopicConfig("SCHEDULE_TOPIC_XXXX", 18, 18).to_json(),
+            }
+        },
+    )
+    rc, out, err = topics_cli(capsys, store_dir)
+    assert rc == 0
+    assert out.splitlines() == [
+        "topic                readQueueNums  writeQueueNums  perm  order  diskQueues",
+        "SCHEDULE_TOPIC_XXXX             18              18  RW-   false",
+        "TopicA                           2               1  R--   false           3",
+        "TopicB                                                                    1",
+    ]
+    assert (
+        "'TopicA' has queues 0..2 on disk but readQueueNums 2: a broker serves queues 0..1" in err
+    )
+    assert f"'TopicB' is on disk but not in {config / 'topics.json'}" in err
+
+    rc, out, err = topics_cli(capsys, store_dir, "--json", "--topic", "TopicB")
+    assert rc == 0
+    assert [json.loads(line) for line in out.splitlines()] == [
+        {
+            "topic": "TopicB",
+            "order": None,
+            "perm": None,
+            "readQueueNums": None,
+            "topicFilterType": None,
+            "topicSysFlag": None,
+            "writeQueueNums": None,
+            "diskQueues": 1,
+        }
+    ]
+
+    # Once rocketstore has written the file, every topic on disk is served in full.
+    assert ensure_topics(config, {"TopicA": 3, "TopicB": 1})
+    rc, out, err = topics_cli(capsys, store_dir, "--json")
+    assert rc == 0
+    assert err == ""
+    rows = {row["topic"]: row for row in map(json.loads, out.splitlines())}
+    assert rows["TopicA"] == {
+        "topic": "TopicA",
+        "order": False,
+        "perm": 4,
+        "readQueueNums": 3,
+        "topicFilterType": "SINGLE_TAG",
+        "topicSysFlag": 0,
+        "writeQueueNums": 3,
+        "diskQueues": 3,
+    }
+    assert rows["SCHEDULE_TOPIC_XXXX"]["diskQueues"] is None
+
+
+def test_cli_topics_reports_a_damaged_file(
+    capsys: pytest.CaptureFixture[str], store_dir: Path
+) -> None:
+    (store_dir / "config" / "topics.json").write_text('{"topicConfigTable":{\n"A":}')
+    rc, out, err = topics_cli(capsys, store_dir)
+    assert (rc, out) == (cli.EXIT_ERROR, "")
+    assert err.startswith(f"rocketstore: error: {store_dir / 'config' / 'topics.json'}: not valid")
+    assert "line 2, column 5" in err
 
 
 # -- stock brokers --------------------------------------------------------------------------------
