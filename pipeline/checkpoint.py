@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pipeline import durability
 from pipeline.errors import NotAStoreError
-from pipeline.fileio import pwrite_all
+from pipeline.fileio import io_error, pwrite_all
 
 LAYOUT = struct.Struct(">qqq")
 FILE_SIZE = 4096
@@ -64,10 +64,14 @@ class StoreCheckpoint:
         except FileNotFoundError:
             fd = -1
         if fd >= 0 and os.fstat(fd).st_size == FILE_SIZE:
+            step = f"write of bytes [0, {len(payload)}) of {path}"
             try:
                 pwrite_all(fd, payload, 0)
                 if sync:
+                    step = f"fsync of {path}"
                     durability.fsync(fd, path)
+            except OSError as exc:
+                raise io_error(exc, step) from exc
             finally:
                 os.close(fd)
             return

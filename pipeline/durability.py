@@ -23,7 +23,7 @@ import mmap
 import os
 from pathlib import Path
 
-from pipeline.fileio import pwrite_all
+from pipeline.fileio import io_error, pwrite_all
 
 
 def _msync(mm: mmap.mmap, start: int, length: int, path: Path) -> None:
@@ -101,14 +101,17 @@ def write_file(path: Path, data: bytes, tmp: Path | None = None) -> None:
     old file in place and ``tmp`` removed (a half-written copy would only hold blocks a full
     disk needs). Concurrent writers of one ``path`` must use distinct ``tmp`` names."""
     tmp = tmp if tmp is not None else path.with_name(path.name + ".tmp")
+    step = f"write of bytes [0, {len(data)}) of {tmp}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             pwrite_all(fd, data, 0)
+            step = f"fsync of {tmp}"
             fsync(fd, tmp)
         finally:
             os.close(fd)
+        step = f"rename of {tmp} over {path}"
         replace(tmp, path)
-    except OSError:
+    except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise
+        raise io_error(exc, step) from exc

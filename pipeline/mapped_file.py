@@ -47,6 +47,7 @@ from pathlib import Path
 
 from pipeline import durability, failpoints
 from pipeline.errors import NotAStoreError, SegmentCreateError, StoreError
+from pipeline.fileio import io_error
 from pipeline.mappings import MappingCache
 
 NAME_DIGITS = 20
@@ -345,11 +346,14 @@ class MappedFile:
         was never touched is filled without a page fault. A full disk raises ``OSError`` here,
         where a write into the mapping would die of SIGBUS."""
         fd = os.open(self.path, os.O_WRONLY)
+        view = memoryview(data)
+        start, end = position, position + view.nbytes
         try:
-            view = memoryview(data)
             while len(view):
                 done = os.pwrite(fd, view, position)
                 view, position = view[done:], position + done
+        except OSError as exc:
+            raise io_error(exc, f"write of bytes [{start}, {end}) of {self.path}") from exc
         finally:
             os.close(fd)
 
@@ -366,11 +370,17 @@ class MappedFile:
         bytes it zeroed behind the write position)."""
         if self.read_only or end <= start:
             return
-        if self._mm is None:
-            durability.fsync_path(self.path)
-            return
-        start = (start // PAGE) * PAGE
-        durability.msync(self._mm, start, end - start, self.path)
+        mm = self._mm
+        if mm is not None:
+            start = (start // PAGE) * PAGE
+        try:
+            if mm is None:
+                durability.fsync_path(self.path)
+            else:
+                durability.msync(mm, start, end - start, self.path)
+        except OSError as exc:
+            call = "fsync" if mm is None else "msync"
+            raise io_error(exc, f"{call} of bytes [{start}, {end}) of {self.path}") from exc
 
     def unmap(self) -> bool:
         """Drop the mapping (the file stays; it is mapped again when next used), unless a
