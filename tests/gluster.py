@@ -19,6 +19,7 @@ Not thread-safe; one process manages a volume.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
@@ -56,10 +57,13 @@ def unavailable() -> str | None:
     return None
 
 
-def gluster(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """``gluster --mode=script ARGS``."""
+def gluster(
+    *args: str, check: bool = True, enter: Sequence[str] = ()
+) -> subprocess.CompletedProcess[str]:
+    """``gluster --mode=script ARGS``, run under the command prefix ``enter`` when one is given
+    (an ``nsenter`` into the namespaces of another glusterd: tests/netcluster.py)."""
     done = subprocess.run(
-        ["gluster", "--mode=script", *args],
+        [*enter, "gluster", "--mode=script", *args],
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
@@ -151,6 +155,27 @@ def unmount(point: Path) -> None:
         subprocess.run(["umount", "-l", str(point)], capture_output=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class Brick:
+    """A running brick: its directory, its server process and the TCP port it listens on (0
+    where the status names none)."""
+
+    path: Path
+    pid: int
+    port: int
+
+
+def running_bricks(status_xml: str) -> list[Brick]:
+    """The running bricks in the output of ``gluster volume status VOL --xml`` (a brick that is
+    down has no PID there and is left out; so are the self-heal daemon's entries)."""
+    found = []
+    for node in ET.fromstring(status_xml).iter("node"):
+        path, pid, port = node.findtext("path"), node.findtext("pid"), node.findtext("port")
+        if path and path.startswith("/") and pid and pid.isdigit() and int(pid) > 0:
+            found.append(Brick(Path(path), int(pid), int(port) if port and port.isdigit() else 0))
+    return found
+
+
 class Volume:
     """A started replica-3 volume and its two mounts, ``a`` and ``b``."""
 
@@ -164,12 +189,7 @@ class Volume:
     def brick_pids(self) -> dict[Path, int]:
         """PID of each running brick process, by brick directory."""
         xml = gluster("volume", "status", self.name, "--xml").stdout
-        found: dict[Path, int] = {}
-        for node in ET.fromstring(xml).iter("node"):
-            path, pid = node.findtext("path"), node.findtext("pid")
-            if path and pid and pid.isdigit() and int(pid) > 0 and path.startswith("/"):
-                found[Path(path)] = int(pid)
-        return found
+        return {brick.path: brick.pid for brick in running_bricks(xml)}
 
     def kill_brick(self, index: int) -> int:
         """kill -9 one brick's server process (a lost disk or host); returns its PID."""
