@@ -157,13 +157,33 @@ def gluster_volume(gluster_daemon: None, tmp_path: Path) -> Iterator[Any]:
         yield vol
 
 
+@pytest.fixture
+def netcluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """Hosts A, B and V with a network, mounting a replica-3 volume served from a namespace of
+    its own, torn down after the test (tests/netcluster.py). Parametrize it indirectly with a
+    dict of ``tests.netcluster.cluster`` keyword arguments for other hosts or timeouts.
+    Skipped where the machine cannot make one."""
+    from tests.netcluster import cluster, unavailable
+
+    why = unavailable()
+    if why is not None:
+        pytest.skip(f"{GLUSTER_SKIP} {why}")
+    with cluster(tmp_path, **getattr(request, "param", {})) as made:
+        yield made
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under ``pytest -n`` (``make test``), tests that share one machine-wide resource run in
     one worker, one after another: GlusterFS tests share the one ``glusterd``, which the first
     to need it may start and stop; the Spark standalone cluster tests (six JVMs each) would
-    starve each other, and share the nodes' Python built once per worker."""
+    starve each other, and share the nodes' Python built once per worker. Clusters with a
+    network (``netcluster``) share nothing with those (a glusterd, state and namespaces of
+    their own) and run in a group of their own: one at a time, so that the take-over times
+    they measure do not also measure another cluster's load."""
     for item in items:
-        if (
+        if "netcluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("netcluster"))
+        elif (
             "gluster_volume" in getattr(item, "fixturenames", ())
             or item.get_closest_marker("gluster")
             or item.nodeid.startswith("tests/test_cluster.py")
