@@ -61,7 +61,8 @@ EPILOG = """\
 exit status:
   0    success
   1    the command ran and found problems: produce refused a line, verify found damage
-  2    usage or configuration error, or the store could not be opened or read
+  2    usage or configuration error, or the store could not be opened, read or
+       written (produce: a put failed)
   3    not found: no such topic, queue, record offset or msgId in the store
   130  interrupted (Ctrl-C)
   141  the output was closed early (e.g. piped into head); nothing is reported
@@ -236,7 +237,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         'stored: {"line", "status": "PUT_OK", "msgId", "commitLogOffset", '
         '"queueOffset", "storeTimestamp", "uniqKey"}, or a refusal '
         '("MESSAGE_ILLEGAL" or "PROPERTIES_SIZE_EXCEEDED") with an "error" naming the '
-        "line. Refused lines do not stop the others; exit status 1 if any was refused. "
+        "line. Refused lines do not stop the others; exit status 1 if any was refused. A "
+        'put that fails (an I/O error) stops it: its lines are reported "PUT_OK" or '
+        '"NOT_STORED" as the log holds them ("UNKNOWN" if it cannot be read back), and '
+        "the exit status is 2. "
         "Opens the store for writing (creating it if absent).",
         [store],
     )

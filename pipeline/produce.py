@@ -339,7 +339,8 @@ def _landed(args: argparse.Namespace, failed: BatchFailed) -> dict[int, dict[str
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    """Store the input's lines; exit status 1 when any line was refused."""
+    """Store the input's lines; exit status 1 when any line was refused, 2 when a put failed
+    (the results printed up to then say which lines are stored)."""
     config = StoreConfig.effective(args.config)
     stream = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")  # noqa: SIM115
     try:
@@ -355,7 +356,8 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 
 def _produce(args: argparse.Namespace, config: StoreConfig, stream: IO[bytes]) -> int:
-    """Store the lines of ``stream``; exit status 1 when any line was refused."""
+    """Store the lines of ``stream``; exit status 1 when any line was refused, 2 when a put
+    failed."""
     refused = 0
     with MessageStore(args.store, config) as store:
         lines: queue.Queue[Item] = queue.Queue(maxsize=4 * args.batch_size)
@@ -380,11 +382,12 @@ def _produce(args: argparse.Namespace, config: StoreConfig, stream: IO[bytes]) -
                 sys.stdout.write(json_line(results[line]) + "\n")
             sys.stdout.flush()
             if failed is not None:
-                # The store refuses writes after such a failure until it is reopened.
+                # The store refuses writes after such a failure until it is reopened. The store
+                # failed, not the input: the status of an error, as when it cannot be opened.
                 sys.stderr.write(
                     f"rocketstore: error: a put failed at line {batch[0][0]}-"
                     f"{batch[-1][0]}: {failed}; the results above say which lines are "
-                    "stored; no line after them was read\n"
+                    "stored; no line after them is\n"
                 )
-                return 1
+                return 2
     return 1 if refused else 0

@@ -165,7 +165,7 @@ def test_produce_reports_which_lines_of_a_failed_put_landed(
     store = tmp_path / "store"
     code = main(["produce", str(store), str(lines), "--config", str(conf), "--batch-size", "10"])
     captured = capsys.readouterr()
-    assert code == 1
+    assert code == 2
     results = [json.loads(x) for x in captured.out.splitlines()]
     assert "a put failed at line" in captured.err
     monkeypatch.setattr(durability, "msync", real)

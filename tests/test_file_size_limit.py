@@ -3,7 +3,7 @@
 The kernel refuses to grow a file past the limit with EFBIG (and SIGXFSZ, which CPython
 ignores, so a Python writer never dies of it). Every store file is created at full size, so
 the limit is met when a file is created: the put must fail before its first byte with the
-file and the limit named, exit status 1, and every acknowledged line readable after
+file and the limit named, exit status 2, and every acknowledged line readable after
 ``recover``. No failpoint stands in here: the limit is set on the writer process itself.
 """
 
@@ -84,7 +84,7 @@ def test_a_limit_below_the_segment_size_refuses_the_first_put(tmp_path: Path) ->
     write_input(lines, 0, 3_000)
     store = tmp_path / "store"
     code, out, err = produce_limited(store, conf, lines, 500_000)
-    assert code == 1, (code, err[-2000:])  # a negative code would be a signal (SIGXFSZ)
+    assert code == 2, (code, err[-2000:])  # a negative code would be a signal (SIGXFSZ)
     assert f"{store}/commitlog/" in err and "File too large" in err, err
     assert "at most 500,000 bytes (ulimit -f)" in err and "nothing of the put" in err, err
     assert out and all(r["status"] == "NOT_STORED" for r in out)
@@ -105,7 +105,7 @@ def test_a_limit_met_mid_stream_keeps_every_acknowledged_line(tmp_path: Path) ->
     code, acked, err = produce_limited(store, conf, first, None)
     assert code == 0, err[-2000:]
     code, out, err = produce_limited(store, conf, rest, 600_000)
-    assert code == 1, (code, err[-2000:])
+    assert code == 2, (code, err[-2000:])
     assert "cannot create a file of 1,048,576 bytes: File too large" in err, err
     more = [r for r in out if r["status"] == "PUT_OK"]
     assert more and all(r["status"] == "NOT_STORED" for r in out[len(more) :])

@@ -107,7 +107,7 @@ def test_produce_until_full_then_free_space(tmp_path: Path, kind: str, size_mib:
         store = mnt / "store"
 
         code, out, err = produce(store, conf, lines)
-        assert code == 1, (code, err[-2000:])  # a negative code would be a signal (SIGBUS)
+        assert code == 2, (code, err[-2000:])  # a negative code would be a signal (SIGBUS)
         assert "No space left on device" in err and "bytes free" in err, err
         assert f"{store}/" in err, err  # names the file it could not create or fill
         acked = [r for r in out if r["status"] == "PUT_OK"]
@@ -154,7 +154,7 @@ def test_default_geometry_on_a_small_tmpfs_is_a_clear_error(tmp_path: Path) -> N
     write_input(lines, 0, 5_000)
     with real_fs("tmpfs", 6) as mnt:
         code, out, err = produce(mnt / "store", conf, lines)
-        assert code == 1, err[-2000:]
+        assert code == 2, err[-2000:]
         assert "consumequeue" in err and "cannot create a file of 6,000,000 bytes" in err, err
         assert out and all(r["status"] == "NOT_STORED" for r in out)
         check = cli("verify", str(mnt / "store"), "--config", str(conf))
