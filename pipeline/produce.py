@@ -1,9 +1,9 @@
 """``rocketstore produce``: JSON lines in, messages stored in batches, one result line out each.
 
-A reader thread hands the input's lines over; they are stored in batches that close at
-``--batch-size`` lines or ``--linger-ms`` after a batch's first line, and each batch's results
-are printed, in input order, as soon as it is stored, so a producer piping into the command
-sees its acknowledgements while it still writes.
+The input's lines are read as they arrive and stored in batches that close at ``--batch-size``
+lines or ``--linger-ms`` after a batch's first line, and each batch's results are printed, in
+input order, as soon as it is stored, so a producer piping into the command sees its
+acknowledgements while it still writes.
 
 A line that cannot be stored gets a result naming the line and the input field at fault; the
 other lines are still stored. Everything that can be checked per line is checked here, in the
@@ -16,13 +16,15 @@ import argparse
 import base64
 import binascii
 import json
-import queue
+import math
+import os
 import re
+import select
 import sys
-import threading
 import time
+from collections import deque
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import Any
 
 from pipeline import encode, record
 from pipeline.config import StoreConfig
@@ -185,46 +187,104 @@ def parse_line(raw: bytes, max_body: int = StoreConfig.max_message_size) -> Mess
     )
 
 
-# What the reader thread hands over: a line, the error that stopped it, or None at the end.
-Item = tuple[int, bytes] | BaseException | None
+# Bytes asked of the input per read: a fast producer's lines arrive many at a time.
+READ_SIZE = 1 << 16
 
 
-def _read_lines(stream: IO[bytes], sink: queue.Queue[Item]) -> None:
-    """Reader thread: (line number, bytes) per non-blank line, then None (or the error)."""
-    try:
-        for n, raw in enumerate(iter(stream.readline, b""), start=1):
-            if raw.strip():
-                sink.put((n, raw))
-        sink.put(None)
-    except BaseException as exc:
-        sink.put(exc)
+class InputLines:
+    """The non-blank lines of an input, each with its line number (blank lines count too),
+    read from the input's file descriptor by the thread that asks for them.
+
+    Nothing reads ahead on a thread of its own: when the command stops early (a put failed
+    while the producer still holds its end of the pipe open), no read is left blocked on the
+    input, so closing it (a FILE) or the interpreter's own close of ``sys.stdin`` at exit never
+    waits for a read that may never return. At most one read of ``READ_SIZE`` bytes is taken
+    from the input beyond the line last returned. The descriptor is never closed here.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN)
+        self._lines: deque[tuple[int, bytes]] = deque()
+        self._partial: list[bytes] = []  # the pieces of a line whose end has not been read
+        self._count = 0
+        self._ended = False
+        self._error: OSError | None = None
+
+    def get(self, timeout: float | None = None) -> tuple[int, bytes] | None:
+        """The next non-blank line (without its line break) and its number, waiting for it as
+        long as ``timeout`` seconds (default: without limit); None at the end of the input or
+        when the time is up. A read error ends the input: it is raised here once the lines
+        read before it have all been returned, and again on every later call."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._lines:
+            if self._error is not None:
+                raise self._error
+            if self._ended:
+                return None
+            wait_ms = None
+            if deadline is not None:
+                wait_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
+            if not self._poll.poll(wait_ms):
+                return None
+            self._read()
+        return self._lines.popleft()
+
+    def _read(self) -> None:
+        """One read from the input (which poll found ready), split into lines."""
+        try:
+            chunk = os.read(self._fd, READ_SIZE)
+        except BlockingIOError:
+            return  # a non-blocking descriptor that another reader emptied first: wait again
+        except OSError as exc:
+            self._error, self._ended = exc, True
+            return
+        if not chunk:
+            self._ended = True
+            if self._partial:  # the last line has no line break
+                self._add(b"".join(self._partial))
+                self._partial = []
+            return
+        pieces = chunk.split(b"\n")
+        if len(pieces) == 1:
+            self._partial.append(chunk)
+            return
+        if self._partial:
+            pieces[0] = b"".join([*self._partial, pieces[0]])
+        self._partial = [pieces[-1]] if pieces[-1] else []
+        for raw in pieces[:-1]:
+            self._add(raw)
+
+    def _add(self, raw: bytes) -> None:
+        self._count += 1
+        if raw.strip():
+            self._lines.append((self._count, raw))
 
 
-def batches(
-    source: queue.Queue[Item], size: int, linger_s: float
-) -> Iterator[list[tuple[int, bytes]]]:
+def batches(source: InputLines, size: int, linger_s: float) -> Iterator[list[tuple[int, bytes]]]:
     """Input lines grouped: a batch closes at ``size`` lines or ``linger_s`` after its first
-    line arrived (lines already waiting by then still join it, up to ``size``)."""
+    line arrived (lines already waiting by then still join it, up to ``size``). A read error
+    is raised after the batch holding the lines read before it."""
     while True:
-        item = source.get()
-        batch: list[tuple[int, bytes]] = []
+        first = source.get()
+        if first is None:
+            return
+        batch = [first]
         deadline = time.monotonic() + linger_s
-        while True:
-            if item is None or isinstance(item, BaseException):
-                if batch:
-                    yield batch
-                if item is None:
-                    return
-                raise item
-            batch.append(item)
-            if len(batch) >= size:
-                break
-            remaining = deadline - time.monotonic()
+        failure: OSError | None = None
+        while len(batch) < size:
             try:
-                item = source.get(timeout=remaining) if remaining > 0 else source.get_nowait()
-            except queue.Empty:
+                line = source.get(max(0.0, deadline - time.monotonic()))
+            except OSError as exc:
+                failure = exc  # the lines before it are stored and answered first
                 break
+            if line is None:
+                break
+            batch.append(line)
         yield batch
+        if failure is not None:
+            raise failure
 
 
 def _refusal(line: int, reason: str, status: str = "MESSAGE_ILLEGAL") -> dict[str, Any]:
@@ -342,27 +402,25 @@ def cmd_produce(args: argparse.Namespace) -> int:
     """Store the input's lines; exit status 1 when any line was refused, 2 when a put failed
     (the results printed up to then say which lines are stored)."""
     config = StoreConfig.effective(args.config)
-    stream = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")  # noqa: SIM115
+    # Unbuffered: InputLines reads the descriptor itself, and a buffer would hold lines back.
+    file = None if args.input == "-" else open(args.input, "rb", buffering=0)  # noqa: SIM115
     try:
-        return _produce(args, config, stream)
+        lines = InputLines(sys.stdin.fileno() if file is None else file.fileno())
+        return _produce(args, config, lines)
     except ProgressNotRecordedError as exc:
         # Raised by the store's close only (a put's own flush leaves it to the next round):
         # every line reported stored is flushed; only the record of how far is behind.
         sys.stderr.write(f"rocketstore: warning: {exc}\n")
         return 1
     finally:
-        if stream is not sys.stdin.buffer:
-            stream.close()
+        if file is not None:
+            file.close()
 
 
-def _produce(args: argparse.Namespace, config: StoreConfig, stream: IO[bytes]) -> int:
-    """Store the lines of ``stream``; exit status 1 when any line was refused, 2 when a put
-    failed."""
+def _produce(args: argparse.Namespace, config: StoreConfig, lines: InputLines) -> int:
+    """Store ``lines``; exit status 1 when any line was refused, 2 when a put failed."""
     refused = 0
     with MessageStore(args.store, config) as store:
-        lines: queue.Queue[Item] = queue.Queue(maxsize=4 * args.batch_size)
-        reader = threading.Thread(target=_read_lines, args=(stream, lines), daemon=True)
-        reader.start()
         for batch in batches(lines, args.batch_size, args.linger_ms / 1000):
             results: dict[int, dict[str, Any]] = {}
             good: list[tuple[int, Message]] = []

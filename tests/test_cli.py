@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import base64
-import io
+import errno
 import json
+import os
 import queue
 import subprocess
 import sys
@@ -16,10 +17,10 @@ from typing import IO, Any
 import pytest
 from conftest import fixture_dir
 
-from pipeline import cli
+from pipeline import cli, failpoints
 from pipeline.errors import InvalidMessageError
 from pipeline.message import Message
-from pipeline.produce import Item, batches
+from pipeline.produce import READ_SIZE, InputLines, batches
 from pipeline.store import MessageStore
 
 SCRIPT = Path(sys.executable).parent / "rocketstore"
@@ -185,8 +186,11 @@ def test_produce_reads_standard_input(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = b'{"topic":"T","body":"a"}\n\n   \n{"topic":"T","body":"b"}\n'
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
-    rc, out, _ = run(capsys, "produce", tmp_path / "s")
+    (tmp_path / "in.jsonl").write_bytes(data)
+    # A real file: produce reads standard input's descriptor, not the sys.stdin object.
+    with open(tmp_path / "in.jsonl") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        rc, out, _ = run(capsys, "produce", tmp_path / "s")
     assert rc == 0
     # Blank lines give no result but still count in the line numbers.
     assert [(r["line"], r["status"]) for r in jsonl(out)] == [(1, "PUT_OK"), (4, "PUT_OK")]
@@ -347,16 +351,67 @@ def test_properties_too_long(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     assert "32767" in results[1]["error"] and results[1]["error"].startswith("line 2: ")
 
 
-def test_batches_close_at_the_batch_size() -> None:
-    q: queue.Queue[Item] = queue.Queue()
-    for n in range(1, 6):
-        q.put((n, b"x"))
-    q.put(None)
-    got = [[n for n, _ in b] for b in batches(q, 2, 60.0)]
+def test_batches_close_at_the_batch_size(tmp_path: Path) -> None:
+    (tmp_path / "in").write_bytes(b"x\n" * 5)
+    with open(tmp_path / "in", "rb", buffering=0) as f:
+        got = [[n for n, _ in b] for b in batches(InputLines(f.fileno()), 2, 60.0)]
     assert got == [[1, 2], [3, 4], [5]]
-    q.put(RuntimeError("input failed"))
-    with pytest.raises(RuntimeError):
-        list(batches(q, 2, 60.0))
+
+
+def test_input_lines_as_they_arrive() -> None:
+    """Lines split across writes are joined, blank lines are skipped but counted, the last
+    line needs no line break, and a wait with nothing to read ends at its timeout."""
+    r, w = os.pipe()
+    try:
+        lines = InputLines(r)
+        assert lines.get(0) is None  # nothing written yet, the input still open
+        os.write(w, b'{"a"')
+        assert lines.get(0) is None  # half a line is no line yet
+        os.write(w, b"}\r\n\n  \n last")
+        assert lines.get() == (1, b'{"a"}\r')
+        assert lines.get(0) is None  # " last" may go on
+        os.close(w)
+        w = -1
+        assert lines.get() == (4, b" last")
+        assert lines.get() is None and lines.get(0) is None
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+
+
+def test_input_lines_longer_than_a_read(tmp_path: Path) -> None:
+    long = b"y" * (3 * READ_SIZE + 7)
+    (tmp_path / "in").write_bytes(b"a\n" + long + b"\nb\n")
+    with open(tmp_path / "in", "rb", buffering=0) as f:
+        lines = InputLines(f.fileno())
+        assert [lines.get(), lines.get(), lines.get(), lines.get()] == [
+            (1, b"a"),
+            (2, long),
+            (3, b"b"),
+            None,
+        ]
+
+
+def test_a_read_error_comes_after_the_lines_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch holding the lines read before the error is still yielded, then the error."""
+    reads = iter([b"x\ny\n"])
+
+    def read(fd: int, n: int) -> bytes:
+        chunk = next(reads, None)
+        if chunk is None:
+            raise OSError(errno.EIO, "Input/output error")
+        return chunk
+
+    (tmp_path / "in").write_bytes(b"")
+    with open(tmp_path / "in", "rb", buffering=0) as f:
+        monkeypatch.setattr(os, "read", read)
+        got = batches(InputLines(f.fileno()), 10, 60.0)
+        assert next(got) == [(1, b"x"), (2, b"y")]
+        with pytest.raises(OSError, match="Input/output error"):
+            next(got)
 
 
 def test_dump_pages_through_large_queues_and_rolled_files(
@@ -703,6 +758,69 @@ def test_console_script_acknowledges_while_input_still_flows(tmp_path: Path) -> 
         timeout=60,
     )
     assert jsonl(done.stdout.decode())[0]["msgId"] == first["msgId"]
+
+
+@pytest.mark.skipif(not SCRIPT.exists(), reason="console script not installed")
+@pytest.mark.parametrize("source", ["stdin", "fifo"])
+def test_console_script_exits_when_a_put_fails_while_input_is_open(
+    tmp_path: Path, source: str
+) -> None:
+    """The fourth put fails (an injected I/O error) while the producer keeps its end of the
+    input open: the command must exit by itself with status 2 and the store's error, not
+    wait for more input, hang closing a FILE that is a FIFO, or abort at exit over standard
+    input; the three lines acknowledged before are in the store, the failed one is not."""
+    store = tmp_path / "store"
+    bodies = [f"m{n}" for n in range(5)]
+    data = "".join(json.dumps({"topic": "T", "body": b}) + "\n" for b in bodies).encode()
+    argv = [str(SCRIPT), "produce", str(store), "--batch-size", "1", "--linger-ms", "0"]
+    env = {**os.environ, failpoints.ENV: "commitlog-write=raise@4"}
+    writer = -1
+    if source == "fifo":
+        fifo = tmp_path / "in.fifo"
+        os.mkfifo(fifo)
+        # Read-write, so that this open does not wait for the command's (Linux semantics).
+        writer = os.open(fifo, os.O_RDWR)
+        argv.append(str(fifo))
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE if source == "stdin" else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        if proc.stdin is not None:
+            proc.stdin.write(data)
+            proc.stdin.flush()
+        else:
+            os.write(writer, data)
+        try:
+            rc = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("produce still runs 60 s after its put failed, its input open")
+        out, err = proc.stdout.read().decode(), proc.stderr.read().decode()
+    finally:
+        stop(proc)  # only now is the pipe's write end closed
+        if writer >= 0:
+            os.close(writer)
+
+    assert "Fatal Python error" not in err, err
+    assert rc == 2, (rc, err)
+    assert err.startswith("rocketstore: error: a put failed at line 4-4: "), err
+    assert "failed part-way" in err and "injected fault at failpoint 'commitlog-write'" in err
+    results = jsonl(out)
+    assert [(r["line"], r["status"]) for r in results] == [
+        (1, "PUT_OK"),
+        (2, "PUT_OK"),
+        (3, "PUT_OK"),
+        (4, "NOT_STORED"),
+    ]
+    with MessageStore(store) as s:  # a writer's open: recovery runs first
+        for r in results[:3]:
+            assert s.get_message(r["commitLogOffset"]).body == bodies[r["line"] - 1].encode()
+        held = [m.body for m in s.get_messages("T", 0, 0, 32).messages]
+    assert held == [b"m0", b"m1", b"m2"]
 
 
 # -- the RocketMQ-written fixture store ------------------------------------------------------------
