@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import cli
+from pipeline.store import MessageStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -215,6 +216,40 @@ def test_a_closed_output_pipe_ends_quietly_with_141(
     assert proc.wait(timeout=120) == cli.EXIT_PIPE_CLOSED == 141
     assert json.loads(first)["queueOffset"] == 0
     assert err == b""
+
+
+def test_produce_with_its_output_closed_and_its_input_open_ends_with_141(tmp_path: Path) -> None:
+    """The results' reader is gone before the first result while the producer still holds the
+    input open: 141 at once (not an abort at exit over standard input), and the batch whose
+    results could not be printed is stored."""
+    store = tmp_path / "store"
+    r, w = os.pipe()
+    os.close(r)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "produce", str(store), "--linger-ms", "0"],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=w,
+        stderr=subprocess.PIPE,
+    )
+    os.close(w)
+    assert proc.stdin is not None and proc.stderr is not None
+    try:
+        proc.stdin.write(b'{"topic": "T", "body": "unread"}\n')
+        proc.stdin.flush()
+        try:
+            rc = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("produce still runs 60 s after its output was closed, its input open")
+        err = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()  # only now is the input's write end closed
+        proc.stderr.close()
+    assert (rc, err) == (cli.EXIT_PIPE_CLOSED, b"")
+    with MessageStore(store, read_only=True) as s:
+        assert [m.body for m in s.get_messages("T", 0, 0, 8).messages] == [b"unread"]
 
 
 def test_not_found_exits_3(
