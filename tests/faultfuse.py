@@ -1,0 +1,406 @@
+"""A FUSE file system that passes everything through to a backing directory and fails chosen
+writes and syncs with a real ``EIO``, for tests of what the store does when the disk fails.
+
+The server is this file run as a process (mfusepy, on libfuse 3)::
+
+    python tests/faultfuse.py BACKING MOUNT
+
+It mounts ``MOUNT`` showing the files of ``BACKING``. Every operation is forwarded to the
+backing file; a file system ``write``, ``fsync`` or ``flush`` that a rule matches fails with
+``EIO`` instead. A rule names the operation, a glob over the path inside the mount
+(``fnmatch``: ``*`` also matches ``/``) and, for writes, a byte range of the file; the first
+``after`` calls it matches pass, the next ``times`` fail (every later one when ``times`` is
+None). A write that starts before a failing range writes the bytes in front of it, then fails:
+a disk whose sectors before the bad ones took the data.
+
+What reaches the handlers is what the kernel sends: ``write(2)`` of a file opened without
+``O_DIRECT`` is one ``write`` each (the mount caches no writes), a dirty page of a shared
+mapping is written back by a ``write`` when the kernel chooses or ``msync``/``fsync`` asks,
+and ``msync(MS_SYNC)`` and ``fsync`` are those writes followed by one ``fsync``. ``flush`` is
+each ``close`` of a descriptor. The mount keeps the page cache across opens (``kernel_cache``),
+as a local disk does; a page whose write-back failed is dropped from it (seen on Linux 6.18's
+FUSE), so a reread through the mount shows what reached the backing file. Tests read what
+reached the disk from ``BACKING`` after unmounting, where nothing else can answer.
+
+Control: one JSON object a line on the server's standard input, one JSON reply a line on its
+standard output, so a command has taken effect when its reply has been read (no sleeping).
+The first line the server writes is ``{"ready": true}``, once the kernel has finished mounting.
+Closing its standard input makes the server unmount and exit. Commands:
+
+* ``{"cmd": "fail", "op": "write", "pattern": "*commitlog/*", "start": 0, "end": null,
+  "after": 0, "times": null}``: add a rule;
+* ``{"cmd": "clear"}``: drop every rule;
+* ``{"cmd": "injected"}``: the failures injected so far, oldest first, each
+  ``{"op", "path", "offset", "size"}`` (offset and size of the write; 0 for syncs).
+
+The test side is :class:`FaultFS` (:func:`mounted` makes one and always takes it down: the
+mount, lazily if something still holds it, and the server, killed if it does not exit).
+:func:`unavailable` says why this machine cannot mount one, or None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes.util
+import dataclasses
+import errno
+import fnmatch
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+TIMEOUT_S = 60.0
+OPS = ("write", "fsync", "flush")
+
+
+def unavailable() -> str | None:
+    """Why a fault file system cannot be mounted here, or None when it can."""
+    if not Path("/dev/fuse").exists():
+        return "no /dev/fuse: the kernel cannot mount FUSE file systems here"
+    if os.geteuid() != 0:
+        return "mounting the fault file system needs root (it mounts and unmounts directly)"
+    if ctypes.util.find_library("fuse3") is None:
+        return "no libfuse 3 (Debian package fuse3 brings it; .ci/run installs it)"
+    try:
+        import mfusepy  # noqa: F401
+    except (ImportError, OSError) as exc:
+        return f"the FUSE binding mfusepy cannot be loaded ({exc}); pip install -e '.[dev]'"
+    return None
+
+
+# -- the server ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Rule:
+    """Fail ``op`` on files whose path matches ``pattern`` (see the module doc)."""
+
+    op: str
+    pattern: str
+    start: int = 0
+    end: int | None = None
+    after: int = 0
+    times: int | None = None
+    seen: int = 0
+    fired: int = 0
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"op must be one of {', '.join(OPS)}, got {self.op!r}")
+
+    def matches(self, op: str, path: str, offset: int, size: int) -> bool:
+        if op != self.op or not fnmatch.fnmatchcase(path, self.pattern):
+            return False
+        if op != "write":
+            return True
+        return offset + size > self.start and (self.end is None or offset < self.end)
+
+
+def _serve(backing: Path, mount: Path) -> int:
+    import mfusepy
+
+    class FaultOps(mfusepy.Operations):  # type: ignore[misc]
+        """Passthrough to ``backing`` by descriptor, with :class:`Rule` failures."""
+
+        use_ns = True
+
+        def __init__(self) -> None:
+            self._rules: list[Rule] = []
+            self._events: list[dict[str, Any]] = []
+            self._mutex = threading.Lock()
+
+        # Failure rules.
+        def _check(self, op: str, path: str | None, offset: int = 0, size: int = 0) -> Rule | None:
+            # libfuse names the file of every call (no nullpath_ok); an open file unlinked
+            # meanwhile is renamed to .fuse_hidden* beside its old name.
+            name = (path or "").lstrip("/")
+            with self._mutex:
+                for rule in self._rules:
+                    if not rule.matches(op, name, offset, size):
+                        continue
+                    rule.seen += 1
+                    if rule.seen <= rule.after:
+                        continue
+                    if rule.times is not None and rule.fired >= rule.times:
+                        continue
+                    rule.fired += 1
+                    self._events.append({"op": op, "path": name, "offset": offset, "size": size})
+                    return rule
+            return None
+
+        def command(self, request: dict[str, Any]) -> dict[str, Any]:
+            cmd = request.pop("cmd", None)
+            with self._mutex:
+                if cmd == "fail":
+                    self._rules.append(Rule(**request))
+                    return {"ok": True}
+                if cmd == "clear":
+                    self._rules.clear()
+                    return {"ok": True}
+                if cmd == "injected":
+                    return {"ok": True, "events": list(self._events)}
+            return {"ok": False, "error": f"unknown command {cmd!r}"}
+
+        # Passthrough.
+        def _real(self, path: str) -> str:
+            return str(backing) + path
+
+        def init_with_config(self, conn: Any, config: Any) -> None:
+            if config is not None:
+                # No page cache drop on each open, as on a local disk (see the module doc).
+                config.kernel_cache = 1
+            _reply({"ready": True})
+
+        def getattr(self, path: str | None, fh: int | None = None) -> dict[str, Any]:
+            st = os.fstat(fh) if fh is not None else os.lstat(self._real(path or "/"))
+            keys = ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_blocks")
+            out: dict[str, Any] = {k: getattr(st, k) for k in keys}
+            out.update(st_atime=st.st_atime_ns, st_mtime=st.st_mtime_ns, st_ctime=st.st_ctime_ns)
+            return out
+
+        def readdir(self, path: str, fh: int) -> list[str]:
+            return [".", "..", *os.listdir(self._real(path))]
+
+        def statfs(self, path: str) -> dict[str, int]:
+            st = os.statvfs(self._real(path))
+            keys = ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files")
+            return {k: getattr(st, k) for k in (*keys, "f_ffree", "f_favail", "f_namemax")}
+
+        def access(self, path: str, amode: int) -> int:
+            if not os.access(self._real(path), amode):
+                raise mfusepy.FuseOSError(errno.EACCES)
+            return 0
+
+        def mkdir(self, path: str, mode: int) -> int:
+            os.mkdir(self._real(path), mode)
+            return 0
+
+        def rmdir(self, path: str) -> int:
+            os.rmdir(self._real(path))
+            return 0
+
+        def unlink(self, path: str) -> int:
+            os.unlink(self._real(path))
+            return 0
+
+        def rename(self, old: str, new: str) -> int:
+            os.rename(self._real(old), self._real(new))
+            return 0
+
+        def chmod(self, path: str, mode: int) -> int:
+            os.chmod(self._real(path), mode)
+            return 0
+
+        def chown(self, path: str, uid: int, gid: int) -> int:
+            os.chown(self._real(path), uid, gid)
+            return 0
+
+        def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
+            if times is None:
+                os.utime(self._real(path))
+            else:
+                os.utime(self._real(path), ns=times)
+            return 0
+
+        def truncate(self, path: str | None, length: int, fh: int | None = None) -> int:
+            if fh is not None:
+                os.ftruncate(fh, length)
+            else:
+                os.truncate(self._real(path or "/"), length)
+            return 0
+
+        def open(self, path: str, flags: int) -> int:
+            return os.open(self._real(path), flags & ~os.O_CREAT)
+
+        def create(self, path: str, mode: int, flags: int) -> int:
+            return os.open(self._real(path), flags | os.O_CREAT, mode)
+
+        def read(self, path: str | None, size: int, offset: int, fh: int) -> bytes:
+            return os.pread(fh, size, offset)
+
+        def write(self, path: str | None, data: bytes, offset: int, fh: int) -> int:
+            rule = self._check("write", path, offset, len(data))
+            if rule is not None:
+                front = max(0, min(len(data), rule.start - offset))
+                if front:
+                    os.pwrite(fh, data[:front], offset)
+                raise mfusepy.FuseOSError(errno.EIO)
+            return os.pwrite(fh, data, offset)
+
+        def fallocate(self, path: str | None, mode: int, offset: int, size: int, fh: int) -> int:
+            if mode != 0:
+                raise mfusepy.FuseOSError(errno.EOPNOTSUPP)
+            os.posix_fallocate(fh, offset, size)
+            return 0
+
+        def fsync(self, path: str | None, datasync: int, fh: int) -> int:
+            if self._check("fsync", path) is not None:
+                raise mfusepy.FuseOSError(errno.EIO)
+            (os.fdatasync if datasync else os.fsync)(fh)
+            return 0
+
+        def fsyncdir(self, path: str | None, datasync: int, fh: int) -> int:
+            fd = os.open(self._real(path or "/"), os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return 0
+
+        def flush(self, path: str | None, fh: int) -> int:
+            if self._check("flush", path) is not None:
+                raise mfusepy.FuseOSError(errno.EIO)
+            return 0
+
+        def release(self, path: str | None, fh: int) -> int:
+            os.close(fh)
+            return 0
+
+    ops = FaultOps()
+
+    def control() -> None:
+        for line in sys.stdin:
+            try:
+                answer = ops.command(json.loads(line))
+            except (ValueError, TypeError) as exc:
+                answer = {"ok": False, "error": str(exc)}
+            _reply(answer)
+        # The test is gone (or done): no mount may outlive it.
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True, check=False)
+
+    threading.Thread(target=control, name="faultfuse-control", daemon=True).start()
+    mfusepy.FUSE(ops, str(mount), foreground=True, fsname="faultfuse")
+    return 0
+
+
+_out_lock = threading.Lock()
+
+
+def _reply(obj: dict[str, Any]) -> None:
+    with _out_lock:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+
+# -- the test side ---------------------------------------------------------------------------
+
+
+class FaultFS:
+    """A running fault file system: ``backing`` shown at ``mount``."""
+
+    def __init__(self, backing: Path, mount: Path, log: Path) -> None:
+        self.backing, self.mount, self.log = backing, mount, log
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._buffer = b""
+
+    def start(self) -> None:
+        """Mount; returns once the kernel has the mount (the server's ready line)."""
+        self.backing.mkdir(parents=True, exist_ok=True)
+        self.mount.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as err:
+            self._proc = subprocess.Popen(
+                [sys.executable, __file__, str(self.backing), str(self.mount)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+            )
+        ready = self._read()
+        if not ready.get("ready"):
+            raise RuntimeError(f"faultfuse did not start: {ready}")
+
+    def fail(
+        self,
+        op: str,
+        pattern: str,
+        *,
+        start: int = 0,
+        end: int | None = None,
+        after: int = 0,
+        times: int | None = None,
+    ) -> None:
+        """Add a rule (see the module doc); in force when this returns."""
+        self._call(
+            cmd="fail", op=op, pattern=pattern, start=start, end=end, after=after, times=times
+        )
+
+    def clear(self) -> None:
+        """Drop every rule; the file system passes everything through from now on."""
+        self._call(cmd="clear")
+
+    def injected(self) -> list[dict[str, Any]]:
+        """Every failure injected so far, oldest first."""
+        events: list[dict[str, Any]] = self._call(cmd="injected")["events"]
+        return events
+
+    def stop(self) -> None:
+        """Unmount (lazily when something still holds the mount) and end the server."""
+        proc = self._proc
+        if proc is None:
+            return
+        self._proc = None
+        if os.path.ismount(self.mount):
+            done = subprocess.run(["umount", str(self.mount)], capture_output=True, check=False)
+            if done.returncode != 0:
+                subprocess.run(["umount", "-l", str(self.mount)], capture_output=True, check=False)
+        assert proc.stdin is not None and proc.stdout is not None
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            # A lazy unmount keeps the connection until the last user lets go; killing the
+            # server aborts it, and every later access fails instead of hanging.
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+    def _call(self, **request: Any) -> dict[str, Any]:
+        proc = self._proc
+        if proc is None or proc.stdin is None:
+            raise RuntimeError("faultfuse is not running")
+        proc.stdin.write(json.dumps(request).encode() + b"\n")
+        proc.stdin.flush()
+        answer = self._read()
+        if not answer.get("ok"):
+            raise RuntimeError(f"faultfuse refused {request}: {answer.get('error')}")
+        return answer
+
+    def _read(self) -> dict[str, Any]:
+        """The server's next line; fails when it exits or says nothing for TIMEOUT_S."""
+        assert self._proc is not None and self._proc.stdout is not None
+        out: IO[bytes] = self._proc.stdout
+        deadline = time.monotonic() + TIMEOUT_S
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([out], [], [], left)[0]:
+                raise TimeoutError(f"faultfuse said nothing for {TIMEOUT_S} s; see {self.log}")
+            chunk = os.read(out.fileno(), 65536)
+            if not chunk:
+                raise RuntimeError(f"faultfuse exited: {self.log.read_text()[-4000:]}")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+
+@contextlib.contextmanager
+def mounted(work: Path) -> Iterator[FaultFS]:
+    """A fault file system on ``work/mnt`` over ``work/backing`` (server log in
+    ``work/faultfuse.log``), always taken down again."""
+    fs = FaultFS(work / "backing", work / "mnt", work / "faultfuse.log")
+    try:
+        fs.start()
+        yield fs
+    finally:
+        fs.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(_serve(Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve()))
