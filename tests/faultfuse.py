@@ -62,8 +62,10 @@ OPS = ("write", "fsync", "flush")
 
 def unavailable() -> str | None:
     """Why a fault file system cannot be mounted here, or None when it can."""
-    if not Path("/dev/fuse").exists():
-        return "no /dev/fuse: the kernel cannot mount FUSE file systems here"
+    try:
+        os.close(os.open("/dev/fuse", os.O_RDWR))
+    except OSError as exc:
+        return f"/dev/fuse cannot be opened ({exc.strerror}): no FUSE mounts here"
     if os.geteuid() != 0:
         return "mounting the fault file system needs root (it mounts and unmounts directly)"
     if ctypes.util.find_library("fuse3") is None:
