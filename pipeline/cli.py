@@ -263,16 +263,25 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         default=100,
         help="or this long after a batch's first line (default 100)",
     )
-    command(
+    p = command(
         "recover",
         "pipeline.commands:cmd_recover",
         "Run recovery now and print what it did",
         "Opens the store for writing, which finds the end of the CommitLog (checking magic, "
         "size and CRC), cuts what follows it, drops ConsumeQueue units and index entries "
         "past it, rebuilds damaged or missing ConsumeQueues and index from the CommitLog and "
-        "dispatches what is missing; then closes it cleanly. Safe to run again: the second "
-        "run has nothing to do. Fails at once if a writer holds the store.",
+        "dispatches what is missing; then closes it cleanly. Bytes that a writer which had "
+        "lost the store left in a dead region are not data: the region is restored. Safe to "
+        "run again: the second run has nothing to do. Fails at once if a writer holds the "
+        "store, and, changing nothing, if valid records follow the end it found (damage "
+        "inside the log: `rocketstore verify` lists it).",
         [store, as_json],
+    )
+    p.add_argument(
+        "--cut-at-damage",
+        action="store_true",
+        help="when valid records follow damage inside the log, cut at the damage anyway, "
+        "dropping them (copy the store first)",
     )
     p = command(
         "verify",

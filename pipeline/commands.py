@@ -253,7 +253,11 @@ def cmd_recover(args: argparse.Namespace) -> int:
     full disk): the store stays marked as not closed cleanly, and the next open repeats the
     same recovery, which changes nothing more."""
     store = MessageStore(
-        args.store, StoreConfig.effective(args.config), create=False, full_check=True
+        args.store,
+        StoreConfig.effective(args.config),
+        create=False,
+        full_check=True,
+        cut_at_damage=args.cut_at_damage,
     )
     unrecorded: ProgressNotRecordedError | None = None
     try:

@@ -11,8 +11,8 @@ Three measures, on shared storage (``sharedStorage`` resolving to ``shared``), a
 leader epochs:
 
 * **Epochs.** Each writer that takes the lock appends an epoch to ``config/rocketstore-epochs``
-  (durable before its first put). Before every put, flush (which also publishes) and retention
-  round, :meth:`Fence.check` takes the lock again on the writer's own descriptor (a no-op while
+  (durable before its first put). Before every put and retention round, and before a flush
+  publishes (after it has pushed out the pages written while the writer owned the store), :meth:`Fence.check` takes the lock again on the writer's own descriptor (a no-op while
   it is held; refused while another writer holds it; ``EBADFD`` or ``ENOTCONN`` when the client
   lost it) and then reads the file: anything past its own slot means a newer writer took over.
   Either way the writer is fenced (:class:`~pipeline.errors.FencedError`) and takes no more
@@ -29,12 +29,17 @@ leader epochs:
   ConsumeQueue units and index entries that pointed there and rebuilds what they overwrote
   (:func:`pipeline.recovery.recover`); ``verify`` names them.
 
-What the store alone cannot close is the time between a check and the write it allows: a write
-that the old holder's client still holds when the servers give its lock away reaches the
-volume when the network heals. The volume closes it when a client gives up on unanswered
-requests before the servers give its locks away: ``network.ping-timeout`` (client side)
-shorter than ``server.tcp-user-timeout`` (server side); the README's cluster section says how
-to set them. The dead region keeps such a write off the new writer's CommitLog records.
+What the store alone cannot close is the time between a check and the write it allows, and
+the pages a writer dirtied while it owned the store (under ASYNC_FLUSH, up to a flush interval's
+worth): a write that the old holder's client still holds when the servers give its lock away,
+or a dirty page that its kernel writes back after the heal, reaches the volume then. The
+flusher pushes dirty pages out every ``flushIntervalCommitLog`` ms, also when the writer is cut
+off, and a write-back that fails leaves a page clean; so the volume closes the window when a
+client gives up on unanswered requests before the servers give its locks away:
+``network.ping-timeout`` (client side) shorter than ``server.tcp-user-timeout`` (server side).
+The README's cluster section says how to set them. The dead region keeps such a write off the
+new writer's CommitLog records whatever the timeouts; a ConsumeQueue or index page would be
+rebuilt from the CommitLog by ``rocketstore recover``.
 
 The file, ``config/rocketstore-epochs``: a run of 48-byte slots, slot ``n`` for epoch ``n``
 (big-endian; RocketMQ ignores files it does not know in ``config/``)::
@@ -181,6 +186,9 @@ class Fence:
         except OSError as exc:
             return f"{path_of(self.store_dir)} cannot be read ({exc.strerror or exc})"
         if newer:
+            # The check above may have taken the lock back (nobody held it): a writer that
+            # does not own the store must not keep others out of it either.
+            self.lock.release()
             later = read_epochs(self.store_dir)
             if len(later) > self.epoch.epoch + 1:
                 taker = later[-1]

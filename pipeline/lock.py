@@ -102,21 +102,36 @@ class DirectoryLock:
         On a shared file system the servers can give a lock away (a client cut off by the
         network) and the client can reopen the descriptor without it after the heal; asking
         again goes to the servers. Raises :class:`StoreLockedError` when another process holds
-        the lock, ``OSError`` when the descriptor is unusable (``EBADFD``, ``ENOTCONN``). If
-        nobody holds it, this takes it back: whether another writer held it meanwhile is for
-        the epochs to tell (pipeline.fencing)."""
+        the lock, ``OSError`` when the file system cannot answer (``ENOTCONN``). A descriptor
+        the file system has marked as having lost its locks (``EBADFD``) is replaced by a new
+        one that takes the lock. If nobody holds it, this takes it back: whether another writer
+        held it meanwhile is for the epochs to tell (pipeline.fencing)."""
         fd = self._fd
         if fd is None:
             raise OSError(errno.EBADF, f"{self.path}: the lock is not held")
-        if self.kind == "ofd" and _OFD_SETLK is not None:
-            try:
-                fcntl.fcntl(fd, _OFD_SETLK, _flock(fcntl.F_WRLCK))
-            except OSError as exc:
-                if exc.errno in (errno.EACCES, errno.EAGAIN):
-                    raise StoreLockedError(f"{self.path}: locked by another process") from None
-                raise
-        else:
+        if self.kind != "ofd" or _OFD_SETLK is None:
             self._lock(fd)
+            return
+        try:
+            fcntl.fcntl(fd, _OFD_SETLK, _flock(fcntl.F_WRLCK))
+            return
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EAGAIN):
+                raise StoreLockedError(f"{self.path}: locked by another process") from None
+            if exc.errno != errno.EBADFD:
+                raise
+        # EBADFD: GlusterFS's word for a descriptor whose locks a server may have dropped (a
+        # brick that went away and came back). Whether anyone else holds the lock is then
+        # asked on a new descriptor: taken there, it is ours again, and the old one goes.
+        fresh = os.open(self.path, os.O_RDWR)
+        try:
+            self._lock(fresh)
+        except BaseException:
+            os.close(fresh)
+            raise
+        with _registry_lock:
+            self._fd = fresh
+        os.close(fd)
 
     def release(self) -> None:
         with _registry_lock:

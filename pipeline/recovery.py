@@ -85,6 +85,7 @@ class RecoveryReport:
             "indexSlotsRepaired": self.index_slots_repaired,
             "fencedRegions": self.fenced_regions,
             "fencedBytes": self.fenced_bytes,
+            "damageResumesAt": self.damage_resumes_at,
             "durationMs": round(self.duration_ms, 3),
         }
 
@@ -353,11 +354,14 @@ def recover(
     queue_factory: Callable[[str, int], ConsumeQueue],
     full_check: bool = False,
     dead: Sequence[tuple[int, int]] = (),
+    cut_at_damage: bool = False,
 ) -> RecoveryReport:
     """Recover (see the module). ``dead`` are the CommitLog's dead regions (pipeline.fencing).
 
     Raises :class:`DamagedLogError`, having changed nothing, when valid records follow the end
-    it found: cutting there would drop them (pipeline.recovery.resumes_after)."""
+    it found: cutting there would drop them (pipeline.recovery.resumes_after); with
+    ``cut_at_damage`` it cuts all the same (the report's ``damageResumesAt`` says where valid
+    records resumed)."""
     started = time.perf_counter()
     report = RecoveryReport(abort_file_found=abnormal)
     queue_list = list(queues.values())
@@ -382,7 +386,7 @@ def recover(
     report.commitlog_end = end
     if log.has_data_after(end):
         resume = report.damage_resumes_at = resumes_after(log, end)
-        if resume is not None and not read_only:
+        if resume is not None and not read_only and not cut_at_damage:
             seg = log.segments.find(end)
             raise DamagedLogError(
                 str(seg.path),
@@ -391,9 +395,14 @@ def recover(
                 f"({resume - end} bytes on), so this is damage inside the log (another "
                 "writer's bytes over this one's, or a bad block), not a torn tail. Recovery "
                 f"changed nothing: cutting at {end} would drop every record after it. "
-                "`rocketstore verify` lists the damage",
+                "`rocketstore verify` lists the damage; `rocketstore recover --cut-at-damage` "
+                "cuts all the same",
             )
-    live = [(x, e) for x, e in dead if start <= x and e <= end]
+    # Every dead region still in the log, also those behind the start point: a fenced writer's
+    # late write can arrive after the recovery that made the region, and RocketMQ's own
+    # recovery, which knows nothing of dead regions, would take it for records. Each costs a
+    # read of its part of a segment; there is one per unclean take-over on shared storage.
+    live = [(x, e) for x, e in dead if log.min_offset <= x and e <= end]
     report.fenced_regions = [[x, e] for x, e in live]
     report.fenced_bytes = sum(fencing.junk_bytes(log, x, e) for x, e in live)
     lasts = [int(w.phys[-1]) for w in walked if len(w)]

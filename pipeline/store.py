@@ -96,6 +96,7 @@ from pipeline.recovery import RecoveryReport, recover
 from pipeline.retention import RUN_INTERVAL_MS, RetentionService, statvfs_used_ratio
 from pipeline.segments import SegmentQueue
 from pipeline.subscription import Subscription
+from pipeline.topicconfig import TopicConfigError, TopicsKeeper
 
 STORE_ENTRIES = ("commitlog", "consumequeue", "index", "config", "checkpoint", "abort", "lock")
 MAX_TIMESTAMP = 2**63 - 1
@@ -193,9 +194,13 @@ class MessageStore:
         disk_usage: Callable[[Path], float] | None = None,
         full_check: bool = False,
         background: bool = True,
+        cut_at_damage: bool = False,
     ) -> None:
         self.path = Path(path)
         self.full_check = full_check
+        # Whether recovery may cut a log with valid records after damage inside it (dropping
+        # them); by default it refuses and changes nothing (pipeline.recovery).
+        self.cut_at_damage = cut_at_damage
         self.config = config or StoreConfig()
         self.read_only = read_only
         self.clock_ms = clock_ms
@@ -223,6 +228,9 @@ class MessageStore:
                 self._lock.release()
             raise
         self._closed = False
+        # config/topics.json, which a RocketMQ broker needs to serve the topics written here.
+        self._topics = TopicsKeeper(self.path / "config", clock_ms=clock_ms)
+        self._topics_error: str | None = None
         if not read_only:
             self.retention = RetentionService(
                 self, clock_ms=clock_ms, disk_usage=disk_usage or statvfs_used_ratio
@@ -432,6 +440,7 @@ class MessageStore:
             check_crc=self.config.check_crc_on_recover,
             queue_factory=self._queue,
             full_check=self.full_check,
+            cut_at_damage=self.cut_at_damage,
         )
         self._next_queue_offset = {key: cq.max_offset for key, cq in self.queues.items()}
         return report
@@ -452,6 +461,11 @@ class MessageStore:
             raise StoreClosedError(f"{self.path}: store is closed")
         if write and self.read_only:
             raise ReadOnlyStoreError(f"{self.path}: store was opened read-only")
+        if write and self._failure is not None and self._fence is not None:
+            # A write that failed when the network went may have lost the store as well: say
+            # so rather than only that the write failed.
+            with self._mutex:
+                self._check_fence("put")
         if write and isinstance(self._failure, FencedError):
             raise FencedError(str(self._failure)) from self._failure
         if write and self._failure is not None:
@@ -490,13 +504,17 @@ class MessageStore:
             end = self._dispatched_end
             if end == self._flushed_end and not force and self._unrecorded is None:
                 return
-            # A fenced writer's msync would reach the servers too, and its progress file
-            # would name its own end over the new writer's.
-            self._check_fence("flush")
             # An msync or write that failed may have lost pages the page cache held, so nothing
             # after it can be vouched for: stop writing, as after a failed put.
+            # The pages go out before the fence is checked: they were written while this
+            # writer owned the store, and pushing them out is what rids this host of them. Cut
+            # off, the msync fails and leaves them clean; left dirty, they would reach the
+            # servers whenever the kernel wrote them back, perhaps after the heal, over files
+            # another writer has taken over (pipeline.fencing).
             with self._fail_stop("flush"):
                 self._flush_files()
+            # A writer that lost the store must not publish its own end over the new writer's.
+            self._check_fence("flush")
             self._flushed_end = end
             self._flushed_at = time.monotonic()
             if self._failure is not None:
@@ -516,6 +534,7 @@ class MessageStore:
                     ) from exc
             else:
                 self._unrecorded = None
+                self._update_topics()
 
     @contextlib.contextmanager
     def _fail_stop(self, what: str) -> Iterator[None]:
@@ -539,7 +558,18 @@ class MessageStore:
 
     def _flush_files(self) -> None:
         failpoints.hit("flush")
-        self.commitlog.flush()
+        try:
+            self.commitlog.flush()
+        except BaseException:
+            # Push out every other dirty page now, each failing as the CommitLog's did: on a
+            # shared file system a failed write-back leaves a page clean, while one left dirty
+            # is written whenever the kernel gets to it, after a partition heals perhaps, over
+            # files that a writer elsewhere has taken over meanwhile (pipeline.fencing).
+            for derived in [*self.queues.values(), self.index]:
+                with contextlib.suppress(Exception):
+                    if derived is not None:
+                        derived.flush()
+            raise
         for cq in self.queues.values():
             cq.flush()
         if self.index is not None:
@@ -557,6 +587,21 @@ class MessageStore:
             )
         failpoints.hit("checkpoint-write")
         self._write_checkpoint()
+
+    def _update_topics(self) -> None:
+        """Name every topic and queue count in ``config/topics.json`` (pipeline.topicconfig),
+        after the data it describes is flushed. A file that cannot be written or read is
+        logged, not raised: the data is whole, only a broker would not see the new topics, and
+        the next flush tries again (``rocketstore topics`` shows what a broker would see)."""
+        try:
+            self._topics.update(self.queues)
+        except (OSError, TopicConfigError) as exc:
+            text = str(exc)
+            if text != self._topics_error:
+                _log.warning("%s: config/topics.json not updated: %s", self.path, text)
+            self._topics_error = text
+        else:
+            self._topics_error = None
 
     MAX_NOTES = 64
 
@@ -685,7 +730,8 @@ class MessageStore:
         with self._mutex:
             if self._flusher is not None:
                 self._flusher.raise_if_failed()
-            self._check_fence("put of 1 message")
+            if self._fence is not None:  # tested here: the single put's path is short
+                self._check_fence("put of 1 message")
             if self.retention is not None:
                 self.retention.check_put()
             now = self.clock_ms()

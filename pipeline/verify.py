@@ -421,6 +421,7 @@ class _Verifier:
         self.topic_ids: dict[bytes, int] = {}
         self.topics: list[str] = []
         self.damaged: list[tuple[int, int]] = []  # [start, end) of each damaged stretch
+        self.dead: list[tuple[int, int]] = []  # dead regions (pipeline.fencing)
         self.damaged_starts: I64 = np.zeros(0, dtype=np.int64)
         self.damaged_ends: I64 = np.zeros(0, dtype=np.int64)
         self.spans_stale = False  # damaged_starts/ends lag behind damaged
@@ -546,7 +547,9 @@ class _Verifier:
         return self.report
 
     def check_dead_regions(self) -> None:
-        """Name what writers fenced off left in the dead regions their successors made."""
+        """Name what writers fenced off left in the dead regions their successors made; the
+        walk then steps over each region, whatever it holds."""
+        self.dead = fencing.dead_regions(fencing.read_epochs(self.store.path))
         for e in fencing.read_epochs(self.store.path):
             if e.dead is None or e.start > self.log_end or e.fenced_end < self.base0:
                 continue
@@ -721,9 +724,21 @@ class _Verifier:
                 pieces, lo = [], hi
             mf = self.files[i]
             limit = min(mf.size, self.log_end - mf.base)
+            dead = next(((x, e) for x, e in self.dead if x >= pos and e > pos), None)
+            if dead is not None and dead[0] == pos:
+                pos = dead[1]  # a dead region is not log (check_dead_regions named its bytes)
+                continue
+            if dead is not None and dead[0] < mf.base + limit:
+                limit = dead[0] - mf.base
             w = native.walk(
                 mf.buffer, pos - mf.base, limit, mf.base, check_crc=True, max_records=CHUNK_RECORDS
             )
+            if dead is not None and w.stop == native.STOP_END and w.end == dead[0]:
+                if len(w):
+                    pieces.append((w, len(w), self.topic_codes(w)))
+                    self.count(w, len(w))
+                pos = dead[1]
+                continue
             pos = self.walked(i, w, pieces, full=len(w) == CHUNK_RECORDS)
             if pos is not None and sum(n for _, n, _ in pieces) >= CHUNK_RECORDS:
                 # Everything before ``pos`` is walked (or marked damaged): check it now.

@@ -11,6 +11,7 @@ namespaces on GlusterFS.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import fencing
+from pipeline import cli, fencing
 from pipeline import lock as lock_module
 from pipeline.config import StoreConfig
 from pipeline.errors import DamagedLogError, FencedError
@@ -166,6 +167,8 @@ def test_a_writer_that_lost_its_lock_writes_nothing(
         store.close()
     after = {p.name: p.read_bytes() for p in (tmp_path / "commitlog").iterdir()}
     assert after == before
+    # A fenced writer holds nothing: the next writer gets the store at once.
+    assert not lock_module.is_locked_elsewhere(tmp_path) or taker_still_holds
     if taker_still_holds:
         taker.close()
     assert bodies(tmp_path) == expected(50, 300)
@@ -212,7 +215,9 @@ def test_recovery_restores_what_an_unfenced_writer_left_in_the_dead_region(tmp_p
         assert again.recovery.fenced_bytes == 0 and again.recovery.bytes_truncated == 0
 
 
-def test_recovery_refuses_to_cut_valid_records_and_changes_nothing(tmp_path: Path) -> None:
+def test_recovery_refuses_to_cut_valid_records_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Another writer's records over the middle of this one's (no dead region between them):
     the walk stops inside the log with valid records after it. Cutting there would drop them,
     so recovery refuses and leaves every file as it was."""
@@ -234,3 +239,24 @@ def test_recovery_refuses_to_cut_valid_records_and_changes_nothing(tmp_path: Pat
     with pytest.raises(DamagedLogError, match="a valid record follows at offset"):
         MessageStore(tmp_path, cfg)
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == snapshot
+    # The command line says the same, exits 2 and changes nothing either.
+    settings = tmp_path.parent / f"{tmp_path.name}.toml"
+    settings.write_text(
+        f"mappedFileSizeCommitLog = {1 << 20}\nmaxHashSlotNum = 64\nmaxIndexNum = 4096\n"
+    )
+    rc = cli.main(["recover", str(tmp_path), "--config", str(settings)])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "a valid record follows at offset" in err and "--cut-at-damage" in err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == snapshot
+    # Asked to, it cuts at the damage and says where valid records resumed.
+    rc = cli.main(
+        ["recover", str(tmp_path), "--config", str(settings), "--json", "--cut-at-damage"]
+    )
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (
+        report["commitLogEnd"] == at and report["damageResumesAt"] == acked[101].commit_log_offset
+    )
+    with MessageStore(tmp_path, cfg, read_only=True) as ro:
+        assert verify(ro).ok
