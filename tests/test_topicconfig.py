@@ -762,3 +762,29 @@ def test_stock_brokers_serve_every_message_rocketstore_wrote(
     assert len(consumed) == sum(
         5 + q for t in layout.values() for n in t.values() for q in range(n)
     )
+
+
+def test_a_store_names_what_it_wrote_in_topics_json_once_flushed(tmp_path: Path) -> None:
+    """The writer keeps topics.json itself: after a flush (and a close) every topic it holds is
+    there with 1 + its highest queue id, beside a topic a broker had put there; a fenced or
+    read-only store writes nothing (it never records progress)."""
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    ensure_topics(config_dir, {"BrokerOwn": 8})
+    with MessageStore(tmp_path, SMALL_CONFIG) as store:
+        store.put_batch([Message("Orders", b"x", queue_id=q) for q in (0, 5, 2)])
+        store.put(Message("Audit", b"y", queue_id=0))
+        store.flush()
+        loaded = read_topics(config_dir)
+        assert loaded is not None
+        counts = {
+            name: (t.read_queue_nums, t.write_queue_nums) for name, t in loaded.topics.items()
+        }
+        assert counts == {"BrokerOwn": (8, 8), "Orders": (6, 6), "Audit": (1, 1)}
+        store.put(Message("Orders", b"z", queue_id=7))
+    loaded = read_topics(config_dir)
+    assert loaded is not None and loaded.topics["Orders"].read_queue_nums == 8
+    before = (config_dir / "topics.json").read_bytes()
+    with MessageStore(tmp_path, SMALL_CONFIG, read_only=True) as ro:
+        assert ro.max_offset("Orders", 7) == 1
+    assert (config_dir / "topics.json").read_bytes() == before
