@@ -65,6 +65,7 @@ class ConsumeQueue:
         read_only: bool,
         cache: MappingCache | None = None,
         ahead: int = RESERVE_AHEAD,
+        visibility_wait_ms: int | None = None,
     ):
         self.topic = topic
         self.queue_id = queue_id
@@ -72,7 +73,12 @@ class ConsumeQueue:
         self.file_size = file_size
         self.units_per_file = file_size // CQ_UNIT_SIZE
         self.segments = SegmentQueue(
-            self.directory, file_size, read_only=read_only, cache=cache, ahead=ahead
+            self.directory,
+            file_size,
+            read_only=read_only,
+            cache=cache,
+            ahead=ahead,
+            visibility_wait_ms=visibility_wait_ms,
         )
         self.min_logic_offset = 0  # byte offset of the first unit still pointing at live data
         self.max_physic_offset = -1  # end (offset + size) of the last unit's record
@@ -107,15 +113,21 @@ class ConsumeQueue:
         self.min_logic_offset = self.segments.min_offset
 
     def _end_at(self, length: int) -> bool:
-        """Take ``length`` as the end if the units around it say so; False changes nothing."""
+        """Take ``length`` as the end if the units around it say so; False sets no position.
+
+        A read-only view on shared storage whose listing does not reach ``length`` lists the
+        directory again for the file holding it (:meth:`SegmentQueue.find`); one that stays
+        unlisted leaves the queue to end where this host's files do."""
         files = self.segments.files
         pos = length * CQ_UNIT_SIZE
-        if not files or pos <= files[0].base:
+        if pos <= 0 or (files and pos <= files[0].base):
             return False
-        at = (pos - 1 - files[0].base) // self.file_size
-        if at >= len(files):
+        try:
+            mf = self.segments.find(pos - CQ_UNIT_SIZE)
+        except OffsetOutOfRangeError:
             return False
-        mf = files[at]
+        files = self.segments.files
+        at = (mf.base - files[0].base) // self.file_size
         rel = pos - mf.base
         last = UNIT.unpack_from(mf.buffer, rel - CQ_UNIT_SIZE)
         if last[0] < 0 or last[1] <= 0:

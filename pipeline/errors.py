@@ -82,6 +82,13 @@ class OffsetOutOfRangeError(NotFoundError, IndexError):
     """A CommitLog offset or queue offset outside what the store holds."""
 
 
+class NotVisibleError(OffsetOutOfRangeError):
+    """An offset the writer published (or a unit, index entry or msgId names) lies in a file
+    that this host's listing of its directory still does not show after ``visibilityWaitMs``
+    of listing it again: written on another host, not visible here yet (pipeline.visibility).
+    Not damage: nothing is wrong with the store, this host sees less of it for now."""
+
+
 class DiskFullError(StoreError):
     """A put was refused because the disk holding the store is nearly full (above RocketMQ's
     ``diskSpaceWarningLevelRatio``, 90 %). Nothing of the refused put was written, and nothing

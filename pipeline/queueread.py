@@ -22,7 +22,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from pipeline import native
-from pipeline.errors import CorruptRecordError, OffsetOutOfRangeError
+from pipeline.errors import CorruptRecordError, NotVisibleError, OffsetOutOfRangeError
 from pipeline.store import MessageStore
 
 PAGE_UNITS = 1000
@@ -86,6 +86,8 @@ def _decode_run(
 
     try:
         mf = commitlog.segments.find(int(phys[0]))
+    except NotVisibleError:
+        raise  # in a segment this host does not list yet: not the ConsumeQueue's fault
     except OffsetOutOfRangeError:
         raise no_record(0) from None
     beyond = np.flatnonzero(phys >= commitlog.max_offset)

@@ -10,6 +10,16 @@ must be contiguous; a gap is reported as :class:`NotAStoreError` naming the miss
 With a :class:`~pipeline.mappings.MappingCache` the segments are listed and sized when loaded
 and mapped on first use (see :mod:`pipeline.mappings`); without one they are mapped when loaded.
 
+Finding the file that holds an offset is where the visibility rule for shared storage meets
+directory listings (:mod:`pipeline.visibility`): a client of a shared file system may answer a
+listing from its cache, so a segment another host created a moment ago can be missing from
+this host's listing although the writer has published data in it. Segments are created in
+offset order and deleted from the front, so a segment past the last one listed is one created
+since the listing: not visible yet, never damage and never lost. :class:`SegmentListing`
+lists the directory again for it, for up to ``visibilityWaitMs``, before it gives up with
+:class:`NotVisibleError`; the store's read-only views look segments up through it
+(:meth:`SegmentQueue.find`).
+
 Every file created or deleted here is made durable with an fsync of the directory
 (:mod:`pipeline.durability`); bytes zeroed by :meth:`SegmentQueue.truncate` are synced at once.
 
@@ -18,11 +28,13 @@ Thread-safety: none; one writer per store. Read-only queues never create or chan
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
-from pipeline import durability
-from pipeline.errors import NotAStoreError, OffsetOutOfRangeError, StoreError
+from pipeline import durability, visibility
+from pipeline.errors import NotAStoreError, NotVisibleError, OffsetOutOfRangeError, StoreError
 from pipeline.mapped_file import (
     RESERVE_AHEAD,
     MappedFile,
@@ -31,6 +43,114 @@ from pipeline.mapped_file import (
     segment_name,
 )
 from pipeline.mappings import MappingCache
+
+T = TypeVar("T")
+
+
+def list_segments(directory: Path) -> list[tuple[int, Path]]:
+    """(base offset, path) of the segment files in ``directory`` as this host lists it now, in
+    offset order; none when there is no such directory. Names that are not 20-digit offsets
+    (a ``*.creating`` leftover, anything else) are left out. Every call reads the directory
+    again, which is how a shared file system's client is made to ask its servers instead of
+    answering from a listing it cached."""
+    try:
+        with os.scandir(directory) as entries:
+            found = [
+                (base, Path(entry.path))
+                for entry in entries
+                if (base := parse_segment_name(Path(entry.name))) is not None and entry.is_file()
+            ]
+    except FileNotFoundError:
+        return []
+    return sorted(found)
+
+
+class SegmentListing:
+    """The segment files of one directory as this host listed them (see the module docstring),
+    and the look-up of a segment by its base offset that the visibility rule needs.
+
+    ``wait_ms`` None: the listing is taken as the directory (the writer's own store, or a
+    store on one host), so a segment it lacks is not there. A number: a segment past the last
+    one listed is looked for in the directory listed again, pausing a little longer each time
+    (:func:`pipeline.visibility.wait_until_valid`), for up to that many ms; 0 lists it again
+    once, without pausing.
+
+    Thread-safety: none; each reader keeps its own. Lists directories, never changes them."""
+
+    def __init__(self, directory: Path, wait_ms: int | None = None) -> None:
+        self.directory = directory
+        self.wait_ms = wait_ms
+        self.entries: list[tuple[int, Path]] = []
+        self._paths: dict[int, Path] = {}
+        self.relist()
+
+    def relist(self) -> None:
+        """Read the directory again."""
+        self.entries = list_segments(self.directory)
+        self._paths = dict(self.entries)
+
+    def first(self) -> tuple[int, Path] | None:
+        """The first listed segment. With none listed, the directory is listed again as for a
+        segment past the listing (a store whose first file this host does not list yet)."""
+        if self.entries or self.wait_ms is None:
+            return self.entries[0] if self.entries else None
+        return self._relisted(
+            lambda: self.entries[0] if self.entries else None, lambda: False, "any segment"
+        )
+
+    def get(self, base: int) -> Path | None:
+        """The file of the segment at ``base``; None when it is not there: not listed although
+        the listing goes past it (deleted by retention), or, with no ``wait_ms``, not listed.
+        Raises :class:`NotVisibleError` when a segment past the listing stays unlisted for the
+        whole wait."""
+        path = self._paths.get(base)
+        if path is not None or self.wait_ms is None or self._listed_past(base):
+            return path
+        return self._relisted(
+            lambda: self._paths.get(base),
+            lambda: self._listed_past(base),
+            f"segment {segment_name(base)}",
+        )
+
+    def _listed_past(self, base: int) -> bool:
+        return bool(self.entries) and self.entries[-1][0] > base
+
+    def _relisted(
+        self, found: Callable[[], T | None], gone: Callable[[], bool], what: str
+    ) -> T | None:
+        """``found()`` after listing the directory again, until it is not None or ``gone()``
+        (the listing went past what is looked for: deleted meanwhile, None); raises
+        :class:`NotVisibleError` when neither happens within ``wait_ms``."""
+        assert self.wait_ms is not None
+        wait_ms = self.wait_ms
+
+        def look() -> T | None:
+            self.relist()
+            got = found()
+            if got is not None or gone():
+                return got
+            last = self.entries[-1][1].name if self.entries else "none"
+            raise NotVisibleError(
+                f"{self.directory}: {what} is not in this host's listing of the directory "
+                f"after {wait_ms} ms of listing it again (the last segment listed is {last}): "
+                "published by a writer on another host and not visible here yet; this is not "
+                "damage (sharedStorage, visibilityWaitMs)"
+            )
+
+        return visibility.wait_until_valid(
+            look, lambda exc: isinstance(exc, NotVisibleError), lambda: None, wait_ms
+        )
+
+
+def _without_empty_tail(
+    found: list[tuple[int, Path]],
+) -> tuple[list[tuple[int, Path]], list[Path]]:
+    """``found`` without the empty files at its end, and those files."""
+    kept = list(found)
+    empty: list[Path] = []
+    while kept and kept[-1][1].stat().st_size == 0:
+        empty.insert(0, kept.pop()[1])
+    return kept, empty
 
 
 class SegmentQueue:
@@ -42,14 +162,20 @@ class SegmentQueue:
         read_only: bool,
         cache: MappingCache | None = None,
         ahead: int = RESERVE_AHEAD,
+        visibility_wait_ms: int | None = None,
     ) -> None:
         self.directory = directory
         self.segment_size = segment_size
         self.read_only = read_only
         self.cache = cache
         self.ahead = ahead
+        # None: this host's listing is the directory (the writer's own store, or one host). A
+        # number (read-only views on shared storage): a look-up past the segments listed
+        # lists the directory again for up to that many ms (see the module docstring).
+        self.visibility_wait_ms = visibility_wait_ms
         self.files: list[MappedFile] = []
         self.empty_removed: list[Path] = []
+        self._listing: SegmentListing | None = None
 
     # -- loading ----------------------------------------------------------------------------
     def load(self) -> None:
@@ -59,20 +185,15 @@ class SegmentQueue:
             return
         if not self.read_only:
             remove_leftovers(self.directory)
-        found: list[tuple[int, Path]] = []
-        for entry in self.directory.iterdir():
-            base = parse_segment_name(entry)
-            if base is not None and entry.is_file():
-                found.append((base, entry))
-        found.sort()
+        self._listing = SegmentListing(self.directory, self.visibility_wait_ms)
+        found, empty = _without_empty_tail(self._listing.entries)
         # A crash between creating a file and sizing it (possible with RocketMQ's writer; ours
         # creates segments atomically) leaves an empty file at the end: it holds no data, so
         # it is dropped (removed by a writable open) instead of refusing the store.
-        while found and found[-1][1].stat().st_size == 0:
-            _, empty = found.pop()
-            self.empty_removed.append(empty)
-            if not self.read_only:
-                durability.remove(empty)
+        self.empty_removed += empty
+        if not self.read_only:
+            for path in empty:
+                durability.remove(path)
         expected: int | None = None
         for base, path in found:
             if base % self.segment_size != 0:
@@ -85,17 +206,20 @@ class SegmentQueue:
                     f"{self.directory}: segment {segment_name(expected)} is missing "
                     f"(found {path.name} after it)"
                 )
-            mf = MappedFile(
-                path,
-                base,
-                self.segment_size,
-                read_only=self.read_only,
-                cache=self.cache,
-                ahead=self.ahead,
-            )
-            mf.wrote_position = mf.flushed_position = self.segment_size
-            self.files.append(mf)
+            self._open(base, path, self.segment_size)
             expected = base + self.segment_size
+
+    def _open(self, base: int, path: Path, written: int) -> None:
+        mf = MappedFile(
+            path,
+            base,
+            self.segment_size,
+            read_only=self.read_only,
+            cache=self.cache,
+            ahead=self.ahead,
+        )
+        mf.wrote_position = mf.flushed_position = written
+        self.files.append(mf)
 
     def close(self) -> None:
         for mf in self.files:
@@ -127,17 +251,49 @@ class SegmentQueue:
         return self.files[0].base if self.files else 0
 
     def find(self, offset: int) -> MappedFile:
-        """The segment holding ``offset``; raises :class:`OffsetOutOfRangeError` outside them."""
-        if not self.files:
-            raise OffsetOutOfRangeError(f"{self.directory}: offset {offset}: no segments")
-        first = self.files[0].base
-        idx = (offset - first) // self.segment_size
-        if offset < first or idx >= len(self.files):
+        """The segment holding ``offset``; raises :class:`OffsetOutOfRangeError` outside them.
+
+        With ``visibility_wait_ms``, an offset past the segments held is looked for in the
+        directory listed again (:class:`SegmentListing`); the segments found there are taken
+        in with nothing written (their owner sets the end it trusts, :meth:`set_end`), and
+        one still unlisted after the wait raises :class:`NotVisibleError`."""
+        files = self.files
+        if files:
+            first = files[0].base
+            idx = (offset - first) // self.segment_size
+            if offset >= first and idx < len(files):
+                return files[idx]
+            if offset >= first and self.visibility_wait_ms is not None:
+                return self._find_listed_since(offset)
             raise OffsetOutOfRangeError(
                 f"{self.directory}: offset {offset} outside [{first}, "
-                f"{self.files[-1].base + self.segment_size})"
+                f"{files[-1].base + self.segment_size})"
             )
-        return self.files[idx]
+        if offset >= 0 and self.visibility_wait_ms is not None:
+            return self._find_listed_since(offset)
+        raise OffsetOutOfRangeError(f"{self.directory}: offset {offset}: no segments")
+
+    def _find_listed_since(self, offset: int) -> MappedFile:
+        """:meth:`find` of an offset past the segments held, in a listing read again."""
+        listing = self._listing
+        if listing is None:
+            listing = self._listing = SegmentListing(self.directory, self.visibility_wait_ms)
+        base = offset - offset % self.segment_size
+        listing.get(base)  # lists the directory again, waiting for the segment; may raise
+        expected = self.files[-1].base + self.segment_size if self.files else None
+        for b, path in _without_empty_tail(listing.entries)[0]:
+            if expected is None and b <= base and b % self.segment_size == 0:
+                expected = b  # a queue that held no segment starts at the first listed
+            if b != expected:
+                continue  # held already, or past a gap: only a contiguous run is taken in
+            self._open(b, path, 0)
+            expected = b + self.segment_size
+        if self.files and self.files[0].base <= offset < self.files[-1].base + self.segment_size:
+            return self.files[(offset - self.files[0].base) // self.segment_size]
+        raise NotVisibleError(
+            f"{self.directory}: offset {offset}: no segment of this host's listing holds it "
+            "(the segment file is listed empty, or after a gap)"
+        )
 
     def segments_from(self, offset: int) -> Iterator[MappedFile]:
         if not self.files:

@@ -295,7 +295,12 @@ class MessageStore:
             (self.path / "abort").touch()
             durability.fsync_dir(self.path)
             self._write_in_place()
+        # A read-only view of a store a writer on another host appends to looks for a file its
+        # listing lacks in the directory listed again, for up to visibilityWaitMs
+        # (pipeline.segments); None: this host's listing is the directory.
+        self._listing_wait: int | None = None
         if self.read_only and visibility.is_shared(self.path, cfg.shared_storage):
+            self._listing_wait = cfg.visibility_wait_ms
             self._forget_cached_tails()
         self.mappings = MappingCache(cfg.max_mapped_files)
         # Where reading a hole through a mapping allocates (tmpfs), files get every block when
@@ -310,6 +315,7 @@ class MessageStore:
                 read_only=self.read_only,
                 cache=self.mappings,
                 ahead=WHOLE if whole else mapped_file.RESERVE_AHEAD,
+                visibility_wait_ms=self._listing_wait,
             )
         )
         self.commitlog.load()
@@ -714,6 +720,7 @@ class MessageStore:
                 read_only=self.read_only,
                 cache=self.mappings,
                 ahead=self._cq_ahead,
+                visibility_wait_ms=self._listing_wait,
             )
             self.queues[(topic, queue_id)] = cq
         return cq

@@ -21,6 +21,13 @@ The rule on shared storage, as Kafka's high watermark:
   on this host has not reached it yet (or a page of it was cached before it was written): the
   reader drops what it has cached of the file and reads it again, until it checks out or
   ``visibilityWaitMs`` has passed; only then is it reported as damage.
+* **Unlisted files are not damage either.** A client may also answer a directory listing from
+  its cache, so a file the writer created a moment ago (a CommitLog segment, a ConsumeQueue
+  file, an IndexFile) can be missing from this host's listing while the published point, a
+  unit, an index entry or a msgId already names an offset in it. A file past the last one
+  listed is not visible yet: the reader lists the directory again, pausing, for up to
+  ``visibilityWaitMs`` (:class:`pipeline.segments.SegmentListing`); after that it is
+  :class:`~pipeline.errors.NotVisibleError`, and a read-only view ends at what it can see.
 
 A published point can only be late, never ahead: a reader that sees an older progress file (a
 client's cached name) sees less, not wrong data. A store with no progress file (RocketMQ wrote

@@ -1,13 +1,16 @@
 """The visibility rule for shared storage (pipeline.visibility), on one host with
 ``sharedStorage = "shared"`` forced: readers see what the writer published, never more, and a
-record that does not check out below the published point is waited for, then damage.
+record that does not check out below the published point is waited for, then damage; a file
+that this host's listing of its directory lacks is waited for, then not visible (never damage).
 
 The same rule across two client caches (GlusterFS mounts) is tested in test_gluster_store.py."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -15,8 +18,14 @@ from sourcekit import SMALL, message_table
 
 from pipeline import visibility
 from pipeline.config import SYNC_FLUSH, StoreConfig
-from pipeline.errors import ConfigError, CorruptRecordError
+from pipeline.errors import (
+    ConfigError,
+    CorruptRecordError,
+    OffsetOutOfRangeError,
+)
+from pipeline.mapped_file import segment_name
 from pipeline.root import StoreRoot, TopicMeta
+from pipeline.segments import SegmentQueue
 from pipeline.store import MessageStore
 from source import options, schema
 from source.brokerview import BrokerView, list_segments
@@ -190,3 +199,131 @@ def test_key_look_ups_stop_at_the_published_point(tmp_path: Path) -> None:
         ("local", "k5"): 1,
         ("local", "k15"): 1,
     }
+
+
+# -- files this host does not list yet ----------------------------------------------------------
+
+
+class _Listed(list[os.DirEntry[str]]):
+    """What ``os.scandir`` returns, as a list: iterable and a context manager."""
+
+    def __enter__(self) -> _Listed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+class StaleListings:
+    """Directory listings of this process as a shared file system's client answers them from
+    its cache: a directory :meth:`freeze` was called for lists only the entries it had then
+    (those still there) for its next ``lag`` listings, then as it is. Names are looked up as
+    usual (a file opened by its name is found). Both ways Python lists a directory are
+    covered: ``os.scandir`` and ``os.listdir`` (``Path.iterdir``)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._frozen: dict[str, tuple[set[str], list[int]]] = {}
+        self._scandir = os.scandir
+        self._listdir = os.listdir
+        monkeypatch.setattr(os, "scandir", self.scandir)
+        monkeypatch.setattr(os, "listdir", self.listdir)
+
+    def freeze(self, directory: Path, lag: int, names: set[str] | None = None) -> None:
+        """List ``directory`` as it is now (or as holding ``names``) for ``lag`` listings."""
+        shown = set(self._listdir(directory)) if names is None else names
+        self._frozen[str(directory)] = (shown, [lag])
+
+    def _shown(self, directory: Any) -> set[str] | None:
+        frozen = self._frozen.get(os.fspath(directory) if directory is not None else ".")
+        if frozen is None or frozen[1][0] <= 0:
+            return None
+        frozen[1][0] -= 1
+        return frozen[0]
+
+    def scandir(self, directory: Any = None) -> _Listed:
+        shown = self._shown(directory)
+        with self._scandir(directory) as entries:
+            return _Listed(e for e in entries if shown is None or e.name in shown)
+
+    def listdir(self, directory: Any = None) -> list[str]:
+        shown = self._shown(directory)
+        return [n for n in self._listdir(directory) if shown is None or n in shown]
+
+
+N = 1010  # messages _roll publishes
+
+
+def _roll(path: Path, stale: StaleListings | None = None, lag: int = 0) -> None:
+    """Publish 10 messages of orders/0, freeze this host's listings of the CommitLog and the
+    queue for ``lag`` listings (with ``stale``), then publish 1,000 more (new CommitLog
+    segments, new ConsumeQueue files): the reader's listings lack the files the last ones
+    are in."""
+    with MessageStore(path, SHARED, background=False) as w:
+        w.put_batch(message_table("orders", list(range(10)), 1))
+        w.flush()
+        if stale is not None:
+            stale.freeze(path / "commitlog", lag)
+            stale.freeze(path / "consumequeue" / "orders" / "0", lag)
+        w.put_batch(message_table("orders", list(range(10, N)), 1))
+        w.flush()
+    # Files, not bytes, are what the lagging listings hide: the log now has a third segment.
+    assert (path / "commitlog" / segment_name(2 * SHARED.mapped_file_size_commitlog)).exists()
+
+
+def test_a_lookup_past_the_listing_finds_a_segment_created_since(tmp_path: Path) -> None:
+    """A reader lists the segments, a writer then starts the next one: a look-up past the
+    reader's listing lists the directory again and finds it. On one host (no wait) the
+    listing is the directory and the look-up is out of range."""
+    writer = SegmentQueue(tmp_path, 4096, read_only=False)
+    writer.load()
+    writer.segment_for_write(0).write_at(0, b"a" * 100)
+    reader = SegmentQueue(tmp_path, 4096, read_only=True, visibility_wait_ms=1000)
+    one_host = SegmentQueue(tmp_path, 4096, read_only=True)
+    reader.load()
+    one_host.load()
+    writer.segment_for_write(4096).write_at(0, b"b" * 100)
+    writer.flush()
+    found = reader.find(4096 + 50)
+    assert (found.path.name, bytes(found.buffer[50:51])) == (segment_name(4096), b"b")
+    # Taken in with nothing written: a view shows it only once its owner sets the end.
+    assert reader.max_offset == 4096
+    with pytest.raises(OffsetOutOfRangeError):
+        one_host.find(4096 + 50)
+    for q in (writer, reader, one_host):
+        q.close()
+
+
+def test_a_read_only_open_waits_for_files_its_listing_lacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opened read-only while this host's listings lag behind what the writer published: the
+    view lists again until it shows every published message, and reads the newest."""
+    path = tmp_path / "b"
+    stale = StaleListings(monkeypatch)
+    _roll(path, stale, lag=3)
+    with MessageStore(path, SHARED, read_only=True) as ro:
+        assert ro.max_offset("orders", 0) == N
+        point = visibility.published(path)
+        assert point is not None and ro.max_phy_offset == point.commitlog_end
+        (newest,) = ro.get_messages("orders", 0, N - 1, 1).messages
+        assert newest.body.startswith(f"m{N - 1}:".encode())
+        assert ro.get_by_msg_id(newest.msg_id).body == newest.body
+
+
+def test_a_read_only_view_ends_where_its_listing_does_after_the_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listings that lag for longer than visibilityWaitMs: the view ends at the files this
+    host lists, and asking past them is out of range, not damage."""
+    path = tmp_path / "b"
+    stale = StaleListings(monkeypatch)
+    _roll(path, stale, lag=10**6)
+    point = visibility.published(path)
+    assert point is not None
+    config = dataclasses.replace(SHARED, visibility_wait_ms=50)
+    with MessageStore(path, config, read_only=True) as ro:
+        held = ro.commitlog.segments.files[-1]
+        assert ro.max_phy_offset <= held.base + held.size < point.commitlog_end
+        assert 10 <= ro.max_offset("orders", 0) < N
+        with pytest.raises(OffsetOutOfRangeError):
+            ro.get_message(point.commitlog_end - 1)
