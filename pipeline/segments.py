@@ -17,8 +17,9 @@ this host's listing although the writer has published data in it. Segments are c
 offset order and deleted from the front, so a segment past the last one listed is one created
 since the listing: not visible yet, never damage and never lost. :class:`SegmentListing`
 lists the directory again for it, for up to ``visibilityWaitMs``, before it gives up with
-:class:`NotVisibleError`; the store's read-only views look segments up through it
-(:meth:`SegmentQueue.find`).
+:class:`NotVisibleError`; the store's read-only views (:meth:`SegmentQueue.find`) and the
+source's readers (:mod:`source.read`, :mod:`source.brokerview`) all look segments up through
+it.
 
 Every file created or deleted here is made durable with an fsync of the directory
 (:mod:`pipeline.durability`); bytes zeroed by :meth:`SegmentQueue.truncate` are synced at once.

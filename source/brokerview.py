@@ -17,6 +17,12 @@ it is.
 The first readable offset (``min``) follows retention: the first unit that still points into
 the CommitLog (RocketMQ's ``correctMinOffset``), past any pre-blank units.
 
+A file past the last one this host lists (:class:`pipeline.segments.SegmentListing`) is one a
+writer on another host created since: on shared storage the directory is listed again once
+for it, and what is still not listed is not offered yet, never taken for damage. Planning does
+not wait for it: a later trigger offers it, and the executors reading what was offered wait
+for the files they need (:mod:`source.read`).
+
 Thread-safety: a :class:`BrokerView` holds no open files between calls; each call opens what it
 reads and closes it. Files that retention deletes during a call make the call start again.
 """
@@ -34,7 +40,7 @@ from pipeline import native, record, visibility
 from pipeline.config import CQ_UNIT_SIZE
 from pipeline.consumequeue import PRE_BLANK_SIZE
 from pipeline.errors import StoreError
-from pipeline.mapped_file import parse_segment_name
+from pipeline.segments import SegmentListing
 
 UNIT = struct.Struct(">qiq")
 TAIL_CHECK_UNITS = 16  # how far back an incomplete tail is looked past before trusting units
@@ -61,16 +67,6 @@ class Tail(NamedTuple):
 
 
 Tails = dict[tuple[str, int], Tail]
-
-
-def list_segments(directory: Path) -> list[tuple[int, Path]]:
-    """(base offset, path) of the segment files in ``directory``, in offset order."""
-    try:
-        entries = list(directory.iterdir())
-    except FileNotFoundError:
-        return []
-    found = [(b, p) for p in entries if (b := parse_segment_name(p)) is not None]
-    return sorted(found)
 
 
 class _Files:
@@ -118,24 +114,48 @@ def _retrying(what: str, call: Callable[[], T]) -> T:
 
 
 class _CommitLog:
-    """The CommitLog segments of a broker as listed once per call."""
+    """The CommitLog segments of a broker as listed once per call, and once more when an
+    offset past them is asked for (see the module docstring)."""
 
     def __init__(self, directory: Path, files: _Files) -> None:
-        self.segments = list_segments(directory)
+        self.listing = SegmentListing(directory)
+        self.segments = self.listing.entries
         self.files = files
         self.segment_size = files.size(self.segments[0][1]) if self.segments else 0
+        self._relist = True
 
     @property
     def min_offset(self) -> int:
         return self.segments[0][0] if self.segments else 0
 
-    def _locate(self, phys: int) -> tuple[Path, int] | None:
+    def listed(self, phys: int) -> bool:
+        """Whether a listed segment holds ``phys``; one past them lists the directory again
+        (once per call)."""
+        if self._holds(phys):
+            return True
+        past = not self.segments or phys >= self.min_offset
+        return past and self._relisted() and self._holds(phys)
+
+    def _holds(self, phys: int) -> bool:
         if not self.segments or phys < self.min_offset:
+            return False
+        return (phys - self.min_offset) // self.segment_size < len(self.segments)
+
+    def _relisted(self) -> bool:
+        """List the directory again, the first time it is asked for; whether it was."""
+        if not self._relist:
+            return False
+        self._relist = False
+        self.listing.relist()
+        self.segments = self.listing.entries
+        if self.segments and not self.segment_size:
+            self.segment_size = self.files.size(self.segments[0][1])
+        return True
+
+    def _locate(self, phys: int) -> tuple[Path, int] | None:
+        if not self.listed(phys):
             return None
-        idx = (phys - self.min_offset) // self.segment_size
-        if idx >= len(self.segments):
-            return None
-        base, path = self.segments[idx]
+        base, path = self.segments[(phys - self.min_offset) // self.segment_size]
         return path, phys - base
 
     def read(self, phys: int, n: int) -> bytes | None:
@@ -154,16 +174,25 @@ class _CommitLog:
 
 
 class _Queue:
-    """One ConsumeQueue's files as listed once per call; units by queue offset."""
+    """One ConsumeQueue's files as listed once per call (:meth:`relist`: again); units by
+    queue offset."""
 
     def __init__(self, directory: Path, files: _Files) -> None:
         self.files = files
-        self.segments = list_segments(directory)
+        self.listing = SegmentListing(directory)
+        self._take_listing()
+
+    def relist(self) -> None:
+        self.listing.relist()
+        self._take_listing()
+
+    def _take_listing(self) -> None:
+        self.segments = list(self.listing.entries)
         # A writer that creates a file and then sizes it (RocketMQ does) can leave an empty
         # file at the end for a moment; it holds no units.
         if self.segments and self.segments[-1][1].stat().st_size == 0:
             self.segments.pop()
-        self.file_size = files.size(self.segments[0][1]) if self.segments else 0
+        self.file_size = self.files.size(self.segments[0][1]) if self.segments else 0
         self.per_file = self.file_size // CQ_UNIT_SIZE
 
     @property
@@ -280,16 +309,20 @@ class BrokerView:
         point: visibility.Published | None,
     ) -> QueueBounds:
         cq = _Queue(self.path / "consumequeue" / topic / str(queue_id), files)
+        want = 0 if point is None else point.queue_length(topic, queue_id)
+        if not cq.segments and want > 0:
+            cq.relist()  # published units in a first file this host does not list yet
         if not cq.segments:
             return QueueBounds(0, 0)
         last = None if tails is None else tails.get((topic, queue_id))
         raw_end = cq.end(None if last is None else last.end)
         if point is not None:
             # Shared storage: nothing past what the writer published (pipeline.visibility).
-            want = point.queue_length(topic, queue_id)
             if raw_end < want:
-                # Published, but not seen here: this host still caches older pages of the
-                # queue's last files. Ask the file system again.
+                # Published, but not seen here: this host's listing of the queue's files
+                # lacks the newest, or it still caches older pages of the last ones. Ask the
+                # file system again.
+                cq.relist()
                 for _, path in cq.segments[-2:]:
                     visibility.drop_cached(path)
                 raw_end = cq.end(None)
@@ -320,12 +353,20 @@ class BrokerView:
         return QueueBounds(_first_true(first, end, live), end)
 
     def _complete_end(self, cq: _Queue, log: _CommitLog, queue_id: int, end: int) -> int:
-        """``end`` moved back past units whose record is not complete yet."""
+        """``end`` moved back past units whose record is not complete yet, or not in a
+        segment this host lists."""
         i = end - 1
         while i >= cq.first and i >= end - TAIL_CHECK_UNITS:
             offset, size, _ = cq.unit(i)
             if size == PRE_BLANK_SIZE or offset < log.min_offset:
                 return i + 1  # nothing to check: a pre-blank, or a record retention deleted
+            if self.shared and not log.listed(offset):
+                # Not visible here yet (see the module docstring), so not damage either: the
+                # run of units counted as damage below starts before it. On one host the
+                # listing is the directory, and a unit past the log is damage.
+                end = i
+                i -= 1
+                continue
             raw = log.read(offset, size)
             if raw is not None and len(raw) == size:
                 got = native.walk(raw, 0, size, offset, check_crc=True, max_records=1)

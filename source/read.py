@@ -15,7 +15,10 @@ reads:
 
 Files retention deleted after planning (a ConsumeQueue file or a CommitLog segment) are data
 loss: :class:`~source.errors.DataLossError` with ``failOnDataLoss=true``, else the messages are
-skipped and a warning logged.
+skipped and a warning logged. On shared storage a file past the last one this host lists is
+not lost but not visible here yet (a planner on another host saw it): it is looked for in the
+directory listed again for up to ``visibilityWaitMs``
+(:class:`pipeline.segments.SegmentListing`), then :class:`~pipeline.errors.NotVisibleError`.
 
 Thread-safety: no shared state; each call works on its own files.
 """
@@ -30,6 +33,7 @@ import mmap
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -44,8 +48,8 @@ from pipeline.index_service import IndexService
 from pipeline.indexfile import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
 from pipeline.mapped_file import segment_name
 from pipeline.root import StoreRoot
+from pipeline.segments import SegmentListing, list_segments
 from pipeline.subscription import Subscription
-from source.brokerview import list_segments
 from source.errors import DataLossError
 from source.planning import KeyRange, QueueRange
 
@@ -54,6 +58,8 @@ log = logging.getLogger("rocketstore.source")
 CHUNK_UNITS = 1 << 16  # units per record batch: bounds memory, amortises the fixed costs
 CHUNK_BYTES = 64 << 20
 DEFAULT_INDEX_RATIO = 4  # RocketMQ's default maxIndexNum / maxHashSlotNum
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,23 +123,51 @@ class _Segment:
             self.mm.close()
 
 
-class _SegmentCache:
-    """The segments one partition read touches, mapped once each, closed together."""
+def _segment_file(listing: SegmentListing, base: int, use: Callable[[Path], T]) -> T | None:
+    """``use(path)`` of the segment file at ``base`` of ``listing``'s directory, opened by its
+    name; one that is not there is looked for in the listing (past the last file listed, in
+    the directory listed again: :meth:`SegmentListing.get`, which raises
+    :class:`~pipeline.errors.NotVisibleError` when the wait ends). None when it is gone
+    (deleted by retention)."""
+    path = listing.directory / segment_name(base)
+    try:
+        return use(path)
+    except FileNotFoundError:
+        pass
+    if listing.get(base) is None:
+        return None
+    try:
+        return use(path)
+    except FileNotFoundError:
+        return None
 
-    def __init__(self, directory: Path) -> None:
+
+class _SegmentCache:
+    """The segments one partition read touches, mapped once each, closed together.
+    ``wait_ms``: how long a segment past this host's listing is waited for (see
+    :class:`SegmentListing`; None on one host)."""
+
+    def __init__(self, directory: Path, wait_ms: int | None = None) -> None:
         self.directory = directory
-        listed = list_segments(directory)
-        self.segment_size = listed[0][1].stat().st_size if listed else 0
-        self.min_offset = listed[0][0] if listed else 0
+        self.listing = SegmentListing(directory, wait_ms)
+        first = self.listing.entries[0] if self.listing.entries else None
+        self.min_offset = first[0] if first else 0
+        self._size = first[1].stat().st_size if first else None
         self._open: dict[int, _Segment | None] = {}
+
+    @property
+    def segment_size(self) -> int:
+        """The first listed segment's size; 0 when there is none (on shared storage, only
+        once the directory listed again for the wait still shows none)."""
+        if self._size is None:
+            first = self.listing.first()
+            self._size = first[1].stat().st_size if first else 0
+        return self._size
 
     def get(self, base: int) -> _Segment | None:
         """The segment at ``base``, or None when it does not exist (deleted by retention)."""
         if base not in self._open:
-            try:
-                self._open[base] = _Segment(self.directory / segment_name(base))
-            except FileNotFoundError:
-                self._open[base] = None
+            self._open[base] = _segment_file(self.listing, base, _Segment)
         return self._open[base]
 
     def close(self) -> list[Path]:
@@ -147,12 +181,14 @@ class _SegmentCache:
 
 
 def _read_units(
-    cq_dir: Path, start: int, end: int
+    cq_dir: Path, start: int, end: int, wait_ms: int | None
 ) -> tuple[npt.NDArray[np.void], list[tuple[int, int]]]:
     """Units ``[start, end)`` of a ConsumeQueue (exactly those bytes are read; units past the
-    end of a file read as zeros) and the sub-ranges whose files are gone."""
-    listed = dict(list_segments(cq_dir))
-    file_size = next(iter(listed.values())).stat().st_size if listed else 0
+    end of a file read as zeros) and the sub-ranges whose files are gone. A file past this
+    host's listing is waited for up to ``wait_ms`` (see :func:`_segment_file`)."""
+    listing = SegmentListing(cq_dir, wait_ms)
+    first = listing.first() if start < end else None
+    file_size = first[1].stat().st_size if first else 0
     pieces: list[tuple[int, npt.NDArray[np.void]]] = []
     missing: list[tuple[int, int]] = []
     pos = start
@@ -163,17 +199,9 @@ def _read_units(
         per_file = file_size // CQ_UNIT_SIZE
         base = (pos * CQ_UNIT_SIZE // file_size) * file_size
         stop = min(end, base // CQ_UNIT_SIZE + per_file)
-        path = listed.get(base)
-        raw = b""
-        if path is not None:
-            try:
-                with open(path, "rb") as f:
-                    raw = os.pread(
-                        f.fileno(), (stop - pos) * CQ_UNIT_SIZE, pos * CQ_UNIT_SIZE - base
-                    )
-            except FileNotFoundError:
-                path = None
-        if path is None:
+        length, offset = (stop - pos) * CQ_UNIT_SIZE, pos * CQ_UNIT_SIZE - base
+        raw = _segment_file(listing, base, functools.partial(_pread, n=length, at=offset))
+        if raw is None:
             missing.append((pos, stop))
         else:
             got = np.frombuffer(raw, dtype=UNIT_DTYPE, count=len(raw) // CQ_UNIT_SIZE)
@@ -185,6 +213,11 @@ def _read_units(
     for at, got in pieces:
         out[at : at + len(got)] = got
     return out, missing
+
+
+def _pread(path: Path, *, n: int, at: int) -> bytes:
+    with open(path, "rb") as f:
+        return os.pread(f.fileno(), n, at)
 
 
 def _unit_location(cq_dir: Path, queue_offset: int) -> tuple[str, int]:
@@ -296,10 +329,11 @@ def read_queue_range(rng: QueueRange, ctx: ReadContext) -> Iterator[pa.RecordBat
     for up to ``visibilityWaitMs``, before it is reported as damage."""
     broker = Path(rng.broker_path)
     cq_dir = broker / "consumequeue" / rng.topic / str(rng.queue_id)
-    segments = _SegmentCache(broker / "commitlog")
-    builder = BatchBuilder(ctx, rng.broker, lambda phys: str(_segment_path(segments, phys)))
     config = ctx.config or StoreConfig()
     shared = visibility.is_shared(broker, config.shared_storage)
+    wait_ms = config.visibility_wait_ms if shared else None
+    segments = _SegmentCache(broker / "commitlog", wait_ms)
+    builder = BatchBuilder(ctx, rng.broker, lambda phys: str(_segment_path(segments, phys)))
     try:
         pos = rng.start
         while pos < rng.end:
@@ -340,8 +374,9 @@ def _read_chunk(
     pos: int,
     stop: int,
 ) -> list[pa.RecordBatch]:
-    """The records of units ``[pos, stop)`` of the partition's queue, checked to be theirs."""
-    units, missing = _read_units(cq_dir, pos, stop)
+    """The records of units ``[pos, stop)`` of the partition's queue, checked to be theirs.
+    ConsumeQueue files past this host's listing are waited for as ``segments``' are."""
+    units, missing = _read_units(cq_dir, pos, stop, segments.listing.wait_ms)
     _lost(ctx, rng, [(a, b, "its ConsumeQueue file was deleted") for a, b in missing])
     offsets = np.arange(pos, stop, dtype=np.int64)
     size = units["size"].astype(np.int64)
@@ -539,12 +574,14 @@ def read_key(kr: KeyRange, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
         point = visibility.published(broker)
         if point is not None:
             candidates = candidates[candidates < point.commitlog_end]
-    segments = _SegmentCache(broker / "commitlog")
+    segments = _SegmentCache(
+        broker / "commitlog", config.visibility_wait_ms if point is not None else None
+    )
     builder = BatchBuilder(ctx, kr.broker, lambda phys: str(_segment_path(segments, phys)))
     try:
         live = (
             candidates[candidates >= segments.min_offset]
-            if segments.segment_size
+            if len(candidates) and segments.segment_size
             else candidates[:0]
         )
 

@@ -32,9 +32,10 @@ from pipeline.config import CQ_UNIT_SIZE, StoreConfig
 from pipeline.errors import CorruptRecordError, StoreError
 from pipeline.message import Message
 from pipeline.root import StoreRoot, TopicMeta
+from pipeline.segments import list_segments
 from pipeline.store import MessageStore
 from source import options, schema
-from source.brokerview import BrokerView, QueueBounds, list_segments
+from source.brokerview import BrokerView, QueueBounds
 from source.errors import DataLossError
 from source.planning import Planner
 from source.read import ReadContext, read_queue_range

@@ -12,24 +12,26 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from sourcekit import SMALL, message_table
 
 from pipeline import visibility
-from pipeline.config import SYNC_FLUSH, StoreConfig
+from pipeline.config import CQ_UNIT_SIZE, SYNC_FLUSH, StoreConfig
 from pipeline.errors import (
     ConfigError,
     CorruptRecordError,
+    NotVisibleError,
     OffsetOutOfRangeError,
 )
 from pipeline.mapped_file import segment_name
 from pipeline.root import StoreRoot, TopicMeta
-from pipeline.segments import SegmentQueue
+from pipeline.segments import SegmentQueue, list_segments
 from pipeline.store import MessageStore
 from source import options, schema
-from source.brokerview import BrokerView, list_segments
-from source.planning import KeyRange, Planner
+from source.brokerview import BrokerView
+from source.planning import KeyRange, Planner, QueueRange
 from source.read import ReadContext, read_key, read_queue_range
 
 SHARED = dataclasses.replace(SMALL, shared_storage="shared", visibility_wait_ms=2000)
@@ -327,3 +329,66 @@ def test_a_read_only_view_ends_where_its_listing_does_after_the_wait(
         assert 10 <= ro.max_offset("orders", 0) < N
         with pytest.raises(OffsetOutOfRangeError):
             ro.get_message(point.commitlog_end - 1)
+
+
+def test_planning_lists_again_and_offers_only_what_this_host_lists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The planner lists a directory again when the published point lies past its listing;
+    records in CommitLog segments it still does not list are not offered (not visible yet),
+    never offered as damage."""
+    path = tmp_path / "b"
+    _roll(path)
+    stale = StaleListings(monkeypatch)
+    log, queue = path / "commitlog", path / "consumequeue" / "orders" / "0"
+    with MessageStore(path, LOCAL, read_only=True) as ro:
+        units = ro.read_units("orders", 0, 0, N)
+    first_log_files = {segment_name(0)}
+    first_queue_files = {segment_name(0)}
+    stale.freeze(log, 1, first_log_files)
+    stale.freeze(queue, 1, first_queue_files)
+    assert BrokerView("b", path, "shared").queue_bounds("orders", 0) == (0, N)
+    stale.freeze(log, 10**6, first_log_files)  # the CommitLog's listing never catches up
+    stale.freeze(queue, 1, first_queue_files)
+    ends = units["offset"].astype(np.int64) + units["size"]
+    in_first = int(np.count_nonzero(ends <= SHARED.mapped_file_size_commitlog))
+    assert BrokerView("b", path, "shared").queue_bounds("orders", 0) == (0, in_first)
+
+
+def _published_range(broker: Path) -> QueueRange:
+    """orders/0 up to what the writer published: a range a planner on another host offers."""
+    point = visibility.published(broker)
+    assert point is not None
+    return QueueRange("orders", "broker-0", str(broker), 0, 0, point.queue_length("orders", 0))
+
+
+def test_an_executor_waits_for_files_its_listing_lacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A range planned on another host, read where the listings lag: every message is read,
+    nothing is taken for data loss or damage."""
+    StoreRoot(tmp_path).ensure_topic("orders", TopicMeta(1, 1))
+    broker = tmp_path / "broker-0"
+    stale = StaleListings(monkeypatch)
+    _roll(broker, stale, lag=3)
+    ctx = ReadContext(schema=schema.arrow_schema(None), root=str(tmp_path), config=SHARED)
+    batches = list(read_queue_range(_published_range(broker), ctx))
+    rows = pa.Table.from_batches(batches).column("queueOffset")
+    assert rows.to_pylist() == list(range(N))
+
+
+def test_a_file_not_found_after_the_wait_is_not_visible_not_lost(tmp_path: Path) -> None:
+    """A range reaching into a ConsumeQueue file that this host finds neither by name nor in
+    its listing (planned elsewhere, the file not visible here): after visibilityWaitMs it
+    fails as not visible, not as data loss."""
+    StoreRoot(tmp_path).ensure_topic("orders", TopicMeta(1, 1))
+    broker = tmp_path / "broker-0"
+    with MessageStore(broker, SHARED) as w:
+        w.put_batch(message_table("orders", list(range(N)), 1))
+    per_file = SHARED.mapped_file_size_consume_queue // CQ_UNIT_SIZE
+    end = (N // per_file + 1) * per_file + 10  # 10 units into the file after the last
+    rng = QueueRange("orders", "broker-0", str(broker), 0, 1000, end)
+    config = dataclasses.replace(SHARED, visibility_wait_ms=50)
+    ctx = ReadContext(schema=schema.arrow_schema(None), root=str(tmp_path), config=config)
+    with pytest.raises(NotVisibleError, match="not visible here yet"):
+        list(read_queue_range(rng, ctx))
