@@ -61,14 +61,35 @@ class IndexService:
         self.spares: list[IndexFile] = []  # created ahead, not started (see the module doc)
 
     def load(self) -> None:
+        """Open the index files in the directory, oldest first.
+
+        Read-only, a newest file that is full is followed by another as soon as a later record
+        has keys, and a shared file system's client may not list that one yet
+        (pipeline.segments): the directory is listed once more for it. Not waited for, unlike a
+        segment past the published point: nothing says a later record has keys."""
         if not self.directory.is_dir():
             return
         if not self.read_only:
             remove_leftovers(self.directory)
+        self._take_listed()
+        if self.read_only and self.files and self.files[-1].is_full:
+            self._take_listed()
+        # Trailing files never started are spares a put created ahead; the first file of the
+        # directory is kept as it is, whatever its header says.
+        while len(self.files) > 1 and self.files[-1].unstarted:
+            spare = self.files.pop()
+            if self.read_only:
+                spare.close()
+            else:
+                self.spares.insert(0, spare)
+
+    def _take_listed(self) -> None:
+        """Open the files of a listing of the directory named after the newest one held."""
+        after = self.files[-1].path.name if self.files else ""
         names = sorted(
             p
             for p in self.directory.iterdir()
-            if p.is_file() and len(p.name) == NAME_LENGTH and p.name.isdigit()
+            if len(p.name) == NAME_LENGTH and p.name.isdigit() and p.name > after and p.is_file()
         )
         for path in names:
             self.files.append(
@@ -81,14 +102,6 @@ class IndexService:
                     ahead=self.ahead,
                 )
             )
-        # Trailing files never started are spares a put created ahead; the first file of the
-        # directory is kept as it is, whatever its header says.
-        while len(self.files) > 1 and self.files[-1].unstarted:
-            spare = self.files.pop()
-            if self.read_only:
-                spare.close()
-            else:
-                self.spares.insert(0, spare)
 
     def close(self) -> None:
         for f in self.files + self.spares:

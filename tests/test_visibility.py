@@ -25,6 +25,7 @@ from pipeline.errors import (
     NotVisibleError,
     OffsetOutOfRangeError,
 )
+from pipeline.index_service import IndexService
 from pipeline.mapped_file import segment_name
 from pipeline.root import StoreRoot, TopicMeta
 from pipeline.segments import SegmentQueue, list_segments
@@ -392,3 +393,32 @@ def test_a_file_not_found_after_the_wait_is_not_visible_not_lost(tmp_path: Path)
     ctx = ReadContext(schema=schema.arrow_schema(None), root=str(tmp_path), config=config)
     with pytest.raises(NotVisibleError, match="not visible here yet"):
         list(read_queue_range(rng, ctx))
+
+
+def test_a_full_newest_index_file_has_its_directory_listed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only index whose newest listed file is full lists the directory once more, and
+    finds the keys of the file that this host's first listing lacked."""
+    path = tmp_path / "b"
+    stale = StaleListings(monkeypatch)
+    with MessageStore(path, SHARED, background=False) as w:
+        w.put_batch(message_table("orders", list(range(50)), 1))  # 150 entries of 255
+        w.flush()
+        stale.freeze(path / "index", lag=1)
+        w.put_batch(message_table("orders", list(range(50, 100)), 1))
+        w.flush()
+        (newest,) = w.query_by_key("orders", "k99")
+    index = IndexService(
+        path / "index",
+        SHARED.max_hash_slot_num,
+        SHARED.max_index_num,
+        read_only=True,
+        clock_ms=lambda: 0,
+    )
+    try:
+        index.load()
+        assert len(index.files) == 2
+        assert newest.commit_log_offset in index.candidates("orders", "k99", 0, 2**62)
+    finally:
+        index.close()
