@@ -14,6 +14,7 @@ from bench import (
     latency,
     recovery,
     shared,
+    soak,
     spark_sink,
     spark_sink_batch,
     spark_source,
@@ -35,13 +36,17 @@ PARTS: dict[str, Callable[[Options], PartResult]] = {
     "latency": latency.run,
     "startup": startup.run,
     "shared": shared.run,
+    "soak": soak.run,
 }
+# Parts that run only when named: the soak takes half an hour.
+ON_REQUEST = ("soak",)
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[list[str], Options, bool]:
     p = argparse.ArgumentParser(
         prog="python -m bench",
-        description="rocketstore benchmarks; with no part named, every part runs.",
+        description="rocketstore benchmarks; with no part named, every part but "
+        f"{', '.join(ON_REQUEST)} runs.",
     )
     p.add_argument("parts", nargs="*", metavar="PART", help=f"one of: {', '.join(PARTS)}")
     p.add_argument(
@@ -59,12 +64,20 @@ def parse_args(argv: Sequence[str] | None) -> tuple[list[str], Options, bool]:
         help="scratch directory for stores (default: OUT/tmp; keep it on the disk under test)",
     )
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="how long the soak part runs (default 30; with --quick 2)",
+    )
     args = p.parse_args(argv)
     unknown = [name for name in args.parts if name not in PARTS]
     if unknown:
         p.error(f"unknown part {', '.join(unknown)}; known parts: {', '.join(PARTS)}")
     if args.runs < 1:
         p.error("--runs must be >= 1")
+    if args.minutes is not None and args.minutes <= 0:
+        p.error("--minutes must be > 0")
     work_dir = args.work_dir if args.work_dir is not None else args.out / "tmp"
     options = Options(
         runs=args.runs,
@@ -72,8 +85,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[list[str], Options, bool]:
         pin=args.pin,
         out_dir=args.out.resolve(),
         work_dir=work_dir.resolve(),
+        minutes=args.minutes,
     )
-    return list(dict.fromkeys(args.parts)) or list(PARTS), options, args.check
+    named = list(dict.fromkeys(args.parts))
+    return named or [name for name in PARTS if name not in ON_REQUEST], options, args.check
 
 
 def run_part(name: str, options: Options, machine: dict[str, object]) -> tuple[PartResult, Path]:

@@ -40,10 +40,14 @@ class Options:
     # Scratch stores and files go here; it must be on the disk under test (the project's).
     work_dir: Path = DEFAULT_OUT_DIR / "tmp"
     seed: int = 20240611
+    # How long the soak part runs (None: its default).
+    minutes: float | None = None
 
     def __post_init__(self) -> None:
         if self.runs < 1:
             raise ValueError(f"runs must be >= 1, got {self.runs}")
+        if self.minutes is not None and self.minutes <= 0:
+            raise ValueError(f"minutes must be > 0, got {self.minutes}")
 
 
 @dataclasses.dataclass(frozen=True)
