@@ -176,6 +176,15 @@ def running_bricks(status_xml: str) -> list[Brick]:
     return found
 
 
+def count_pending(heal_info: str, bricks: int) -> int:
+    """Entries ``gluster volume heal VOL info`` says are still to heal, over all ``bricks``
+    (-1 while a brick does not answer)."""
+    counts = re.findall(r"Number of entries: (\S+)", heal_info)
+    if len(counts) != bricks or not all(c.isdigit() for c in counts):
+        return -1
+    return sum(int(c) for c in counts)
+
+
 class Volume:
     """A started replica-3 volume and its two mounts, ``a`` and ``b``."""
 
@@ -218,10 +227,7 @@ class Volume:
     def pending_heals(self) -> int:
         """Entries the self-heal still has to copy, over all bricks (-1 while unknown)."""
         out = gluster("volume", "heal", self.name, "info", check=False).stdout
-        counts = re.findall(r"Number of entries: (\S+)", out)
-        if len(counts) != len(self.bricks) or not all(c.isdigit() for c in counts):
-            return -1
-        return sum(int(c) for c in counts)
+        return count_pending(out, len(self.bricks))
 
     def wait_for_heal(self, timeout_s: float = 120.0) -> None:
         gluster("volume", "heal", self.name, check=False)  # start it now, not at the next crawl

@@ -324,6 +324,22 @@ class NetCluster:
         """The ``gluster`` CLI of the cluster's own glusterd."""
         return gl.gluster(*args, check=check, enter=self._enter("srv"))
 
+    def wait_for_heal(self, timeout_s: float = 120.0) -> None:
+        """Wait until the self-heal has copied every entry a brick missed (a host cut off
+        from some bricks wrote to the others)."""
+        self.gluster("volume", "heal", self.volume, check=False)  # now, not at the next crawl
+        gl._poll(
+            f"the heal of {self.volume}",
+            lambda: (
+                gl.count_pending(
+                    self.gluster("volume", "heal", self.volume, "info", check=False).stdout,
+                    len(self.bricks),
+                )
+                == 0
+            ),
+            timeout_s,
+        )
+
     def running_bricks(self) -> list[gl.Brick]:
         return gl.running_bricks(self.gluster("volume", "status", self.volume, "--xml").stdout)
 

@@ -1,0 +1,171 @@
+"""A writer or reader that a partition test runs on one of its hosts (tests/test_partition.py).
+
+``python -m tests.partition_host write STORE NAME FLUSH``: opens STORE for writing, retrying
+while another writer holds it (as a writer taking a broker over does), prints ``open <seconds
+waited>``, then takes commands from standard input, one a line:
+
+* ``put N``: N messages with bodies ``NAME-<seq>`` (keys the same, queue ``seq % 4``), in
+  batch puts of up to 10; prints ``ack <seq> <offset>`` for each message of a put that
+  returned, or ``fail <seq> <error class>: <message>`` for the first put that raised (``seq``
+  its first message), then ``done``.
+* ``stream``: puts as ``put`` does until one fails or a ``stop`` line comes; then ``done``,
+  and then waits for ``stop`` if it has not come.
+* ``flush``: flushes the store; prints ``flushed`` or ``fail-flush <error class>: <message>``.
+* ``close``: closes the store; prints ``closed`` or ``fail-close <error class>: <message>``.
+
+``python -m tests.partition_host config FILE`` writes those settings as a store.toml for the
+command line. ``python -m tests.partition_host read STORE``: opens STORE read-only and prints ``msg <queue>
+<offset> <body>`` for every message of every queue, then ``count <n>``.
+
+Output is flushed line by line, so the test sees each acknowledgement as it happens.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+from pipeline.config import StoreConfig
+from pipeline.errors import StoreError, StoreLockedError
+from pipeline.message import Message
+from pipeline.store import MessageStore
+
+TOPIC = "Partitioned"
+QUEUES = 4
+OPEN_DEADLINE_S = 180.0
+BATCH = 10
+
+
+def config(flush: str) -> StoreConfig:
+    # Small segments, so that a run crosses several and a take-over's fresh segment is cheap.
+    return StoreConfig(
+        mapped_file_size_commitlog=64 * 1024,
+        mapped_file_size_consume_queue=6000 * 20,
+        max_hash_slot_num=1024,
+        max_index_num=65536,
+        flush_disk_type=flush,
+        flush_interval_commitlog=200,
+    )
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def write(store_dir: str, name: str, flush: str) -> int:
+    started = time.monotonic()
+    while True:
+        try:
+            store = MessageStore(store_dir, config(flush))
+            break
+        except StoreLockedError:
+            if time.monotonic() - started > OPEN_DEADLINE_S:
+                raise
+            time.sleep(0.05)  # polling the lock: there is nothing to wait on across hosts
+    say(f"open {time.monotonic() - started:.3f}")
+    seq = 0
+    stop = threading.Event()
+
+    def put_some(n: int) -> bool:
+        """Put the next ``n`` messages as one batch: all acknowledged, or the batch failed."""
+        nonlocal seq
+        bodies = [f"{name}-{seq + i}" for i in range(n)]
+        batch = [
+            Message(TOPIC, body.encode(), queue_id=(seq + i) % QUEUES, keys=[body])
+            for i, body in enumerate(bodies)
+        ]
+        try:
+            result = store.put_batch(batch)
+        except (StoreError, OSError) as exc:
+            say(f"fail {seq} {_error(exc)}")
+            return False
+        for i, r in enumerate(result.results()):
+            say(f"ack {seq + i} {r.commit_log_offset}")
+        seq += n
+        return True
+
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd:
+            continue
+        if cmd[0] == "put":
+            left = int(cmd[1])
+            while left > 0 and put_some(min(BATCH, left)):
+                left -= min(BATCH, left)
+            say("done")
+        elif cmd[0] == "stream":
+            stop.clear()
+
+            def watch() -> None:
+                for more in sys.stdin:
+                    if more.strip() == "stop":
+                        stop.set()
+                        return
+
+            threading.Thread(target=watch, daemon=True).start()
+            while not stop.is_set() and put_some(BATCH):
+                pass
+            say("done")
+            stop.wait()
+        elif cmd[0] == "flush":
+            try:
+                store.flush()
+            except (StoreError, OSError) as exc:
+                say(f"fail-flush {_error(exc)}")
+            else:
+                say("flushed")
+        elif cmd[0] == "close":
+            try:
+                store.close()
+            except (StoreError, OSError) as exc:
+                say(f"fail-close {_error(exc)}")
+            else:
+                say("closed")
+            return 0
+    return 0
+
+
+def read(store_dir: str) -> int:
+    n = 0
+    with MessageStore(Path(store_dir), config("ASYNC_FLUSH"), read_only=True) as store:
+        for q in range(QUEUES):
+            if (TOPIC, q) not in store.queues:
+                continue
+            offset = store.min_offset(TOPIC, q)
+            while offset < store.max_offset(TOPIC, q):
+                got = store.get_messages(TOPIC, q, offset, 256)
+                for m in got.messages:
+                    say(f"msg {q} {m.queue_offset} {m.body.decode()}")
+                    n += 1
+                offset = got.next_begin_offset
+    say(f"count {n}")
+    return 0
+
+
+SETTINGS = {
+    "mappedFileSizeCommitLog": "mapped_file_size_commitlog",
+    "mappedFileSizeConsumeQueue": "mapped_file_size_consume_queue",
+    "maxHashSlotNum": "max_hash_slot_num",
+    "maxIndexNum": "max_index_num",
+}
+
+
+def write_settings(path: str) -> int:
+    cfg = config("ASYNC_FLUSH")
+    Path(path).write_text("".join(f"{k} = {getattr(cfg, a)}\n" for k, a in SETTINGS.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "config":
+        sys.exit(write_settings(sys.argv[2]))
+    if sys.argv[1] == "write":
+        sys.exit(write(sys.argv[2], sys.argv[3], sys.argv[4]))
+    sys.exit(read(sys.argv[2]))

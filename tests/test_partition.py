@@ -1,0 +1,333 @@
+"""Network partitions between writer hosts and a GlusterFS volume (tests/netcluster.py).
+
+Each scenario runs writers and readers as processes on hosts A, B and V (network and mount
+namespaces of their own, the volume mounted at one path), cuts a host off with nftables drop
+rules and heals it, under SYNC_FLUSH and ASYNC_FLUSH. Afterwards, through V: every message a
+writer acknowledged is read exactly once (under ASYNC_FLUSH, a writer cut off while busy may
+lose what it acknowledged since its last flush, as a crash does: what remains of it must be a
+prefix of its acknowledgements), nothing else is read (no record of one writer over the
+other's), ``verify`` is clean, and ``recover`` changes nothing.
+
+The volume: ``network.ping-timeout`` 3, ``server.tcp-user-timeout`` 8 with keepalive 2/1/3, so
+a take-over takes about 8 s, and a writer cut off has given up on its pending writes by then. One cluster serves the module; each
+scenario has a store directory of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.gluster import GlusterUnavailable, _poll
+from tests.netcluster import NetCluster, cluster
+from tests.partition_host import BATCH
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("netcluster")]
+
+ROOT = Path(__file__).resolve().parent.parent
+FLUSHES = ["SYNC_FLUSH", "ASYNC_FLUSH"]
+LINE_TIMEOUT_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetCluster]:
+    try:
+        # The client gives up on a silent server (ping-timeout) before the servers give its
+        # lock away (tcp-user-timeout): the ordering pipeline.fencing asks of a volume.
+        with cluster(tmp_path_factory.mktemp("partition"), ping_timeout=3, tcp_user_timeout=8) as c:
+            yield c
+    except GlusterUnavailable as exc:
+        pytest.skip(f"needs a GlusterFS volume on hosts with a network: {exc}")
+
+
+class Proc:
+    """A tests.partition_host process on a host, its output read line by line."""
+
+    def __init__(self, c: NetCluster, host: str, *args: str) -> None:
+        self.host = host
+        self.proc = c.popen(
+            host,
+            [sys.executable, "-m", "tests.partition_host", *args],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.in_doubt: set[int] = set()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def line(self) -> str:
+        try:
+            got = self.lines.get(timeout=LINE_TIMEOUT_S)
+        except queue.Empty:
+            raise AssertionError(f"{self.host}: no output for {LINE_TIMEOUT_S} s") from None
+        if got is None:
+            assert self.proc.stderr is not None
+            raise AssertionError(f"{self.host} exited: {self.proc.stderr.read()}")
+        return got
+
+    def send(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text + "\n")
+        self.proc.stdin.flush()
+
+    def until(self, word: str) -> tuple[list[int], list[str]]:
+        """Acknowledged sequence numbers and failures up to the line starting with ``word``.
+        The messages of a put that failed are in doubt: it may have stored them or not."""
+        acked: list[int] = []
+        failed: list[str] = []
+        while True:
+            got = self.line()
+            if got.startswith("ack "):
+                acked.append(int(got.split()[1]))
+            elif got.startswith("fail "):
+                failed.append(got)
+                first = int(got.split()[1])
+                self.in_doubt.update(range(first, first + BATCH))
+            elif got.startswith("fail"):
+                failed.append(got)
+            if got.split()[0] == word:
+                return acked, failed
+
+
+class Writer(Proc):
+    def __init__(
+        self, c: NetCluster, host: str, store: Path, flush: str, name: str | None = None
+    ) -> None:
+        super().__init__(c, host, "write", str(store), name or host, flush)
+        opened = self.line()
+        assert opened.startswith("open "), opened
+        self.waited_s = float(opened.split()[1])
+        self.acked: list[int] = []
+
+    def put(self, n: int) -> list[str]:
+        self.send(f"put {n}")
+        acked, failed = self.until("done")
+        self.acked += acked
+        return failed
+
+    def close(self) -> str:
+        self.send("close")
+        last = self.line()
+        self.proc.wait(timeout=LINE_TIMEOUT_S)
+        return last
+
+
+def reconnected(c: NetCluster, host: str) -> None:
+    """Wait until ``host``, healed, works on the volume and its client is connected to every
+    brick again."""
+    c.wait_reachable(host)
+    address = c.address(host)
+    _poll(f"{host} on every brick", lambda: all(address in seen for seen in c.clients()), 60.0)
+    c.wait_for_heal()
+
+
+def cli_on(c: NetCluster) -> list[str]:
+    return [sys.executable, "-m", "pipeline.cli"]
+
+
+def cli_config(c: NetCluster) -> list[str]:
+    """``--config`` with the writers' settings (tests.partition_host)."""
+    settings = c.work / "store.toml"
+    if not settings.exists():
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        subprocess.run([sys.executable, "-m", "tests.partition_host", "config", str(settings)],
+                       cwd=ROOT, env=env, check=True)  # fmt: skip
+    return ["--config", str(settings)]
+
+
+def check(
+    c: NetCluster,
+    store: Path,
+    writers: dict[str, Writer],
+    prefix_ok: str = "",
+) -> None:
+    """Every acknowledged message once (for the writer named ``prefix_ok``, a prefix of them),
+    nothing else but messages of a put that failed, dense queue offsets; ``verify`` clean;
+    ``recover`` exact."""
+    acked = {name: w.acked for name, w in writers.items()}
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cli = cli_on(c)
+    got = c.run("V", [sys.executable, "-m", "tests.partition_host", "read", str(store)],
+                cwd=ROOT, env=env, timeout=120)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    rows = [line.split() for line in got.stdout.splitlines() if line.startswith("msg ")]
+    bodies = [r[3] for r in rows]
+    assert len(bodies) == len(set(bodies)), "a message was read twice"
+    per_queue: dict[str, list[int]] = {}
+    for _, q, offset, _ in rows:
+        per_queue.setdefault(q, []).append(int(offset))
+    for q, offsets in per_queue.items():
+        assert offsets == list(range(offsets[0], offsets[0] + len(offsets))), q
+    seen: dict[str, set[int]] = {}
+    for body in bodies:
+        name, _, seq = body.rpartition("-")
+        seen.setdefault(name, set()).add(int(seq))
+    assert set(seen) <= set(acked), f"messages of unknown writers: {set(seen) - set(acked)}"
+    for name, seqs in acked.items():
+        have = seen.get(name, set()) - writers[name].in_doubt
+        assert have <= set(seqs), (
+            f"{name}: unacknowledged messages read: {sorted(have - set(seqs))[:5]}"
+        )
+        if name == prefix_ok:
+            assert have == set(seqs[: len(have)]), f"{name}: a hole among the acknowledged"
+        else:
+            assert have == set(seqs), (
+                f"{name}: acknowledged messages lost: {sorted(set(seqs) - have)[:5]}"
+            )
+
+    def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return c.run("V", [*cli, *args, str(store), "--json", *cli_config(c)], cwd=ROOT, env=env,
+                     timeout=120)  # fmt: skip
+
+    # What a writer cut off left in the dead region a take-over made is named, and nothing else.
+    verified = run_cli("verify")
+    found = json.loads(verified.stdout)
+    assert {p["kind"] for p in found["problems"]} <= {"commitlog-fenced-writer"}, verified.stdout
+    recovered = run_cli("recover")
+    assert recovered.returncode == 0, recovered.stderr
+    report: dict[str, Any] = json.loads(recovered.stdout)
+    assert report["bytesTruncated"] == 0, report
+    assert (report["fencedBytes"] > 0) == (not found["ok"]), report
+    again = run_cli("verify")
+    assert again.returncode == 0, again.stdout + again.stderr
+    exact = json.loads(run_cli("recover").stdout)
+    assert exact["bytesTruncated"] == 0 and exact["fencedBytes"] == 0, exact
+    # Recovery kept every message as it was.
+    reread = c.run("V", [sys.executable, "-m", "tests.partition_host", "read", str(store)],
+                   cwd=ROOT, env=env, timeout=120)  # fmt: skip
+    assert reread.stdout == got.stdout
+
+
+@pytest.mark.parametrize("flush", FLUSHES)
+def test_idle_writer_cut_off_and_alive_after_the_heal_is_fenced(
+    hosts: NetCluster, flush: str
+) -> None:
+    c = hosts
+    store = c.mount / f"idle-{flush}"
+    a = Writer(c, "A", store, flush)
+    assert a.put(400) == []
+    a.send("flush")  # idle: everything it acknowledged is flushed when the partition comes
+    assert a.line() == "flushed"
+    c.partition("A")
+    try:
+        b = Writer(c, "B", store, flush)  # waits for the bricks to give A's lock away
+        assert b.waited_s < c.lock_release_s() + 10
+        assert b.put(600) == []
+    finally:
+        c.heal("A")
+    reconnected(c, "A")
+    listed = c.run("A", ["ls", "-l", str(store), str(store / "commitlog")])
+    assert listed.returncode == 0, listed.stderr
+    refused = a.put(50)
+    assert len(refused) == 1 and "FencedError" in refused[0] and "no longer owns" in refused[0]
+    assert b.put(300) == []
+    assert b.close() == "closed"
+    # Once fenced, always fenced, also when nobody holds the lock any more.
+    again = a.put(10)
+    assert len(again) == 1 and "FencedError" in again[0]
+    assert a.close().startswith("fail-close FencedError")
+    check(c, store, {"A": a, "B": b})
+
+
+@pytest.mark.parametrize("flush", FLUSHES)
+def test_busy_writer_cut_off_fails_and_is_fenced(hosts: NetCluster, flush: str) -> None:
+    c = hosts
+    store = c.mount / f"busy-{flush}"
+    a = Writer(c, "A", store, flush)
+    assert a.put(300) == []
+    a.send("stream")
+    for _ in range(200):  # busy: acknowledgements are coming when the partition starts
+        got = a.line()
+        assert got.startswith("ack "), got
+        a.acked.append(int(got.split()[1]))
+    c.partition("A")
+    try:
+        streamed, failed = a.until("done")  # the put in flight fails (ENOTCONN) in the end
+        a.acked += streamed
+        assert len(failed) == 1 and "Error" in failed[0], failed
+        b = Writer(c, "B", store, flush)
+        assert b.put(600) == []
+    finally:
+        c.heal("A")
+    a.send("stop")
+    reconnected(c, "A")
+    c.run("A", ["ls", "-l", str(store)])
+    refused = a.put(20)
+    assert len(refused) == 1, refused
+    assert b.put(200) == []
+    assert b.close() == "closed"
+    a.close()
+    # Under ASYNC_FLUSH what A acknowledged after its last flush was in its own memory only.
+    check(c, store, {"A": a, "B": b}, prefix_ok="A" if flush == "ASYNC_FLUSH" else "")
+
+
+@pytest.mark.parametrize("flush", FLUSHES)
+def test_writer_cut_off_from_one_brick_then_two(hosts: NetCluster, flush: str) -> None:
+    """One brick of three away: writes go on. Two: no quorum, the put fails and the writer
+    stops; once the bricks are back, the next writer (the same host) recovers every
+    acknowledged message."""
+    c = hosts
+    store = c.mount / f"bricks-{flush}"
+    a = Writer(c, "A", store, flush)
+    assert a.put(300) == []
+    c.cut("A", [0])
+    try:
+        assert a.put(300) == []
+        c.cut("A", [0, 1])
+        failed = a.put(300)
+        assert len(failed) == 1, failed
+    finally:
+        c.heal("A")
+    reconnected(c, "A")
+    a.close()
+    again = Writer(c, "A", store, flush, name="A2")
+    assert again.put(300) == []
+    assert again.close() == "closed"
+    check(c, store, {"A": a, "A2": again},
+          prefix_ok="A" if flush == "ASYNC_FLUSH" else "")  # fmt: skip
+
+
+def test_reader_host_cut_off_waits_or_fails_cleanly_and_catches_up(hosts: NetCluster) -> None:
+    """The CLI on a host cut off from the volume fails with the store's error (or the file
+    system's) and an exit status, never with garbage; after the heal it reads everything."""
+    c = hosts
+    store = c.mount / "reader"
+    a = Writer(c, "A", store, "SYNC_FLUSH")
+    assert a.put(500) == []
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cli = cli_on(c)
+    c.partition("V")
+    try:
+        assert a.put(200) == []
+        try:
+            cut = c.run(
+                "V", [*cli, "queues", str(store), *cli_config(c)], cwd=ROOT, env=env, timeout=60
+            )
+        except subprocess.TimeoutExpired:
+            cut = None  # waiting on the mount is a clean outcome too
+        if cut is not None:
+            assert cut.returncode != 0 and "Traceback" not in cut.stderr, cut.stderr
+    finally:
+        c.heal("V")
+    reconnected(c, "V")
+    assert a.close() == "closed"
+    check(c, store, {"A": a})
