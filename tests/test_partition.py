@@ -52,11 +52,13 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetCluster]:
 class Proc:
     """A tests.partition_host process on a host, its output read line by line."""
 
-    def __init__(self, c: NetCluster, host: str, *args: str) -> None:
+    def __init__(
+        self, c: NetCluster, host: str, *args: str, module: str = "tests.partition_host"
+    ) -> None:
         self.host = host
         self.proc = c.popen(
             host,
-            [sys.executable, "-m", "tests.partition_host", *args],
+            [sys.executable, "-m", module, *args],
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -74,11 +76,11 @@ class Proc:
             self.lines.put(line.rstrip("\n"))
         self.lines.put(None)
 
-    def line(self) -> str:
+    def line(self, timeout_s: float = LINE_TIMEOUT_S) -> str:
         try:
-            got = self.lines.get(timeout=LINE_TIMEOUT_S)
+            got = self.lines.get(timeout=timeout_s)
         except queue.Empty:
-            raise AssertionError(f"{self.host}: no output for {LINE_TIMEOUT_S} s") from None
+            raise AssertionError(f"{self.host}: no output for {timeout_s} s") from None
         if got is None:
             assert self.proc.stderr is not None
             raise AssertionError(f"{self.host} exited: {self.proc.stderr.read()}")
@@ -331,3 +333,59 @@ def test_reader_host_cut_off_waits_or_fails_cleanly_and_catches_up(hosts: NetClu
     reconnected(c, "V")
     assert a.close() == "closed"
     check(c, store, {"A": a})
+
+
+def test_spark_source_on_a_host_cut_off_reads_every_message_once(
+    hosts: NetCluster, tmp_path: Path
+) -> None:
+    """A streaming query of the rocketstore source, driver and executors on V, while V is cut
+    off and healed: it waits, or fails and is started again from its checkpoint; either way it
+    never reads garbage, and in the end it has read every message exactly once."""
+    c = hosts
+    store = c.mount / "spark-reader"
+    a = Writer(c, "A", store, "SYNC_FLUSH")
+    assert a.put(300) == []
+    out = tmp_path / "out"
+    reader = Proc(c, "V", str(store), "Partitioned", str(out), str(tmp_path / "checkpoint"),
+                  module="tests.partition_source")  # fmt: skip
+
+    def read_rows() -> list[str]:
+        return [line for f in sorted(out.glob("batch-*.txt")) for line in f.read_text().split()]
+
+    def caught_up(n: int) -> bool:
+        while True:  # drain the reader's lines; a failure now is a test failure
+            try:
+                got = reader.lines.get_nowait()
+            except queue.Empty:
+                return len(read_rows()) >= n
+            assert got is not None and not got.startswith("failed"), got
+
+    _poll("the source to read the first messages", lambda: caught_up(300), LINE_TIMEOUT_S)
+    c.partition("V")
+    failures = []
+    try:
+        assert a.put(200) == []
+        # Cut off, the query either blocks on the mount or fails once the client gives up.
+        try:
+            while True:
+                got = reader.line(timeout_s=3 * float(c.options["network.ping-timeout"]))
+                if got.startswith("failed"):
+                    failures.append(got)
+                    break
+                assert got.startswith("batch "), got
+        except AssertionError as waited:
+            assert "no output" in str(waited)
+    finally:
+        c.heal("V")
+    reconnected(c, "V")
+    if failures:
+        reader.send("resume")
+    assert a.put(100) == []
+    assert a.close() == "closed"
+    _poll("the source to catch up", lambda: caught_up(600), LINE_TIMEOUT_S)
+    reader.send("stop")
+    while (got := reader.line()) != "stopped":
+        assert got.startswith("batch "), got
+    rows = read_rows()
+    assert sorted(rows) == sorted(f"A-{i}" for i in a.acked), failures
+    assert len(rows) == len(set(rows))
