@@ -70,7 +70,7 @@ import numpy as np
 
 from pipeline import durability, filesystem, record
 from pipeline.errors import FencedError, StoreLockedError
-from pipeline.fileio import pwrite_all
+from pipeline.fileio import io_error, pwrite_all
 from pipeline.lock import DirectoryLock
 
 if TYPE_CHECKING:
@@ -149,15 +149,18 @@ class Fence:
         epochs = read_epochs(store_dir)
         e = Epoch(len(epochs), fenced_end, start, now_ms, os.getpid())
         path = path_of(store_dir)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            pwrite_all(fd, e.pack(), e.epoch * SLOT.size)
-            # Anything after the slot (a torn later append) would read as a newer epoch.
-            os.ftruncate(fd, (e.epoch + 1) * SLOT.size)
-            durability.fsync(fd, path)
-        finally:
-            os.close(fd)
-        durability.fsync_dir(path.parent)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                pwrite_all(fd, e.pack(), e.epoch * SLOT.size)
+                # Anything after the slot (a torn later append) would read as a newer epoch.
+                os.ftruncate(fd, (e.epoch + 1) * SLOT.size)
+                durability.fsync(fd, path)
+            finally:
+                os.close(fd)
+            durability.fsync_dir(path.parent)
+        except OSError as exc:
+            raise io_error(exc, f"recording epoch {e.epoch} in {path}") from exc
         return cls(store_dir, lock, e)
 
     def check(self, what: str) -> None:
