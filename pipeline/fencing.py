@@ -58,6 +58,7 @@ dead region recovery honours whether or not a record ever followed.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import errno
 import os
 import struct
@@ -168,7 +169,7 @@ class Fence:
         the newest. Once fenced, always fenced."""
         if self.fenced is not None:
             raise FencedError(str(self.fenced))
-        reason = self._lost(what)
+        reason = self._lost()
         if reason is not None:
             self.fenced = FencedError(
                 f"{self.store_dir}: {what} refused: this writer (epoch {self.epoch.epoch}) "
@@ -177,7 +178,8 @@ class Fence:
             )
             raise FencedError(str(self.fenced))
 
-    def _lost(self, what: str) -> str | None:
+    def _lost(self) -> str | None:
+        """Why this writer no longer owns the store, or None while it does."""
         try:
             self.lock.verify()
         except StoreLockedError:
@@ -195,9 +197,11 @@ class Fence:
             later = read_epochs(self.store_dir)
             if len(later) > self.epoch.epoch + 1:
                 taker = later[-1]
+                when = datetime.datetime.fromtimestamp(taker.taken_at_ms / 1000, datetime.UTC)
                 return (
                     f"epoch {taker.epoch} was taken by process {taker.pid} at "
-                    f"{taker.taken_at_ms} ms (in {path_of(self.store_dir)})"
+                    f"{when:%Y-%m-%d %H:%M:%S.%f}"[:-3]
+                    + f" UTC (in {path_of(self.store_dir)})"
                 )
             return f"a newer epoch is being written to {path_of(self.store_dir)}"
         return None
