@@ -80,6 +80,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import durability
+from pipeline.brokerconfig import load_bytes
 from pipeline.errors import StoreError
 
 FILE_NAME = "topics.json"
@@ -256,18 +257,13 @@ class _Loaded:
 
 
 def _load(config_dir: Path) -> _Loaded | None:
-    for path in (config_dir / FILE_NAME, config_dir / BAK_NAME):
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            continue
-        # fastjson reads a blank file as nothing, and the broker then goes on to the .bak.
-        if not raw.strip():
-            continue
-        document = _decode(path, raw)
-        previous = raw if path.name == FILE_NAME else None
-        return _Loaded(document, _parse(path, document), previous)
-    return None
+    found = load_bytes(config_dir, FILE_NAME)
+    if found is None:
+        return None
+    path, raw = found
+    document = _decode(path, raw)
+    previous = raw if path.name == FILE_NAME else None
+    return _Loaded(document, _parse(path, document), previous)
 
 
 def _decode(path: Path, raw: bytes) -> dict[str, Any]:
