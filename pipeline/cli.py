@@ -14,7 +14,7 @@ Commands (``rocketstore COMMAND --help`` for each)::
     verify STORE                                check every record, unit and index entry
     recover STORE                               run recovery, print its report
     clean STORE [--dry-run]                     delete expired files now (retention)
-    lag ROOT --checkpoint DIR                   a Spark query's committed offsets and lag
+    lag ROOT [--checkpoint DIR] [--group NAME]  Spark queries' and consumer groups' lag
     config                                      the effective store settings
 
 Contract:
@@ -318,15 +318,19 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p = command(
         "lag",
         "pipeline.lag:cmd_lag",
-        "Print a Spark query's committed offsets and its lag per queue",
-        "Reads the offsets of the last committed micro-batch from the Spark checkpoint of a "
-        "query that reads the store with format('rocketstore') (offsets/N of the highest N "
-        "with a commits/N), and prints per message queue: topic, brokerName, queueId, "
-        "committedOffset (the next queue offset the query reads), maxOffset (the queue's end in "
-        "the store) and lag (maxOffset - committedOffset), like RocketMQ's consumerProgress. "
-        "Queues the checkpoint does not name yet count from their minOffset, where the source "
-        "starts a new queue. ROOT is a store root (broker-N directories) or one RocketMQ store "
-        "directory; it is opened read-only.",
+        "Print how far a Spark query and RocketMQ consumer groups are behind, per queue",
+        "With --checkpoint, the offsets of the last committed micro-batch of a query that "
+        "reads the store with format('rocketstore') (offsets/N of the highest N with a "
+        "commits/N). Then the consumer groups whose offsets a stock broker keeps in a broker "
+        "directory's config/consumerOffset.json (its .bak when that is missing or empty, as a "
+        "broker loads it). Per message queue: topic, brokerName, queueId, committedOffset (the "
+        "next queue offset to read), maxOffset (the queue's end in the store) and lag "
+        "(maxOffset - committedOffset), as RocketMQ's consumerProgress counts it; then a total "
+        "per consumer. Queues not committed yet count from their minOffset, where the source "
+        "starts them (consumerProgress counts those from 0). ROOT is a store root (broker-N "
+        "directories) or one RocketMQ store directory; it is opened read-only. A broker writes "
+        "consumerOffset.json every 5 s and when it stops, so a running broker's groups may be "
+        "that far behind what it holds in memory.",
         [conf, as_json],
     )
     p.add_argument(
@@ -336,11 +340,18 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     )
     p.add_argument(
         "--checkpoint",
-        required=True,
         metavar="DIR",
-        help="the reading query's checkpointLocation (a local or mounted path)",
+        help="a reading query's checkpointLocation (a local or mounted path)",
     )
-    p.add_argument("--topic", help="only this topic (default: the topics the checkpoint names)")
+    p.add_argument(
+        "--group",
+        metavar="NAME",
+        help="only this consumer group (default: every group with committed offsets)",
+    )
+    p.add_argument(
+        "--topic",
+        help="only this topic (default: the topics the checkpoint and the groups name)",
+    )
     command(
         "config",
         "pipeline.commands:cmd_config",

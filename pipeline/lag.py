@@ -1,7 +1,10 @@
-"""How far a Spark query that reads a store is behind: its checkpoint's committed offsets
-beside the queues' bounds (``rocketstore lag``, and the demo's summary).
+"""How far the consumers of a store are behind (``rocketstore lag``, and the demo's summary):
+a Spark query, by its checkpoint's committed offsets, and RocketMQ consumer groups, by the
+offsets in each broker directory's ``config/consumerOffset.json`` (:mod:`pipeline.groups`),
+each beside the queues' bounds.
 
-Reads only: the checkpoint's files and the brokers, opened read-only (no lock, nothing written).
+Reads only: the checkpoint's files, the offset files and the brokers, opened read-only (no
+lock, nothing written).
 """
 
 from __future__ import annotations
@@ -10,11 +13,13 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.config import StoreConfig
 from pipeline.errors import StoreError
+from pipeline.groups import ConsumerOffsets, broker_offsets, group_offsets, groups_of, require_group
 from pipeline.output import emit, print_table
 from pipeline.root import StoreRoot
 from pipeline.store import MessageStore
@@ -33,9 +38,9 @@ class CommittedOffsets:
 
 @dataclasses.dataclass(frozen=True)
 class QueueLag:
-    """One message queue: ``committed`` is ``None`` when the checkpoint does not name it yet
-    (the source will start it at its min offset), ``max_offset`` ``None`` when the store has
-    no such queue."""
+    """One message queue: ``committed`` is ``None`` when the checkpoint (or group) does not
+    name it yet (the source starts such a queue at its min offset), ``max_offset`` ``None``
+    when the store has no such queue."""
 
     topic: str
     broker: str
@@ -126,6 +131,43 @@ def read_committed_offsets(checkpoint: str | os.PathLike[str]) -> CommittedOffse
     return CommittedOffsets(batch, found)
 
 
+def _order(key: QueueKey) -> tuple[str, int, str, int]:
+    """Topic, then brokers as the root numbers them (``broker-2`` before ``broker-10``)."""
+    topic, broker, qid = key
+    number = broker.rpartition("-")[2]
+    return topic, int(number) if number.isdigit() else -1, broker, qid
+
+
+def _brokers(root: str | os.PathLike[str]) -> list[tuple[str, Path]]:
+    """The broker directories of ``root``; :class:`StoreError` when it has none."""
+    brokers = StoreRoot(root).brokers()
+    if not brokers:
+        raise StoreError(
+            f"{root}: neither a store root (broker-N directories) nor a RocketMQ store directory"
+        )
+    return brokers
+
+
+def _bounds(
+    root: str | os.PathLike[str], config: StoreConfig, topics: set[str]
+) -> tuple[dict[QueueKey, tuple[int, int]], set[str]]:
+    """``(min, max)`` offsets of every queue of ``topics`` in the brokers of ``root``, and the
+    names of the brokers that hold a store; brokers are opened read-only."""
+    bounds: dict[QueueKey, tuple[int, int]] = {}
+    stores: set[str] = set()
+    for name, path in _brokers(root):
+        if not (path / "commitlog").is_dir():
+            continue  # a broker directory no task has written yet
+        stores.add(name)
+        if not topics:
+            continue
+        with MessageStore(path, config, read_only=True) as store:
+            for info in store.queue_infos():
+                if info.topic in topics:
+                    bounds[(info.topic, name, info.queue_id)] = (info.min_offset, info.max_offset)
+    return bounds, stores
+
+
 def consumer_lag(
     root: str | os.PathLike[str],
     committed: dict[QueueKey, int],
@@ -139,57 +181,166 @@ def consumer_lag(
     even if the store no longer has it. Brokers are opened read-only (no lock, nothing written).
     """
     wanted = set(topics) if topics else {t for t, _, _ in committed}
-    bounds: dict[QueueKey, tuple[int, int]] = {}
-    store_root = StoreRoot(root)
-    brokers = store_root.brokers()
-    if not brokers:
-        raise StoreError(
-            f"{root}: neither a store root (broker-N directories) nor a RocketMQ store directory"
-        )
-    for name, path in brokers:
-        if not (path / "commitlog").is_dir():
-            continue  # a broker directory no task has written yet
-        with MessageStore(path, config, read_only=True) as store:
-            for info in store.queue_infos():
-                if info.topic in wanted:
-                    bounds[(info.topic, name, info.queue_id)] = (info.min_offset, info.max_offset)
+    bounds, _ = _bounds(root, config, wanted)
     keys = set(bounds) | {k for k in committed if k[0] in wanted}
-
-    def order(key: QueueKey) -> tuple[str, int, str, int]:
-        topic, broker, qid = key
-        number = broker.rpartition("-")[2]
-        return topic, int(number) if number.isdigit() else -1, broker, qid
-
     rows = []
-    for key in sorted(keys, key=order):
+    for key in sorted(keys, key=_order):
         low, high = bounds.get(key, (None, None))
         rows.append(QueueLag(key[0], key[1], key[2], committed.get(key), low, high))
     return rows
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupLag:
+    """One RocketMQ consumer group's queues (see :func:`group_lag`)."""
+
+    group: str
+    queues: list[QueueLag]
+
+    @property
+    def total(self) -> int:
+        return sum(q.lag for q in self.queues if q.lag is not None)
+
+
+def group_lag(
+    root: str | os.PathLike[str],
+    config: StoreConfig,
+    *,
+    group: str | None = None,
+    topics: Sequence[str] | None = None,
+    brokers: dict[str, ConsumerOffsets] | None = None,
+) -> list[GroupLag]:
+    """The lag of each RocketMQ consumer group with offsets in the ``config/consumerOffset.json``
+    of a broker directory of ``root`` (a store root or one store directory), or only of
+    ``group``; only ``topics``, when given. Groups by name, then queues as
+    :func:`consumer_lag` orders them.
+
+    Per group, every queue of the topics it committed offsets for, in every broker of the root:
+
+    * committed: lag = max offset - committed offset, as ``mqadmin consumerProgress`` counts
+      it (a committed offset retention has passed counts the deleted messages too). A queue the
+      broker directory has no ConsumeQueue for has offsets 0 to 0, as a broker says.
+    * not committed (``committed`` None): lag = max offset - min offset, what the source's
+      ``startingOffsets=group:NAME`` reads from it. ``consumerProgress`` counts such a queue
+      from offset 0 (the same unless retention deleted its start), and leaves out a broker on
+      which the group committed nothing for the topic.
+
+    Raises :class:`~pipeline.errors.NotFoundError` when ``group`` committed nothing (for
+    ``topics``), :class:`~pipeline.groups.ConsumerOffsetsError` for a damaged offset file.
+    ``brokers``: the offset files, when the caller has read them (:func:`broker_offsets`)."""
+    if brokers is None:
+        brokers = broker_offsets(root)
+    if group is not None:
+        require_group(root, brokers, group, topics)
+    names = [group] if group is not None else groups_of(brokers, topics)
+    committed = {name: group_offsets(brokers, name, topics) for name in names}
+    wanted = {t for offsets in committed.values() for t, _, _ in offsets}
+    bounds, stores = _bounds(root, config, wanted)
+    out = []
+    for name in names:
+        offsets = committed[name]
+        own = {t for t, _, _ in offsets}
+        keys = {k for k in bounds if k[0] in own} | set(offsets)
+        rows = []
+        for key in sorted(keys, key=_order):
+            low, high = bounds.get(key, (0, 0) if key[1] in stores else (None, None))
+            rows.append(QueueLag(key[0], key[1], key[2], offsets.get(key), low, high))
+        out.append(GroupLag(name, rows))
+    return out
+
+
+HEADER = ("topic", "brokerName", "queueId", "committedOffset", "maxOffset", "lag")
+
+
+@dataclasses.dataclass
+class _Section:
+    """What one kind of consumer prints: a table (or its rows as JSON objects), then totals."""
+
+    header: tuple[str, ...]
+    table: list[list[object]]
+    objects: list[dict[str, object]]
+    totals: list[str]
+
+
+def _cells(row: QueueLag) -> list[object]:
+    return [row.topic, row.broker, row.queue_id, row.committed, row.max_offset, row.lag]
+
+
 def cmd_lag(args: argparse.Namespace) -> int:
-    """``rocketstore lag ROOT --checkpoint DIR``: one row per queue, then a total."""
-    progress = read_committed_offsets(args.checkpoint)
+    """``rocketstore lag ROOT [--checkpoint DIR] [--group NAME] [--topic T]``: the Spark
+    query's queues and total, then every consumer group's (or ``--group``'s) queues and a total
+    per group (:func:`group_lag`). An error when there is nothing to show."""
+    config = StoreConfig.effective(args.config)
     topics = [args.topic] if args.topic else None
-    if topics is None and not progress.offsets:
-        raise StoreError(
-            f"{args.checkpoint}: the query has not committed a batch yet; name the topic it "
-            "reads with --topic to see the whole backlog"
+    _brokers(args.root)
+    sections: list[_Section] = []
+    if args.checkpoint is not None:
+        progress = read_committed_offsets(args.checkpoint)
+        if topics is None and not progress.offsets:
+            raise StoreError(
+                f"{args.checkpoint}: the query has not committed a batch yet; name the topic it "
+                "reads with --topic to see the whole backlog"
+            )
+        rows = consumer_lag(args.root, progress.offsets, config, topics)
+        batch = (
+            "no batch committed yet"
+            if progress.batch_id is None
+            else f"batch {progress.batch_id} committed"
         )
-    rows = consumer_lag(args.root, progress.offsets, StoreConfig.effective(args.config), topics)
-    header = ("topic", "brokerName", "queueId", "committedOffset", "maxOffset", "lag")
-    table = [[r.topic, r.broker, r.queue_id, r.committed, r.max_offset, r.lag] for r in rows]
-    if args.json:
-        for row in table:
-            emit({**dict(zip(header, row, strict=True)), "batchId": progress.batch_id})
-        return 0
-    if table:
-        print_table(header, table)
-    batch = (
-        "no batch committed yet"
-        if progress.batch_id is None
-        else f"batch {progress.batch_id} committed"
-    )
-    total = sum(r.lag for r in rows if r.lag is not None)
-    print(f"{batch}; total lag {total} message(s) in {len(rows)} queue(s)")
+        total = sum(r.lag for r in rows if r.lag is not None)
+        sections.append(
+            _Section(
+                HEADER,
+                [_cells(r) for r in rows],
+                [
+                    {**dict(zip(HEADER, _cells(r), strict=True)), "batchId": progress.batch_id}
+                    for r in rows
+                ],
+                [f"{batch}; total lag {total} message(s) in {len(rows)} queue(s)"],
+            )
+        )
+    brokers = broker_offsets(args.root)
+    for name, offsets in brokers.items():
+        if offsets.from_bak:
+            # What a broker loads while its own rewrite has the file deleted (or left empty).
+            print(
+                f"rocketstore: note: {name}: read {offsets.path} ({offsets.path.stem} is "
+                "missing or empty)",
+                file=sys.stderr,
+            )
+    groups = group_lag(args.root, config, group=args.group, topics=topics, brokers=brokers)
+    if groups:
+        sections.append(
+            _Section(
+                ("group", *HEADER),
+                [[g.group, *_cells(r)] for g in groups for r in g.queues],
+                [
+                    {"group": g.group, **dict(zip(HEADER, _cells(r), strict=True))}
+                    for g in groups
+                    for r in g.queues
+                ],
+                [
+                    f"group {g.group}: total lag {g.total} message(s) in {len(g.queues)} queue(s)"
+                    for g in groups
+                ],
+            )
+        )
+    if not sections:
+        scope = f" for topic {args.topic}" if args.topic else ""
+        raise StoreError(
+            f"{args.root}: no consumer group has committed offsets{scope} there (in a broker "
+            "directory's config/consumerOffset.json); name a Spark query's checkpoint with "
+            "--checkpoint"
+        )
+    for number, section in enumerate(sections):
+        if args.json:
+            for obj in section.objects:
+                emit(obj)
+            continue
+        if number:
+            print()
+        if section.table:
+            print_table(section.header, section.table)
+        for line in section.totals:
+            print(line)
     return 0

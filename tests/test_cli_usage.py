@@ -61,7 +61,10 @@ ARGS: dict[str, tuple[list[str], list[list[str]]]] = {
     "verify": (["S"], [["--all"], ["--progress"], ["--json"], ["--config", "c.toml"]]),
     "recover": (["S"], [["--json"], ["--config", "c.toml"]]),
     "clean": (["S"], [["--dry-run"], ["--max-files", "2"], ["--json"], ["--config", "c.toml"]]),
-    "lag": (["R"], [["--checkpoint", "D"], ["--topic", "T"], ["--json"], ["--config", "c"]]),
+    "lag": (
+        ["R"],
+        [["--checkpoint", "D"], ["--group", "G"], ["--topic", "T"], ["--json"], ["--config", "c"]],
+    ),
     "config": ([], [["--config", "c.toml"], ["--json"]]),
 }
 
@@ -133,7 +136,7 @@ def test_the_readme_orders_store_messages(
         (["produce", "S", "a.jsonl", "b.jsonl"], "unrecognized arguments: b.jsonl"),
         (["queues", "S", "--nope"], "unrecognized arguments: --nope"),
         (["query-offset", "S", "-1"], "argument OFFSET: expected an integer >= 0, got '-1'"),
-        (["lag", "R"], "the following arguments are required: --checkpoint"),
+        (["lag", "--group", "G"], "the following arguments are required: ROOT"),
     ],
 )
 def test_a_usage_error_shows_the_commands_usage(
