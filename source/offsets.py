@@ -8,6 +8,8 @@ connector, queue ids as JSON object keys (strings)::
 
 An offset is the queue offset of the next message to read, so ``{"0": 42}`` has read messages
 0..41 of queue 0. In options, ``-2`` means the queue's earliest offset and ``-1`` its latest.
+``startingOffsets`` may also be ``group:NAME``: the offsets a RocketMQ consumer group committed
+(see :mod:`pipeline.groups`), read when the query first plans its offsets.
 
 :func:`to_json` writes keys in a fixed order (topic, broker, queue id ascending): Spark compares
 offsets by their JSON text, and the same offsets must always serialise the same way.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -29,6 +32,9 @@ Offsets = dict[QueueKey, int]
 
 EARLIEST = -2
 LATEST = -1
+GROUP_PREFIX = "group:"
+# RocketMQ's consumer group names (its client's Validators.checkGroup).
+_GROUP_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,255}$")
 
 EXAMPLE = '{"orders": {"broker-0": {"0": 42, "1": -2}}}'
 
@@ -93,13 +99,16 @@ class OffsetSpec:
     """Where reading starts (or, for a batch, ends), as the options said.
 
     ``kind`` is ``earliest``, ``latest``, ``offsets`` (``values``: offsets, -2/-1 allowed),
-    ``timestamp`` (``timestamp``: one time for every queue) or ``timestamps`` (``values``: a time
-    per queue, -2/-1 allowed). Queues the spec does not name start at their earliest offset.
+    ``timestamp`` (``timestamp``: one time for every queue), ``timestamps`` (``values``: a time
+    per queue, -2/-1 allowed) or ``group`` (``group``: a RocketMQ consumer group, whose
+    committed offsets the planner reads when it needs them). Queues the spec does not name
+    start at their earliest offset.
     """
 
     kind: str
     values: tuple[tuple[QueueKey, int], ...] = ()
     timestamp: int = 0
+    group: str = ""
 
     @property
     def mapping(self) -> Offsets:
@@ -107,15 +116,34 @@ class OffsetSpec:
 
 
 def parse_option(
-    option: str, text: str, topics: Iterable[str], *, allow_earliest: bool = True
+    option: str,
+    text: str,
+    topics: Iterable[str],
+    *,
+    allow_earliest: bool = True,
+    allow_group: bool = False,
 ) -> OffsetSpec:
-    """Parse ``earliest``, ``latest`` or offsets JSON for ``option``; raises
-    :class:`ConfigError` naming the option and the accepted forms."""
+    """Parse ``earliest``, ``latest``, offsets JSON or (``allow_group``) ``group:NAME`` for
+    ``option``; raises :class:`ConfigError` naming the option and the accepted forms."""
+    words = (
+        ["earliest"] * allow_earliest + ["latest"] + ["group:NAME (a consumer group)"] * allow_group
+    )
     accepted = (
-        f"expected {'earliest, ' if allow_earliest else ''}latest or a JSON object like "
-        f"{EXAMPLE} (-2 = earliest, -1 = latest)"
+        f"expected {', '.join(words)} or a JSON object like {EXAMPLE} (-2 = earliest, -1 = latest)"
     )
     word = text.strip().lower()
+    if word.startswith(GROUP_PREFIX):
+        name = text.strip()[len(GROUP_PREFIX) :].strip()
+        if not allow_group:
+            raise ConfigError(
+                f"option {option}={text!r}: a consumer group is not allowed here; {accepted}"
+            )
+        if not _GROUP_RE.match(name):
+            raise ConfigError(
+                f"option {option}={text!r}: {name!r} is not a consumer group name (1-255 "
+                "characters of letters, digits, %, |, _ and -)"
+            )
+        return OffsetSpec("group", group=name)
     if word in ("earliest", "latest"):
         if word == "earliest" and not allow_earliest:
             raise ConfigError(f"option {option}=earliest: not allowed here; {accepted}")

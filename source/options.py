@@ -11,8 +11,8 @@ option                      accepted values                                     
 path                        a store root (``broker-N/`` directories) or one RocketMQ   required
                             store directory
 topic                       a topic, or several separated by commas                    required
-startingOffsets             ``earliest``, ``latest`` or offsets JSON (-2 / -1)         streams:
-                                                                                       latest;
+startingOffsets             ``earliest``, ``latest``, offsets JSON (-2 / -1) or        streams:
+                            ``group:NAME``: a RocketMQ consumer group's offsets        latest;
                                                                                        batches:
                                                                                        earliest
 endingOffsets (batch)       ``latest`` or offsets JSON (-1)                            latest
@@ -43,6 +43,14 @@ includeAll                  ``true`` or ``false``: all of the four above        
 The ``include*`` options widen the row beyond the default columns (see :mod:`source.schema`),
 as Kafka's ``includeHeaders`` adds ``headers``: Spark cannot prune a Python data source's
 columns, so a column that is there costs every query, used or not.
+
+``startingOffsets=group:NAME`` starts each queue where the RocketMQ consumer group ``NAME``
+committed (``config/consumerOffset.json`` of each broker directory: :mod:`pipeline.groups`), so
+that a group can move from Java consumers to Spark without skipping or reading again; queues it
+never committed start at their earliest offset. The files are read when the query first plans
+its offsets (a query restarted from its checkpoint goes on from there and reads them no more);
+a group with no committed offset for the query's topics is an error, not a start from the
+earliest offsets. Nothing is committed back: the group's offsets stay as they were.
 
 Precedence of the starting options, as Kafka's: ``startingOffsetsByTimestamp``, then
 ``startingTimestamp``, then ``startingOffsets``. Every bad value raises
@@ -327,4 +335,4 @@ def _starting(options: Mapping[str, str], topics: tuple[str, ...], streaming: bo
     text = _get(options, "startingOffsets")
     if text is None:
         return OffsetSpec("latest" if streaming else "earliest")
-    return parse_option("startingOffsets", text, topics)
+    return parse_option("startingOffsets", text, topics, allow_group=True)

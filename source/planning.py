@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from pipeline.config import StoreConfig
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, NotFoundError
+from pipeline.groups import broker_offsets, require_group
 from source.brokerview import BrokerView, QueueBounds, Tails
 from source.errors import DataLossError
 from source.offsets import EARLIEST, LATEST, Offsets, OffsetSpec, QueueKey, queue_name, sort_key
@@ -313,7 +314,7 @@ class Planner:
                 q: views[q[1]].offset_for_time(q[0], q[2], spec.timestamp, b)
                 for q, b in bounds.items()
             }
-        named = spec.mapping
+        named = self.group_offsets(spec.group) if spec.kind == "group" else spec.mapping
         out: Offsets = {}
         views = {v.name: v for v in self.brokers()} if spec.kind == "timestamps" else {}
         for q in set(bounds) | set(named):
@@ -329,6 +330,24 @@ class Planner:
             else:
                 out[q] = value
         return out
+
+    def group_offsets(self, group: str) -> Offsets:
+        """What the RocketMQ consumer group ``group`` committed for the query's topics, read
+        now from each broker directory's ``config/consumerOffset.json``. Raises
+        :class:`ConfigError` when it committed nothing for them (a misspelt group must not
+        start from the earliest offsets), and
+        :class:`~pipeline.groups.ConsumerOffsetsError` for a damaged file."""
+        root = self.options.root.path
+        try:
+            found = require_group(root, broker_offsets(root), group, self.options.topics)
+        except NotFoundError as exc:
+            raise ConfigError(f"option startingOffsets=group:{group}: {exc}") from None
+        log.info(
+            "startingOffsets=group:%s: %d queue(s) committed, the others start at their earliest",
+            group,
+            len(found),
+        )
+        return found
 
     def initial_offsets(self) -> Offsets:
         return self.resolve(self.options.starting, self.bounds())

@@ -1,5 +1,6 @@
 """RocketMQ consumer groups: ``config/consumerOffset.json`` read as a broker loads it
-(pipeline/groups.py), and their lag in ``rocketstore lag``."""
+(pipeline/groups.py), their lag in ``rocketstore lag``, and the source's
+``startingOffsets=group:NAME``."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 
 import pytest
 from conftest import SMALL_CONFIG
+from sourcekit import SMALL, make_root, message_table, write
 
 from pipeline import cli
+from pipeline.errors import ConfigError
 from pipeline.groups import (
     BAK_NAME,
     FILE_NAME,
@@ -21,6 +24,9 @@ from pipeline.groups import (
 )
 from pipeline.message import Message
 from pipeline.store import MessageStore
+from source import options
+from source.offsets import OffsetSpec
+from source.planning import Planner
 
 
 def fastjson(text: str) -> bytes:
@@ -307,3 +313,88 @@ def test_offsets_of_a_root_by_broker(root: Path) -> None:
         ("Orders", "broker-1", 0): 6,
     }
     assert group_offsets(brokers, "nobody") == {}
+
+
+# -- startingOffsets=group:NAME ---------------------------------------------------------------------
+
+
+def test_the_option_names_a_group(root: Path) -> None:
+    parsed = options.parse(
+        {"path": str(root), "topic": "Orders", "startingOffsets": " Group:billing "},
+        streaming=True,
+    )
+    assert parsed.starting == OffsetSpec("group", group="billing")
+    for bad in ("group:", "group:a b", "group:x@y"):
+        with pytest.raises(ConfigError, match="is not a consumer group name"):
+            options.parse(
+                {"path": str(root), "topic": "Orders", "startingOffsets": bad}, streaming=True
+            )
+    with pytest.raises(ConfigError, match="a consumer group is not allowed here"):
+        options.parse(
+            {"path": str(root), "topic": "Orders", "endingOffsets": "group:billing"},
+            streaming=False,
+        )
+
+
+def test_the_planner_starts_where_the_group_committed(root: Path) -> None:
+    opts = {"path": str(root), "topic": "Orders,Events", "startingOffsets": "group:audit"}
+    planner = Planner(options.parse(opts, streaming=False))
+    start, end = planner.batch_range()
+    assert start == {
+        ("Orders", "broker-0", 0): 1,
+        ("Orders", "broker-0", 1): 0,
+        ("Orders", "broker-0", 2): 0,
+        ("Orders", "broker-1", 0): 6,
+        ("Events", "broker-0", 0): 2,
+    }
+    assert end[("Orders", "broker-0", 0)] == 5
+
+    opts = {"path": str(root), "topic": "Events", "startingOffsets": "group:billing"}
+    with pytest.raises(ConfigError) as caught:
+        Planner(options.parse(opts, streaming=True)).initial_offsets()
+    assert str(caught.value).startswith("option startingOffsets=group:billing: consumer group")
+    assert "groups there for topic Events: audit" in str(caught.value)
+
+
+@pytest.mark.slow
+def test_a_stream_takes_over_from_the_group_and_goes_on_from_its_checkpoint(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A query started from group:billing reads exactly what the group has not; restarted from
+    its checkpoint it goes on from there, even with the group's file gone."""
+    root = tmp_path / "root"
+    ids = make_root(root, "orders", brokers=2, queues=2, count=40)
+    put_config(root / "broker-0", b'{"offsetTable":{"orders@billing":{0:7,1:10}}}')
+    put_config(root / "broker-1", b'{"offsetTable":{"orders@billing":{1:3}}}')
+    # Per queue, the ids of make_root's layout in offset order: broker (i // 2) % 2, queue i % 2.
+    layout: dict[tuple[str, int], list[int]] = {}
+    for i in ids:
+        layout.setdefault((f"broker-{(i // 2) % 2}", i % 2), []).append(i)
+    committed = {("broker-0", 0): 7, ("broker-0", 1): 10, ("broker-1", 1): 3}
+    expected = sorted(
+        i for queue, members in layout.items() for i in members[committed.get(queue, 0) :]
+    )
+
+    def run_stream() -> list[int]:
+        got: list[int] = []
+        query = (
+            spark.readStream.format("rocketstore")
+            .option("path", str(root))
+            .option("topic", "orders")
+            .option("startingOffsets", "group:billing")
+            .load()
+            .writeStream.foreachBatch(
+                lambda df, _: got.extend(int(r.body.split(b":")[0][1:]) for r in df.collect())
+            )
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        return sorted(got)
+
+    assert run_stream() == expected
+    for name in ("broker-0", "broker-1"):
+        (root / name / "config" / FILE_NAME).unlink()
+    write(root, 1, message_table("orders", [40, 41], 2), config=SMALL)
+    assert run_stream() == [40, 41]
