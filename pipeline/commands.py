@@ -348,8 +348,18 @@ def cmd_config(args: argparse.Namespace) -> int:
             }
         )
         return 0
-    print_table(("setting", "value"), [[k, plain_cell(v)] for k, v in settings.items()])
+    print_table(
+        ("setting", "value"),
+        [[k, "(unset)" if v is None else plain_cell(v)] for k, v in settings.items()],
+    )
     sys.stdout.write(f"from: {config.origin}\n")
+    if config.broker_ip1 is None or config.listen_port is None:
+        # What unset means depends on the directory (pipeline.storehost): say it here.
+        sys.stdout.write(
+            "store host (brokerIP1:listenPort) where unset: the one the directory's newest "
+            f"record carries; in a new directory {config.store_host} (a store root's broker-N: "
+            "the port + 10 N)\n"
+        )
     if config.ignored_keys:
         sys.stdout.write(f"ignored (not store settings): {', '.join(config.ignored_keys)}\n")
     return 0

@@ -85,8 +85,13 @@ class StoreConfig:
     # (pipeline.visibility), and how long a reader waits for published data to reach its host.
     shared_storage: str = "auto"
     visibility_wait_ms: int = 30_000
-    broker_ip1: str = "127.0.0.1"
-    listen_port: int = 10911
+    # The store host a writer stamps into records and msgIds; None (unset): the directory's, or
+    # RocketMQ's broker defaults for a new one (pipeline.storehost).
+    broker_ip1: str | None = None
+    listen_port: int | None = None
+    # Not a RocketMQ setting: added to a listenPort that is set or defaulted, never to one
+    # taken from the directory (a root's broker b: 10 * b; pipeline.storehost).
+    listen_port_offset: int = 0
     ignored_keys: tuple[str, ...] = dataclasses.field(default=(), compare=False)
     # Where the settings came from (a file, or BUILT_IN), for messages; not a setting.
     origin: str = dataclasses.field(default=BUILT_IN, compare=False)
@@ -145,11 +150,18 @@ class StoreConfig:
             "diskMaxUsedSpaceRatio",
             "must be between 10 and 95 (RocketMQ's bounds)",
         )
-        need(0 < self.listen_port < 65536, "listenPort", "must be a TCP port (1-65535)")
-        try:
-            ipaddress.ip_address(self.broker_ip1)
-        except ValueError:
-            need(False, "brokerIP1", "must be an IPv4 or IPv6 address")
+        port = self.listen_port if self.listen_port is not None else 10911
+        need(
+            0 < port + self.listen_port_offset < 65536,
+            "listenPort",
+            "must be a TCP port (1-65535)"
+            + (f" after adding {self.listen_port_offset}" if self.listen_port_offset else ""),
+        )
+        if self.broker_ip1 is not None:
+            try:
+                ipaddress.ip_address(self.broker_ip1)
+            except ValueError:
+                need(False, "brokerIP1", "must be an IPv4 or IPv6 address")
         # RocketMQ rounds the ConsumeQueue file size up to whole units; so do we, but say so
         # loudly rather than silently changing the geometry of an existing store.
         need(
@@ -161,8 +173,14 @@ class StoreConfig:
     # -- derived values ---------------------------------------------------------------------
     @property
     def store_host(self) -> str:
-        """``ip:port`` of this broker, as written into every record's STOREHOST."""
-        return format_host(self.broker_ip1, self.listen_port)
+        """``ip:port`` written into every record's STOREHOST (and so into msgIds) by a writer
+        of a directory with no record yet: brokerIP1 (unset: this host's address as a stock
+        broker takes it) and listenPort (unset: 10911) plus :attr:`listen_port_offset`. A store
+        opened for writing first fixes both for its directory, which may carry another
+        (:func:`pipeline.storehost.for_directory`)."""
+        from pipeline import storehost  # not at import time: it needs the native record layer
+
+        return format_host(*storehost.default_store_host(self))
 
     @property
     def index_file_size(self) -> int:

@@ -66,6 +66,7 @@ from pipeline import (
     mapped_file,
     native,
     record,
+    storehost,
     visibility,
 )
 from pipeline.background import PeriodicTask
@@ -353,6 +354,12 @@ class MessageStore:
         self.recovery = self._recover()
         if not self.read_only and self.shared:
             self._take_epoch()
+        if not self.read_only:
+            # Every writer of a directory stamps the directory's store host (pipeline.storehost).
+            newest = storehost.newest_record_host(
+                self.commitlog, self.queues.values(), self.recovery.last_record_offset
+            )
+            self.config = cfg = storehost.for_directory(cfg, newest)
         self._store_host_field = record.encode_host(cfg.store_host)[0]
         self._store_host_hex = self._store_host_field.hex().upper()
         self._sync_flush = cfg.sync_flush

@@ -17,6 +17,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline import storehost
 from pipeline.config import StoreConfig
 from pipeline.errors import StoreError, StoreLockedError
 from pipeline.root import StoreRoot, broker_name
@@ -339,10 +340,12 @@ def _append_free_first(
 
 
 def broker_config(config: StoreConfig, broker: int) -> StoreConfig:
-    """Broker ``b`` of a root stores with ``listenPort + b``: a msgId is the store host and
-    port plus the CommitLog offset, so brokers on one host must differ in port, as RocketMQ
-    brokers sharing a machine do."""
-    return dataclasses.replace(config, listen_port=config.listen_port + broker)
+    """Broker ``b`` of a root stamps a port ``10 * b`` above listenPort (set or defaulted) into
+    a new directory's records: a msgId is the store host and port plus the CommitLog offset, so
+    the brokers of a root must differ in port, as stock brokers sharing a host do (each takes
+    its port, the one above and the one two below). A directory that has records keeps the
+    store host they carry unless brokerIP1/listenPort are set (pipeline.storehost)."""
+    return dataclasses.replace(config, listen_port_offset=storehost.PORT_STEP * broker)
 
 
 def stats_batch(stats: list[AppendStats]) -> Iterator[pa.RecordBatch]:

@@ -79,6 +79,16 @@ def _steady_disk(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("pipeline.store.statvfs_used_ratio", lambda path: 0.5)
 
 
+@pytest.fixture(autouse=True)
+def _steady_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stores opened by tests stamp 127.0.0.1 into a new directory's records, as they did
+    before rocketstore took RocketMQ's default ``brokerIP1`` (this host's first non-loopback
+    address, pipeline.storehost): msgIds in the suite must not depend on the machine's network
+    interfaces. Processes the tests start (Spark's Python workers, the console script) see
+    the host's real address; tests/test_storehost.py checks the unpinned rule."""
+    monkeypatch.setattr("pipeline.storehost.host_address", lambda: "127.0.0.1")
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local[2] SparkSession for the whole run (starting one costs 10-20 s), with the

@@ -598,6 +598,8 @@ def test_config_command(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
     table = dict(line.split(None, 1) for line in out.splitlines()[1:])
     assert table["mappedFileSizeCommitLog"] == "1073741824"
     assert table["messageIndexEnable"] == "true"
+    assert table["brokerIP1"] == table["listenPort"] == "(unset)"
+    assert "in a new directory 127.0.0.1:10911 (a store root's broker-N: the port + 10 N)" in out
     assert "ignored" not in out
 
     props = tmp_path / "broker.conf"

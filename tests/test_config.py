@@ -38,8 +38,11 @@ def test_defaults_are_rocketmq_49x() -> None:
     assert c.flush_interval_commitlog == 500
     assert c.max_msgs_num_batch == 64
     assert c.check_crc_on_recover is True
-    assert c.listen_port == 10911
+    # Unset: a directory's records decide (pipeline.storehost); a new one gets this host's
+    # address (127.0.0.1 under the suite's pin, conftest._steady_host) and port 10911.
+    assert c.broker_ip1 is None and c.listen_port is None
     assert c.store_host == "127.0.0.1:10911"
+    assert StoreConfig(listen_port=20911, listen_port_offset=20).store_host == "127.0.0.1:20931"
     assert c.index_file_size == 40 + 4 * 5_000_000 + 20 * 20_000_000
     assert not c.sync_flush
     assert c.ignored_keys == ()
@@ -62,10 +65,13 @@ def test_repo_config_files_load_to_defaults(name: str) -> None:
 
 
 def test_repo_toml_sets_every_setting() -> None:
-    # The documented default file names every setting, so it is a full reference.
+    # The documented default file names every setting, so it is a full reference; a setting
+    # whose default is to be unset is there commented out.
     text = (ROOT / "conf" / "store.toml").read_text()
+    unset = {name for name, value in StoreConfig().to_rocketmq().items() if value is None}
+    assert unset == {"brokerIP1", "listenPort"}
     for name in StoreConfig.names():
-        assert f"\n{name} = " in text, name
+        assert f"\n{'# ' if name in unset else ''}{name} = " in text, name
 
 
 def test_broker_conf_unknown_keys_are_listed() -> None:

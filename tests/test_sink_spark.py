@@ -123,7 +123,7 @@ def test_foreach_batch_sink_stores_every_row_once(
     assert sum(s.skipped for s in sink.history) == 0
     stored = read_back(root, "orders")
     check_stored(spark, rows, stored, 6, 2, ordered=files_per_batch == 1)
-    # Brokers store with listenPort + broker index, so msgIds differ across brokers.
+    # A root's brokers stamp ports 10 apart (sink.writer.broker_config), so msgIds differ.
     assert len({s["msgId"] for s in stored}) == len(stored)
     meta = StoreRoot(root).topic("orders")
     assert meta is not None and (meta.brokers, meta.queues) == (3, 2)

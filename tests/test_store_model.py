@@ -817,6 +817,7 @@ def test_four_mib_bodies(host: str) -> None:
         max_hash_slot_num=7,
         max_index_num=9,
         broker_ip1=host,
+        listen_port=10911,
     )
     assert config.max_message_size == 4 * mib
     model = StoreModel(
