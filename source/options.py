@@ -61,6 +61,7 @@ Pure and immutable once parsed; picklable (readers carry it to executors).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from collections.abc import Mapping
@@ -71,6 +72,7 @@ from pipeline.config import StoreConfig
 from pipeline.counts import parse_count
 from pipeline.errors import ConfigError, NotAStoreError, StoreError
 from pipeline.root import StoreRoot
+from pipeline.topicconfig import TopicConfigError, read_topics
 from source.offsets import OffsetSpec, parse_option, parse_timestamps_option
 
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
@@ -175,12 +177,18 @@ def parse_topics(text: str | None) -> tuple[str, ...]:
 
 
 def known_topics(root: StoreRoot) -> set[str]:
-    """Topics recorded in ``topics.json`` or present in some broker's ``consumequeue/``."""
+    """Topics recorded in ``topics.json``, present in some broker's ``consumequeue/``, or
+    served by a broker (its ``config/topics.json``: a topic created on a stock broker that
+    has no message yet, whose queues the stream reads from the start once they appear)."""
     found = set(root.topics())
     for _, broker in root.brokers():
         cq = broker / "consumequeue"
         if cq.is_dir():
             found.update(p.name for p in cq.iterdir() if p.is_dir())
+        # Only a hint here: a damaged file is for `rocketstore topics` to report.
+        with contextlib.suppress(TopicConfigError):
+            served = read_topics(broker / "config")
+            found.update(served.topics if served is not None else ())
     return found
 
 

@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sourcekit import make_root
+from sourcekit import SMALL, make_root
 
 from pipeline.errors import ConfigError, StoreError
+from pipeline.message import Message
+from pipeline.store import MessageStore
+from pipeline.topicconfig import ensure_topics
 from source import offsets, options
 from source.brokerview import QueueBounds
 from source.errors import DataLossError
@@ -370,6 +373,22 @@ def test_a_path_that_is_not_a_store(tmp_path: Path) -> None:
         options.parse({"path": str(tmp_path / "junk"), "topic": "t"}, streaming=True)
     with pytest.raises(ConfigError, match="option path is required"):
         options.parse({"topic": "t"}, streaming=True)
+
+
+def test_a_topic_a_broker_serves_is_known_before_its_first_message(tmp_path: Path) -> None:
+    """A topic created on a stock broker is in the directory's config/topics.json before any
+    message of it is: a stream may start on it. A damaged topics.json only hides its topics."""
+    store = tmp_path / "broker-a"
+    with MessageStore(store, SMALL) as writer:
+        writer.put(Message("orders", b"x"))
+    opts = {"path": str(store), "topic": "created"}
+    with pytest.raises(ConfigError, match="option topic: 'created' not found"):
+        options.parse(opts, streaming=True)
+    ensure_topics(store / "config", {"created": 4})
+    assert options.parse(opts, streaming=True).topics == ("created",)
+    (store / "config" / "topics.json").write_text("{")
+    with pytest.raises(ConfigError, match="option topic: 'created' not found"):
+        options.parse(opts, streaming=True)
 
 
 def test_options_are_case_insensitive_and_defaults_follow_kafka(root: Path) -> None:
