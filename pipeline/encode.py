@@ -31,6 +31,10 @@ from pipeline.errors import InvalidMessageError, MessageTooLargeError
 from pipeline.message import COLUMNS, Message, messages_to_table
 
 TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+# Characters no property name or value may hold: \x01 and \x02 would split the PROPERTIES
+# field, and readers take a NUL there for a torn write's zeros (record.torn_tail).
+RESERVED_CHARS = r"[\x00-\x02]"
+RESERVED_REASON = "contains a reserved character (\\x00, \\x01 or \\x02)"
 RESERVED_PROPERTIES = (
     record.PROPERTY_KEYS,
     record.PROPERTY_TAGS,
@@ -361,7 +365,7 @@ def prepare(
             filled[missing_uniq] = fresh.to_pylist()
             uniq_keys = pa.array(filled, pa.string())
     for values, what in checked:
-        _check_separators(values, what)
+        _check_reserved_chars(values, what)
     user_part = None
     if user_props is not None and user_props.null_count < n:
         # Each pair ends with \x02 here; the record carries none after the last.
@@ -520,8 +524,8 @@ def _lift_reserved(
     )
 
 
-def _check_separators(values: pa.Array, what: str) -> None:
-    """Refuse \\x01 / \\x02 inside a value: they would split the PROPERTIES field."""
+def _check_reserved_chars(values: pa.Array, what: str) -> None:
+    """Refuse a reserved character (:data:`RESERVED_CHARS`) inside a value."""
     data = values.buffers()[2] if values.null_count < len(values) else None
     if data is None:
         return
@@ -529,13 +533,8 @@ def _check_separators(values: pa.Array, what: str) -> None:
     raw = np.frombuffer(data, dtype=np.uint8)[int(offs[0]) : int(offs[-1])]
     if not len(raw) or int(raw.min()) > 2:  # min(): no temporary the size of the data
         return
-    bad = pc.fill_null(pc.match_substring_regex(values, "[\x01\x02]"), False)
-    _fail(
-        InvalidMessageError,
-        what,
-        bad.to_numpy(zero_copy_only=False),
-        "contains a reserved separator character (\\x01 or \\x02)",
-    )
+    bad = pc.fill_null(pc.match_substring_regex(values, RESERVED_CHARS), False)
+    _fail(InvalidMessageError, what, bad.to_numpy(zero_copy_only=False), RESERVED_REASON)
 
 
 def _encode_user_props(user: pa.Array) -> pa.Array:
@@ -551,13 +550,13 @@ def _encode_user_props(user: pa.Array) -> pa.Array:
         "a property value is null",
     )
     for arr, what in ((names, "name"), (values, "value")):
-        bad = pc.fill_null(pc.match_substring_regex(arr, "[\x01\x02]"), False)
+        bad = pc.fill_null(pc.match_substring_regex(arr, RESERVED_CHARS), False)
         _fail_rows(
             user,
             bad.to_numpy(zero_copy_only=False),
             n,
             "properties",
-            f"a property {what} contains a reserved separator character (\\x01 or \\x02)",
+            f"a property {what} {RESERVED_REASON}",
         )
     _fail_rows(
         user,

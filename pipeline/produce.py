@@ -36,7 +36,8 @@ from pipeline.store import MessageStore, PutResult
 
 INT32_MAX = 2**31 - 1
 FIELDS = ("topic", "body", "bodyBase64", "queueId", "keys", "tags", "properties", "flag")
-RESERVED_CHARS = re.compile("[\x01\x02]")
+# The property separators, and NUL, which readers take for a torn write (record.torn_tail).
+RESERVED_CHARS = re.compile("[\x00-\x02]")
 # A generated UNIQ_KEY is 32 hex characters (see pipeline.encode.UniqKeyGenerator).
 UNIQ_KEY_LEN = 32
 # The store speaks of Arrow columns and batch rows; the input's fields have the same names.
@@ -69,8 +70,8 @@ def _json_type(value: object) -> str:
 
 
 def _text(value: object, field: str, *, any_char: bool = False) -> str:
-    """``value`` as a string that UTF-8 can encode and that, unless ``any_char``, holds neither
-    property separator (code points 1 and 2)."""
+    """``value`` as a string that UTF-8 can encode and that, unless ``any_char``, holds no NUL
+    and neither property separator (code points 0, 1 and 2)."""
     if not isinstance(value, str):
         raise Refused(f"field {field!r} must be a string, got {_json_type(value)}")
     try:
@@ -78,7 +79,9 @@ def _text(value: object, field: str, *, any_char: bool = False) -> str:
     except UnicodeEncodeError:
         raise Refused(f"field {field!r} is not valid Unicode (a lone surrogate escape)") from None
     if not any_char and RESERVED_CHARS.search(value):
-        raise Refused(f"field {field!r} contains a reserved character (\\u0001 or \\u0002)")
+        raise Refused(
+            f"field {field!r} contains a reserved character (\\u0000, \\u0001 or \\u0002)"
+        )
     return value
 
 

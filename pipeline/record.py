@@ -24,6 +24,12 @@ TOPICLEN is a signed byte (topics are at most 127 bytes), PROPSLEN a signed shor
 32767 bytes). BODYCRC is ``zlib.crc32(body) & 0x7FFFFFFF``. Properties are
 ``name \\x01 value`` pairs joined by ``\\x02``, with no trailing separator.
 
+The CRC covers the body only, so a write torn after the body (zeros from some point of the
+topic or properties on, or a lost page among them) keeps a valid-looking record with its
+properties cut short. A whole record has no NUL byte in its topic (RocketMQ's topic rule is
+``[%|a-zA-Z0-9_-]``) or its properties (puts refuse U+0000 there, as they refuse the
+separators), so a NUL there marks the record as damaged: see :func:`torn_tail`.
+
 When a record does not fit in the rest of a segment file (RocketMQ requires ``size + 8 <=
 remaining``), the writer puts an 8-byte END_OF_FILE blank ``[int remaining][int BLANK_MAGIC]``
 and the record goes whole into the next file.
@@ -83,6 +89,8 @@ PROPERTY_TAGS = "TAGS"
 PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX = "UNIQ_KEY"
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
+# What a torn write leaves in a record's topic and properties; no whole record has one there.
+NUL = "\x00"
 KEY_SEPARATOR = " "
 
 # Layout pieces. HEAD covers offsets 0..48 (through BORNTIMESTAMP), identical for every record.
@@ -171,13 +179,18 @@ def encode_host(text: str) -> tuple[bytes, bool]:
 
 
 def encode_properties(props: Mapping[str, str]) -> bytes:
-    """``k\\x01v\\x02k\\x01v`` in the mapping's order (order is part of the bytes)."""
+    """``k\\x01v\\x02k\\x01v`` in the mapping's order (order is part of the bytes).
+
+    Names and values must not hold the separators, which would split the field, nor NUL, which
+    readers take for a torn write (:func:`torn_tail`)."""
     for name, value in props.items():
         for part, what in ((name, "name"), (value, "value")):
             if NAME_VALUE_SEPARATOR in part or PROPERTY_SEPARATOR in part:
                 raise InvalidMessageError(
                     f"property {what} {part!r} contains a reserved separator (\\x01 or \\x02)"
                 )
+            if NUL in part:
+                raise InvalidMessageError(f"property {what} {part!r} contains a NUL (\\x00)")
     return PROPERTY_SEPARATOR.join(
         f"{k}{NAME_VALUE_SEPARATOR}{v}" for k, v in props.items()
     ).encode("utf-8")
@@ -338,6 +351,8 @@ def encode_record(
     props_b = encode_properties(properties)
     if not 0 < len(topic_b) <= MAX_TOPIC_LENGTH:
         raise InvalidMessageError(f"topic {topic!r}: must be 1-{MAX_TOPIC_LENGTH} bytes of UTF-8")
+    if NUL in topic:
+        raise InvalidMessageError(f"topic {topic!r}: contains a NUL (\\x00)")
     if len(props_b) > MAX_PROPERTIES_LENGTH:
         raise InvalidMessageError(
             f"properties are {len(props_b)} bytes encoded; at most {MAX_PROPERTIES_LENGTH} allowed"
@@ -373,6 +388,26 @@ def encode_record(
 # -- decoding ------------------------------------------------------------------------------
 
 
+def torn_tail(topic: bytes, props: bytes) -> str | None:
+    """Why a record's topic and properties cannot be a whole record's (the first NUL byte in
+    them), or None.
+
+    RocketMQ's CRC covers only the body; a write torn after it leaves zeros in the topic or
+    properties while every length still adds up. A whole record has no NUL there: topics follow
+    RocketMQ's topic rule ``[%|a-zA-Z0-9_-]`` (the 4.9 client and broker enforce it, and so do
+    puts here), and puts here refuse U+0000 in property names and values. RocketMQ's own client
+    does not (``putUserProperty`` refuses only blank values), so a record in which a RocketMQ
+    application stored a NUL property reads as damaged: a tear leaves exactly those bytes, and
+    nothing else could tell the two apart. Only NUL is looked for, as a tear writes nothing
+    else; a stricter rule would catch no more tears and could refuse other writers' records.
+    """
+    for what, field in (("topic", topic), ("properties", props)):
+        at = field.find(0)
+        if at >= 0:
+            return f"NUL byte in the {what} at byte {at} of {len(field)}: a torn write's zeros"
+    return None
+
+
 def check_size_magic(buf: Any, pos: int, limit: int, path: str, phys: int) -> tuple[int, int]:
     """(TOTALSIZE, MAGIC) at ``pos``; raises when the header cannot be a record or blank."""
     if pos + 8 > limit:
@@ -401,7 +436,8 @@ def decode_record(
 
     ``phys`` is its physical offset (used in errors and checked against PHYSICALOFFSET; defaults
     to ``pos``). Raises :class:`CorruptRecordError` naming ``path`` and the offset if the magic,
-    sizes, physical offset or body CRC are wrong: a damaged record is never returned.
+    sizes, physical offset or body CRC are wrong, or the topic or properties hold a NUL
+    (:func:`torn_tail`): a damaged record is never returned.
     """
     phys = pos if phys is None else phys
     limit = len(buf) if limit is None else limit
@@ -461,6 +497,9 @@ def decode_record(
         raise CorruptRecordError(
             path, phys, f"body CRC mismatch: stored {crc}, computed {body_crc(body)}"
         )
+    torn = torn_tail(topic_raw, props_raw)
+    if torn is not None:
+        raise CorruptRecordError(path, phys, torn)
     try:
         topic = topic_raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -494,7 +533,8 @@ def scan_record(
     buf: Any, pos: int, limit: int, phys: int, *, check_crc: bool
 ) -> ScannedRecord | None:
     """The fields dispatch needs from the record at ``pos``, or None if it is not a whole,
-    valid record (magic, sizes, PHYSICALOFFSET == ``phys``, and the body CRC if asked).
+    valid record (magic, sizes, PHYSICALOFFSET == ``phys``, the body CRC if asked, and no NUL
+    in the topic or properties).
 
     The lean twin of :func:`decode_record` for scans over many records (recovery, dispatch):
     no message object, no host or msgId formatting.
@@ -525,7 +565,10 @@ def scan_record(
         return None
     if check_crc and zlib.crc32(buf[body_start : body_start + body_len]) & 0x7FFFFFFF != crc:
         return None
-    return size, queue_id, queue_offset, sys_flag, store_ts, topic, bytes(buf[p:end])
+    props = bytes(buf[p:end])
+    if torn_tail(topic, props) is not None:
+        return None
+    return size, queue_id, queue_offset, sys_flag, store_ts, topic, props
 
 
 def store_timestamp_at(buf: Any, pos: int) -> int:

@@ -23,11 +23,11 @@ CONFIG = StoreConfig(
     max_message_size=4000,
 )
 SAFE_TEXT = st.text(
-    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x01\x02"),
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00\x01\x02"),
     max_size=12,
 )
 KEY = st.text(
-    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x01\x02 "),
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00\x01\x02 "),
     min_size=1,
     max_size=10,
 )

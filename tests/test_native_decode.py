@@ -24,8 +24,9 @@ from pipeline.errors import CorruptRecordError
 
 FUZZ = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
-# Text without the property separators (encode_properties refuses them).
-_CHARS = st.characters(blacklist_categories=["Cs"], blacklist_characters="\x01\x02")
+# Text without NUL and the property separators (encode_properties refuses them, and
+# encode_record a NUL in the topic).
+_CHARS = st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00\x01\x02")
 _text = st.text(_CHARS, max_size=12)
 _word = st.text(_CHARS.filter(lambda c: c != " "), min_size=1, max_size=8)
 
@@ -204,21 +205,23 @@ def _with_properties(raw: bytes) -> bytearray:
     return rec
 
 
+def small_message(i: int, body: bytes, properties: dict[str, str]) -> dict[str, Any]:
+    """Message ``i`` of topic T, queue 0, with IPv4 hosts (its body starts at byte 88)."""
+    return {
+        "topic": "T",
+        "body": body,
+        "properties": properties,
+        "queue_id": 0,
+        "queue_offset": i,
+        "born_timestamp": 1,
+        "store_timestamp": 2,
+        "born_host": "10.0.0.1:1",
+        "store_host": "10.0.0.2:2",
+    }
+
+
 def test_failure_names_segment_and_offset() -> None:
-    msgs = [
-        {
-            "topic": "T",
-            "body": bytes([i]) * 10,
-            "properties": {"KEYS": f"k{i}"},
-            "queue_id": 0,
-            "queue_offset": i,
-            "born_timestamp": 1,
-            "store_timestamp": 2,
-            "born_host": "10.0.0.1:1",
-            "store_host": "10.0.0.2:2",
-        }
-        for i in range(3)
-    ]
+    msgs = [small_message(i, bytes([i]) * 10, {"KEYS": f"k{i}"}) for i in range(3)]
     buf, rel = encode_segment(msgs, 1 << 30, [])
     second = rel[1]
     buf[second + 90] ^= 0xFF  # a body byte (the body starts at 88): CRC mismatch
@@ -235,6 +238,26 @@ def test_failure_names_segment_and_offset() -> None:
         with pytest.raises(CorruptRecordError) as err:
             native.decode(buf, np.array([bad]), 1 << 30, path="p")
         assert err.value.offset == (1 << 30) + bad
+
+
+def test_a_record_torn_after_its_body_is_refused() -> None:
+    """Zeros from a point inside the properties on: the body CRC still matches, and the
+    decoders, the walk and the reference all refuse the record, naming the NUL."""
+    msgs = [small_message(i, b"body", {"UNIQ_KEY": "U" * 32, "seq": str(i)}) for i in range(2)]
+    buf, rel = encode_segment(msgs, 4096, [])
+    buf[-1] = 0  # the last record's "seq\x011" loses its value
+    with pytest.raises(CorruptRecordError, match="NUL byte in the properties") as err:
+        native.decode(bytes(buf), np.array(rel), 4096, path="seg")
+    assert err.value.offset == 4096 + rel[1]
+    with pytest.raises(CorruptRecordError, match="NUL byte in the properties"):
+        native.decode_one(bytes(buf), rel[1], 4096, path="seg", limit=len(buf))
+    with pytest.raises(CorruptRecordError, match="NUL byte in the properties"):
+        record.decode_record(buf, rel[1], phys=4096 + rel[1], path="seg")
+    walk = native.walk(bytes(buf), 0, len(buf), 4096, check_crc=True)
+    assert (len(walk), walk.end, walk.stop) == (1, 4096 + rel[1], native.STOP_INVALID)
+    assert walk.reason.startswith("NUL byte in the properties")
+    check_against_reference(bytes(buf), rel, 4096)
+    check_walk(bytes(buf), 0, 4096)
 
 
 def test_bad_arguments_are_value_errors() -> None:
@@ -343,7 +366,7 @@ def test_random_bytes(data: bytes, rel: list[int], base: int) -> None:
 # Damage done to a valid segment: (position fraction, kind, value).
 _mutation = st.tuples(
     st.floats(0, 1, exclude_max=True),
-    st.sampled_from(["flip", "byte", "zero4", "int", "truncate"]),
+    st.sampled_from(["flip", "byte", "zero4", "int", "truncate", "tear"]),
     st.integers(0, 2**32 - 1),
 )
 
@@ -362,6 +385,9 @@ def mutate(buf: bytearray, mutations: list[tuple[float, str, int]]) -> bytes:
         elif kind == "int":
             # A plausible-looking integer over a field: sizes and lengths are the targets.
             buf[at : at + 4] = (value % 512).to_bytes(4, "big")[: len(buf[at : at + 4])]
+        elif kind == "tear":
+            # A write the disk kept only up to here: zeros to the end.
+            buf[at:] = bytes(len(buf) - at)
         else:
             del buf[at:]
     return bytes(buf)

@@ -268,16 +268,20 @@ def check_dispatch_walk(
     assert d.store_ts.tolist() == w.store_ts[w.key_rows[entries]].tolist()
 
 
-@settings(max_examples=60)
+@settings(max_examples=80)
 @given(
     batch=st.lists(messages(), min_size=1, max_size=15),
     cut=st.integers(0, 10**6),
+    torn=st.booleans(),
     check_crc=st.booleans(),
     stop_at=st.integers(0, 16),
 )
 def test_walk_sees_what_the_reference_scan_sees(
-    batch: list[Message], cut: int, check_crc: bool, stop_at: int
+    batch: list[Message], cut: int, torn: bool, check_crc: bool, stop_at: int
 ) -> None:
+    """The log ends at ``cut``, or (``torn``) what a write torn there leaves: zeros from ``cut``
+    to the end of the last record. Either way the walk keeps only records whose every byte was
+    written, the CRC checked or not."""
     buf = bytearray()
     base = 4096
     for i, m in enumerate(batch):
@@ -302,7 +306,8 @@ def test_walk_sees_what_the_reference_scan_sees(
             sys_flag=m.sys_flag,
             flag=m.flag,
         )
-    data = bytes(buf[: cut % (len(buf) + 1)])
+    cut %= len(buf) + 1
+    data = bytes(buf[:cut]) + (bytes(len(buf) - cut) if torn else b"")
     w = native.walk(data, 0, len(data), base, check_crc=check_crc)
     want = _scan_reference(data, base)
     got = []
@@ -324,6 +329,7 @@ def test_walk_sees_what_the_reference_scan_sees(
     assert got == want
     ends_at = want[-1][0] + want[-1][1] if want else base
     assert w.end == ends_at
+    assert ends_at - base <= cut
     assert w.stop == (native.STOP_END if len(data) - (ends_at - base) < 8 else native.STOP_INVALID)
     check_dispatch_walk(data, 0, base, check_crc=check_crc)
     if stop_at < len(want):

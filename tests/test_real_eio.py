@@ -10,8 +10,8 @@ tests/test_put_faults.py injects them with failpoints.
   acknowledged messages (plus, at most once each, some of those not yet durable), ``verify``
   is clean and ``rocketstore recover`` repeats to the same bytes.
 * A write that the disk takes only up to a few bytes before the end of a record: recovery
-  must not keep the torn record (it does: marked xfail until scan_record checks more than the
-  body's CRC).
+  does not keep the torn record, whose body CRC still matches (the zeros in its properties
+  give it away).
 * The progress file or the checkpoint: not fail-stop (:class:`ProgressNotRecordedError`);
   puts go on and the next flush records the point.
 * A Spark sink whose CommitLog syncs fail: the query fails with the store's message; restarted
@@ -258,12 +258,6 @@ def test_real_eio_under_a_put_is_fail_stop_and_recovers_exactly(
     check_exact(fault_fs.backing / "store", acked, seq, tmp_path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="recovery keeps a record whose tail is zeros: RocketMQ's CRC covers the body only, "
-    "and nothing checks the topic and properties after it (native/src/scan.rs scan_record)",
-)
 def test_a_write_torn_after_a_records_body_does_not_survive_recovery(
     fault_fs: FaultFS, tmp_path: Path
 ) -> None:

@@ -191,6 +191,15 @@ def test_property_with_separator_refused(bad: dict[str, str]) -> None:
         record.encode_properties(bad)
 
 
+@pytest.mark.parametrize("bad", [{"a\x00": "v"}, {"a": "v\x00"}, {"a": "\x00"}, {"\x00": "v"}])
+def test_property_with_nul_refused(bad: dict[str, str]) -> None:
+    # A NUL is what a torn write leaves in the properties: no record may hold one.
+    with pytest.raises(InvalidMessageError, match="NUL"):
+        record.encode_properties(bad)
+    with pytest.raises(InvalidMessageError, match="NUL"):
+        encode(properties=bad)
+
+
 def test_decode_properties_skips_items_without_name_value_separator() -> None:
     raw = b"junk\x02a\x011\x02\x02alone\x02b\x012"
     assert record.decode_properties(raw) == {"a": "1", "b": "2"}
@@ -346,6 +355,58 @@ def test_v6_flag_on_v4_record_is_corrupt() -> None:
     assert_corrupt(flipped)
 
 
+def torn(raw: bytes, cut: int) -> bytes:
+    """What the disk holds of ``raw`` when a write kept only its first ``cut`` bytes."""
+    return raw[:cut] + bytes(len(raw) - cut)
+
+
+def test_a_write_torn_after_the_body_is_corrupt() -> None:
+    props = {"TAGS": "TagA", "KEYS": "k1 k2", "UNIQ_KEY": "ABCDEF", "seq": "42"}
+    raw = encode(physical_offset=5000, properties=props)
+    props_at = len(raw) - props_len(props)
+    topic_at = 88 + len(b"hello body") + 1
+    # The body CRC still matches at every cut from the topic on. Before the properties the
+    # zeroed PROPERTIESLENGTH no longer adds up; inside them only the zeros tell.
+    for cut in range(topic_at, len(raw)):
+        damaged = torn(raw, cut)
+        want = "add up" if cut < props_at else "NUL byte in the properties"
+        assert_corrupt(damaged, match=want)
+        assert record.scan_record(damaged, 0, len(damaged), 5000, check_crc=True) is None
+        assert record.scan_record(damaged, 0, len(damaged), 5000, check_crc=False) is None
+    # Only the last byte lost: the UNIQ_KEY is whole, the user property "seq" is cut short.
+    n = props_len(props)
+    assert_corrupt(
+        torn(raw, len(raw) - 1), match=f"NUL byte in the properties at byte {n - 1} of {n}:"
+    )
+    # Without properties a record ends with its topic and a zero PROPERTIESLENGTH.
+    bare = encode(physical_offset=5000, properties={})
+    assert_corrupt(torn(bare, len(bare) - 4), match="NUL byte in the topic at byte 7 of 9")
+    assert record.decode_record(torn(bare, len(bare) - 2), 0, phys=5000).topic == "TopicTest"
+
+
+def test_zeros_inside_the_properties_are_corrupt() -> None:
+    # A lost page among large properties: the record's end is intact.
+    props = {"UNIQ_KEY": "ABCDEF", "pad": "p" * 9000}
+    raw = bytearray(encode(physical_offset=5000, properties=props))
+    raw[len(raw) - 6000 : len(raw) - 6000 + 4096] = bytes(4096)
+    assert_corrupt(bytes(raw), match="NUL byte in the properties")
+    assert record.scan_record(raw, 0, len(raw), 5000, check_crc=True) is None
+
+
+def test_a_whole_record_has_no_nul_where_a_tear_leaves_one() -> None:
+    # What the rule rests on: a whole record's topic and properties hold no NUL, whatever else
+    # they hold (non-ASCII text, other control characters); its body may be all zeros.
+    props = {"KEYS": "a b", "p_utf8": "värde-ü-中", "x": "\x03\x7f"}
+    raw = encode(physical_offset=5000, topic="%RETRY%grp|a_b-1", properties=props, body=bytes(9))
+    m = record.decode_record(raw, 0, phys=5000)
+    assert (m.topic, m.properties, m.body) == ("%RETRY%grp|a_b-1", props, bytes(9))
+    assert record.torn_tail(b"T", b"k\x01v\x02k2\x01v2") is None
+    assert (
+        record.torn_tail(b"T\x00", b"")
+        == "NUL byte in the topic at byte 1 of 2: a torn write's zeros"
+    )
+
+
 # -- refusals on encode ------------------------------------------------------------------
 
 
@@ -358,6 +419,8 @@ def test_topic_limits() -> None:
     # the limit is in UTF-8 bytes, not characters
     with pytest.raises(InvalidMessageError, match="topic"):
         encode(topic="é" * 64)
+    with pytest.raises(InvalidMessageError, match="NUL"):
+        encode(topic="Topic\x00")
 
 
 def test_properties_limit() -> None:

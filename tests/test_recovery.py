@@ -61,7 +61,8 @@ def snapshot(store: MessageStore) -> list[tuple[str, int, int, bytes]]:
     return out
 
 
-def test_torn_last_record_is_cut_exactly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("damage", ["body", "tail"])
+def test_torn_last_record_is_cut_exactly(tmp_path: Path, damage: str) -> None:
     path = tmp_path / "s"
     offsets = write(path, 400)
     with MessageStore(path, CONFIG, read_only=True) as store:
@@ -76,7 +77,12 @@ def test_torn_last_record_is_cut_exactly(tmp_path: Path) -> None:
     )
     data = bytearray(seg.read_bytes())
     rel = offsets[-1] % CONFIG.mapped_file_size_commitlog
-    data[rel + 88] ^= 0xFF  # the first body byte (IPv4 hosts): a torn write the CRC catches
+    if damage == "body":
+        data[rel + 88] ^= 0xFF  # the first body byte (IPv4 hosts): a torn write the CRC catches
+    else:
+        # The disk kept the record only up to 8 bytes before its end: the CRC still matches,
+        # the zeros in its properties give the tear away.
+        data[rel + last.store_size - 8 : rel + last.store_size] = bytes(8)
     seg.write_bytes(bytes(data))
     (path / "config" / FILE_NAME).unlink()  # force RocketMQ's rule: scan from the checkpoint
     with MessageStore(path, CONFIG) as store:

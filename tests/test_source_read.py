@@ -149,11 +149,13 @@ def messages(draw: st.DrawFn) -> list[Message]:
         props = draw(
             st.dictionaries(
                 st.text(
-                    st.characters(blacklist_characters="\x01\x02", codec="utf-8"),
+                    st.characters(blacklist_characters="\x00\x01\x02", codec="utf-8"),
                     min_size=1,
                     max_size=6,
                 ),
-                st.text(st.characters(blacklist_characters="\x01\x02", codec="utf-8"), max_size=8),
+                st.text(
+                    st.characters(blacklist_characters="\x00\x01\x02", codec="utf-8"), max_size=8
+                ),
                 max_size=3,
             )
         )

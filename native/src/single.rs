@@ -3,10 +3,11 @@
 //! per field.
 //!
 //! Only a *plain* message takes this path: fields of exactly the types `Message` declares, no
-//! transaction bits, born host, reconsume count or prepared offset, no reserved property names
-//! or separators inside values, and room in the current CommitLog segment, ConsumeQueue file and
-//! IndexFile. For anything else [`SinglePut::put`] returns `None` before writing a byte, and the
-//! caller puts the message as a batch of one, which validates it and names what is wrong.
+//! transaction bits, born host, reconsume count or prepared offset, no reserved property names,
+//! no NUL or separator inside a property, and room in the current CommitLog segment,
+//! ConsumeQueue file and IndexFile. For anything else [`SinglePut::put`] returns `None` before
+//! writing a byte, and the caller puts the message as a batch of one, which validates it and
+//! names what is wrong.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -43,8 +44,10 @@ fn exact_int<T: for<'a, 'py> FromPyObject<'a, 'py>>(v: &Bound<'_, PyAny>) -> Opt
     v.cast_exact::<PyInt>().ok()?.extract().ok()
 }
 
-fn has_separator(s: &str) -> bool {
-    s.bytes().any(|b| b == 1 || b == 2)
+/// Whether a property name or value holds a byte a record's PROPERTIES cannot: the separators
+/// `\x01` and `\x02`, or NUL, which reads as a torn write's zeros ([`crate::scan::torn_tail`]).
+fn has_reserved_byte(s: &str) -> bool {
+    s.bytes().any(|b| b <= 2)
 }
 
 /// RocketMQ's topic rule, `[%|a-zA-Z0-9_-]`, 1 to 127 bytes.
@@ -148,7 +151,7 @@ fn plain<'a>(
         (RESERVED[2], Some(uniq)),
     ] {
         if let Some(v) = value {
-            if has_separator(v) {
+            if has_reserved_byte(v) {
                 return None;
             }
             push_property(&mut props, name.as_bytes(), v.as_bytes());
@@ -159,8 +162,8 @@ fn plain<'a>(
             let (name, value) = (exact_str(&name)?, exact_str(&value)?);
             if name.is_empty()
                 || RESERVED.contains(&name)
-                || has_separator(name)
-                || has_separator(value)
+                || has_reserved_byte(name)
+                || has_reserved_byte(value)
             {
                 return None;
             }
