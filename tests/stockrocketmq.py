@@ -5,7 +5,9 @@ hold rocketstore's files against RocketMQ itself.
 reason). :class:`StockCluster` runs a name server and brokers in a network namespace of its own:
 the servers bind every address (4.9.4 has no setting for it), and a private namespace keeps them
 off the host's ports and lets several tests use the same port numbers at once. The kit's tools
-(``mqadmin.sh``, ``consume.sh``, ...) run in the same namespace through :meth:`StockCluster.tool`.
+(``mqadmin.sh``, ``consume.sh``, ...) run in the same namespace through :meth:`StockCluster.tool`,
+and the tests' own programs against the stock client (``tests/java/``, compiled by
+:func:`build_java`) through :meth:`StockCluster.java`.
 
 A server counts as up when it prints its "boot success" line: a reader thread per server copies
 its output to ``RUN/<name>.out`` and reports that line (or the end of the output, when the
@@ -14,13 +16,17 @@ server dies), so nothing waits by sleeping.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -29,6 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 KIT = ROOT.parent / "shared" / "rocketmq-4.9.4"
 NAMESRV_PORT = 19876
 BROKER_PORT = 20911
+# Brokers on one host: each listens on its port, the one above (HA) and the one two below (VIP
+# channel). Ten apart, as rocketstore numbers a root's brokers' ports (pipeline.storehost).
+PORT_STEP = 10
 BOOT_SECONDS = 90  # a broker on a small store boots in 1-3 s on an idle machine
 STOP_SECONDS = 60  # a clean stop takes 4-7 s
 
@@ -122,7 +131,16 @@ class StockCluster:
         assert self._holder is not None, "the cluster is not running"
         return ["nsenter", f"--net=/proc/{self._holder.pid}/ns/net", "--", *argv]
 
-    def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Server:
+    def _start(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        *,
+        refused: bool = False,
+    ) -> Server:
+        """Start a server and wait for its boot line; with ``refused``, wait instead for it to
+        end without one (raising if it boots)."""
         log = self.run_dir / f"{name}.out"
         proc = subprocess.Popen(
             self._in_namespace(argv),
@@ -141,6 +159,11 @@ class StockCluster:
             event = events.get(timeout=BOOT_SECONDS)
         except queue.Empty:
             event = "timed out"
+        if refused:
+            self.stop(server)
+            if event != "ended":
+                raise AssertionError(f"stock {name} {event} although it was expected to refuse")
+            return server
         if event != "booted":
             self.stop(server)
             tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
@@ -154,6 +177,45 @@ class StockCluster:
             f"broker-{store.name}-{port}",
             [str(KIT / "broker.sh"), str(store), str(port), str(NAMESRV_PORT), *conf],
         )
+
+    def refused_broker(self, store: Path, port: int = BROKER_PORT, *conf: str) -> tuple[int, str]:
+        """Start a stock broker on ``store`` that is expected to exit without booting (the
+        directory's lock is held); its exit status and output."""
+        server = self._start(
+            f"refused-{store.name}-{port}",
+            [str(KIT / "broker.sh"), str(store), str(port), str(NAMESRV_PORT), *conf],
+            refused=True,
+        )
+        assert server.proc.returncode is not None
+        return server.proc.returncode, server.log.read_text(errors="replace")
+
+    @contextlib.contextmanager
+    def serving(self, stores: list[Path], *conf: str) -> Iterator[list[int]]:
+        """Stock brokers on ``stores`` (broker ``i`` on ``BROKER_PORT + PORT_STEP * i``) for the
+        body of the ``with``, stopped cleanly after it; yields their ports."""
+        ports = [BROKER_PORT + PORT_STEP * i for i in range(len(stores))]
+        started: list[Server] = []
+        try:
+            for store, port in zip(stores, ports, strict=True):
+                started.append(self.broker(store, port, *conf))
+            yield ports
+        finally:
+            for server in reversed(started):
+                self.stop(server)
+
+    def spawn(self, script: str, *args: str) -> subprocess.Popen[str]:
+        """Start one of the kit's client scripts in the namespace without waiting for it."""
+        return subprocess.Popen(
+            self._in_namespace([str(KIT / script), *args]),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env,
+        )
+
+    def mqadmin(self, command: str, *args: str) -> str:
+        """``mqadmin COMMAND -n NAMESRV ARGS...``: its standard output."""
+        return self.tool("mqadmin.sh", command, "-n", self.namesrv, *args)
 
     def stop(self, server: Server) -> None:
         """Stop a server cleanly (SIGTERM: a broker persists its config files as it stops)."""
@@ -174,25 +236,115 @@ class StockCluster:
     ) -> str:
         """Run one of the kit's client scripts in the namespace; its standard output. A failure
         raises with its output."""
-        done = subprocess.run(
-            self._in_namespace([str(KIT / script), *args]),
+        return self._run([str(KIT / script), *args], f"{script} {' '.join(args)}", env, timeout)
+
+    def java(self, classes: Path, main: str, *args: str, timeout: float = 180) -> str:
+        """Run the class ``main`` of a program :func:`build_java` compiled into ``classes``, as
+        the kit runs its client tools (its classpath and JVM options), in the namespace; its
+        standard output. A failure raises with its output."""
+        launch = '. "$1/env.sh" && cp="$2:$CP" && shift 2 && exec java $JOPTS_CLIENT -cp "$cp" "$@"'
+        argv = ["bash", "-c", launch, "java", str(KIT), str(classes), main, *args]
+        return self._run(argv, f"{main} {' '.join(args)}", None, timeout)
+
+    def _run(self, argv: list[str], label: str, env: dict[str, str] | None, timeout: float) -> str:
+        done = self._complete(argv, env, timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"{label} exited {done.returncode}:\n{done.stdout}{done.stderr}")
+        return done.stdout
+
+    def _complete(
+        self, argv: list[str], env: dict[str, str] | None, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self._in_namespace(argv),
             capture_output=True,
             text=True,
             env={**self.env, **(env or {})},
             timeout=timeout,
             check=False,
         )
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"{script} {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}"
-            )
-        return done.stdout
+
+    def consumer_progress(
+        self, group: str, timeout: float = 120
+    ) -> tuple[dict[tuple[str, str, int], QueueProgress], int]:
+        """``mqadmin consumerProgress -g group``, parsed (:func:`parse_consumer_progress`).
+
+        mqadmin finds a group's brokers by the route of its retry topic, which a broker creates
+        when the group's first heartbeat arrives and tells the name server of one way; until
+        the name server has it, mqadmin prints nothing on stdout (and still exits 0). So it is
+        asked again until it answers, for ``timeout`` seconds."""
+        argv = [str(KIT / "mqadmin.sh"), "consumerProgress", "-n", self.namesrv, "-g", group]
+        deadline = time.monotonic() + timeout
+        while True:
+            done = self._complete(argv, None, 180)
+            if done.returncode == 0 and "Diff Total:" in done.stdout:
+                return parse_consumer_progress(done.stdout)
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"consumerProgress -g {group} gave no progress in {timeout} s; last "
+                    f"exit {done.returncode}:\n{done.stdout}{done.stderr[-3000:]}"
+                )
 
     def consume(self, topic: str, idle_ms: int = 3000) -> list[Consumed]:
         """Every message of ``topic`` the stock pull consumer reads from the earliest offsets
         (it stops after ``idle_ms`` without a new one)."""
         env = {"CONSUME_JOPTS": f"-DidleMs={idle_ms}"}
         return parse_consumed(self.tool("consume.sh", str(NAMESRV_PORT), topic, env=env))
+
+
+def javac_unavailable() -> str | None:
+    """Why test programs against the stock client cannot be compiled here, or None."""
+    if shutil.which("javac") is None:
+        return "needs javac (a JDK 17) to build the test's Java program against the stock client"
+    return None
+
+
+def build_java(source: Path, out: Path) -> Path:
+    """Compile ``source`` against the kit's jars into ``out`` (the classes directory, for
+    :meth:`StockCluster.java`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    compile_ = '. "$0/env.sh" && exec javac -nowarn -cp "$CP" -d "$1" "$2"'
+    done = subprocess.run(
+        ["bash", "-c", compile_, str(KIT), str(out), str(source)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"javac {source} failed:\n{done.stdout}{done.stderr}")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueProgress:
+    """One row of ``mqadmin consumerProgress -g GROUP``."""
+
+    broker_offset: int
+    consumer_offset: int
+    diff: int
+
+
+def parse_consumer_progress(stdout: str) -> tuple[dict[tuple[str, str, int], QueueProgress], int]:
+    """``mqadmin consumerProgress -g GROUP``'s rows by (topic, brokerName, queueId), and its
+    ``Diff Total``. Its table: ``#Topic #Broker Name #QID #Broker Offset #Consumer Offset``,
+    ``#Client IP`` while the group has consumers online, ``#Diff #LastTime``."""
+    rows: dict[tuple[str, str, int], QueueProgress] = {}
+    total: int | None = None
+    with_ip = False
+    for line in stdout.splitlines():
+        if line.startswith("#Topic"):
+            with_ip = "#Client IP" in line
+        elif line.startswith("Diff Total:"):
+            total = int(line.split(":", 1)[1])
+        elif len(fields := line.split()) >= 6 and fields[2].isdigit():
+            topic, broker, qid, broker_offset, consumer_offset = fields[:5]
+            diff = fields[6] if with_ip else fields[5]
+            rows[(topic, broker, int(qid))] = QueueProgress(
+                int(broker_offset), int(consumer_offset), int(diff)
+            )
+    if total is None:
+        raise AssertionError(f"consumerProgress printed no Diff Total:\n{stdout[-2000:]}")
+    return rows, total
 
 
 def _copy(stream: IO[str], log: Path, events: queue.Queue[str]) -> None:
@@ -229,3 +381,36 @@ def parse_consumed(stdout: str) -> list[Consumed]:
     if runs == 0 or closed != len(rows):
         raise AssertionError(f"consume.sh output ends without its COUNT line:\n{stdout[-2000:]}")
     return rows
+
+
+def check_sent(stdout: str, n: int) -> None:
+    """Raise unless ``produce.sh``'s summary says all ``n`` messages were sent (SEND_OK)."""
+    if f"SENT ok={n} notOk=0 failed=0" not in stdout:
+        raise AssertionError(f"the stock producer did not send all {n}:\n{stdout[-2000:]}")
+
+
+def parse_topic_status(stdout: str) -> dict[tuple[str, int], tuple[int, int]]:
+    """``mqadmin topicStatus``'s rows: (brokerName, queueId) to (min offset, max offset)."""
+    rows: dict[tuple[str, int], tuple[int, int]] = {}
+    for line in stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and not line.startswith("#") and fields[1].isdigit():
+            rows[(fields[0], int(fields[1]))] = (int(fields[2]), int(fields[3]))
+    return rows
+
+
+def parse_query_by_key(stdout: str) -> list[tuple[str, int, int]]:
+    """``mqadmin queryMsgByKey``'s rows: (message id as printed, queueId, queue offset)."""
+    found = re.findall(r"^([0-9A-F]{32,56})\s+(\d+)\s+(\d+)\s*$", stdout, re.MULTILINE)
+    return [(msg_id, int(qid), int(offset)) for msg_id, qid, offset in found]
+
+
+def parse_message(stdout: str) -> dict[str, str]:
+    """The ``Name: value`` lines ``mqadmin queryMsgById`` and ``queryMsgByUniqueKey`` print
+    for one message (``OffsetID``, ``Topic``, ``Keys``, ``Store Host``, ...)."""
+    fields: dict[str, str] = {}
+    for line in stdout.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name and not name.startswith(" ") and value.startswith(" "):
+            fields.setdefault(name.strip(), value.strip())
+    return fields

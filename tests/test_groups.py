@@ -1,6 +1,9 @@
 """RocketMQ consumer groups: ``config/consumerOffset.json`` read as a broker loads it
 (pipeline/groups.py), their lag in ``rocketstore lag``, and the source's
-``startingOffsets=group:NAME``."""
+``startingOffsets=group:NAME``; then all of it against the stock RocketMQ 4.9.4 servers
+(../shared/rocketmq-4.9.4, tests/stockrocketmq.py): a stock producer, a Java consumer group that
+commits part of a topic, ``rocketstore lag`` beside ``mqadmin consumerProgress``, and a Spark
+read that takes over from the group."""
 
 from __future__ import annotations
 
@@ -11,6 +14,16 @@ from typing import Any
 import pytest
 from conftest import SMALL_CONFIG
 from sourcekit import SMALL, make_root, message_table, write
+from stockrocketmq import (
+    BROKER_PORT,
+    NAMESRV_PORT,
+    QueueProgress,
+    StockCluster,
+    build_java,
+    javac_unavailable,
+    parse_consumed,
+    unavailable,
+)
 
 from pipeline import cli
 from pipeline.errors import ConfigError
@@ -398,3 +411,97 @@ def test_a_stream_takes_over_from_the_group_and_goes_on_from_its_checkpoint(
         (root / name / "config" / FILE_NAME).unlink()
     write(root, 1, message_table("orders", [40, 41], 2), config=SMALL)
     assert run_stream() == [40, 41]
+
+
+# -- the stock servers ------------------------------------------------------------------------------
+
+JAVA = Path(__file__).resolve().parent / "java"
+
+
+@pytest.mark.slow
+def test_lag_equals_consumer_progress_and_spark_takes_over_from_the_group(
+    request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Two stock brokers on a root's broker-0 and broker-1, topic Orders with 4 queues on each;
+    the stock producer sends 200 messages; a Java consumer group (tests/java/CommitConsume.java,
+    the stock pull consumer) reads part of them and commits: 7 of broker-0/0, nothing of
+    broker-0/1 but an offset 0, all of broker-0/2, 13 of broker-1/1, and no commit at all for
+    the other four queues. Per queue, ``rocketstore lag`` on the files the brokers left equals
+    ``mqadmin consumerProgress`` on the live brokers, and so does the total; a Spark batch read
+    from ``group:billing`` reads exactly the messages the group has not: together they are
+    every message sent, once."""
+    why = unavailable() or javac_unavailable()
+    if why is not None:
+        pytest.skip(why)
+    spark = request.getfixturevalue("spark")  # only once it is sure to be needed (10-20 s)
+    classes = build_java(JAVA / "CommitConsume.java", tmp_path / "classes")
+    root = tmp_path / "root"
+    sent = 200
+    take = "broker-0/0=7,broker-0/1=0,broker-0/2=1000,broker-1/1=13"
+    with StockCluster(tmp_path / "rmq-run") as cluster:
+        ports = [BROKER_PORT + 10 * i for i in range(2)]
+        brokers = [cluster.broker(root / f"broker-{i}", port) for i, port in enumerate(ports)]
+        for port in ports:
+            cluster.tool("createtopic.sh", str(NAMESRV_PORT), str(port), "Orders", "4")
+        produced = cluster.tool("produce.sh", str(NAMESRV_PORT), "Orders", str(sent))
+        assert f"SENT ok={sent} notOk=0 failed=0" in produced
+        out = cluster.java(classes, "CommitConsume", cluster.namesrv, "Orders", "billing", take)
+        by_java = parse_consumed(out)
+        commits = {
+            (f[1], int(f[2])): int(f[3])
+            for f in (line.split("\t") for line in out.splitlines())
+            if f[0] == "COMMIT"
+        }
+        progress, diff_total = cluster.consumer_progress("billing")
+        for broker in brokers:
+            cluster.stop(broker)  # a broker writes consumerOffset.json as it stops
+
+    # Every message is in some queue; the group read what it committed, from offset 0 of each
+    # queue it named, all of broker-0/2.
+    assert sum(q.broker_offset for q in progress.values()) == sent
+    everything = progress[("Orders", "broker-0", 2)].broker_offset
+    assert commits == {
+        ("broker-0", 0): 7,
+        ("broker-0", 1): 0,
+        ("broker-0", 2): everything,
+        ("broker-1", 1): 13,
+    }
+    assert sorted((m.broker, m.queue_id, m.queue_offset) for m in by_java) == sorted(
+        (broker, qid, n) for (broker, qid), end in commits.items() for n in range(end)
+    )
+
+    config = tmp_path / "stock.toml"  # the stock broker's file sizes
+    config.write_text(
+        "mappedFileSizeCommitLog = 1073741824\nmappedFileSizeConsumeQueue = 6000000\n"
+    )
+    rows = lag_rows(capsys, root, "--group", "billing", "--config", config)
+    ours = {
+        ("Orders", r["brokerName"], r["queueId"]): QueueProgress(
+            r["maxOffset"], r["committedOffset"] or 0, r["lag"]
+        )
+        for r in rows
+    }
+    assert ours == progress
+    assert sum(r["lag"] for r in rows) == diff_total
+    assert {(r["brokerName"], r["queueId"]): r["committedOffset"] for r in rows} == {
+        (b, q): commits.get((b, q)) for b in ("broker-0", "broker-1") for q in range(4)
+    }
+
+    df = (
+        spark.read.format("rocketstore")
+        .option("path", str(root))
+        .option("topic", "Orders")
+        .option("startingOffsets", "group:billing")
+        .load()
+    )
+    by_spark = [
+        (r.brokerName, r.queueId, r.queueOffset, bytes(r.body))
+        for r in df.select("brokerName", "queueId", "queueOffset", "body").collect()
+    ]
+    assert sorted((b, q, o) for b, q, o, _ in by_spark) == sorted(
+        (broker, qid, n)
+        for (_, broker, qid), queue in progress.items()
+        for n in range(queue.consumer_offset, queue.broker_offset)
+    )
+    bodies = sorted([m.body for m in by_java] + [body for *_, body in by_spark])
+    assert bodies == sorted(f"hello {i}".encode() for i in range(sent))
