@@ -70,6 +70,8 @@ commitlog-size                      TOTALSIZE out of range, or the field lengths
 commitlog-physical-offset           PHYSICALOFFSET is not the record's position
 commitlog-crc                       body CRC mismatch
 commitlog-topic                     the topic is not valid UTF-8
+commitlog-torn                      a NUL byte in the topic or properties: zeros a write torn
+                                    after the body left (no whole record has one there)
 commitlog-blank                     an END_OF_FILE blank that does not end its segment
 commitlog-hole                      zeros where a record or blank was expected, data after
 commitlog-garbage-after-end         non-zero bytes after the last record of the log
@@ -275,6 +277,8 @@ def _kind_of(reason: str) -> str:
         return "commitlog-physical-offset"
     if reason.startswith("body CRC"):
         return "commitlog-crc"
+    if reason.startswith("NUL byte"):
+        return "commitlog-torn"
     return "commitlog-size"
 
 

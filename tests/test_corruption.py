@@ -14,7 +14,8 @@ store is opened read-only, and every read is compared with what the intact store
 
 Only damage the store can detect is drawn for the CommitLog: RocketMQ 4.x checksums the body
 alone, so a changed FLAG, timestamp, host or user property reads back changed, here as in
-RocketMQ (see pipeline/verify.py).
+RocketMQ (see pipeline/verify.py). Zeros in the topic or properties, as a write torn after the
+body leaves, are the exception: no whole record has a NUL there.
 """
 
 from __future__ import annotations
@@ -196,6 +197,39 @@ def test_damaged_records_raise_and_everything_else_reads(
         # And verify blames exactly the records that cannot be read.
         report = verify(store)
     assert {p.offset for p in report.problems} == damaged
+
+
+def test_a_record_torn_after_its_body_is_never_returned(
+    built: Built,
+    reference: dict[int, MessageExt],
+    queue_contents: dict[tuple[str, int], list[int]],
+) -> None:
+    """Zeros over the last bytes of a record's properties, as a write torn there leaves: its
+    body CRC still matches, yet every read refuses it, by offset, by queue and by key, and
+    reads everything else as before."""
+    phys = next(p for p in middle_records(built) if p in built.dispatched)
+    seg = segment_path(built.path, phys)
+    with open(seg, "r+b") as f:
+        f.seek(phys % CONFIG.mapped_file_size_commitlog + built.sizes[phys] - 6)
+        f.write(bytes(6))
+    m = reference[phys]
+    with open_ro(built.path) as store:
+        with pytest.raises(CorruptRecordError, match="NUL byte in the properties") as info:
+            store.get_message(phys)
+        assert (info.value.path, info.value.offset) == (str(seg), phys)
+        for other in built.offsets:
+            if other != phys:
+                assert store.get_message(other) == reference[other]
+        got, errors = read_queue(
+            store, m.topic, m.queue_id, reference, random.Random(2), strict=True
+        )
+        offsets = queue_contents[(m.topic, m.queue_id)]
+        assert [x.commit_log_offset for x in got] == [p for p in offsets if p != phys]
+        assert [e.offset for e in errors] == [phys]
+        with pytest.raises(CorruptRecordError):
+            store.query_by_key(m.topic, m.keys[0])
+        report = verify(store)
+    assert [(p.kind, p.offset) for p in report.problems] == [("commitlog-torn", phys)]
 
 
 def test_damaged_last_record_is_not_returned(

@@ -482,6 +482,24 @@ def test_a_topic_that_is_not_utf8_is_a_damaged_record(built: Built) -> None:
     assert report.damaged_records == 1 and report.records == MESSAGES - 1
 
 
+def test_a_record_torn_after_its_body_is_damaged(built: Built) -> None:
+    """Zeros over the end of a record's properties (a write the disk kept only up to there):
+    the body CRC matches and the lengths add up, but the NULs give the tear away."""
+    phys = next(p for p in middle_records(built) if p in built.dispatched)
+    seg = segment_path(built.path, phys)
+    props_at = record_fields(read_at(seg, phys % SEG, built.sizes[phys]))["props_length"][1]
+    assert built.sizes[phys] - props_at > 5
+    with open(seg, "r+b") as f:
+        f.seek(phys % SEG + built.sizes[phys] - 5)
+        f.write(bytes(5))
+    report = run_verify(built.path)
+    assert [(p.kind, p.path, p.offset) for p in report.problems] == [
+        ("commitlog-torn", str(seg), phys)
+    ], [str(p) for p in report.problems]
+    assert "NUL byte in the properties" in report.problems[0].detail
+    assert report.damaged_records == 1 and report.records == MESSAGES - 1
+
+
 def test_an_empty_uniq_key_has_no_entry(tmp_path: Path) -> None:
     """A stored UNIQ_KEY with an empty value is dropped when properties are read, so dispatch
     gives it no index entry; verify expects none either."""
