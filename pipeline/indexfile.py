@@ -332,18 +332,23 @@ class IndexFile:
         buf = self._mf.buffer
         entries_at = HEADER_SIZE + SLOT_SIZE * self.slot_num
         (current,) = SLOT.unpack_from(buf, HEADER_SIZE + SLOT_SIZE * (key_hash % self.slot_num))
-        seen = 0
-        while 0 < current < count and seen < count:
-            seen += 1
+        while 0 < current < self.index_num:
             h, phy, diff, prev = ENTRY.unpack_from(buf, entries_at + ENTRY_SIZE * current)
-            if diff < 0:
-                break
-            approx = self.begin_timestamp + diff * 1000
-            if phy < min_phys:
-                break
-            if h == key_hash and approx <= end and approx + 999 >= begin:
-                found.append((phy, approx))
-            if prev <= 0 or prev >= current or approx + 999 < begin:
+            # An entry at or past the count this view read is one a live writer (a stock broker,
+            # or a writer in another process) added since: newer than anything the view offers,
+            # and it heads the slot's chain now. Step past it to the entries the view counts.
+            if current < count:
+                if diff < 0:
+                    break
+                approx = self.begin_timestamp + diff * 1000
+                if phy < min_phys:
+                    break
+                if h == key_hash and approx <= end and approx + 999 >= begin:
+                    found.append((phy, approx))
+                if approx + 999 < begin:
+                    break
+            # Chains only go down, so the walk ends; anything else is not a chain to follow.
+            if prev <= 0 or prev >= current:
                 break
             current = prev
         return found

@@ -252,6 +252,23 @@ def test_candidates_from_a_log_offset(tmp_path: Path) -> None:
     f.close()
 
 
+def test_a_read_only_view_walks_past_entries_a_live_writer_added(tmp_path: Path) -> None:
+    """A view counts the entries there were when it read the header; a writer in another
+    process (a stock broker, say) then heads the slot's chain with newer entries. The view's
+    look-ups still find the entries it counts, and offer none of the newer ones."""
+    writer = new_file(tmp_path / "idx")
+    writer.put(*arrays([2, 10], [100, 200], [T0, T0]))
+    view = IndexFile(tmp_path / "idx", SLOTS, ENTRIES, read_only=True)
+    writer.put(*arrays([2, 18, 10], [300, 400, 500], [T0 + 1000] * 3))
+    assert slot(tmp_path / "idx", 2) == 5  # entry 5 (hash 10) heads slot 2's chain now
+    assert [p for p, _ in view.candidates(2, 0, 2**62)] == [100]
+    assert [p for p, _ in view.candidates(10, 0, 2**62)] == [200]
+    assert [p for p, _ in view.candidates(18, 0, 2**62)] == []
+    assert [p for p, _ in writer.candidates(2, 0, 2**62)] == [300, 100]
+    view.close()
+    writer.close()
+
+
 def test_file_is_full_at_max_index_num(tmp_path: Path) -> None:
     path = tmp_path / "idx"
     f = new_file(path, entries=4)
