@@ -357,7 +357,7 @@ class Soak:
             w.end()
 
     def main(self) -> Run:
-        """Sample every ``plan.sample_s`` until ``plan.duration_s`` or the first error, then
+        """Sample every ``plan.sample_s`` until ``plan.duration_s`` or a worker fails, then
         stop the writer, drain the readers and verify the closed store."""
         self.workers["writer"].request("go")
         t0 = time.monotonic()
@@ -389,12 +389,16 @@ class Soak:
             stats = {name: w.reply() for name, w in self.workers.items()}
             self._note(t, row, stats)
             row.update(self.watch.update())
+            # Each mapped segment holds a descriptor: what the writer holds beyond its files.
+            row["writer_fds_beyond_files"] = row["writer_fds"] - row["live_files"]
             row["verify"] = self._verify(t)
             row["errors"] = len(self.run.errors)
             self.run.samples.append(row)
             log(_progress_line(row))
-            if self.run.errors:
-                log("soak: stopping early: an error was reported")
+            # A worker that failed has stopped working, so the run is over; a failed verify
+            # is counted, and the next one runs as planned.
+            if any(e["source"] != "verify" for e in self.run.errors):
+                log("soak: stopping early: a worker reported an error")
                 break
         self._finish(time.monotonic() - t0)
         return self.run
@@ -559,6 +563,7 @@ def summarise(run: Run, plan: Plan, settings: Settings) -> dict[str, Any]:
         for name in PROCESSES
     }
     out["store"] = {key: growth(run.samples, key, plan) for key in ("store_mib", "live_files")}
+    out["writer"]["fds_beyond_files"] = growth(run.samples, "writer_fds_beyond_files", plan)
     every = [v for values in run.latencies for v in values]
     builds = [v for values in run.builds for v in values]
     last = run.samples[-1] if run.samples else {}
@@ -624,6 +629,9 @@ def rows(summary: dict[str, Any], run: Run) -> list[Row]:
         out.append(_growth_row(name, "descriptors", "fds", g["fds"], True))
         out.append(_growth_row(name, "mappings", "maps", g["maps"], False))
     out.append(_growth_row("store", "disk use", "MiB", summary["store"]["store_mib"], False))
+    out.append(_growth_row("store", "files", "files", summary["store"]["live_files"], False))
+    beyond = summary["writer"]["fds_beyond_files"]
+    out.append(_growth_row("writer", "descriptors beyond the store's files", "fds", beyond, False))
     lat = summary["put_latency_ms"]
     build = summary["build_latency_ms"]
     worst = max(
