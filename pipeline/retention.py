@@ -96,14 +96,33 @@ import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pipeline.config import CQ_UNIT_SIZE, StoreConfig
 from pipeline.errors import ConfigError, DiskFullError, ReadOnlyStoreError, StoreClosedError
 from pipeline.mapped_file import MappedFile
 
-if TYPE_CHECKING:  # the store imports this module to wire it in
-    from pipeline.store import MessageStore
+if TYPE_CHECKING:
+    from pipeline.commitlog import CommitLog
+    from pipeline.consumequeue import ConsumeQueue
+    from pipeline.index_service import IndexService
+
+
+class RetainedStore(Protocol):
+    """What retention works on: the parts of a store it reads and deletes from. A
+    :class:`~pipeline.store.MessageStore` is one; this module never imports it (the store
+    imports this module to run it)."""
+
+    path: Path
+    config: StoreConfig
+    commitlog: CommitLog
+    queues: dict[tuple[str, int], ConsumeQueue]
+    index: IndexService | None
+    read_only: bool
+
+    @property
+    def closed(self) -> bool: ...
+
 
 CLEAN_FORCIBLY_RATIO = 0.85  # diskSpaceCleanForciblyRatio
 WARNING_LEVEL_RATIO = 0.90  # diskSpaceWarningLevelRatio
@@ -344,7 +363,7 @@ class RetentionService:
 
     def __init__(
         self,
-        store: MessageStore,
+        store: RetainedStore,
         policy: RetentionPolicy | None = None,
         *,
         clock_ms: Callable[[], int] = _wall_clock_ms,
