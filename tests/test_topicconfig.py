@@ -497,11 +497,14 @@ def test_the_keeper_reads_the_file_only_for_something_new(tmp_path: Path) -> Non
 
 @pytest.fixture
 def store_dir(tmp_path: Path) -> Path:
-    """A store with TopicA on queues 0-2 and TopicB on queue 0, and its geometry as a file."""
+    """A store with TopicA on queues 0-2 and TopicB on queue 0, and its geometry as a file; as
+    written before rocketstore kept topics.json (the tests write their own)."""
     path = tmp_path / "broker-a"
     with MessageStore(path, SMALL_CONFIG) as store:
         for topic, qid in (("TopicA", 0), ("TopicA", 1), ("TopicA", 2), ("TopicB", 0)):
             store.put(Message(topic, b"body", queue_id=qid))
+    for name in ("topics.json", "topics.json.bak"):
+        (path / "config" / name).unlink(missing_ok=True)
     (tmp_path / "store.properties").write_text(
         "".join(
             f"{name}={getattr(SMALL_CONFIG, field)}\n"
