@@ -147,8 +147,9 @@ def walk(
 ) -> Walk:
     """Walk the records of one segment's bytes ``buf`` from ``start`` (relative, a record
     boundary) up to ``limit``; ``base`` is the segment's physical offset. Stops at the first
-    bytes that are not a whole, valid record (magic, sizes, PHYSICALOFFSET, and the body CRC
-    when ``check_crc``), at an END_OF_FILE blank, or after ``max_records``."""
+    bytes that are not a whole, valid record (magic, sizes, PHYSICALOFFSET, the body CRC when
+    ``check_crc``, no NUL in the topic or properties: see :func:`pipeline.record.torn_tail`),
+    at an END_OF_FILE blank, or after ``max_records``."""
     raw = _native.walk(buf, start, limit, base, check_crc, max_records or (1 << 62))
     cols = {name: np.frombuffer(raw[name], dtype=dtype) for name, dtype in _WALK_DTYPES.items()}
     return Walk(
@@ -294,9 +295,10 @@ def decode(
     units claim.
 
     Every record is checked as the walk checks it (magic, sizes, field lengths,
-    PHYSICALOFFSET, the body CRC when ``check_crc``), against its unit's size, and for a
-    UTF-8 topic; the first that fails raises :class:`CorruptRecordError` naming ``path`` and
-    the record's physical offset, and nothing is returned.
+    PHYSICALOFFSET, the body CRC when ``check_crc``, no NUL in the topic or properties),
+    against its unit's size, and for a UTF-8 topic; the first that fails raises
+    :class:`CorruptRecordError` naming ``path`` and the record's physical offset, and nothing
+    is returned.
 
     Returns one batch, a row per position: ``commitLogOffset``, ``storeSize``, ``queueId``,
     ``queueOffset``, ``sysFlag``, ``flag``, ``bornTimestamp`` and ``storeTimestamp`` (int64

@@ -11,7 +11,7 @@ published, whatever more this host sees. On one host, what is offered (the ``max
 :meth:`BrokerView.queue_bounds`) is safe to read while a writer appends: the writer writes a record into the CommitLog before the ConsumeQueue unit that points
 at it, so every valid unit's record is already there. The last unit and its record are checked
 anyway (unit non-zero; the record by the native walk: magic, size, physical offset, queue,
-queue offset and body CRC), and a unit whose record is not complete yet is not offered until
+queue offset, body CRC and no NUL in its topic or properties), and a unit whose record is not complete yet is not offered until
 it is.
 
 The first readable offset (``min``) follows retention: the first unit that still points into
