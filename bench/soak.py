@@ -84,7 +84,7 @@ GROWTH_TARGET_PCT = 5.0
 MIB = 1 << 20
 READERS = ("reader", "spark")
 PROCESSES = ("writer", *READERS)
-STARTUP_TIMEOUT_S = 300.0  # a Spark session on a loaded machine
+STARTUP_TIMEOUT_S = 900.0  # a Spark session, started up to three times, on a loaded machine
 
 
 class SoakError(Exception):
@@ -321,6 +321,7 @@ class Run:
     errors: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     written: int = 0
     read: dict[str, int] = dataclasses.field(default_factory=dict)  # per reader
+    spark_start_failures: list[str] = dataclasses.field(default_factory=list)
     drain_s: float = 0.0
 
     def error(self, t: float, source: str, text: str) -> None:
@@ -428,6 +429,7 @@ class Soak:
         for name, s in stats.items():
             for text in s["errors"]:
                 self.run.error(t, name, text)
+            self.run.spark_start_failures.extend(s.get("start_failures", []))
 
     def _verify(self, t: float) -> str:
         """Collect a verify that finished, start one when due; the outcome for the sample."""
@@ -587,6 +589,7 @@ def summarise(run: Run, plan: Plan, settings: Settings) -> dict[str, Any]:
             "verifies_ok": sum(1 for v in run.verifies if v.get("ok")),
             "verify_s": [v.get("wall_s") for v in run.verifies],
             "errors": len(run.errors),
+            "spark_start_failures": run.spark_start_failures,
             "load1": {"min": min(loads), "median": float(np.median(loads)), "max": max(loads)}
             if loads
             else None,
@@ -747,6 +750,11 @@ def run(options: Options) -> PartResult:
         notes.append(
             f"load average {load['min']:.1f} .. {load['max']:.1f} (median {load['median']:.1f}); "
             f"machine CPU busy {summary['machine_busy_pct_median']:.0f} % (median)"
+        )
+    if result.spark_start_failures:
+        notes.append(
+            f"the Spark query failed to start {len(result.spark_start_failures)} time(s) and was "
+            f"started again: {result.spark_start_failures[0][:200]}"
         )
     notes.append(f"samples: {out_dir / 'samples.csv'}")
     return PartResult(

@@ -57,6 +57,8 @@ EVERY_HOUR = ";".join(f"{h:02d}" for h in range(24))
 # catch up (the offered load stays steady; the slip is counted).
 MAX_BEHIND_S = 1.0
 DRAIN_LIMIT_S = 120.0
+SPARK_STARTS = 3
+START_LIMIT_S = 180.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,18 +342,28 @@ def reader_main(conn: Connection, root: str, settings: Settings) -> None:
 # -- the Spark query ------------------------------------------------------------------------
 
 
+@dataclasses.dataclass
+class _SparkState(_ReaderState):
+    # Starts of the query that failed before its first trigger (Spark gives the source's Python
+    # process 10 s to connect back, which a heavily loaded machine can miss); each is retried.
+    start_failures: list[str] = dataclasses.field(default_factory=list)
+    triggered: bool = False  # a trigger ran: the source is up
+    ended: str | None = None  # why the query ended
+
+
 def spark_main(conn: Connection, root: str, checkpoint: str, settings: Settings) -> None:
     """The real streaming source in a ``local[2]`` Spark session:
     ``readStream.format("rocketstore")`` from the earliest offsets into the ``noop`` sink with
     a processing-time trigger of ``settings.spark_trigger_s``. Rows are counted from the
-    query's progress events (a listener, so none is missed however many batches pass)."""
+    query's progress events (a listener, so none is missed however many batches pass). Ready
+    once the query's first trigger ran (an idle or a progress event)."""
     import threading
 
     from pyspark.sql.streaming.listener import StreamingQueryListener
 
     from bench.session import local_session
 
-    state = _ReaderState()
+    state = _SparkState()
     counted = threading.Condition()
 
     class Progress(StreamingQueryListener):
@@ -361,6 +373,7 @@ def spark_main(conn: Connection, root: str, checkpoint: str, settings: Settings)
         def onQueryProgress(self, event: Any) -> None:
             p = event.progress
             with counted:
+                state.triggered = True
                 if p.numInputRows:
                     state.read += int(p.numInputRows)
                     state.batches += 1
@@ -368,30 +381,43 @@ def spark_main(conn: Connection, root: str, checkpoint: str, settings: Settings)
                 counted.notify_all()
 
         def onQueryIdle(self, event: Any) -> None:
-            pass
+            with counted:
+                state.triggered = True
+                counted.notify_all()
 
         def onQueryTerminated(self, event: Any) -> None:
-            if event.exception:
-                with counted:
+            with counted:
+                state.ended = str(event.exception) if event.exception else "stopped"
+                if state.triggered and event.exception:
                     state.errors.append(f"the query ended: {event.exception}")
-                    counted.notify_all()
+                counted.notify_all()
 
     query: Any = None
     spark: Any = None
     try:
         spark, _ = local_session("rocketstore-soak")
         spark.streams.addListener(Progress())
-        query = (
-            spark.readStream.format("rocketstore")
-            .option("path", root)
-            .option("topic", TOPIC)
-            .option("startingOffsets", "earliest")
-            .load()
-            .writeStream.format("noop")
-            .option("checkpointLocation", checkpoint)
-            .trigger(processingTime=f"{settings.spark_trigger_s} seconds")
-            .start()
-        )
+        for _ in range(SPARK_STARTS):
+            state.ended = None
+            query = (
+                spark.readStream.format("rocketstore")
+                .option("path", root)
+                .option("topic", TOPIC)
+                .option("startingOffsets", "earliest")
+                .load()
+                .writeStream.format("noop")
+                .option("checkpointLocation", checkpoint)
+                .trigger(processingTime=f"{settings.spark_trigger_s} seconds")
+                .start()
+            )
+            with counted:
+                counted.wait_for(lambda: state.triggered or state.ended is not None, START_LIMIT_S)
+                if state.triggered:
+                    break
+                state.start_failures.append(state.ended or f"no trigger in {START_LIMIT_S:.0f} s")
+            query.stop()
+        else:
+            state.errors.append(f"the query did not start: {state.start_failures}")
     except Exception:
         state.errors.append(_failure())
     conn.send(("ready", os.getpid()))
