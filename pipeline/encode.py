@@ -30,7 +30,7 @@ from pipeline.config import StoreConfig
 from pipeline.errors import InvalidMessageError, MessageTooLargeError
 from pipeline.message import COLUMNS, Message, messages_to_table
 
-TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+")  # whole names only: fullmatch
 # Characters no property name or value may hold: \x01 and \x02 would split the PROPERTIES
 # field, and readers take a NUL there for a torn write's zeros (record.torn_tail).
 RESERVED_CHARS = r"[\x00-\x02]"
@@ -434,7 +434,7 @@ def topic_problem(topic: str) -> str | None:
         return "is empty"
     if len(topic.encode("utf-8")) > record.MAX_TOPIC_LENGTH:
         return f"is longer than {record.MAX_TOPIC_LENGTH} bytes"
-    if not TOPIC_PATTERN.match(topic):
+    if not TOPIC_PATTERN.fullmatch(topic):
         return "has characters outside [%|a-zA-Z0-9_-] (RocketMQ's topic rule)"
     return None
 

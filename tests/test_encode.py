@@ -201,3 +201,14 @@ def test_absent_columns_store_what_their_defaults_store(tmp_path: Path) -> None:
         files.append((path / "commitlog" / "00000000000000000000").read_bytes())
     assert files[0][:4096] != bytes(4096)
     assert files[1] == files[0] and files[2] == files[0]
+
+
+@pytest.mark.parametrize("topic", ["Orders\n", "Orders\r", "\nOrders", "Or ders", ""])
+def test_a_topic_outside_rocketmqs_rule_is_refused_whole(tmp_path: Path, topic: str) -> None:
+    """The rule holds for the whole name: a trailing newline is not a valid name either (a
+    regex's ``$`` matches before one), by the single put and the batch path alike."""
+    with MessageStore(tmp_path / "s", CONFIG) as store:
+        for put in (store.put, lambda m: store.put_batch([m])):
+            with pytest.raises(InvalidMessageError, match="topic"):
+                put(Message(topic=topic, body=b"x"))
+        assert store.topics() == []
