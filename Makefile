@@ -13,9 +13,13 @@ help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-8s %s\n", $$1, $$2}'
 
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
+# The editable install is a tree of links (build/__editable__.*) to the files of these folders,
+# which mypy and PySpark's data source lookup can follow: a file added or removed (a folder's
+# time changes) installs it again.
+PACKAGE_DIRS := pipeline sink source datasource datasource/pyspark_rocketstore jobs
 
 # The install compiles the native core: say so before pip does, when cargo is missing.
-$(STAMP): pyproject.toml $(NATIVE_SOURCES)
+$(STAMP): pyproject.toml $(NATIVE_SOURCES) $(PACKAGE_DIRS)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rocketstore needs Python >= 3.11, found " + sys.version.split()[0])'
 	@command -v cargo >/dev/null 2>&1 || { \
 		echo "rocketstore's native core is a Rust crate and there is no 'cargo' on PATH."; \
@@ -24,7 +28,7 @@ $(STAMP): pyproject.toml $(NATIVE_SOURCES)
 		exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev]' --config-settings editable_mode=strict
 	@touch $(STAMP)
 
 venv: $(STAMP) ## Create .venv and install rocketstore with its dev tools
@@ -38,7 +42,7 @@ test: $(STAMP) ## Run the whole test suite (the crate's unit tests, then pytest)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 demo: java $(STAMP) ## Run the whole Spark pipeline for a minute, then print what it did
-	$(PY) -m jobs.demo --dir $(DEMO_DIR) --seconds $(DEMO_SECONDS)
+	$(PY) -m rocketstore.jobs.demo --dir $(DEMO_DIR) --seconds $(DEMO_SECONDS)
 
 # Spark 4 runs on Java 17 or later; say so before spending time on the venv.
 java:
@@ -55,13 +59,20 @@ java:
 		exit 1; \
 	fi
 
+# One abi3 wheel (every CPython from 3.11 on, this platform) and the sdist, into dist/.
+wheel: $(STAMP) ## Build the wheel and the sdist into dist/
+	rm -rf dist
+	$(PY) -m pip wheel --no-deps --quiet -w dist .
+	$(PY) -m build --sdist --outdir dist .
+	@ls -1 dist
+
 bench: $(STAMP) ## Run the benchmarks in bench/ (figures in bench/README.md)
 	$(PY) -m bench
 
 lint: $(STAMP) ## ruff (lint and format check), mypy, cargo fmt --check and clippy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy
+	MYPYPATH="$$(ls -d build/__editable__.rocketstore-* | head -1)" $(VENV)/bin/mypy
 	cd native && cargo fmt --check && cargo clippy --all-targets -- -D warnings
 
 format: $(STAMP) ## Format the code with ruff and cargo fmt
@@ -81,6 +92,6 @@ clean: ## Remove what `make demo` made, bench output and caches (keeps .venv and
 		rmdir -- '$(DEMO_DIR)' 2>/dev/null || true; \
 		echo "removed the demo's files in $(DEMO_DIR)"; \
 	fi
-	rm -rf .pytest_cache .mypy_cache .ruff_cache bench/out
+	rm -rf .pytest_cache .mypy_cache .ruff_cache bench/out dist
 
-.PHONY: help venv test demo java bench lint format clean
+.PHONY: help venv test demo java wheel bench lint format clean

@@ -34,9 +34,9 @@ from bench.common import (
     work_dir_notes,
 )
 from bench.store import QUEUES, TAGS, TOPIC, make_table
-from pipeline.config import StoreConfig
-from pipeline.message import Message
-from pipeline.store import MessageStore
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
 
 TARGET_SINGLE_MSGS_PER_S = 100_000
 TARGET_OPEN_MS = 50.0

@@ -6,8 +6,8 @@ Input: one store written by ``put_batch`` of 1M messages x 100-byte body with a 
 (``bench.store.make_table``; the store adds a UNIQ_KEY), in one 1 GiB segment, mapped
 read-only. Timed, per run, with every thread pinned to one CPU:
 
-* **decode**: :func:`pipeline.native.decode` of every record, in CommitLog order, in calls of
-  ``source.read.CHUNK_UNITS`` records (the source's chunk), asking for the column groups of the
+* **decode**: :func:`rocketstore.pipeline.native.decode` of every record, in CommitLog order, in calls of
+  ``rocketstore.source.read.CHUNK_UNITS`` records (the source's chunk), asking for the column groups of the
   source's default schema, CRC checked; the batches are what the source builds its output
   from.
 * **raw copy** (the baseline): ``bytes(mapping[a:b])`` of the same records' bytes, the floor
@@ -43,11 +43,11 @@ from bench.common import (
     spread,
 )
 from bench.store import make_table
-from pipeline import native
-from pipeline.config import StoreConfig
-from pipeline.store import MessageStore
-from source import schema as source_schema
-from source.read import CHUNK_UNITS, ReadContext
+from rocketstore.pipeline import native
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.source import schema as source_schema
+from rocketstore.source.read import CHUNK_UNITS, ReadContext
 
 TARGET_MSGS_PER_S = 3_000_000
 BODY = 100

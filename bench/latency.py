@@ -61,7 +61,7 @@ import numpy.typing as npt
 
 from bench.common import Options, PartResult, Row, log, median, scratch_dir, work_dir_notes
 from bench.session import local_session
-from pipeline.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.root import StoreRoot, TopicMeta
 
 TOPIC = "latency"
 BROKERS = 2
@@ -325,7 +325,7 @@ def _iso_ms(text: str) -> int:
 
 def measure(spark: Any, work: Path, window: Window, drain_s: int, label: str) -> dict[str, Any]:
     """One measurement at ``window.rate`` (see the module doc); the figures as a dict."""
-    from sink.foreach import CommitLogSink
+    from rocketstore.sink.foreach import CommitLogSink
 
     root = work / f"root-{label}"
     StoreRoot(root).ensure_topic(TOPIC, TopicMeta(BROKERS, QUEUES))

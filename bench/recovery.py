@@ -46,8 +46,8 @@ from bench.common import (
     work_dir_notes,
 )
 from bench.store import make_table
-from pipeline.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
-from pipeline.store import MessageStore
+from rocketstore.pipeline.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
+from rocketstore.pipeline.store import MessageStore
 
 GiB = 1024**3
 MiB = 1024**2

@@ -14,7 +14,7 @@ def local_session(app_name: str, **conf: str) -> tuple[Any, bool]:
     ``format("rocketstore")`` is registered."""
     from pyspark.sql import SparkSession
 
-    from datasource import register
+    from rocketstore.datasource import register
 
     spark = SparkSession.getActiveSession()
     owned = spark is None

@@ -13,7 +13,7 @@ Figures, each the median of ``--runs`` runs:
    Reported as msgs/s and the ratio GlusterFS / local.
 2. **Put to visible on the other host**: a writer through mount A puts one message at a time
    (``visibility_messages`` of them, a few ms apart); a reader thread polls the planner's view
-   of the queue (:class:`source.brokerview.BrokerView`, ``sharedStorage=auto``, so the
+   of the queue (:class:`rocketstore.source.brokerview.BrokerView`, ``sharedStorage=auto``, so the
    visibility rule applies) through mount B as fast as it can. For each message, the time from
    the put's return to the first poll that offers it: p50 and p99, under ``ASYNC_FLUSH`` (the
    background flush publishes every ``flushIntervalCommitLog`` = 500 ms) and ``SYNC_FLUSH``
@@ -44,9 +44,9 @@ import numpy as np
 import pyarrow as pa
 
 from bench.common import Options, PartResult, Row, log, median, percentiles, scratch_dir
-from pipeline.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
-from pipeline.store import MessageStore
-from source.brokerview import BrokerView
+from rocketstore.pipeline.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.source.brokerview import BrokerView
 
 CONFIG = StoreConfig(
     mapped_file_size_commitlog=64 << 20,

@@ -35,11 +35,11 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from pipeline.config import CQ_UNIT_SIZE, StoreConfig
-from pipeline.retention import HOUR_MS
-from pipeline.root import StoreRoot, TopicMeta
-from pipeline.store import MessageStore
-from pipeline.verify import verify
+from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from rocketstore.pipeline.retention import HOUR_MS
+from rocketstore.pipeline.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.verify import verify
 
 TOPIC = "soak"
 BROKER = "broker-0"
@@ -244,13 +244,13 @@ class _ReaderState(_Counters):
 
 class _Stream:
     """The streaming source as Spark drives it, without Spark: the source's own stream reader
-    (:class:`source.format.RocketStoreStreamReader`), its offsets passed through JSON as
+    (:class:`rocketstore.source.format.RocketStoreStreamReader`), its offsets passed through JSON as
     Spark's offset log passes them, every partition read with the reader's ``read``."""
 
     def __init__(self, root: str) -> None:
         from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-        from source.format import RocketStoreStreamReader, spark_schema
+        from rocketstore.source.format import RocketStoreStreamReader, spark_schema
 
         opts = {"path": root, "topic": TOPIC, "startingOffsets": "earliest"}
         self.reader = RocketStoreStreamReader(opts, spark_schema(opts))
@@ -449,7 +449,7 @@ def spark_main(conn: Connection, root: str, checkpoint: str, settings: Settings)
 
 
 def verify_main(broker: str, settings: Settings) -> dict[str, Any]:
-    """``pipeline.verify`` on a read-only open of the store, while the writer writes it (the
+    """``rocketstore.pipeline.verify`` on a read-only open of the store, while the writer writes it (the
     scan stops at the durable point the writer last recorded); its report, problems capped."""
     t0 = time.perf_counter()
     with MessageStore(broker, settings.store_config(), read_only=True) as store:

@@ -99,7 +99,7 @@ class ShuffleFloor:
     append (routing and the shuffle into one task per broker), then a task that counts."""
 
     def __init__(self, path: str) -> None:
-        from sink.foreach import CommitLogSink
+        from rocketstore.sink.foreach import CommitLogSink
 
         self.sink = CommitLogSink(path, topic="bench", brokers=BROKERS, queues=QUEUES)
 
@@ -144,9 +144,9 @@ def native_put_cpu_s(source: Path, store: Path) -> float:
     and flushing it: the native batch put every sink runs, without Spark around it."""
     import numpy as np
 
-    from pipeline.config import StoreConfig
-    from pipeline.store import MessageStore
-    from sink.append import uniq_keys
+    from rocketstore.pipeline.config import StoreConfig
+    from rocketstore.pipeline.store import MessageStore
+    from rocketstore.sink.append import uniq_keys
 
     table = ds.dataset(str(source)).to_table()
     n = table.num_rows
@@ -199,7 +199,7 @@ def run(options: Options) -> PartResult:
             writer = stream(files).writeStream.option("checkpointLocation", str(out / "_ck"))
             store = str(out / "store")
             if name == "rocketstore":
-                from sink.foreach import CommitLogSink
+                from rocketstore.sink.foreach import CommitLogSink
 
                 sink = CommitLogSink(store, topic="bench", brokers=BROKERS, queues=QUEUES)
                 return writer.foreachBatch(sink)

@@ -61,10 +61,10 @@ def make_input(spark: Any, folder: Path, batches: int) -> None:
 def fill_store(root: Path, messages: int) -> None:
     """``messages`` messages of topic ``bench`` in the layout the sink writes (2 brokers x 4
     queues), by batch puts of up to 1M: what a pipeline would have left behind."""
-    from pipeline.store import MessageStore
-    from sink.plan import prepare
-    from sink.settings import SinkSettings
-    from sink.writer import broker_config
+    from rocketstore.pipeline.store import MessageStore
+    from rocketstore.sink.plan import prepare
+    from rocketstore.sink.settings import SinkSettings
+    from rocketstore.sink.writer import broker_config
 
     settings = SinkSettings.from_options(
         {"path": str(root), "topic": "bench", "brokers": 2, "queues": 4}
@@ -101,7 +101,7 @@ def trigger_ms(query: Any) -> list[float]:
 
 
 def run(options: Options) -> PartResult:
-    from sink.foreach import CommitLogSink
+    from rocketstore.sink.foreach import CommitLogSink
 
     batches = 6 if options.quick else BATCHES
     large = 500_000 if options.quick else LARGE

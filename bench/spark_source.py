@@ -59,9 +59,9 @@ from bench.common import (
 )
 from bench.replay import ReplayDataSource, ReplayStreamDataSource
 from bench.session import local_session
-from pipeline.config import StoreConfig
-from pipeline.root import StoreRoot, TopicMeta
-from pipeline.store import MessageStore
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.store import MessageStore
 
 TOPIC = "BenchSource"
 BROKERS = 4
@@ -109,9 +109,9 @@ def build_root(root: Path, n: int, seed: int) -> int:
 
 def write_replay_files(root: Path, out: Path) -> None:
     """The source's own record batches, one IPC file per partition (decoded without Spark)."""
-    from source import options, schema
-    from source.planning import Planner
-    from source.read import ReadContext, read_queue_range
+    from rocketstore.source import options, schema
+    from rocketstore.source.planning import Planner
+    from rocketstore.source.read import ReadContext, read_queue_range
 
     parsed = options.parse({"path": str(root), "topic": TOPIC}, streaming=False)
     ctx = ReadContext(schema=schema.arrow_schema(None), root=str(root))
@@ -206,7 +206,7 @@ def _dir_bytes(path: Path) -> int:
 
 def write_parquet_copy(spark: Any, root: Path, files: Path) -> Any:
     """The store's rows as parquet, in the source's default row; returns their Spark schema."""
-    from source.schema import arrow_schema
+    from rocketstore.source.schema import arrow_schema
 
     columns = arrow_schema(None).names
     df = spark.read.format("rocketstore").option("path", str(root)).option("topic", TOPIC).load()

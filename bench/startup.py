@@ -1,6 +1,6 @@
 """The ``startup`` part: how long the ``rocketstore`` command takes to answer, and its memory.
 
-Each run starts a fresh interpreter as the console script does (``from pipeline.cli import
+Each run starts a fresh interpreter as the console script does (``from rocketstore.pipeline.cli import
 main``), with this checkout first on the path, and times it from ``fork`` to exit with
 ``perf_counter``. Its peak RSS is the ``VmHWM`` the child reports from ``/proc/self/status`` as
 it exits (``wait4``'s ``ru_maxrss`` would count the benchmark process it was forked from). Measured: ``rocketstore --help``,
@@ -25,7 +25,7 @@ from bench.common import PROJECT_DIR, Options, PartResult, Row, log, scratch_dir
 
 TARGET_HELP_S = 0.100
 TARGET_QUEUES_S = 0.250
-SCRIPT = "import sys; from pipeline.cli import main; sys.exit(main())"
+SCRIPT = "import sys; from rocketstore.pipeline.cli import main; sys.exit(main())"
 # The same, reporting its peak RSS on stderr as it exits.
 MEASURED = (
     "import atexit, sys\n"

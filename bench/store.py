@@ -46,8 +46,8 @@ from bench.common import (
     spread,
     work_dir_notes,
 )
-from pipeline.config import StoreConfig
-from pipeline.store import MessageStore
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.store import MessageStore
 
 TOPIC = "BenchTopic"
 TAGS = ("TagA", "TagB", "TagC")

@@ -2,14 +2,14 @@
 
 ::
 
-    import datasource
+    from rocketstore import datasource
 
     datasource.register(spark)
     spark.readStream.format("rocketstore").option("path", root).option("topic", "orders").load()
     df.writeStream.format("rocketstore").option("path", root).option("topic", "orders").start()
 
-The class only says which face does what: the readers are in :mod:`source.format`, the writers
-in :mod:`sink.format`; neither package imports the other. Each face is imported when Spark asks
+The class only says which face does what: the readers are in :mod:`rocketstore.source.format`, the writers
+in :mod:`rocketstore.sink.format`; neither package imports the other. Each face is imported when Spark asks
 for it, so a Python worker that unpickles the class for a read does not import the sink, nor
 one for a write the source. Spark pickles the class by reference, so executors must be able to
 import this package (install rocketstore, or ship it with ``--py-files`` beside ``pipeline``,
@@ -38,27 +38,27 @@ class RocketStoreDataSource(DataSource):
         return "rocketstore"
 
     def schema(self) -> StructType:
-        from source.format import spark_schema
+        from rocketstore.source.format import spark_schema
 
         return spark_schema(self.options)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        from source.format import RocketStoreBatchReader
+        from rocketstore.source.format import RocketStoreBatchReader
 
         return RocketStoreBatchReader(self.options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        from source.format import RocketStoreStreamReader
+        from rocketstore.source.format import RocketStoreStreamReader
 
         return RocketStoreStreamReader(self.options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> Any:
-        from sink.format import batch_writer
+        from rocketstore.sink.format import batch_writer
 
         return batch_writer(self.options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
-        from sink.format import stream_writer
+        from rocketstore.sink.format import stream_writer
 
         return stream_writer(self.options, schema, overwrite)
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.counts import count_type
+from rocketstore.pipeline.counts import count_type
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -54,8 +54,8 @@ class JobError(Exception):
 
 def conf_dir() -> Path:
     """The directory holding ``spark-defaults.conf``, ``log4j2.properties`` and ``store.toml``:
-    the same for every tool (:func:`pipeline.config.conf_dir`)."""
-    from pipeline.config import conf_dir as shared
+    the same for every tool (:func:`rocketstore.pipeline.config.conf_dir`)."""
+    from rocketstore.pipeline.config import conf_dir as shared
 
     return shared()
 
@@ -167,14 +167,14 @@ def remote_url(args: argparse.Namespace) -> str | None:
 
 def is_remote(spark: SparkSession) -> bool:
     """Whether ``spark`` is a Spark Connect session (whose queries run on the server)."""
-    from sink.identity import is_connect
+    from rocketstore.sink.identity import is_connect
 
     return is_connect(spark)
 
 
 def register(spark: SparkSession) -> None:
     """Register the ``rocketstore`` data source (reader and writer) with ``spark``."""
-    import datasource
+    from rocketstore import datasource
 
     datasource.register(spark)
 
@@ -214,7 +214,7 @@ def run_main(
     0 on success; 1 when a streaming query failed (its error printed in one paragraph); 2 for a
     usage error, a bad option or store error (one line ``PROG: error: ...`` on stderr).
     """
-    from pipeline.errors import StoreError
+    from rocketstore.pipeline.errors import StoreError
 
     try:
         args = parser.parse_args(argv)
@@ -456,7 +456,7 @@ def commit_log_sink(
 ) -> SinkGate:
     """The ``foreachBatch`` function writing ``df``'s rows into ``topic`` of ``args.store``: a
     ``CommitLogSink`` behind a :class:`SinkGate`."""
-    from sink.foreach import CommitLogSink
+    from rocketstore.sink.foreach import CommitLogSink
 
     def arg(name: str) -> Any:
         return getattr(args, prefix.replace("-", "_") + name)

@@ -1,6 +1,6 @@
 """Demo: the whole pipeline on one machine, for a bounded time, then a summary of what it did.
 
-    make demo                      # or: python -m jobs.demo [--seconds 60] [--rate 400]
+    make demo                      # or: python -m rocketstore.jobs.demo [--seconds 60] [--rate 400]
 
 A generator writes a file of orders (customer keys, order types, amounts, event times) into
 ``DIR/incoming`` every second. Four streaming queries run at once in one local Spark
@@ -51,8 +51,8 @@ if __package__ in (None, ""):
     # Run as a script (spark-submit jobs/demo.py): the checkout is the import root.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from jobs import common, export, ingest, process
-from pipeline.output import format_table
+from rocketstore.jobs import common, export, ingest, process
+from rocketstore.pipeline.output import format_table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -172,7 +172,7 @@ class Paths:
 
     def prepare(self) -> None:
         """Make the root ready for a run, removing what an earlier run made there and nothing
-        else; raises :class:`~jobs.common.JobError` when a name the demo uses is taken by
+        else; raises :class:`~rocketstore.jobs.common.JobError` when a name the demo uses is taken by
         something the demo did not make (no marker)."""
         present = [p for p in self.made() if p.exists() or p.is_symlink()]
         if present and not self.marker.is_file():
@@ -261,7 +261,7 @@ class Pipeline:
         self.started_at: dict[str, float] = {}
 
     def start_ready(self) -> None:
-        from pipeline.root import StoreRoot
+        from rocketstore.pipeline.root import StoreRoot
 
         root = StoreRoot(self.paths.store)
         if "ingest" not in self.queries:
@@ -321,8 +321,8 @@ class Pipeline:
 
 def export_lag(paths: Paths, config: Any) -> int | None:
     """Messages of ``orders`` the export has not committed yet (None before its first batch)."""
-    from pipeline.errors import StoreError
-    from pipeline.lag import consumer_lag, read_committed_offsets
+    from rocketstore.pipeline.errors import StoreError
+    from rocketstore.pipeline.lag import consumer_lag, read_committed_offsets
 
     ck = paths.checkpoints / "export-orders"
     try:
@@ -355,8 +355,8 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], indent: str =
 
 def store_queues(paths: Paths, config: Any) -> list[tuple[str, str, int, int, int]]:
     """(topic, broker, queueId, minOffset, maxOffset) of every queue in the store."""
-    from pipeline.root import StoreRoot
-    from pipeline.store import MessageStore
+    from rocketstore.pipeline.root import StoreRoot
+    from rocketstore.pipeline.store import MessageStore
 
     out = []
     for name, path in StoreRoot(paths.store).brokers():
@@ -443,7 +443,7 @@ def say(text: str = "") -> None:
 
 
 def run(spark: SparkSession, args: argparse.Namespace) -> int:
-    from pipeline.config import StoreConfig
+    from rocketstore.pipeline.config import StoreConfig
 
     paths = Paths(Path(args.dir))
     store_config = args.store_config or str(common.conf_dir() / "demo-store.toml")
@@ -568,7 +568,7 @@ def summary(
 ) -> int:
     from pyspark.sql import functions as F
 
-    from pipeline.lag import consumer_lag, read_committed_offsets
+    from rocketstore.pipeline.lag import consumer_lag, read_committed_offsets
 
     ok = True
     say("== Summary " + "=" * 68)

@@ -31,7 +31,7 @@ if __package__ in (None, ""):
     # Run as a script (spark-submit jobs/process.py): the checkout is the import root.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from jobs import common
+from rocketstore.jobs import common
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from pipeline.errors import StoreError
+from rocketstore.pipeline.errors import StoreError
 
 
 class PeriodicTask:

@@ -11,7 +11,7 @@ message, and the source turns bodies back into those columns.
   ``YYYY-MM-DD``, binary as base64, decimals as strings.
 
 Either way the schema is registered in the store root (``schemas/<fingerprint>.json``, see
-:mod:`pipeline.root`) and each message names it in the user property ``rsSchema``: the
+:mod:`rocketstore.pipeline.root`) and each message names it in the user property ``rsSchema``: the
 fingerprint is Avro's CRC-64-AVRO of the schema's parsing canonical form, as 16 hex digits. A
 reader decodes each body with the schema its message names and, for Avro, resolves it to the
 reader's schema by Avro's schema-resolution rules, so a topic whose schema gained a nullable
@@ -37,7 +37,7 @@ import fastavro
 import fastavro.schema
 import pyarrow as pa
 
-from pipeline.errors import ConfigError, CorruptRecordError
+from rocketstore.pipeline.errors import ConfigError, CorruptRecordError
 
 FORMATS = ("binary", "avro", "json")
 SCHEMA_PROPERTY = "rsSchema"

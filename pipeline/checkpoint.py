@@ -23,9 +23,9 @@ import os
 import struct
 from pathlib import Path
 
-from pipeline import durability
-from pipeline.errors import NotAStoreError
-from pipeline.fileio import io_error, pwrite_all
+from rocketstore.pipeline import durability
+from rocketstore.pipeline.errors import NotAStoreError
+from rocketstore.pipeline.fileio import io_error, pwrite_all
 
 LAYOUT = struct.Struct(">qqq")
 FILE_SIZE = 4096

@@ -23,7 +23,7 @@ Contract:
   (``produce --batch-size 5 STORE --config X FILE``); a usage error prints that command's usage.
 * Every command that takes STORE also takes ``--config FILE`` (``.toml`` or a broker.conf
   properties file); without it, ``conf/store.toml`` when it exists (see
-  :meth:`pipeline.config.StoreConfig.effective`), else RocketMQ's defaults. The store must be
+  :meth:`rocketstore.pipeline.config.StoreConfig.effective`), else RocketMQ's defaults. The store must be
   opened with the geometry it was written with.
 * Reading commands open the store read-only: they take no lock and write nothing, so they work
   on a store a writer has open and on read-only directories. ``produce`` opens it for writing
@@ -46,8 +46,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from pipeline.counts import count_type
-from pipeline.errors import NotFoundError, StoreError
+from rocketstore.pipeline.counts import count_type
+from rocketstore.pipeline.errors import NotFoundError, StoreError
 
 PROG = "rocketstore"
 EXIT_OK = 0
@@ -131,7 +131,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
     p = command(
         "dump",
-        "pipeline.commands:cmd_dump",
+        "rocketstore.pipeline.commands:cmd_dump",
         "Print every message reachable through the ConsumeQueues",
         "One JSON object per line (MessageExt fields, body in base64), topics sorted, queues "
         "ascending, queue offsets ascending.",
@@ -140,7 +140,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument("--topic", help="only this topic")
     p = command(
         "queues",
-        "pipeline.commands:cmd_queues",
+        "rocketstore.pipeline.commands:cmd_queues",
         "Print each queue's bounds",
         "Per topic and queue: topic, queueId, minOffset, maxOffset, maxPhysicOffset.",
         [store, as_json],
@@ -148,7 +148,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument("--topic", help="only this topic")
     p = command(
         "topics",
-        "pipeline.commands:cmd_topics",
+        "rocketstore.pipeline.commands:cmd_topics",
         "Print the topics a stock RocketMQ broker would serve from the store",
         "Per topic named in config/topics.json (the topic table a broker loads at start-up; "
         "it serves no other topic) or with ConsumeQueues on disk: readQueueNums, "
@@ -160,7 +160,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument("--topic", help="only this topic")
     p = command(
         "get",
-        "pipeline.commands:cmd_get",
+        "rocketstore.pipeline.commands:cmd_get",
         "Print messages of one queue from a queue offset",
         "First the status (RocketMQ's GetMessageStatus), nextBeginOffset (where to continue) "
         "and the queue's minOffset/maxOffset, then the messages. With --json, one object "
@@ -172,7 +172,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument("--tags", metavar="EXPR", help="tag filter, e.g. 'TagA || TagB' (default *)")
     p = command(
         "query-key",
-        "pipeline.commands:cmd_query_key",
+        "rocketstore.pipeline.commands:cmd_query_key",
         "Print messages of a topic by key",
         "Messages whose KEYS contain the key, or whose UNIQ_KEY is it, newest first "
         "(at most maxMsgsNumBatch).",
@@ -196,7 +196,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument("--max", type=count_type(1), help="most messages (default maxMsgsNumBatch)")
     p = command(
         "query-time",
-        "pipeline.commands:cmd_query_time",
+        "rocketstore.pipeline.commands:cmd_query_time",
         "Print the queue offset of a store time",
         "The offset of the message stored at that time, else the nearest one, clamped to "
         "the queue (RocketMQ's getOffsetInQueueByTime).",
@@ -211,7 +211,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     )
     p = command(
         "query-offset",
-        "pipeline.commands:cmd_query_offset",
+        "rocketstore.pipeline.commands:cmd_query_offset",
         "Print the message at a CommitLog offset",
         "Every field of the message; the full body with --json (base64).",
         [store, as_json],
@@ -221,7 +221,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     )
     p = command(
         "query-msgid",
-        "pipeline.commands:cmd_query_msgid",
+        "rocketstore.pipeline.commands:cmd_query_msgid",
         "Print the message an offset msgId names",
         "Every field of the message; the full body with --json (base64).",
         [store, as_json],
@@ -229,7 +229,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument("msgid", metavar="MSGID", help="offset msgId (32 or 56 hex characters)")
     p = command(
         "produce",
-        "pipeline.produce:cmd_produce",
+        "rocketstore.pipeline.produce:cmd_produce",
         "Store messages read as JSON lines",
         'Input lines: {"topic", "body" (text) or "bodyBase64", optional "queueId", '
         '"keys" (string or list), "tags", "properties" (object), "flag"}; blank lines '
@@ -265,7 +265,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     )
     p = command(
         "recover",
-        "pipeline.commands:cmd_recover",
+        "rocketstore.pipeline.commands:cmd_recover",
         "Run recovery now and print what it did",
         "Opens the store for writing, which finds the end of the CommitLog (checking magic, "
         "size and CRC), cuts what follows it, drops ConsumeQueue units and index entries "
@@ -285,7 +285,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     )
     p = command(
         "verify",
-        "pipeline.commands:cmd_verify",
+        "rocketstore.pipeline.commands:cmd_verify",
         "Check every record, ConsumeQueue unit and index entry",
         "Walks the whole CommitLog (magic, sizes, physical offsets, body CRCs), going on past "
         "a damaged record; checks every ConsumeQueue unit against its record and every index "
@@ -299,7 +299,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument("--progress", action="store_true", help="show progress on stderr")
     p = command(
         "clean",
-        "pipeline.commands:cmd_clean",
+        "rocketstore.pipeline.commands:cmd_clean",
         "Delete expired and surplus files now, as retention would",
         "Deletes CommitLog segments older than fileReservedTime hours whatever the hour "
         "(as a manual clean does), the oldest ones even if not expired while the disk is "
@@ -317,7 +317,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     )
     p = command(
         "lag",
-        "pipeline.lag:cmd_lag",
+        "rocketstore.pipeline.lag:cmd_lag",
         "Print how far a Spark query and RocketMQ consumer groups are behind, per queue",
         "With --checkpoint, the offsets of the last committed micro-batch of a query that "
         "reads the store with format('rocketstore') (offsets/N of the highest N with a "
@@ -354,7 +354,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     )
     command(
         "config",
-        "pipeline.commands:cmd_config",
+        "rocketstore.pipeline.commands:cmd_config",
         "Print the effective store settings",
         "Every setting by its RocketMQ name, then the keys of a broker.conf that are not "
         "store settings (ignored).",

@@ -1,8 +1,8 @@
 """The ``rocketstore`` commands that read or maintain a store directory (``produce`` is in
-:mod:`pipeline.produce`, ``lag`` in :mod:`pipeline.lag`).
+:mod:`rocketstore.pipeline.produce`, ``lag`` in :mod:`rocketstore.pipeline.lag`).
 
 Each ``cmd_*`` takes the parsed arguments and returns the exit status; errors are raised
-(:class:`~pipeline.errors.StoreError` and its kinds) and reported by :mod:`pipeline.cli`.
+(:class:`~rocketstore.pipeline.errors.StoreError` and its kinds) and reported by :mod:`rocketstore.pipeline.cli`.
 Reading commands open the store read-only: no lock, nothing written.
 """
 
@@ -12,12 +12,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from pipeline import native, queueread, record, topicconfig
-from pipeline.config import StoreConfig
-from pipeline.errors import NotFoundError, ProgressNotRecordedError
-from pipeline.output import emit, plain_cell, preview, print_table
-from pipeline.record import MessageExt
-from pipeline.store import MAX_TIMESTAMP, MessageStore
+from rocketstore.pipeline import native, queueread, record, topicconfig
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import NotFoundError, ProgressNotRecordedError
+from rocketstore.pipeline.output import emit, plain_cell, preview, print_table
+from rocketstore.pipeline.record import MessageExt
+from rocketstore.pipeline.store import MAX_TIMESTAMP, MessageStore
 
 DUMP_PAGE = 1000
 MESSAGE_COLUMNS = (
@@ -279,7 +279,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Scan every record and index structure; print each problem; exit 1 if there is any."""
-    from pipeline.verify import verify
+    from rocketstore.pipeline.verify import verify
 
     def progress(done: int, total: int) -> None:
         if args.progress and total:
@@ -308,7 +308,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_clean(args: argparse.Namespace) -> int:
     """Delete what retention allows now (or, with --dry-run, show it) and print the report."""
-    from pipeline.retention import CleanPlan, RetentionService
+    from rocketstore.pipeline.retention import CleanPlan, RetentionService
 
     config = StoreConfig.effective(args.config)
     with MessageStore(args.store, config, read_only=args.dry_run, create=False) as store:
@@ -354,7 +354,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     )
     sys.stdout.write(f"from: {config.origin}\n")
     if config.broker_ip1 is None or config.listen_port is None:
-        # What unset means depends on the directory (pipeline.storehost): say it here.
+        # What unset means depends on the directory (rocketstore.pipeline.storehost): say it here.
         sys.stdout.write(
             "store host (brokerIP1:listenPort) where unset: the one the directory's newest "
             f"record carries; in a new directory {config.store_host} (a store root's broker-N: "

@@ -1,12 +1,12 @@
 """The CommitLog: every message of every topic, appended in one log of fixed-size segments.
 
 Segments are ``commitlog/<20-digit base offset>``, ``mappedFileSizeCommitLog`` bytes each. The
-record layout is documented in :mod:`pipeline.record`. A record never spans two segments: when
+record layout is documented in :mod:`rocketstore.pipeline.record`. A record never spans two segments: when
 ``size + 8 > remaining``, an 8-byte END_OF_FILE blank is written and the record starts the next
 segment (RocketMQ's rule, which its loader relies on).
 
-This class owns placement and raw bytes only; building records is :mod:`pipeline.encode`'s job,
-and deriving ConsumeQueue/index entries is :mod:`pipeline.dispatch`'s.
+This class owns placement and raw bytes only; building records is :mod:`rocketstore.pipeline.encode`'s job,
+and deriving ConsumeQueue/index entries is :mod:`rocketstore.pipeline.dispatch`'s.
 
 Thread-safety: none; the store's single writer calls the write methods. Reads may run from other
 processes that map the files read-only; they must stop at the offset the writer reports.
@@ -22,10 +22,10 @@ from collections.abc import Iterator
 import numpy as np
 import numpy.typing as npt
 
-from pipeline import durability, native, record
-from pipeline.errors import CorruptRecordError, OffsetOutOfRangeError, StoreError
-from pipeline.mapped_file import MappedFile
-from pipeline.segments import SegmentQueue
+from rocketstore.pipeline import durability, native, record
+from rocketstore.pipeline.errors import CorruptRecordError, OffsetOutOfRangeError, StoreError
+from rocketstore.pipeline.mapped_file import MappedFile
+from rocketstore.pipeline.segments import SegmentQueue
 
 
 class CommitLog:
@@ -147,7 +147,7 @@ class CommitLog:
 
     def fence_off(self) -> int:
         """End the log where it is and go on in the next segment that has no file yet; returns
-        that segment's base, the new end (pipeline.fencing: the dead region after an unclean
+        that segment's base, the new end (rocketstore.pipeline.fencing: the dead region after an unclean
         take-over). The current segment gets an END_OF_FILE blank at the end, every segment
         file after it (created ahead, empty) one at its start; all of it synced before the
         return, the new segment's name included."""
@@ -267,8 +267,8 @@ class CommitLog:
     def walks(
         self, start: int, *, check_crc: bool, until: int | None = None
     ) -> Iterator[native.Walk]:
-        """The native record walk (:func:`pipeline.native.walk`) of each segment from ``start``
-        (a record boundary) to the first invalid record: one :class:`~pipeline.native.Walk` per
+        """The native record walk (:func:`rocketstore.pipeline.native.walk`) of each segment from ``start``
+        (a record boundary) to the first invalid record: one :class:`~rocketstore.pipeline.native.Walk` per
         segment. A blank, or a record that ends exactly at the segment's end, moves on to the
         next segment; anything else ends the walk, and the last walk's ``end`` is where. With
         ``until``, no record at or past that offset is read (the walk ends there at most)."""

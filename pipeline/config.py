@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import ConfigError
+from rocketstore.pipeline.errors import ConfigError
 
 ASYNC_FLUSH = "ASYNC_FLUSH"
 CONF_DIR_ENV = "ROCKETSTORE_CONF_DIR"
@@ -82,15 +82,15 @@ class StoreConfig:
     # Not a RocketMQ setting: how many ConsumeQueue and IndexFile mappings stay open at once.
     max_mapped_files: int = 1024
     # Not RocketMQ settings: whether readers see only what the writer published
-    # (pipeline.visibility), and how long a reader waits for published data to reach its host.
+    # (rocketstore.pipeline.visibility), and how long a reader waits for published data to reach its host.
     shared_storage: str = "auto"
     visibility_wait_ms: int = 30_000
     # The store host a writer stamps into records and msgIds; None (unset): the directory's, or
-    # RocketMQ's broker defaults for a new one (pipeline.storehost).
+    # RocketMQ's broker defaults for a new one (rocketstore.pipeline.storehost).
     broker_ip1: str | None = None
     listen_port: int | None = None
     # Not a RocketMQ setting: added to a listenPort that is set or defaulted, never to one
-    # taken from the directory (a root's broker b: 10 * b; pipeline.storehost).
+    # taken from the directory (a root's broker b: 10 * b; rocketstore.pipeline.storehost).
     listen_port_offset: int = 0
     ignored_keys: tuple[str, ...] = dataclasses.field(default=(), compare=False)
     # Where the settings came from (a file, or BUILT_IN), for messages; not a setting.
@@ -177,8 +177,10 @@ class StoreConfig:
         of a directory with no record yet: brokerIP1 (unset: this host's address as a stock
         broker takes it) and listenPort (unset: 10911) plus :attr:`listen_port_offset`. A store
         opened for writing first fixes both for its directory, which may carry another
-        (:func:`pipeline.storehost.for_directory`)."""
-        from pipeline import storehost  # not at import time: it needs the native record layer
+        (:func:`rocketstore.pipeline.storehost.for_directory`)."""
+        from rocketstore.pipeline import (
+            storehost,  # not at import time: it needs the native record layer
+        )
 
         return format_host(*storehost.default_store_host(self))
 

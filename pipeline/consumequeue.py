@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from pipeline import failpoints
-from pipeline.config import CQ_UNIT_SIZE
-from pipeline.errors import OffsetOutOfRangeError, StoreError
-from pipeline.mapped_file import MappedFile
-from pipeline.mappings import MappingCache
-from pipeline.segments import SegmentQueue
+from rocketstore.pipeline import failpoints
+from rocketstore.pipeline.config import CQ_UNIT_SIZE
+from rocketstore.pipeline.errors import OffsetOutOfRangeError, StoreError
+from rocketstore.pipeline.mapped_file import MappedFile
+from rocketstore.pipeline.mappings import MappingCache
+from rocketstore.pipeline.segments import SegmentQueue
 
 UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
 UNIT = struct.Struct(">qiq")  # the same 20 bytes, for one unit

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from pipeline.errors import ConfigError
+from rocketstore.pipeline.errors import ConfigError
 
 
 def _expected(minimum: int) -> str:

@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pipeline import native, record
-from pipeline.commitlog import CommitLog
-from pipeline.consumequeue import ConsumeQueue, make_units
-from pipeline.encode import PreparedBatch
-from pipeline.errors import CorruptRecordError
-from pipeline.index_service import IndexService
+from rocketstore.pipeline import native, record
+from rocketstore.pipeline.commitlog import CommitLog
+from rocketstore.pipeline.consumequeue import ConsumeQueue, make_units
+from rocketstore.pipeline.encode import PreparedBatch
+from rocketstore.pipeline.errors import CorruptRecordError
+from rocketstore.pipeline.index_service import IndexService
 
 INDEX_SLICE = 1 << 18  # index entries per IndexService.put of a batch
 
@@ -91,7 +91,7 @@ def redispatch(
     check_crc: bool = False,
 ) -> tuple[int, int]:
     """Dispatch the records in ``[start, end)`` again, straight from the CommitLog: one native
-    pass per segment (:func:`pipeline.native.dispatch_walk`) derives each queue's units and
+    pass per segment (:func:`rocketstore.pipeline.native.dispatch_walk`) derives each queue's units and
     the index entries, written as :func:`apply` writes them (and as idempotently). ``start``
     must be a record boundary and ``end`` where a recovery scan stopped (records are not
     CRC-checked again unless asked). Memory is bounded by one segment's units and entries.

@@ -23,7 +23,7 @@ import mmap
 import os
 from pathlib import Path
 
-from pipeline.fileio import io_error, pwrite_all
+from rocketstore.pipeline.fileio import io_error, pwrite_all
 
 
 def _msync(mm: mmap.mmap, start: int, length: int, path: Path) -> None:

@@ -1,10 +1,10 @@
 """Batch preparation: an Arrow batch of messages -> validated columns -> the native encoder.
 
 :func:`prepare` validates a whole batch before anything is written (all or nothing, whole-column
-checks with numpy and Arrow) and hands the columns to :class:`pipeline.native.EncodeBatch`,
+checks with numpy and Arrow) and hands the columns to :class:`rocketstore.pipeline.native.EncodeBatch`,
 which derives every per-message value the CommitLog, ConsumeQueue and IndexFile need (PROPERTIES
 lengths, record sizes, tag hashes, index key hashes) and later writes the records straight into
-the mapped segment. The readable reference for one record is :func:`pipeline.record.encode_record`.
+the mapped segment. The readable reference for one record is :func:`rocketstore.pipeline.record.encode_record`.
 
 Pure functions; thread-safe.
 """
@@ -25,10 +25,10 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import native, record
-from pipeline.config import StoreConfig
-from pipeline.errors import InvalidMessageError, MessageTooLargeError
-from pipeline.message import COLUMNS, Message, messages_to_table
+from rocketstore.pipeline import native, record
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import InvalidMessageError, MessageTooLargeError
+from rocketstore.pipeline.message import COLUMNS, Message, messages_to_table
 
 TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+")  # whole names only: fullmatch
 # Characters no property name or value may hold: \x01 and \x02 would split the PROPERTIES
@@ -607,8 +607,8 @@ def index_keys(
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
     """Index entries in RocketMQ's order: UNIQ_KEY, then each KEYS token, per message;
     ROLLBACK transactions get none. Returns (message row, key hash) per entry. The string
-    columns come as :func:`pipeline.native.strings` makes them, ``topics`` as
-    :func:`pipeline.native.table_of` does."""
+    columns come as :func:`rocketstore.pipeline.native.strings` makes them, ``topics`` as
+    :func:`rocketstore.pipeline.native.table_of` does."""
     rows, hashes = native.index_keys(topics, topic_codes, uniq, keys, sys_flags)
     return (
         np.frombuffer(memoryview(rows), dtype=np.int64),

@@ -26,7 +26,7 @@ class StoreLockedError(StoreError):
 
 class FencedError(StoreLockedError):
     """This writer lost the store to another: its lock was given away (a network partition on
-    shared storage) or a newer writer recorded its epoch (pipeline.fencing). Nothing of the
+    shared storage) or a newer writer recorded its epoch (rocketstore.pipeline.fencing). Nothing of the
     refused call was written; the store object takes no more writes."""
 
 
@@ -85,7 +85,7 @@ class OffsetOutOfRangeError(NotFoundError, IndexError):
 class NotVisibleError(OffsetOutOfRangeError):
     """An offset the writer published (or a unit, index entry or msgId names) lies in a file
     that this host's listing of its directory still does not show after ``visibilityWaitMs``
-    of listing it again: written on another host, not visible here yet (pipeline.visibility).
+    of listing it again: written on another host, not visible here yet (rocketstore.pipeline.visibility).
     Not damage: nothing is wrong with the store, this host sees less of it for now."""
 
 

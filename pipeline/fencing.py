@@ -15,7 +15,7 @@ leader epochs:
   publishes (after it has pushed out the pages written while the writer owned the store), :meth:`Fence.check` takes the lock again on the writer's own descriptor (a no-op while
   it is held; refused while another writer holds it; ``EBADFD`` or ``ENOTCONN`` when the client
   lost it) and then reads the file: anything past its own slot means a newer writer took over.
-  Either way the writer is fenced (:class:`~pipeline.errors.FencedError`) and takes no more
+  Either way the writer is fenced (:class:`~rocketstore.pipeline.errors.FencedError`) and takes no more
   writes.
 * **A dead region after an unclean take-over.** A writer that finds ``abort`` (the previous
   holder did not close) does not append at the end ``X`` that recovery found. It writes an
@@ -27,7 +27,7 @@ leader epochs:
 * **Recovery skips dead regions.** Bytes in ``[X, S)`` other than the blank are a fenced
   writer's and not data: recovery walks the log around them, restores the blank, drops
   ConsumeQueue units and index entries that pointed there and rebuilds what they overwrote
-  (:func:`pipeline.recovery.recover`); ``verify`` names them.
+  (:func:`rocketstore.pipeline.recovery.recover`); ``verify`` names them.
 
 What the store alone cannot close is the time between a check and the write it allows, and
 the pages a writer dirtied while it owned the store (under ASYNC_FLUSH, up to a flush interval's
@@ -69,14 +69,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline import durability, filesystem, record
-from pipeline.errors import FencedError, StoreLockedError
-from pipeline.fileio import io_error, pwrite_all
-from pipeline.lock import DirectoryLock
+from rocketstore.pipeline import durability, filesystem, record
+from rocketstore.pipeline.errors import FencedError, StoreLockedError
+from rocketstore.pipeline.fileio import io_error, pwrite_all
+from rocketstore.pipeline.lock import DirectoryLock
 
 if TYPE_CHECKING:
-    from pipeline.commitlog import CommitLog
-    from pipeline.mapped_file import MappedFile
+    from rocketstore.pipeline.commitlog import CommitLog
+    from rocketstore.pipeline.mapped_file import MappedFile
 
 FILE_NAME = "rocketstore-epochs"
 MAGIC = b"RSEP"
@@ -229,7 +229,7 @@ class Fence:
 
 def _dead_parts(log: CommitLog, x: int, s: int) -> Iterator[tuple[MappedFile, int, bytes]]:
     """Each segment's part of the dead region ``[x, s)``: (segment, start in it, the blank that
-    :meth:`~pipeline.commitlog.CommitLog.fence_off` wrote there)."""
+    :meth:`~rocketstore.pipeline.commitlog.CommitLog.fence_off` wrote there)."""
     for mf in log.segments.files:
         if mf.base + mf.size <= x or mf.base >= s:
             continue

@@ -17,10 +17,10 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.config import StoreConfig
-from pipeline.errors import NotAStoreError
-from pipeline.index_service import NAME_LENGTH as INDEX_NAME_LENGTH
-from pipeline.mapped_file import parse_segment_name
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import NotAStoreError
+from rocketstore.pipeline.index_service import NAME_LENGTH as INDEX_NAME_LENGTH
+from rocketstore.pipeline.mapped_file import parse_segment_name
 
 
 def _entries(directory: Path, *, dirs: bool = False) -> Iterator[os.DirEntry[str]]:

@@ -6,8 +6,8 @@ consumer every ``persistConsumerOffsetInterval`` (5 s) and when it shuts down, a
 when its code says so. The broker holds the table in memory and writes all of it to this file
 every ``flushConsumerOffsetInterval`` (5 s) and when it stops, so the file may be up to that
 long behind a running broker, and is exact once the broker has stopped. ``rocketstore lag``
-shows the groups' lag from it (:mod:`pipeline.lag`), and the Spark source's
-``startingOffsets=group:NAME`` starts from it (:mod:`source.planning`).
+shows the groups' lag from it (:mod:`rocketstore.pipeline.lag`), and the Spark source's
+``startingOffsets=group:NAME`` starts from it (:mod:`rocketstore.source.planning`).
 
 The file, as fastjson writes it (a tab per level; shown here with four spaces)::
 
@@ -32,7 +32,7 @@ The file, as fastjson writes it (a tab per level; shown here with four spaces)::
   never committed. Such entries are left out here.
 * Other top-level fields (a newer broker's ``dataVersion``) are ignored.
 
-Reading follows the broker's loader (:mod:`pipeline.brokerconfig`): ``consumerOffset.json``,
+Reading follows the broker's loader (:mod:`rocketstore.pipeline.brokerconfig`): ``consumerOffset.json``,
 or ``consumerOffset.json.bak`` when that is missing or empty (as while a broker rewrites it).
 Unlike the broker, which also falls back on the ``.bak`` when the file does not parse, this
 module refuses such a file (:class:`ConsumerOffsetsError`, naming the file, line and column):
@@ -50,9 +50,9 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from pipeline.brokerconfig import load_bytes
-from pipeline.errors import NotFoundError, StoreError
-from pipeline.root import StoreRoot
+from rocketstore.pipeline.brokerconfig import load_bytes
+from rocketstore.pipeline.errors import NotFoundError, StoreError
+from rocketstore.pipeline.root import StoreRoot
 
 FILE_NAME = "consumerOffset.json"
 BAK_NAME = FILE_NAME + ".bak"

@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from pipeline import durability
-from pipeline.errors import StoreError
-from pipeline.indexfile import RESERVE_AHEAD, IndexFile
-from pipeline.javahash import index_key_hash
-from pipeline.mapped_file import remove_leftovers
-from pipeline.mappings import MappingCache
+from rocketstore.pipeline import durability
+from rocketstore.pipeline.errors import StoreError
+from rocketstore.pipeline.indexfile import RESERVE_AHEAD, IndexFile
+from rocketstore.pipeline.javahash import index_key_hash
+from rocketstore.pipeline.mapped_file import remove_leftovers
+from rocketstore.pipeline.mappings import MappingCache
 
 NAME_LENGTH = 17
 
@@ -65,7 +65,7 @@ class IndexService:
 
         Read-only, a newest file that is full is followed by another as soon as a later record
         has keys, and a shared file system's client may not list that one yet
-        (pipeline.segments): the directory is listed once more for it. Not waited for, unlike a
+        (rocketstore.pipeline.segments): the directory is listed once more for it. Not waited for, unlike a
         segment past the published point: nothing says a later record has keys."""
         if not self.directory.is_dir():
             return

@@ -31,7 +31,7 @@ entries the header does not count; a lost machine may leave any mix of old and n
 Recovery keeps the entries ``putKey`` replayed from the start would have written and recomputes
 the slots (:meth:`IndexFile.mend`), and the CommitLog gives the rest again.
 
-Blocks (see :mod:`pipeline.mapped_file`): slots are written anywhere in their table, so a file
+Blocks (see :mod:`rocketstore.pipeline.mapped_file`): slots are written anywhere in their table, so a file
 this process writes has the header and the whole slot table reserved first, and entries a
 window at a time ahead of the count (:data:`ENTRY_AHEAD`). A file loaded from disk is trusted
 to have no block at all until it is reserved again: RocketMQ leaves its slot tables sparse.
@@ -46,9 +46,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from pipeline import failpoints, native
-from pipeline.mapped_file import MappedFile
-from pipeline.mappings import MappingCache
+from rocketstore.pipeline import failpoints, native
+from rocketstore.pipeline.mapped_file import MappedFile
+from rocketstore.pipeline.mappings import MappingCache
 
 HEADER = struct.Struct(">qqqqii")
 HEADER_SIZE = HEADER.size  # 40
@@ -141,7 +141,7 @@ class IndexFile:
         self.write_header()
         self.unstarted = False
 
-    # Views made per use, not kept: a kept view would pin the mapping (see pipeline.mappings).
+    # Views made per use, not kept: a kept view would pin the mapping (see rocketstore.pipeline.mappings).
     @property
     def _slots(self) -> npt.NDArray[np.int32]:
         return np.frombuffer(self._mf.buffer, dtype=">i4", count=self.slot_num, offset=HEADER_SIZE)

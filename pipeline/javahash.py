@@ -7,7 +7,7 @@ RocketMQ keys its on-disk structures by Java string hashes:
 
 Java hashes the UTF-16 code units of the string: ``h = 31*h + unit`` in 32-bit arithmetic.
 The scalar functions are the readable reference; :func:`java_hash_array` hashes a whole batch
-in the native core (:func:`pipeline.native.java_hashes`), which the differential tests hold to
+in the native core (:func:`rocketstore.pipeline.native.java_hashes`), which the differential tests hold to
 the reference.
 
 Pure functions; thread-safe.
@@ -22,7 +22,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import native
+from rocketstore.pipeline import native
 
 _MASK32 = 0xFFFFFFFF
 

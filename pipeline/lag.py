@@ -1,6 +1,6 @@
 """How far the consumers of a store are behind (``rocketstore lag``, and the demo's summary):
 a Spark query, by its checkpoint's committed offsets, and RocketMQ consumer groups, by the
-offsets in each broker directory's ``config/consumerOffset.json`` (:mod:`pipeline.groups`),
+offsets in each broker directory's ``config/consumerOffset.json`` (:mod:`rocketstore.pipeline.groups`),
 each beside the queues' bounds.
 
 Reads only: the checkpoint's files, the offset files and the brokers, opened read-only (no
@@ -17,12 +17,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.config import StoreConfig
-from pipeline.errors import StoreError
-from pipeline.groups import ConsumerOffsets, broker_offsets, group_offsets, groups_of, require_group
-from pipeline.output import emit, print_table
-from pipeline.root import StoreRoot
-from pipeline.store import MessageStore
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import StoreError
+from rocketstore.pipeline.groups import (
+    ConsumerOffsets,
+    broker_offsets,
+    group_offsets,
+    groups_of,
+    require_group,
+)
+from rocketstore.pipeline.output import emit, print_table
+from rocketstore.pipeline.root import StoreRoot
+from rocketstore.pipeline.store import MessageStore
 
 QueueKey = tuple[str, str, int]  # (topic, brokerName, queueId), as the Spark source names a queue
 
@@ -225,8 +231,8 @@ def group_lag(
       from offset 0 (the same unless retention deleted its start), and leaves out a broker on
       which the group committed nothing for the topic.
 
-    Raises :class:`~pipeline.errors.NotFoundError` when ``group`` committed nothing (for
-    ``topics``), :class:`~pipeline.groups.ConsumerOffsetsError` for a damaged offset file.
+    Raises :class:`~rocketstore.pipeline.errors.NotFoundError` when ``group`` committed nothing (for
+    ``topics``), :class:`~rocketstore.pipeline.groups.ConsumerOffsetsError` for a damaged offset file.
     ``brokers``: the offset files, when the caller has read them (:func:`broker_offsets`)."""
     if brokers is None:
         brokers = broker_offsets(root)

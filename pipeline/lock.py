@@ -34,8 +34,8 @@ import struct
 import threading
 from pathlib import Path
 
-from pipeline.errors import StoreLockedError
-from pipeline.fileio import pwrite_all
+from rocketstore.pipeline.errors import StoreLockedError
+from rocketstore.pipeline.fileio import pwrite_all
 
 # struct flock: l_type, l_whence, l_start, l_len, l_pid (native layout and padding).
 _FLOCK = "hhqqi"
@@ -105,7 +105,7 @@ class DirectoryLock:
         the lock, ``OSError`` when the file system cannot answer (``ENOTCONN``). A descriptor
         the file system has marked as having lost its locks (``EBADFD``) is replaced by a new
         one that takes the lock. If nobody holds it, this takes it back: whether another writer
-        held it meanwhile is for the epochs to tell (pipeline.fencing)."""
+        held it meanwhile is for the epochs to tell (rocketstore.pipeline.fencing)."""
         fd = self._fd
         if fd is None:
             raise OSError(errno.EBADF, f"{self.path}: the lock is not held")

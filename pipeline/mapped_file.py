@@ -20,7 +20,7 @@ the disk for data never written. A file that was written before (by RocketMQ or 
 restart) counts as allocated up to the page holding its write position.
 
 Descriptors. ``mmap.mmap`` keeps its own ``dup`` of the descriptor until the mapping is closed,
-so every mapped segment holds one descriptor. With a :class:`~pipeline.mappings.MappingCache`
+so every mapped segment holds one descriptor. With a :class:`~rocketstore.pipeline.mappings.MappingCache`
 a segment is mapped lazily, on first use, and the cache unmaps the least recently used segments
 when too many are mapped (its bound derives from ``RLIMIT_NOFILE``); a segment whose bytes are in
 use (a zero-copy view is alive) is never unmapped. The descriptor used to map or reserve is
@@ -45,10 +45,10 @@ import os
 import resource
 from pathlib import Path
 
-from pipeline import durability, failpoints
-from pipeline.errors import NotAStoreError, SegmentCreateError, StoreError
-from pipeline.fileio import io_error
-from pipeline.mappings import MappingCache
+from rocketstore.pipeline import durability, failpoints
+from rocketstore.pipeline.errors import NotAStoreError, SegmentCreateError, StoreError
+from rocketstore.pipeline.fileio import io_error
+from rocketstore.pipeline.mappings import MappingCache
 
 NAME_DIGITS = 20
 PAGE = mmap.PAGESIZE
@@ -59,7 +59,7 @@ PWRITE_MIN_BYTES = 16 * 1024
 # ``posix_fallocate`` serves many puts (a call costs ~10-20 us here, whatever its length).
 RESERVE_AHEAD = 4 << 20
 # An ``ahead`` that asks for whole files: every block allocated when the file is created (on a
-# file system where reading a hole allocates, see pipeline.filesystem).
+# file system where reading a hole allocates, see rocketstore.pipeline.filesystem).
 WHOLE = 1 << 62
 
 

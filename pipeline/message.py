@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 
-from pipeline.errors import InvalidMessageError
+from rocketstore.pipeline.errors import InvalidMessageError
 
 SCHEMA = pa.schema(
     [

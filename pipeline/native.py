@@ -1,10 +1,10 @@
-"""The Python face of the native core (``pipeline._native``, the Rust crate in ``native/``).
+"""The Python face of the native core (``rocketstore.pipeline._native``, the Rust crate in ``native/``).
 
 Every loop over messages runs in compiled code with the GIL released: record encoding straight
 into a mapped segment, body CRCs, Java string hashes, index chains, the record walk and the
 record decoder. This module adapts Arrow and numpy columns to the crate's buffer arguments and
 turns its results into numpy and Arrow arrays (the decoder's without a copy); the readable
-reference for every format stays in :mod:`pipeline.record`.
+reference for every format stays in :mod:`rocketstore.pipeline.record`.
 
 Thread-safety: the functions are pure over their arguments; the caller owns any buffer it
 passes as an output (the store's single writer owns its segments).
@@ -21,10 +21,10 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from pipeline import _native
-from pipeline.consumequeue import UNIT_DTYPE
-from pipeline.errors import CorruptRecordError, NativeError
-from pipeline.record import MessageExt
+from rocketstore.pipeline import _native
+from rocketstore.pipeline.consumequeue import UNIT_DTYPE
+from rocketstore.pipeline.errors import CorruptRecordError, NativeError
+from rocketstore.pipeline.record import MessageExt
 
 StringTriple = tuple[Any, npt.NDArray[Any] | int, npt.NDArray[np.uint8] | None]
 EncodeBatch = _native.EncodeBatch
@@ -148,7 +148,7 @@ def walk(
     """Walk the records of one segment's bytes ``buf`` from ``start`` (relative, a record
     boundary) up to ``limit``; ``base`` is the segment's physical offset. Stops at the first
     bytes that are not a whole, valid record (magic, sizes, PHYSICALOFFSET, the body CRC when
-    ``check_crc``, no NUL in the topic or properties: see :func:`pipeline.record.torn_tail`),
+    ``check_crc``, no NUL in the topic or properties: see :func:`rocketstore.pipeline.record.torn_tail`),
     at an END_OF_FILE blank, or after ``max_records``."""
     raw = _native.walk(buf, start, limit, base, check_crc, max_records or (1 << 62))
     cols = {name: np.frombuffer(raw[name], dtype=dtype) for name, dtype in _WALK_DTYPES.items()}
@@ -184,7 +184,7 @@ def dispatch_walk(
     boundary) that begin before physical offset ``end``, as :func:`walk` walks them, and derive
     in the same pass what dispatch writes: ``runs``, per queue in order of its first record,
     ``(topic, queueId, first queue offset, units)`` with the units as the ConsumeQueue file
-    holds them (:data:`pipeline.consumequeue.UNIT_DTYPE`); the index entries in order (none
+    holds them (:data:`rocketstore.pipeline.consumequeue.UNIT_DTYPE`); the index entries in order (none
     unless ``index``); ``count`` records walked; ``last_unit_ts``, the store time of the last
     record that got a unit (-1 if none); and where the walk stopped, as :class:`Walk` says."""
     raw = _native.dispatch_walk(buf, start, limit, base, end, check_crc, index)
@@ -220,7 +220,7 @@ class Columns(enum.IntFlag):
 PROPERTIES_TYPE = pa.map_(pa.string(), pa.string())
 KEYS_TYPE = pa.list_(pa.string())
 # (column, crate name, type) in the order of :func:`decode`'s batches; the names are
-# MessageExt's getters, as in :meth:`pipeline.record.MessageExt.to_json`. Timestamps are ms.
+# MessageExt's getters, as in :meth:`rocketstore.pipeline.record.MessageExt.to_json`. Timestamps are ms.
 _FIXED = (
     ("commitLogOffset", "phys", pa.int64()),
     ("storeSize", "size", pa.int32()),
@@ -304,7 +304,7 @@ def decode(
     ``queueOffset``, ``sysFlag``, ``flag``, ``bornTimestamp`` and ``storeTimestamp`` (int64
     ms), ``reconsumeTimes``, ``preparedTransactionOffset``, ``bodyCRC``, ``topic``, then the
     groups of ``columns``: ``body``; ``properties`` (a map read as
-    :func:`pipeline.record.decode_properties` reads it); ``keys`` (KEYS split at spaces, empty
+    :func:`rocketstore.pipeline.record.decode_properties` reads it); ``keys`` (KEYS split at spaces, empty
     tokens dropped; null without KEYS); ``tags`` and ``uniqKey`` (null when absent);
     ``bornHost`` and ``storeHost`` (``ip:port``, IPv6 ``[addr]:port``); ``msgId``. The batch
     owns its memory: ``buf`` may be closed afterwards.
@@ -380,7 +380,7 @@ def record_starts(
 
 def messages(batch: pa.RecordBatch) -> Iterator[MessageExt]:
     """The rows of a :func:`decode` batch with every column group, as
-    :class:`~pipeline.record.MessageExt` (what the single-record reader returns)."""
+    :class:`~rocketstore.pipeline.record.MessageExt` (what the single-record reader returns)."""
     cols = {name: batch.column(name).to_pylist() for name in batch.schema.names}
     for i in range(batch.num_rows):
         yield MessageExt(

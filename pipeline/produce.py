@@ -26,19 +26,19 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from pipeline import encode, record
-from pipeline.config import StoreConfig
-from pipeline.errors import InvalidMessageError, ProgressNotRecordedError, StoreError
-from pipeline.message import Message
-from pipeline.output import json_line
-from pipeline.record import MessageExt
-from pipeline.store import MessageStore, PutResult
+from rocketstore.pipeline import encode, record
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import InvalidMessageError, ProgressNotRecordedError, StoreError
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.output import json_line
+from rocketstore.pipeline.record import MessageExt
+from rocketstore.pipeline.store import MessageStore, PutResult
 
 INT32_MAX = 2**31 - 1
 FIELDS = ("topic", "body", "bodyBase64", "queueId", "keys", "tags", "properties", "flag")
 # The property separators, and NUL, which readers take for a torn write (record.torn_tail).
 RESERVED_CHARS = re.compile("[\x00-\x02]")
-# A generated UNIQ_KEY is 32 hex characters (see pipeline.encode.UniqKeyGenerator).
+# A generated UNIQ_KEY is 32 hex characters (see rocketstore.pipeline.encode.UniqKeyGenerator).
 UNIQ_KEY_LEN = 32
 # The store speaks of Arrow columns and batch rows; the input's fields have the same names.
 _COLUMN = re.compile(r"column '(\w+)'")

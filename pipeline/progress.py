@@ -14,7 +14,7 @@ every record before it has its ConsumeQueue units and index entries flushed too,
 ``queues`` lists every ConsumeQueue with its length then, so a queue deleted or cut short
 later is noticed and rebuilt. ``notes`` (absent when empty) are small facts a writer on top
 of the store keeps with the data they describe, made durable by the same flush: the sink's
-search bounds (:mod:`sink.append`). ``checksum`` is
+search bounds (:mod:`rocketstore.sink.append`). ``checksum`` is
 the CRC-32 of the other fields, so a damaged file is ignored rather than trusted. The file is
 written to a temporary name, fsynced and renamed over the old one: it is either the old or the
 new version, never torn. RocketMQ ignores files it does not know in ``config/``, and if this
@@ -30,7 +30,7 @@ import json
 import zlib
 from pathlib import Path
 
-from pipeline import durability
+from rocketstore.pipeline import durability
 
 FILE_NAME = "rocketstore.json"
 VERSION = 1

@@ -2,7 +2,7 @@
 
 For commands that read every message of a queue (``rocketstore dump``): the units are read a
 page at a time and the records they point at decoded segment by segment in one native call
-each (:func:`pipeline.native.decode`), instead of one :func:`pipeline.record.decode_record`
+each (:func:`rocketstore.pipeline.native.decode`), instead of one :func:`rocketstore.pipeline.record.decode_record`
 per message. What a reader gets is what :meth:`MessageStore.get_messages` gives without a
 subscription: units whose record retention deleted are skipped; a unit that points where no
 record starts, or at another queue's record, is reported against the ConsumeQueue file or the
@@ -21,9 +21,9 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from pipeline import native
-from pipeline.errors import CorruptRecordError, NotVisibleError, OffsetOutOfRangeError
-from pipeline.store import MessageStore
+from rocketstore.pipeline import native
+from rocketstore.pipeline.errors import CorruptRecordError, NotVisibleError, OffsetOutOfRangeError
+from rocketstore.pipeline.store import MessageStore
 
 PAGE_UNITS = 1000
 

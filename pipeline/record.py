@@ -38,7 +38,7 @@ A message id ("offset msgId") is the uppercase hex of STOREHOST's address bytes,
 int and the record's physical offset as a long: 32 characters for IPv4, 56 for IPv6.
 
 The numbers of this layout are defined once, in the native core, which reads and writes every
-record in production (pipeline.native: the batch and single puts, the record walk of recovery
+record in production (rocketstore.pipeline.native: the batch and single puts, the record walk of recovery
 and ``verify``, the decoder behind every read). :func:`encode_record` and
 :func:`decode_record` here are the readable reference the tests check the native core
 against, record for record; nothing in production parses a whole record with them.
@@ -57,8 +57,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import _native
-from pipeline.errors import CorruptRecordError, InvalidMessageError
+from rocketstore.pipeline import _native
+from rocketstore.pipeline.errors import CorruptRecordError, InvalidMessageError
 
 # The layout's numbers are defined once, in the native core (native/src/layout.rs), which
 # reads and writes every record in production.

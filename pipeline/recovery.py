@@ -4,7 +4,7 @@ Every open runs it; a writable open repairs, a read-only open only finds the end
 
 1. **Start point**, the newest offset known good, in order of preference:
 
-   * ``config/rocketstore.json`` (:mod:`pipeline.progress`): the exact offset up to which the
+   * ``config/rocketstore.json`` (:mod:`rocketstore.pipeline.progress`): the exact offset up to which the
      CommitLog, ConsumeQueues and index were flushed, checked against the record it names;
    * after a clean shutdown without it (a store RocketMQ wrote): just past the newest record a
      ConsumeQueue or the index points at, checked against the CommitLog;
@@ -37,13 +37,13 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import dispatch, fencing, native, record
-from pipeline.checkpoint import StoreCheckpoint
-from pipeline.commitlog import CommitLog
-from pipeline.consumequeue import ConsumeQueue
-from pipeline.errors import DamagedLogError, OffsetOutOfRangeError
-from pipeline.index_service import IndexService
-from pipeline.progress import FlushProgress
+from rocketstore.pipeline import dispatch, fencing, native, record
+from rocketstore.pipeline.checkpoint import StoreCheckpoint
+from rocketstore.pipeline.commitlog import CommitLog
+from rocketstore.pipeline.consumequeue import ConsumeQueue
+from rocketstore.pipeline.errors import DamagedLogError, OffsetOutOfRangeError
+from rocketstore.pipeline.index_service import IndexService
+from rocketstore.pipeline.progress import FlushProgress
 
 
 @dataclasses.dataclass
@@ -62,7 +62,7 @@ class RecoveryReport:
     queues_rebuilt: list[str] = dataclasses.field(default_factory=list)
     index_rebuilt: bool = False
     index_slots_repaired: int = 0
-    # Dead regions (pipeline.fencing) inside the recovered log, and the bytes a fenced writer
+    # Dead regions (rocketstore.pipeline.fencing) inside the recovered log, and the bytes a fenced writer
     # left in them (restored to a blank and zeros by a writable open).
     fenced_regions: list[list[int]] = dataclasses.field(default_factory=list)
     fenced_bytes: int = 0
@@ -134,7 +134,7 @@ def find_end(
 
     A walk that meets a blank goes on in the next segment; if that holds nothing valid, the end
     is the blank's position, where RocketMQ's recovery also leaves it. A dead region ``[x, s)``
-    (pipeline.fencing) is never read: a walk that reaches ``x`` goes on at ``s`` when that
+    (rocketstore.pipeline.fencing) is never read: a walk that reaches ``x`` goes on at ``s`` when that
     segment exists, and otherwise ends at ``x``.
     """
     walks: list[native.Walk] = []
@@ -333,7 +333,7 @@ def _trusted_progress(
         return None
     flushed, last = progress.flushed_offset, progress.last_record_offset
     if any(x < flushed <= s or x <= last < s for x, s in dead):
-        return None  # written by a writer fenced off there (pipeline.fencing)
+        return None  # written by a writer fenced off there (rocketstore.pipeline.fencing)
     if flushed == log.min_offset:
         return flushed
     if not (log.min_offset <= last < flushed):
@@ -356,10 +356,10 @@ def recover(
     dead: Sequence[tuple[int, int]] = (),
     cut_at_damage: bool = False,
 ) -> RecoveryReport:
-    """Recover (see the module). ``dead`` are the CommitLog's dead regions (pipeline.fencing).
+    """Recover (see the module). ``dead`` are the CommitLog's dead regions (rocketstore.pipeline.fencing).
 
     Raises :class:`DamagedLogError`, having changed nothing, when valid records follow the end
-    it found: cutting there would drop them (pipeline.recovery.resumes_after); with
+    it found: cutting there would drop them (rocketstore.pipeline.recovery.resumes_after); with
     ``cut_at_damage`` it cuts all the same (the report's ``damageResumesAt`` says where valid
     records resumed)."""
     started = time.perf_counter()

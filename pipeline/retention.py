@@ -98,19 +98,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pipeline.config import CQ_UNIT_SIZE, StoreConfig
-from pipeline.errors import ConfigError, DiskFullError, ReadOnlyStoreError, StoreClosedError
-from pipeline.mapped_file import MappedFile
+from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from rocketstore.pipeline.errors import (
+    ConfigError,
+    DiskFullError,
+    ReadOnlyStoreError,
+    StoreClosedError,
+)
+from rocketstore.pipeline.mapped_file import MappedFile
 
 if TYPE_CHECKING:
-    from pipeline.commitlog import CommitLog
-    from pipeline.consumequeue import ConsumeQueue
-    from pipeline.index_service import IndexService
+    from rocketstore.pipeline.commitlog import CommitLog
+    from rocketstore.pipeline.consumequeue import ConsumeQueue
+    from rocketstore.pipeline.index_service import IndexService
 
 
 class RetainedStore(Protocol):
     """What retention works on: the parts of a store it reads and deletes from. A
-    :class:`~pipeline.store.MessageStore` is one; this module never imports it (the store
+    :class:`~rocketstore.pipeline.store.MessageStore` is one; this module never imports it (the store
     imports this module to run it)."""
 
     path: Path

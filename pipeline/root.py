@@ -4,7 +4,7 @@ The Spark sink and source see a *store root*, laid out like this::
 
     root/
       topics.json            topic -> brokers, queues per broker, body format, schemas
-      schemas/<fp>.json      one registered body schema each (see pipeline.bodyformat)
+      schemas/<fp>.json      one registered body schema each (see rocketstore.pipeline.bodyformat)
       broker-0/              a complete RocketMQ store directory (commitlog/, consumequeue/, ...)
       broker-1/
       ...
@@ -41,8 +41,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import durability, javahash
-from pipeline.errors import ConfigError, NotAStoreError
+from rocketstore.pipeline import durability, javahash
+from rocketstore.pipeline.errors import ConfigError, NotAStoreError
 
 TOPICS_FILE = "topics.json"
 SCHEMAS_DIR = "schemas"

@@ -7,22 +7,22 @@ the next segment when the last one is full, and truncates or drops segments past
 Files whose names are not 20-digit offsets are ignored (RocketMQ ignores them too). Segments
 must be contiguous; a gap is reported as :class:`NotAStoreError` naming the missing file.
 
-With a :class:`~pipeline.mappings.MappingCache` the segments are listed and sized when loaded
-and mapped on first use (see :mod:`pipeline.mappings`); without one they are mapped when loaded.
+With a :class:`~rocketstore.pipeline.mappings.MappingCache` the segments are listed and sized when loaded
+and mapped on first use (see :mod:`rocketstore.pipeline.mappings`); without one they are mapped when loaded.
 
 Finding the file that holds an offset is where the visibility rule for shared storage meets
-directory listings (:mod:`pipeline.visibility`): a client of a shared file system may answer a
+directory listings (:mod:`rocketstore.pipeline.visibility`): a client of a shared file system may answer a
 listing from its cache, so a segment another host created a moment ago can be missing from
 this host's listing although the writer has published data in it. Segments are created in
 offset order and deleted from the front, so a segment past the last one listed is one created
 since the listing: not visible yet, never damage and never lost. :class:`SegmentListing`
 lists the directory again for it, for up to ``visibilityWaitMs``, before it gives up with
 :class:`NotVisibleError`; the store's read-only views (:meth:`SegmentQueue.find`) and the
-source's readers (:mod:`source.read`, :mod:`source.brokerview`) all look segments up through
+source's readers (:mod:`rocketstore.source.read`, :mod:`rocketstore.source.brokerview`) all look segments up through
 it.
 
 Every file created or deleted here is made durable with an fsync of the directory
-(:mod:`pipeline.durability`); bytes zeroed by :meth:`SegmentQueue.truncate` are synced at once.
+(:mod:`rocketstore.pipeline.durability`); bytes zeroed by :meth:`SegmentQueue.truncate` are synced at once.
 
 Thread-safety: none; one writer per store. Read-only queues never create or change files.
 """
@@ -34,16 +34,21 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from pipeline import durability, visibility
-from pipeline.errors import NotAStoreError, NotVisibleError, OffsetOutOfRangeError, StoreError
-from pipeline.mapped_file import (
+from rocketstore.pipeline import durability, visibility
+from rocketstore.pipeline.errors import (
+    NotAStoreError,
+    NotVisibleError,
+    OffsetOutOfRangeError,
+    StoreError,
+)
+from rocketstore.pipeline.mapped_file import (
     RESERVE_AHEAD,
     MappedFile,
     parse_segment_name,
     remove_leftovers,
     segment_name,
 )
-from pipeline.mappings import MappingCache
+from rocketstore.pipeline.mappings import MappingCache
 
 T = TypeVar("T")
 
@@ -73,7 +78,7 @@ class SegmentListing:
     ``wait_ms`` None: the listing is taken as the directory (the writer's own store, or a
     store on one host), so a segment it lacks is not there. A number: a segment past the last
     one listed is looked for in the directory listed again, pausing a little longer each time
-    (:func:`pipeline.visibility.wait_until_valid`), for up to that many ms; 0 lists it again
+    (:func:`rocketstore.pipeline.visibility.wait_until_valid`), for up to that many ms; 0 lists it again
     once, without pausing.
 
     Thread-safety: none; each reader keeps its own. Lists directories, never changes them."""

@@ -3,11 +3,11 @@
 ::
 
     STORE/
-      commitlog/<20-digit offset>            every message (pipeline.commitlog)
-      consumequeue/<topic>/<queueId>/<off>   per-queue units (pipeline.consumequeue)
-      index/<yyyyMMddHHmmssSSS>              key index (pipeline.indexfile)
+      commitlog/<20-digit offset>            every message (rocketstore.pipeline.commitlog)
+      consumequeue/<topic>/<queueId>/<off>   per-queue units (rocketstore.pipeline.consumequeue)
+      index/<yyyyMMddHHmmssSSS>              key index (rocketstore.pipeline.indexfile)
       config/                                broker metadata (RocketMQ keeps JSON files here)
-      checkpoint                             flush timestamps (pipeline.checkpoint)
+      checkpoint                             flush timestamps (rocketstore.pipeline.checkpoint)
       abort                                  present while a writer has the store open
       lock                                   locked while a writer has the store open
 
@@ -54,7 +54,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from pipeline import (
+from rocketstore.pipeline import (
     consumequeue,
     dispatch,
     durability,
@@ -69,12 +69,12 @@ from pipeline import (
     storehost,
     visibility,
 )
-from pipeline.background import PeriodicTask
-from pipeline.checkpoint import StoreCheckpoint
-from pipeline.commitlog import CommitLog
-from pipeline.config import CQ_UNIT_SIZE, StoreConfig
-from pipeline.consumequeue import UNIT_DTYPE, ConsumeQueue
-from pipeline.errors import (
+from rocketstore.pipeline.background import PeriodicTask
+from rocketstore.pipeline.checkpoint import StoreCheckpoint
+from rocketstore.pipeline.commitlog import CommitLog
+from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from rocketstore.pipeline.consumequeue import UNIT_DTYPE, ConsumeQueue
+from rocketstore.pipeline.errors import (
     CorruptRecordError,
     FencedError,
     InvalidMessageError,
@@ -86,18 +86,18 @@ from pipeline.errors import (
     StoreClosedError,
     StoreFailedError,
 )
-from pipeline.geometry import check_geometry
-from pipeline.index_service import IndexService
-from pipeline.lock import DirectoryLock
-from pipeline.mapped_file import WHOLE, MappedFile, free_space, limit_note
-from pipeline.mappings import MappingCache
-from pipeline.message import Message
-from pipeline.progress import FlushProgress
-from pipeline.recovery import RecoveryReport, recover
-from pipeline.retention import RUN_INTERVAL_MS, RetentionService, statvfs_used_ratio
-from pipeline.segments import SegmentQueue
-from pipeline.subscription import Subscription
-from pipeline.topicconfig import TopicConfigError, TopicsKeeper
+from rocketstore.pipeline.geometry import check_geometry
+from rocketstore.pipeline.index_service import IndexService
+from rocketstore.pipeline.lock import DirectoryLock
+from rocketstore.pipeline.mapped_file import WHOLE, MappedFile, free_space, limit_note
+from rocketstore.pipeline.mappings import MappingCache
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.progress import FlushProgress
+from rocketstore.pipeline.recovery import RecoveryReport, recover
+from rocketstore.pipeline.retention import RUN_INTERVAL_MS, RetentionService, statvfs_used_ratio
+from rocketstore.pipeline.segments import SegmentQueue
+from rocketstore.pipeline.subscription import Subscription
+from rocketstore.pipeline.topicconfig import TopicConfigError, TopicsKeeper
 
 STORE_ENTRIES = ("commitlog", "consumequeue", "index", "config", "checkpoint", "abort", "lock")
 MAX_TIMESTAMP = 2**63 - 1
@@ -200,7 +200,7 @@ class MessageStore:
         self.path = Path(path)
         self.full_check = full_check
         # Whether recovery may cut a log with valid records after damage inside it (dropping
-        # them); by default it refuses and changes nothing (pipeline.recovery).
+        # them); by default it refuses and changes nothing (rocketstore.pipeline.recovery).
         self.cut_at_damage = cut_at_damage
         self.config = config or StoreConfig()
         self.read_only = read_only
@@ -271,7 +271,7 @@ class MessageStore:
 
     def _write_in_place(self) -> None:
         """On a copy-on-write file system, have new store files written in place, so that the
-        blocks reserved for them are the blocks their mapped writes use (pipeline.filesystem)."""
+        blocks reserved for them are the blocks their mapped writes use (rocketstore.pipeline.filesystem)."""
         if filesystem.fs_type(self.path) not in filesystem.NOCOW_CAPABLE:
             return
         for sub in ("commitlog", "consumequeue", "index"):
@@ -298,14 +298,14 @@ class MessageStore:
             self._write_in_place()
         # A read-only view of a store a writer on another host appends to looks for a file its
         # listing lacks in the directory listed again, for up to visibilityWaitMs
-        # (pipeline.segments); None: this host's listing is the directory.
+        # (rocketstore.pipeline.segments); None: this host's listing is the directory.
         self._listing_wait: int | None = None
         if self.read_only and visibility.is_shared(self.path, cfg.shared_storage):
             self._listing_wait = cfg.visibility_wait_ms
             self._forget_cached_tails()
         self.mappings = MappingCache(cfg.max_mapped_files)
         # Where reading a hole through a mapping allocates (tmpfs), files get every block when
-        # created, so that no reader can die of SIGBUS on a full disk (pipeline.filesystem).
+        # created, so that no reader can die of SIGBUS on a full disk (rocketstore.pipeline.filesystem).
         whole = not self.read_only and filesystem.reads_allocate(self.path)
         self._cq_ahead = WHOLE if whole else consumequeue.RESERVE_AHEAD
         self.checkpoint = StoreCheckpoint.read(self.path / "checkpoint")
@@ -347,7 +347,7 @@ class MessageStore:
                 ahead=WHOLE if whole else indexfile.RESERVE_AHEAD,
             )
             self.index.load()
-        # On shared storage a writer fences off those before it (pipeline.fencing); every
+        # On shared storage a writer fences off those before it (rocketstore.pipeline.fencing); every
         # writable open honours the dead regions earlier take-overs left.
         self.shared = visibility.is_shared(self.path, cfg.shared_storage)
         self._fence: fencing.Fence | None = None
@@ -355,7 +355,7 @@ class MessageStore:
         if not self.read_only and self.shared:
             self._take_epoch()
         if not self.read_only:
-            # Every writer of a directory stamps the directory's store host (pipeline.storehost).
+            # Every writer of a directory stamps the directory's store host (rocketstore.pipeline.storehost).
             newest = storehost.newest_record_host(
                 self.commitlog, self.queues.values(), self.recovery.last_record_offset
             )
@@ -364,7 +364,7 @@ class MessageStore:
         self._store_host_hex = self._store_host_field.hex().upper()
         self._sync_flush = cfg.sync_flush
         self._flush_every_s = cfg.flush_interval_commitlog / 1000
-        # On shared storage readers see only what a flush published (pipeline.visibility);
+        # On shared storage readers see only what a flush published (rocketstore.pipeline.visibility);
         # under SYNC_FLUSH a put publishes before it returns, so what it acknowledges is
         # readable from every host.
         self._publish_each_put = self._sync_flush and self.shared
@@ -393,7 +393,7 @@ class MessageStore:
     def _forget_cached_tails(self) -> None:
         """Drop this host's cached pages of the files a writer elsewhere appends to (the last
         CommitLog segments, each queue's and the index's last files), so that this view reads
-        them from the file system, not as this host saw them before (pipeline.visibility)."""
+        them from the file system, not as this host saw them before (rocketstore.pipeline.visibility)."""
         with contextlib.suppress(OSError):
             os.listdir(self.path)  # refreshes the client's attributes of the checkpoint
         dirs = [self.path / "commitlog", self.path / "index"]
@@ -408,7 +408,7 @@ class MessageStore:
 
     def _hide_unpublished(self) -> None:
         """A read-only view of a store on shared storage ends at what its writer published
-        and this host can read (pipeline.visibility): the log at the published offset or the
+        and this host can read (rocketstore.pipeline.visibility): the log at the published offset or the
         last record that checked out here, whichever is first; each queue at its published
         length or its last unit whose record is in that log, whichever is first."""
         point = visibility.published(self.path)
@@ -421,7 +421,7 @@ class MessageStore:
         self._next_queue_offset = {key: cq.max_offset for key, cq in self.queues.items()}
 
     def _take_epoch(self) -> None:
-        """Record this writer's epoch (pipeline.fencing). After an unclean take-over (``abort``
+        """Record this writer's epoch (rocketstore.pipeline.fencing). After an unclean take-over (``abort``
         found: the last holder never closed, and on shared storage may still be alive) the log
         goes on in a fresh segment, so that anything the old holder still writes lands in the
         dead region before it."""
@@ -431,7 +431,7 @@ class MessageStore:
         self._fence = fencing.Fence.take(self.path, self._lock, end, start, self.clock_ms())
 
     def _check_fence(self, what: str) -> None:
-        """Refuse a write of a writer that no longer owns the store (pipeline.fencing)."""
+        """Refuse a write of a writer that no longer owns the store (rocketstore.pipeline.fencing)."""
         if self._fence is None:
             return
         try:
@@ -523,7 +523,7 @@ class MessageStore:
             # writer owned the store, and pushing them out is what rids this host of them. Cut
             # off, the msync fails and leaves them clean; left dirty, they would reach the
             # servers whenever the kernel wrote them back, perhaps after the heal, over files
-            # another writer has taken over (pipeline.fencing).
+            # another writer has taken over (rocketstore.pipeline.fencing).
             with self._fail_stop("flush"):
                 self._flush_files()
             # A writer that lost the store must not publish its own end over the new writer's.
@@ -577,7 +577,7 @@ class MessageStore:
             # Push out every other dirty page now, each failing as the CommitLog's did: on a
             # shared file system a failed write-back leaves a page clean, while one left dirty
             # is written whenever the kernel gets to it, after a partition heals perhaps, over
-            # files that a writer elsewhere has taken over meanwhile (pipeline.fencing).
+            # files that a writer elsewhere has taken over meanwhile (rocketstore.pipeline.fencing).
             for derived in [*self.queues.values(), self.index]:
                 with contextlib.suppress(Exception):
                     if derived is not None:
@@ -602,7 +602,7 @@ class MessageStore:
         self._write_checkpoint()
 
     def _update_topics(self) -> None:
-        """Name every topic and queue count in ``config/topics.json`` (pipeline.topicconfig),
+        """Name every topic and queue count in ``config/topics.json`` (rocketstore.pipeline.topicconfig),
         after the data it describes is flushed. A file that cannot be written or read is
         logged, not raised: the data is whole, only a broker would not see the new topics, and
         the next flush tries again (``rocketstore topics`` shows what a broker would see)."""
@@ -625,7 +625,7 @@ class MessageStore:
             return list(got) if got is not None else None
 
     def set_note(self, name: str, value: list[int]) -> None:
-        """Keep a small fact with the store (see :mod:`pipeline.progress`): written by the next
+        """Keep a small fact with the store (see :mod:`rocketstore.pipeline.progress`): written by the next
         flush that records progress, so it becomes durable with the data written before that
         flush, never before it. At most :attr:`MAX_NOTES` are kept; the least recently set go.
         A crash before that flush loses the change, so a note must only ever be a safe hint."""
@@ -644,7 +644,7 @@ class MessageStore:
     def clean(self) -> None:
         """One retention round (expired files, disk pressure, the disk-full check) under the
         store's lock. Run by the cleaner thread every 10 s; ``rocketstore clean`` runs
-        :class:`~pipeline.retention.RetentionService` directly for a manual clean."""
+        :class:`~rocketstore.pipeline.retention.RetentionService` directly for a manual clean."""
         if self.retention is None:
             return
         with self._mutex:
@@ -758,7 +758,7 @@ class MessageStore:
         """The single-put path, or None (nothing done) when ``m`` needs the batch path.
 
         The message's validation, its record, ConsumeQueue unit and index entries are one
-        native call (:class:`pipeline._native.SinglePut`); Python finds where they go and takes
+        native call (:class:`rocketstore.pipeline._native.SinglePut`); Python finds where they go and takes
         note of what was written. Under SYNC_FLUSH, or with a failpoint armed, the call stops
         between its write steps to flush the CommitLog and to hit the failpoints, in the same
         order as the batch path."""
@@ -852,7 +852,7 @@ class MessageStore:
             failpoints.hit(step)
 
     def put_batch(self, batch: pa.Table | pa.RecordBatch | Sequence[Message]) -> BatchPutResult:
-        """Store a batch of messages (see :mod:`pipeline.message` for the columns).
+        """Store a batch of messages (see :mod:`rocketstore.pipeline.message` for the columns).
 
         Validates everything first; on :class:`InvalidMessageError` nothing is written.
         """

@@ -43,12 +43,12 @@ import struct
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from pipeline import record
+from rocketstore.pipeline import record
 
 if TYPE_CHECKING:
-    from pipeline.commitlog import CommitLog
-    from pipeline.config import StoreConfig
-    from pipeline.consumequeue import ConsumeQueue
+    from rocketstore.pipeline.commitlog import CommitLog
+    from rocketstore.pipeline.config import StoreConfig
+    from rocketstore.pipeline.consumequeue import ConsumeQueue
 
 DEFAULT_LISTEN_PORT = 10911  # RocketMQ's BrokerConfig/NettyServerConfig default
 # A root's broker b stamps listenPort + PORT_STEP * b (see the module).
@@ -114,7 +114,7 @@ def for_directory(config: StoreConfig, newest: str | None) -> StoreConfig:
     """``config`` with ``brokerIP1`` and ``listenPort`` fixed for a directory whose newest
     record carries the store host ``newest`` (``ip:port``, ``[ip6]:port``; None for a
     directory with no record), by the rules of the module. The result names both settings and
-    no offset, so its :attr:`~pipeline.config.StoreConfig.store_host` is what is stamped."""
+    no offset, so its :attr:`~rocketstore.pipeline.config.StoreConfig.store_host` is what is stamped."""
     ip, port = default_store_host(config)
     if newest is not None:
         addr, newest_port = record.parse_host(newest)

@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.javahash import java_hash
+from rocketstore.pipeline.javahash import java_hash
 
 _JAVA_BLANKS = "".join(chr(c) for c in range(0x21))
 

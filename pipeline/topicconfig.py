@@ -65,8 +65,8 @@ previous version) ``topics.json.bak`` is whole and holds the previous state or t
 
 Thread- and process-safety: :func:`read_topics` needs no lock (a rename is atomic). A change is
 a read-modify-write of the file: one writer at a time per directory, which the store
-directory's lock gives (:mod:`pipeline.lock`: held by a writable
-:class:`~pipeline.store.MessageStore`, and by a running broker); callers within one process
+directory's lock gives (:mod:`rocketstore.pipeline.lock`: held by a writable
+:class:`~rocketstore.pipeline.store.MessageStore`, and by a running broker); callers within one process
 serialise themselves. A :class:`TopicsKeeper` is not thread-safe.
 """
 
@@ -79,9 +79,9 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline import durability
-from pipeline.brokerconfig import load_bytes
-from pipeline.errors import StoreError
+from rocketstore.pipeline import durability
+from rocketstore.pipeline.brokerconfig import load_bytes
+from rocketstore.pipeline.errors import StoreError
 
 FILE_NAME = "topics.json"
 BAK_NAME = FILE_NAME + ".bak"

@@ -76,7 +76,7 @@ commitlog-blank                     an END_OF_FILE blank that does not end its s
 commitlog-hole                      zeros where a record or blank was expected, data after
 commitlog-garbage-after-end         non-zero bytes after the last record of the log
 commitlog-garbage-after-blank       non-zero bytes after an END_OF_FILE blank
-commitlog-fenced-writer             bytes in a dead region (pipeline.fencing): a writer that had
+commitlog-fenced-writer             bytes in a dead region (rocketstore.pipeline.fencing): a writer that had
                                     lost the store wrote there; recovery restores the region
 commitlog-record-mismatch           a record's topic, queue id, queue offset or transaction type
                                     contradicts the ConsumeQueue unit pointing at it
@@ -102,7 +102,7 @@ index-missing-entry                 a key of a record has no entry (reported at 
 By default at most :data:`MAX_PROBLEMS_PER_KIND` problems of one kind are listed per file; the
 rest are counted in :attr:`VerifyReport.suppressed`.
 
-How the scan reads the log: with the one native record walk (:func:`pipeline.native.walk`)
+How the scan reads the log: with the one native record walk (:func:`rocketstore.pipeline.native.walk`)
 that recovery and dispatch use, so it checks records exactly as they are read back, and the
 tagsCode and index keys it expects are the ones dispatch writes (the walk lists the key hashes:
 none for an empty UNIQ_KEY or KEYS token, none for a ROLLBACK record). :data:`CHUNK_RECORDS`
@@ -129,10 +129,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pipeline import fencing, native, record
-from pipeline.config import CQ_UNIT_SIZE
-from pipeline.consumequeue import PRE_BLANK_SIZE, UNIT_DTYPE, ConsumeQueue
-from pipeline.indexfile import (
+from rocketstore.pipeline import fencing, native, record
+from rocketstore.pipeline.config import CQ_UNIT_SIZE
+from rocketstore.pipeline.consumequeue import PRE_BLANK_SIZE, UNIT_DTYPE, ConsumeQueue
+from rocketstore.pipeline.indexfile import (
     ENTRY_DTYPE,
     ENTRY_SIZE,
     HEADER,
@@ -141,10 +141,10 @@ from pipeline.indexfile import (
     SLOT_SIZE,
     IndexFile,
 )
-from pipeline.lock import is_locked_elsewhere
-from pipeline.mapped_file import MappedFile, segment_name
-from pipeline.progress import FlushProgress
-from pipeline.store import MessageStore
+from rocketstore.pipeline.lock import is_locked_elsewhere
+from rocketstore.pipeline.mapped_file import MappedFile, segment_name
+from rocketstore.pipeline.progress import FlushProgress
+from rocketstore.pipeline.store import MessageStore
 
 I64 = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
@@ -425,7 +425,7 @@ class _Verifier:
         self.topic_ids: dict[bytes, int] = {}
         self.topics: list[str] = []
         self.damaged: list[tuple[int, int]] = []  # [start, end) of each damaged stretch
-        self.dead: list[tuple[int, int]] = []  # dead regions (pipeline.fencing)
+        self.dead: list[tuple[int, int]] = []  # dead regions (rocketstore.pipeline.fencing)
         self.damaged_starts: I64 = np.zeros(0, dtype=np.int64)
         self.damaged_ends: I64 = np.zeros(0, dtype=np.int64)
         self.spans_stale = False  # damaged_starts/ends lag behind damaged
@@ -469,7 +469,7 @@ class _Verifier:
 
     def array(self, i: int) -> npt.NDArray[np.uint8]:
         """Segment ``i`` as a byte array. Only the last few are kept: each pins its segment's
-        mapping, and with it a descriptor (see :mod:`pipeline.mappings`)."""
+        mapping, and with it a descriptor (see :mod:`rocketstore.pipeline.mappings`)."""
         a = self._arrays.pop(i, None)
         if a is None:
             a = np.frombuffer(self.files[i].buffer, dtype=np.uint8)

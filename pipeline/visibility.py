@@ -26,8 +26,8 @@ The rule on shared storage, as Kafka's high watermark:
   file, an IndexFile) can be missing from this host's listing while the published point, a
   unit, an index entry or a msgId already names an offset in it. A file past the last one
   listed is not visible yet: the reader lists the directory again, pausing, for up to
-  ``visibilityWaitMs`` (:class:`pipeline.segments.SegmentListing`); after that it is
-  :class:`~pipeline.errors.NotVisibleError`, and a read-only view ends at what it can see.
+  ``visibilityWaitMs`` (:class:`rocketstore.pipeline.segments.SegmentListing`); after that it is
+  :class:`~rocketstore.pipeline.errors.NotVisibleError`, and a read-only view ends at what it can see.
 
 A published point can only be late, never ahead: a reader that sees an older progress file (a
 client's cached name) sees less, not wrong data. A store with no progress file (RocketMQ wrote
@@ -50,9 +50,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
-from pipeline import filesystem
-from pipeline.progress import FILE_NAME as PROGRESS_FILE
-from pipeline.progress import FlushProgress
+from rocketstore.pipeline import filesystem
+from rocketstore.pipeline.progress import FILE_NAME as PROGRESS_FILE
+from rocketstore.pipeline.progress import FlushProgress
 
 # File systems whose clients on different hosts do not share a page cache.
 SHARED_TYPES = frozenset(

@@ -59,11 +59,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from pipeline import encode
-from pipeline.config import StoreConfig
-from pipeline.errors import StoreError, StoreLockedError
-from pipeline.retention import RUN_INTERVAL_MS
-from pipeline.store import MessageStore
+from rocketstore.pipeline import encode
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import StoreError, StoreLockedError
+from rocketstore.pipeline.retention import RUN_INTERVAL_MS
+from rocketstore.pipeline.store import MessageStore
 
 UNIQ_BYTES = 16
 # Fault injection for the test suite, read by each append (on the executors, which inherit the
@@ -260,7 +260,7 @@ def append(
     store at ``path``, skipping the prefix an earlier attempt already stored.
 
     Every row is validated before any is written: a bad row fails the call with
-    :class:`~pipeline.errors.InvalidMessageError` naming the column, the reason and the count.
+    :class:`~rocketstore.pipeline.errors.InvalidMessageError` naming the column, the reason and the count.
     """
     with open_writer(path, config, lock_timeout_ms) as store:
         note = _Note(store, sink_fp, batch_id)
@@ -281,7 +281,7 @@ def _append_all(
     n = rows.num_rows
     path = store.path
     # Built once the lock is held: a writer that finds the broker taken and tries another
-    # first (sink.writer) has not spent this work in vain.
+    # first (rocketstore.sink.writer) has not spent this work in vain.
     uniq = uniq_keys(sink_fp, batch_id, slot, n)
     rows = rows.append_column("uniqKey", uniq)
     topics = rows.column("topic")
@@ -335,7 +335,7 @@ def append_stream(
 ) -> AppendStats | None:
     """Append the rows of ``parts`` (message columns, in their final order, as they arrive) as
     (batch, slot), each part put as soon as it is there: with ``parts`` a
-    :func:`sink.prefetch.prefetched` iterator, the next part is received while this one is
+    :func:`rocketstore.sink.prefetch.prefetched` iterator, the next part is received while this one is
     stored. Returns None when ``parts`` is empty (the broker's lock is not taken then). With
     ``store`` (``path`` already open, its lock held by the caller) the rows go into it, which
     stays open.

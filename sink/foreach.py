@@ -13,15 +13,15 @@ Per micro-batch (``__call__`` runs on the driver; the ``mapInArrow`` step on exe
    after another, which saves a stage per batch;
 3. append: task ``b`` takes broker ``b``'s lock and puts its rows as they come, Spark's next
    Arrow batch received in a thread of its own while the native put of the current one runs
-   (:func:`sink.writer.append_shuffled`), and flushes once at the end; a re-run skips what an
-   earlier attempt of the same batch already stored (see :mod:`sink.append`). Either way
+   (:func:`rocketstore.sink.writer.append_shuffled`), and flushes once at the end; a re-run skips what an
+   earlier attempt of the same batch already stored (see :mod:`rocketstore.sink.append`). Either way
    broker ``b``'s rows are written in the same order with the same UNIQ_KEYs (slot ``b``),
    so a replay finds what landed whichever way it runs.
 
 Exactly once: given a deterministic, replayable input (Spark's file sources, Kafka, the
 rocketstore source, ``rate``), every row is stored once across task retries and driver
 restarts. The sink id that keeps different queries apart is the streaming query's id, which
-survives restarts from the same checkpoint (:mod:`sink.identity` finds it, in a classic
+survives restarts from the same checkpoint (:mod:`rocketstore.sink.identity` finds it, in a classic
 session and over Spark Connect alike).
 
 Over Spark Connect the client pickles the sink and Spark runs the copy in a Python process
@@ -41,12 +41,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-from sink.append import sink_fingerprint
-from sink.identity import QueryIdentity
-from sink.plan import Plan, prepare, route_batches
-from sink.rows import queue_expression
-from sink.settings import SinkSettings
-from sink.writer import STATS_SCHEMA, append_routed, append_shuffled, stats_batch
+from rocketstore.sink.append import sink_fingerprint
+from rocketstore.sink.identity import QueryIdentity
+from rocketstore.sink.plan import Plan, prepare, route_batches
+from rocketstore.sink.rows import queue_expression
+from rocketstore.sink.settings import SinkSettings
+from rocketstore.sink.writer import STATS_SCHEMA, append_routed, append_shuffled, stats_batch
 
 log = logging.getLogger("rocketstore.sink")
 
@@ -126,7 +126,7 @@ class CommitLogSink:
         Routing runs in the JVM here (Java's ``String.hashCode`` through ``java_method``): the
         shuffle needs each row's broker, and the rows then cross into Python once, in the task
         that appends them. A one-partition batch skips all of this: its task numbers and routes
-        its rows itself (:func:`sink.plan.route_batches`), by the same rules, with the same
+        its rows itself (:func:`rocketstore.sink.plan.route_batches`), by the same rules, with the same
         numbers (``monotonically_increasing_id`` of partition 0 counts from 0).
         """
         keys = self._keys_for(df.sparkSession, plan.brokers)

@@ -4,11 +4,11 @@
 A data source writer sees Spark's partitions as they are and cannot shuffle them, so each
 task routes its own rows and appends them to every broker they belong to, one broker lock at a
 time. Task ``p`` leads with broker ``p``: it appends that broker's rows as they arrive
-(:func:`sink.writer.append_partition`) and holds the others' until its input ends, then takes
+(:func:`rocketstore.sink.writer.append_partition`) and holds the others' until its input ends, then takes
 whichever of their brokers nobody holds first. Every broker still has exactly one writer at a
 time, a task's rows of one queue keep their order, and the tasks of a micro-batch do not queue
 behind each other on the same broker. The replay
-slot is the Spark partition id (see :mod:`sink.append`), which a re-run of the same
+slot is the Spark partition id (see :mod:`rocketstore.sink.append`), which a re-run of the same
 micro-batch keeps. For one task per broker (fewer, larger appends),
 use :class:`sink.CommitLogSink` with ``foreachBatch``.
 
@@ -34,11 +34,11 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from pipeline.errors import ConfigError
-from sink.append import AppendStats, sink_fingerprint
-from sink.plan import Plan, prepare, route_batches
-from sink.settings import SinkSettings
-from sink.writer import append_partition
+from rocketstore.pipeline.errors import ConfigError
+from rocketstore.sink.append import AppendStats, sink_fingerprint
+from rocketstore.sink.plan import Plan, prepare, route_batches
+from rocketstore.sink.settings import SinkSettings
+from rocketstore.sink.writer import append_partition
 
 log = logging.getLogger("rocketstore.sink")
 _ROW_BITS = 40

@@ -1,5 +1,5 @@
 """Which streaming query a ``foreachBatch`` call belongs to: the sink's identity for replay
-detection (:mod:`sink.append`).
+detection (:mod:`rocketstore.sink.append`).
 
 The identity is the streaming query's id. Spark keeps it in the checkpoint (its ``metadata``
 file), so a run restarted from the same checkpoint has the same id as the run it replaces, and
@@ -34,7 +34,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-from pipeline.errors import StoreError
+from rocketstore.pipeline.errors import StoreError
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 # The sink node of a micro-batch's plan, e.g.

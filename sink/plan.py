@@ -2,7 +2,7 @@
 
 :func:`prepare` checks the input schema, records the topic in the store root (brokers and
 queues are fixed by the first write) and registers the body schema, and returns the
-:class:`~sink.rows.Layout` the tasks route by. :func:`route_batches` is the executor side of
+:class:`~rocketstore.sink.rows.Layout` the tasks route by. :func:`route_batches` is the executor side of
 routing, used by both faces.
 """
 
@@ -13,10 +13,10 @@ from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
 
-from pipeline.errors import ConfigError
-from pipeline.root import TopicMeta
-from sink.rows import Layout, check_schema, route, shape
-from sink.settings import SinkSettings
+from rocketstore.pipeline.errors import ConfigError
+from rocketstore.pipeline.root import TopicMeta
+from rocketstore.sink.rows import Layout, check_schema, route, shape
+from rocketstore.sink.settings import SinkSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +56,7 @@ def route_batches(
     store root.
 
     Batches that already carry ``__rs_row`` and ``__rs_mq`` (computed in Spark by
-    :func:`sink.rows.queue_expression`) keep them; others are numbered from ``row_base`` and
+    :func:`rocketstore.sink.rows.queue_expression`) keep them; others are numbered from ``row_base`` and
     routed here.
     """
     seen: set[str] = set()

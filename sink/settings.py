@@ -3,7 +3,7 @@
 Both faces of the sink (the ``foreachBatch`` callable and the ``rocketstore`` data source
 writer) accept the same options, named as in the README. Store settings come from the file
 named by ``config`` (TOML or a RocketMQ broker.conf), else from ``conf/store.toml`` or the
-built-in defaults as for every tool (:meth:`~pipeline.config.StoreConfig.effective`), then from
+built-in defaults as for every tool (:meth:`~rocketstore.pipeline.config.StoreConfig.effective`), then from
 single options carrying RocketMQ ``MessageStoreConfig`` names (``flushDiskType``, ...).
 
 Runs on the driver; :class:`SinkSettings` travels to executors inside the tasks' closures.
@@ -15,11 +15,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline import bodyformat, encode
-from pipeline.config import StoreConfig
-from pipeline.counts import parse_count
-from pipeline.errors import ConfigError
-from pipeline.root import DEFAULT_QUEUES, StoreRoot, TopicMeta
+from rocketstore.pipeline import bodyformat, encode
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.counts import parse_count
+from rocketstore.pipeline.errors import ConfigError
+from rocketstore.pipeline.root import DEFAULT_QUEUES, StoreRoot, TopicMeta
 
 # Sink options that are not store settings (lower-cased: Spark lower-cases option names).
 SINK_OPTIONS = {

@@ -17,13 +17,13 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import storehost
-from pipeline.config import StoreConfig
-from pipeline.errors import StoreError, StoreLockedError
-from pipeline.root import StoreRoot, broker_name
-from sink.append import AppendStats, LockWait, append, append_stream, open_writer
-from sink.prefetch import prefetched
-from sink.settings import SinkSettings
+from rocketstore.pipeline import storehost
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import StoreError, StoreLockedError
+from rocketstore.pipeline.root import StoreRoot, broker_name
+from rocketstore.sink.append import AppendStats, LockWait, append, append_stream, open_writer
+from rocketstore.sink.prefetch import prefetched
+from rocketstore.sink.settings import SinkSettings
 
 STATS_SCHEMA = pa.schema(
     [
@@ -49,7 +49,7 @@ def append_routed(
     slot: int | None,
     attempt: int,
 ) -> list[AppendStats]:
-    """Append routed rows (schema :data:`sink.rows.ROUTED`) to their brokers.
+    """Append routed rows (schema :data:`rocketstore.sink.rows.ROUTED`) to their brokers.
 
     ``slot=None`` means one slot per broker (the foreachBatch layout); rows are then put in
     ``__rs_row`` order, which is the same on every replay of the batch.
@@ -119,10 +119,10 @@ def append_shuffled(
     attempt: int,
 ) -> list[AppendStats]:
     """One task of a shuffled ``foreachBatch`` micro-batch: routed rows (schema
-    :data:`sink.rows.ROUTED`) that all belong to one broker and come in ``__rs_row`` order,
+    :data:`rocketstore.sink.rows.ROUTED`) that all belong to one broker and come in ``__rs_row`` order,
     since the shuffle sorts them in the JVM. They are appended as they come, Spark's next
     Arrow batch received (and shaped) in a thread of its own while the current one is put
-    (:func:`sink.prefetch.prefetched`, :func:`sink.append.append_stream`); the slot is the
+    (:func:`rocketstore.sink.prefetch.prefetched`, :func:`rocketstore.sink.append.append_stream`); the slot is the
     broker, as in :func:`append_routed`, so either path finds what the other stored."""
     parts = prefetched(_one_broker(batches, queues))
     head = next(parts, None)
@@ -240,7 +240,7 @@ def _as_messages(routed: pa.Table, queues: int) -> pa.Table:
 def _one_broker(batches: Iterable[pa.RecordBatch], queues: int) -> Iterator[tuple[int, pa.Table]]:
     """The routed batches as message columns, with their broker, gathered into parts of at
     least :data:`STREAM_ROWS` rows; refuses rows of a second broker or out of ``__rs_row``
-    order, which would break the replay order (see sink.append)."""
+    order, which would break the replay order (see rocketstore.sink.append)."""
     broker: int | None = None
     last = -1
     held: list[pa.RecordBatch] = []
@@ -344,7 +344,7 @@ def broker_config(config: StoreConfig, broker: int) -> StoreConfig:
     a new directory's records: a msgId is the store host and port plus the CommitLog offset, so
     the brokers of a root must differ in port, as stock brokers sharing a host do (each takes
     its port, the one above and the one two below). A directory that has records keeps the
-    store host they carry unless brokerIP1/listenPort are set (pipeline.storehost)."""
+    store host they carry unless brokerIP1/listenPort are set (rocketstore.pipeline.storehost)."""
     return dataclasses.replace(config, listen_port_offset=storehost.PORT_STEP * broker)
 
 

@@ -1,8 +1,8 @@
-"""Errors the Spark source raises beyond the engine's own (:mod:`pipeline.errors`)."""
+"""Errors the Spark source raises beyond the engine's own (:mod:`rocketstore.pipeline.errors`)."""
 
 from __future__ import annotations
 
-from pipeline.errors import StoreError
+from rocketstore.pipeline.errors import StoreError
 
 
 class DataLossError(StoreError):

@@ -1,18 +1,18 @@
 """The ``rocketstore`` data source's readers: ``spark.read`` and ``spark.readStream`` with
 ``format("rocketstore")`` (the data source itself is :class:`datasource.RocketStoreDataSource`;
-its writers are in :mod:`sink.format`)::
+its writers are in :mod:`rocketstore.sink.format`)::
 
     spark.readStream.format("rocketstore").option("path", root).option("topic", "orders").load()
     spark.read.format("rocketstore").option("path", root).option("topic", "orders").load()
 
-The classes here are thin: options are parsed by :mod:`source.options`, offsets planned by
-:mod:`source.planning`, partitions read by :mod:`source.read`.
+The classes here are thin: options are parsed by :mod:`rocketstore.source.options`, offsets planned by
+:mod:`rocketstore.source.planning`, partitions read by :mod:`rocketstore.source.read`.
 
 Where things run (PySpark 4.3):
 
 * The data source's ``schema`` and the readers' constructors run on the driver when
   the query or batch read starts; bad options fail there, with
-  :class:`~pipeline.errors.ConfigError` naming the option.
+  :class:`~rocketstore.pipeline.errors.ConfigError` naming the option.
 * The stream reader's offset methods (``initialOffset``, ``latestOffset``, ``partitions``, ...)
   run in one long-lived Python process on the driver, one call at a time.
 * ``read()`` runs on executors, in pickled copies of the reader: it opens every file itself.
@@ -42,16 +42,16 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from pipeline.errors import ConfigError
-from source import offsets, options, schema
-from source.offsets import QueueKey
-from source.planning import KeyRange, Limit, Planner, QueueRange, pack_ranges
-from source.read import ReadContext, read_key, read_queue_range
+from rocketstore.pipeline.errors import ConfigError
+from rocketstore.source import offsets, options, schema
+from rocketstore.source.offsets import QueueKey
+from rocketstore.source.planning import KeyRange, Limit, Planner, QueueRange, pack_ranges
+from rocketstore.source.read import ReadContext, read_key, read_queue_range
 
 
 class QueuePartition(InputPartition):
     """Queue ranges of a batch, read one after another (picklable; see
-    :func:`~source.planning.pack_ranges`)."""
+    :func:`~rocketstore.source.planning.pack_ranges`)."""
 
     def __init__(self, ranges: tuple[QueueRange, ...]) -> None:
         super().__init__(ranges)
@@ -127,7 +127,7 @@ class RocketStoreBatchReader(DataSourceReader):
 class RocketStoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """``spark.readStream``, with admission control (``maxMessagesPerTrigger``,
     ``minMessagesPerTrigger``) and ``Trigger.AvailableNow``. Offsets: see
-    :mod:`source.offsets`."""
+    :mod:`rocketstore.source.offsets`."""
 
     def __init__(self, opts: Mapping[str, str], spark_schema: StructType) -> None:
         self.options = options.parse(opts, streaming=True)

@@ -40,12 +40,12 @@ includeFlags                ``true`` or ``false``: add ``flag``, ``sysFlag``,   
 includeAll                  ``true`` or ``false``: all of the four above               false
 =========================== ========================================================== ==========
 
-The ``include*`` options widen the row beyond the default columns (see :mod:`source.schema`),
+The ``include*`` options widen the row beyond the default columns (see :mod:`rocketstore.source.schema`),
 as Kafka's ``includeHeaders`` adds ``headers``: Spark cannot prune a Python data source's
 columns, so a column that is there costs every query, used or not.
 
 ``startingOffsets=group:NAME`` starts each queue where the RocketMQ consumer group ``NAME``
-committed (``config/consumerOffset.json`` of each broker directory: :mod:`pipeline.groups`), so
+committed (``config/consumerOffset.json`` of each broker directory: :mod:`rocketstore.pipeline.groups`), so
 that a group can move from Java consumers to Spark without skipping or reading again; queues it
 never committed start at their earliest offset. The files are read when the query first plans
 its offsets (a query restarted from its checkpoint goes on from there and reads them no more);
@@ -54,7 +54,7 @@ earliest offsets. Nothing is committed back: the group's offsets stay as they we
 
 Precedence of the starting options, as Kafka's: ``startingOffsetsByTimestamp``, then
 ``startingTimestamp``, then ``startingOffsets``. Every bad value raises
-:class:`~pipeline.errors.ConfigError` naming the option and what it accepts.
+:class:`~rocketstore.pipeline.errors.ConfigError` naming the option and what it accepts.
 
 Pure and immutable once parsed; picklable (readers carry it to executors).
 """
@@ -67,13 +67,13 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from pipeline.bodyformat import check_format
-from pipeline.config import StoreConfig
-from pipeline.counts import parse_count
-from pipeline.errors import ConfigError, NotAStoreError, StoreError
-from pipeline.root import StoreRoot
-from pipeline.topicconfig import TopicConfigError, read_topics
-from source.offsets import OffsetSpec, parse_option, parse_timestamps_option
+from rocketstore.pipeline.bodyformat import check_format
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.counts import parse_count
+from rocketstore.pipeline.errors import ConfigError, NotAStoreError, StoreError
+from rocketstore.pipeline.root import StoreRoot
+from rocketstore.pipeline.topicconfig import TopicConfigError, read_topics
+from rocketstore.source.offsets import OffsetSpec, parse_option, parse_timestamps_option
 
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
 

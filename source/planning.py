@@ -1,13 +1,13 @@
 """Offset planning for the source, on the driver: what each micro-batch (or batch read) reads.
 
 * :class:`Planner` resolves the starting options to offsets, finds the latest readable offsets
-  (:class:`~source.brokerview.BrokerView`), applies the read limits, detects data loss, and cuts
+  (:class:`~rocketstore.source.brokerview.BrokerView`), applies the read limits, detects data loss, and cuts
   a batch into :class:`QueueRange` partitions.
 * :func:`apportion` spreads a budget over queues in proportion to their backlog (largest
   remainders, so the shares add up to the budget exactly and none exceeds its backlog).
 * :func:`split_ranges` splits big ranges so that a batch has at least ``minPartitions`` tasks.
 
-Contract with Spark (see :mod:`source.format`): every method runs in the driver's
+Contract with Spark (see :mod:`rocketstore.source.format`): every method runs in the driver's
 long-lived Python process; the planner keeps only what may be lost without harm (the time of
 the last trigger, for ``maxTriggerDelay``, and the ``availableNow`` target), because progress
 lives in the query's checkpoint as the offsets these methods return. Not thread-safe (Spark
@@ -25,13 +25,21 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from pipeline.config import StoreConfig
-from pipeline.errors import ConfigError, NotFoundError
-from pipeline.groups import broker_offsets, require_group
-from source.brokerview import BrokerView, QueueBounds, Tails
-from source.errors import DataLossError
-from source.offsets import EARLIEST, LATEST, Offsets, OffsetSpec, QueueKey, queue_name, sort_key
-from source.options import ReadOptions
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import ConfigError, NotFoundError
+from rocketstore.pipeline.groups import broker_offsets, require_group
+from rocketstore.source.brokerview import BrokerView, QueueBounds, Tails
+from rocketstore.source.errors import DataLossError
+from rocketstore.source.offsets import (
+    EARLIEST,
+    LATEST,
+    Offsets,
+    OffsetSpec,
+    QueueKey,
+    queue_name,
+    sort_key,
+)
+from rocketstore.source.options import ReadOptions
 
 log = logging.getLogger("rocketstore.source")
 
@@ -336,7 +344,7 @@ class Planner:
         now from each broker directory's ``config/consumerOffset.json``. Raises
         :class:`ConfigError` when it committed nothing for them (a misspelt group must not
         start from the earliest offsets), and
-        :class:`~pipeline.groups.ConsumerOffsetsError` for a damaged file."""
+        :class:`~rocketstore.pipeline.groups.ConsumerOffsetsError` for a damaged file."""
         root = self.options.root.path
         try:
             found = require_group(root, broker_offsets(root), group, self.options.topics)

@@ -8,17 +8,17 @@ reads:
    :data:`CHUNK_UNITS`), checked non-empty;
 2. drops units whose tagsCode is not a subscribed tag's hash (no CommitLog read for them);
 3. decodes the records the rest point at, segment by segment, with the native decoder
-   (:func:`pipeline.native.decode`: every record checked, CRC included, and turned into Arrow
+   (:func:`rocketstore.pipeline.native.decode`: every record checked, CRC included, and turned into Arrow
    columns in compiled code), checking each is the unit's (topic, queue, queue offset);
 4. keeps the messages whose real tag is subscribed, decodes avro/json bodies if asked, and
    yields one ``pyarrow.RecordBatch`` per chunk, of exactly the schema Spark declared.
 
 Files retention deleted after planning (a ConsumeQueue file or a CommitLog segment) are data
-loss: :class:`~source.errors.DataLossError` with ``failOnDataLoss=true``, else the messages are
+loss: :class:`~rocketstore.source.errors.DataLossError` with ``failOnDataLoss=true``, else the messages are
 skipped and a warning logged. On shared storage a file past the last one this host lists is
 not lost but not visible here yet (a planner on another host saw it): it is looked for in the
 directory listed again for up to ``visibilityWaitMs``
-(:class:`pipeline.segments.SegmentListing`), then :class:`~pipeline.errors.NotVisibleError`.
+(:class:`rocketstore.pipeline.segments.SegmentListing`), then :class:`~rocketstore.pipeline.errors.NotVisibleError`.
 
 Thread-safety: no shared state; each call works on its own files.
 """
@@ -40,18 +40,18 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import bodyformat, native, record, visibility
-from pipeline.config import CQ_UNIT_SIZE, StoreConfig
-from pipeline.consumequeue import PRE_BLANK_SIZE, UNIT_DTYPE
-from pipeline.errors import ConfigError, CorruptRecordError, StoreError
-from pipeline.index_service import IndexService
-from pipeline.indexfile import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
-from pipeline.mapped_file import segment_name
-from pipeline.root import StoreRoot
-from pipeline.segments import SegmentListing, list_segments
-from pipeline.subscription import Subscription
-from source.errors import DataLossError
-from source.planning import KeyRange, QueueRange
+from rocketstore.pipeline import bodyformat, native, record, visibility
+from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from rocketstore.pipeline.consumequeue import PRE_BLANK_SIZE, UNIT_DTYPE
+from rocketstore.pipeline.errors import ConfigError, CorruptRecordError, StoreError
+from rocketstore.pipeline.index_service import IndexService
+from rocketstore.pipeline.indexfile import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
+from rocketstore.pipeline.mapped_file import segment_name
+from rocketstore.pipeline.root import StoreRoot
+from rocketstore.pipeline.segments import SegmentListing, list_segments
+from rocketstore.pipeline.subscription import Subscription
+from rocketstore.source.errors import DataLossError
+from rocketstore.source.planning import KeyRange, QueueRange
 
 log = logging.getLogger("rocketstore.source")
 
@@ -127,7 +127,7 @@ def _segment_file(listing: SegmentListing, base: int, use: Callable[[Path], T]) 
     """``use(path)`` of the segment file at ``base`` of ``listing``'s directory, opened by its
     name; one that is not there is looked for in the listing (past the last file listed, in
     the directory listed again: :meth:`SegmentListing.get`, which raises
-    :class:`~pipeline.errors.NotVisibleError` when the wait ends). None when it is gone
+    :class:`~rocketstore.pipeline.errors.NotVisibleError` when the wait ends). None when it is gone
     (deleted by retention)."""
     path = listing.directory / segment_name(base)
     try:
@@ -323,7 +323,7 @@ class BatchBuilder:
 def read_queue_range(rng: QueueRange, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
     """The messages of one partition (see the module docstring), as record batches.
 
-    On shared storage (:mod:`pipeline.visibility`) the range was planned, perhaps on another
+    On shared storage (:mod:`rocketstore.pipeline.visibility`) the range was planned, perhaps on another
     host, below what the writer published, so a unit or record that does not check out here
     has not reached this host yet: the chunk is read again, past this host's cached pages,
     for up to ``visibilityWaitMs``, before it is reported as damage."""
@@ -408,7 +408,7 @@ def _read_chunk(
 
 
 def _drop_segments(segments: _SegmentCache) -> None:
-    """Unmap the segments a read touched and drop their cached pages (pipeline.visibility)."""
+    """Unmap the segments a read touched and drop their cached pages (rocketstore.pipeline.visibility)."""
     for path in segments.close():
         visibility.drop_cached(path)
 

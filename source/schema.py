@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from pipeline.bodyformat import BodySchema
-from pipeline.errors import ConfigError
-from source.options import OPTIONAL_COLUMNS, ReadOptions
+from rocketstore.pipeline.bodyformat import BodySchema
+from rocketstore.pipeline.errors import ConfigError
+from rocketstore.source.options import OPTIONAL_COLUMNS, ReadOptions
 
 _TS = pa.timestamp("us", tz="UTC")
 MESSAGE_FIELDS: tuple[pa.Field, ...] = (

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pyspark.sql import SparkSession
 
-from datasource import register
-from jobs import common, export, ingest
+from rocketstore.datasource import register
+from rocketstore.jobs import common, export, ingest
 
 DEADLINE_S = 240.0
 

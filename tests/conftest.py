@@ -10,7 +10,23 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from pipeline.config import StoreConfig
+from rocketstore.pipeline.config import StoreConfig
+
+
+class _OneImportName:
+    """The repository's folders are importable only as ``rocketstore.<folder>``. Tests put the
+    checkout on ``sys.path`` (for ``tests.*``), which would also let ``import pipeline`` load a
+    second copy of a module beside ``rocketstore.pipeline``'s: refused here, so that such an
+    import fails in the suite as it does for a user."""
+
+    BARE = frozenset({"pipeline", "sink", "source", "datasource", "jobs"})
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name.partition(".")[0] in self.BARE:
+            raise ModuleNotFoundError(f"No module named {name!r} (import rocketstore.{name})")
+
+
+sys.meta_path.insert(0, _OneImportName())  # type: ignore[arg-type]
 
 # Hypothesis fails an example that takes over 200 ms by default: a timed assertion, which on a
 # loaded two-core machine fails at random (a first example paying for imports and page faults
@@ -76,17 +92,17 @@ def _steady_disk(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stores opened by tests see a disk 50 % full unless a test passes its own ``disk_usage``:
     the suite must not depend on how full the machine's disk is (above 90 % every put would be
     refused, as it should be in production)."""
-    monkeypatch.setattr("pipeline.store.statvfs_used_ratio", lambda path: 0.5)
+    monkeypatch.setattr("rocketstore.pipeline.store.statvfs_used_ratio", lambda path: 0.5)
 
 
 @pytest.fixture(autouse=True)
 def _steady_host(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stores opened by tests stamp 127.0.0.1 into a new directory's records, as they did
     before rocketstore took RocketMQ's default ``brokerIP1`` (this host's first non-loopback
-    address, pipeline.storehost): msgIds in the suite must not depend on the machine's network
+    address, rocketstore.pipeline.storehost): msgIds in the suite must not depend on the machine's network
     interfaces. Processes the tests start (Spark's Python workers, the console script) see
     the host's real address; tests/test_storehost.py checks the unpinned rule."""
-    monkeypatch.setattr("pipeline.storehost.host_address", lambda: "127.0.0.1")
+    monkeypatch.setattr("rocketstore.pipeline.storehost.host_address", lambda: "127.0.0.1")
 
 
 @pytest.fixture(scope="session")
@@ -111,7 +127,7 @@ def spark():
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    from datasource import register
+    from rocketstore.datasource import register
 
     register(session)
     yield session

@@ -27,8 +27,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from sinkutil import STORE_OPTIONS
 
-from datasource import register
-from sink.foreach import CommitLogSink
+from rocketstore.datasource import register
+from rocketstore.sink.foreach import CommitLogSink
 
 SCHEMA = "id long, keys string, tags string, properties map<string,string>, flag int, body binary"
 SINK = {"brokers": 2, "queues": 2, **STORE_OPTIONS, "chunkRows": "50"}

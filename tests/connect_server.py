@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sparkproc import free_port, spark_home, stop, tail
 
-from sink.append import FAILPOINT_ENV
+from rocketstore.sink.append import FAILPOINT_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"

@@ -6,7 +6,7 @@
 
 It opens ``STORE`` (small geometry, :data:`GEOMETRY`) and puts forever (at most
 ``--max-puts``): batches of 1..500 messages, as an Arrow table or a list of
-:class:`~pipeline.message.Message`, and single messages. Message ``seq`` is numbered from
+:class:`~rocketstore.pipeline.message.Message`, and single messages. Message ``seq`` is numbered from
 ``--first-seq`` on, one number per message in put order, and everything about it is derived
 from that number (:func:`expected`), so a checker can tell a real message from anything else.
 
@@ -42,9 +42,9 @@ import pyarrow as pa
 # checkout when ``pipeline`` is not installed (PYTHONPATH, when set, still comes first).
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 
-from pipeline.config import StoreConfig
-from pipeline.message import Message
-from pipeline.store import MessageStore
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
 
 # Small geometry: 64 KiB CommitLog segments roll every few hundred messages; ConsumeQueue files of
 # 100 units; index files of 499 entries.

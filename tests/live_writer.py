@@ -10,9 +10,9 @@ from __future__ import annotations
 import select
 import sys
 
-from pipeline.config import StoreConfig
-from pipeline.message import Message
-from pipeline.store import MessageStore
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
 
 CONFIG = StoreConfig(
     mapped_file_size_commitlog=256 * 1024,

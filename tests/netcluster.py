@@ -32,7 +32,7 @@ own, within about 2 s here.
 
 In a test: the ``netcluster`` fixture (tests/conftest.py), or ``with cluster(tmp_path) as c``::
 
-    c.run("A", [sys.executable, "-m", "pipeline.cli", "produce", ...])  # on host A
+    c.run("A", [sys.executable, "-m", "rocketstore.pipeline.cli", "produce", ...])  # on host A
     writer = c.popen("A", [...], stdin=subprocess.PIPE)  # the same, left running
     c.partition("A"); c.heal("A"); c.wait_reachable("A")  # cut off, back, usable again
     c.cut("A", [0, 1])  # A loses bricks b0 and b1 only (no quorum)
@@ -535,7 +535,7 @@ def _measure_takeover(runs: int, **kwargs: Any) -> Iterator[float]:
 HOLD_LOCK = """
 import sys
 from pathlib import Path
-from pipeline.lock import DirectoryLock
+from rocketstore.pipeline.lock import DirectoryLock
 DirectoryLock(Path(sys.argv[1])).acquire()
 print("locked", flush=True)
 sys.stdin.read()  # hold it until the test lets go (or the teardown kills this)
@@ -543,8 +543,8 @@ sys.stdin.read()  # hold it until the test lets go (or the teardown kills this)
 TAKE_LOCK = """
 import sys, time
 from pathlib import Path
-from pipeline.errors import StoreLockedError
-from pipeline.lock import DirectoryLock
+from rocketstore.pipeline.errors import StoreLockedError
+from rocketstore.pipeline.lock import DirectoryLock
 lock = DirectoryLock(Path(sys.argv[1]))
 tries = int(sys.argv[2])
 for _ in range(tries):

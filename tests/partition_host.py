@@ -27,10 +27,10 @@ import threading
 import time
 from pathlib import Path
 
-from pipeline.config import StoreConfig
-from pipeline.errors import StoreError, StoreLockedError
-from pipeline.message import Message
-from pipeline.store import MessageStore
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import StoreError, StoreLockedError
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
 
 TOPIC = "Partitioned"
 QUEUES = 4

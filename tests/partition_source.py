@@ -21,7 +21,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from datasource import register
+from rocketstore.datasource import register
 
 
 def say(line: str) -> None:

@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pyspark.sql import SparkSession
 from sinkutil import STORE_OPTIONS
 
-from datasource import register
-from sink.append import FAILPOINT_ENV
-from sink.foreach import CommitLogSink
+from rocketstore.datasource import register
+from rocketstore.sink.append import FAILPOINT_ENV
+from rocketstore.sink.foreach import CommitLogSink
 
 SCHEMA = "id long, keys string, tags string, properties map<string,string>, flag int, body binary"
 

@@ -10,10 +10,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.bodyformat import SCHEMA_PROPERTY
-from pipeline.config import StoreConfig
-from pipeline.root import StoreRoot
-from pipeline.store import MessageStore
+from rocketstore.pipeline.bodyformat import SCHEMA_PROPERTY
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.root import StoreRoot
+from rocketstore.pipeline.store import MessageStore
 
 # Small segments so that tests roll files; the same settings go to the sink as options.
 STORE_OPTIONS = {

@@ -14,7 +14,7 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from datasource import register
+from rocketstore.datasource import register
 
 
 def main(argv: list[str]) -> int:

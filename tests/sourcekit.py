@@ -12,12 +12,12 @@ from typing import Any
 import pyarrow as pa
 from readtxt import born_text, store_text
 
-from pipeline.config import StoreConfig
-from pipeline.root import StoreRoot, TopicMeta
-from pipeline.store import MessageStore
-from source import options, schema
-from source.planning import Planner
-from source.read import ReadContext, read_key, read_queue_range
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.source import options, schema
+from rocketstore.source.planning import Planner
+from rocketstore.source.read import ReadContext, read_key, read_queue_range
 
 SMALL = StoreConfig(
     mapped_file_size_commitlog=64 * 1024,

@@ -36,7 +36,7 @@ KIT = ROOT.parent / "shared" / "rocketmq-4.9.4"
 NAMESRV_PORT = 19876
 BROKER_PORT = 20911
 # Brokers on one host: each listens on its port, the one above (HA) and the one two below (VIP
-# channel). Ten apart, as rocketstore numbers a root's brokers' ports (pipeline.storehost).
+# channel). Ten apart, as rocketstore numbers a root's brokers' ports (rocketstore.pipeline.storehost).
 PORT_STEP = 10
 BOOT_SECONDS = 90  # a broker on a small store boots in 1-3 s on an idle machine
 STOP_SECONDS = 60  # a clean stop takes 4-7 s
@@ -284,6 +284,11 @@ class StockCluster:
                     f"consumerProgress -g {group} gave no progress in {timeout} s; last "
                     f"exit {done.returncode}:\n{done.stdout}{done.stderr[-3000:]}"
                 )
+
+    def produce(self, topic: str, n: int) -> None:
+        """Send ``n`` messages to ``topic`` with the stock producer (``produce.sh``: body
+        ``hello I``, keys ``kI``, tags A/B/C); raises unless every send was SEND_OK."""
+        check_sent(self.tool("produce.sh", str(NAMESRV_PORT), topic, str(n)), n)
 
     def consume(self, topic: str, idle_ms: int = 3000) -> list[Consumed]:
         """Every message of ``topic`` the stock pull consumer reads from the earliest offsets

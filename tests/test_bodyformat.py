@@ -9,14 +9,14 @@ import json
 import pyarrow as pa
 import pytest
 
-from pipeline.bodyformat import (
+from rocketstore.pipeline.bodyformat import (
     BodySchema,
     check_format,
     decode_bodies,
     encode_bodies,
     fingerprint_of,
 )
-from pipeline.errors import ConfigError, CorruptRecordError
+from rocketstore.pipeline.errors import ConfigError, CorruptRecordError
 
 UTC = dt.UTC
 

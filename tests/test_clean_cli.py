@@ -9,10 +9,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pipeline.cli import main
-from pipeline.config import StoreConfig
-from pipeline.errors import DiskFullError
-from pipeline.store import MessageStore
+from rocketstore.pipeline.cli import main
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import DiskFullError
+from rocketstore.pipeline.store import MessageStore
 
 CONFIG = StoreConfig(
     mapped_file_size_commitlog=16 * 1024,

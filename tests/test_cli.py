@@ -1,4 +1,4 @@
-"""The ``rocketstore`` command line (pipeline.cli), run in-process and as the console script."""
+"""The ``rocketstore`` command line (rocketstore.pipeline.cli), run in-process and as the console script."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from typing import IO, Any
 import pytest
 from conftest import fixture_dir
 
-from pipeline import cli, failpoints
-from pipeline.errors import InvalidMessageError
-from pipeline.message import Message
-from pipeline.produce import READ_SIZE, InputLines, batches
-from pipeline.store import MessageStore
+from rocketstore.pipeline import cli, failpoints
+from rocketstore.pipeline.errors import InvalidMessageError
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.produce import READ_SIZE, InputLines, batches
+from rocketstore.pipeline.store import MessageStore
 
 SCRIPT = Path(sys.executable).parent / "rocketstore"
 FIXTURE_TOML = """\

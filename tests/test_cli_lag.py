@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from conftest import SMALL_CONFIG
 
-from pipeline import cli
-from pipeline.message import Message
-from pipeline.store import MessageStore
+from rocketstore.pipeline import cli
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
 
 SMALL_TOML = """\
 mappedFileSizeCommitLog = 1048576

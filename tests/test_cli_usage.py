@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import cli
-from pipeline.store import MessageStore
+from rocketstore.pipeline import cli
+from rocketstore.pipeline.store import MessageStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -185,7 +185,7 @@ def test_exit_codes_are_documented_in_help_and_readme(capsys: pytest.CaptureFixt
 def run_script(*argv: str, **kw: object) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", *argv],
+        [sys.executable, "-m", "rocketstore.pipeline.cli", *argv],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -229,7 +229,15 @@ def test_produce_with_its_output_closed_and_its_input_open_ends_with_141(tmp_pat
     r, w = os.pipe()
     os.close(r)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "produce", str(store), "--linger-ms", "0"],
+        [
+            sys.executable,
+            "-m",
+            "rocketstore.pipeline.cli",
+            "produce",
+            str(store),
+            "--linger-ms",
+            "0",
+        ],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=w,
@@ -274,10 +282,10 @@ def test_not_found_exits_3(
 
 # -- start-up -------------------------------------------------------------------------------------
 
-HEAVY = ("numpy", "pyarrow", "pandas", "pipeline.store", "pipeline.encode")
+HEAVY = ("numpy", "pyarrow", "pandas", "rocketstore.pipeline.store", "rocketstore.pipeline.encode")
 PROBE = f"""
 import contextlib, io, json, sys
-from pipeline import cli
+from rocketstore.pipeline import cli
 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
     code = cli.main(sys.argv[1:])
 print(json.dumps({{"code": code, "loaded": [m for m in {HEAVY!r} if m in sys.modules]}}))
@@ -313,5 +321,5 @@ def test_a_read_command_does_not_import_pandas(big_store: tuple[Path, Path]) -> 
     result = probe("queues", str(store), "--config", str(conf))
     assert result == {
         "code": 0,
-        "loaded": ["numpy", "pyarrow", "pipeline.store", "pipeline.encode"],
+        "loaded": ["numpy", "pyarrow", "rocketstore.pipeline.store", "rocketstore.pipeline.encode"],
     }

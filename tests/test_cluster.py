@@ -36,9 +36,9 @@ from conftest import ROOT
 from sparkproc import free_port, spark_home, tail
 from test_jobs import committed_files
 
-from pipeline.config import StoreConfig
-from pipeline.store import MessageStore
-from pipeline.verify import verify
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.verify import verify
 
 pytestmark = [
     pytest.mark.slow,
@@ -242,7 +242,7 @@ def node_python(base: Path) -> Path:
     )
     python = env / "bin" / "python"
     where = subprocess.run(
-        [str(python), "-c", "import pipeline._native, pipeline; print(pipeline.__file__)"],
+        [str(python), "-c", "import rocketstore.pipeline._native as n; print(n.__file__)"],
         capture_output=True,
         text=True,
         cwd=base,

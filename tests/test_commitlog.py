@@ -10,20 +10,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import record
-from pipeline.commitlog import CommitLog
-from pipeline.config import StoreConfig
-from pipeline.errors import (
+from rocketstore.pipeline import record
+from rocketstore.pipeline.commitlog import CommitLog
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import (
     CorruptRecordError,
     NotAStoreError,
     OffsetOutOfRangeError,
     StoreError,
 )
-from pipeline.mapped_file import PWRITE_MIN_BYTES, MappedFile, parse_segment_name, segment_name
-from pipeline.mappings import MappingCache
-from pipeline.message import Message
-from pipeline.segments import SegmentQueue
-from pipeline.store import MessageStore
+from rocketstore.pipeline.mapped_file import (
+    PWRITE_MIN_BYTES,
+    MappedFile,
+    parse_segment_name,
+    segment_name,
+)
+from rocketstore.pipeline.mappings import MappingCache
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.segments import SegmentQueue
+from rocketstore.pipeline.store import MessageStore
 
 SEG = 1000
 BLANK = struct.Struct(">iI")

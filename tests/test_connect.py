@@ -25,9 +25,9 @@ from sourcekit import body_of, make_root, message_table, write
 from test_jobs import STORE_TOML, committed_files
 from test_sink_spark import check_stored
 
-from pipeline.root import StoreRoot
-from pipeline.store import MessageStore
-from pipeline.verify import verify
+from rocketstore.pipeline.root import StoreRoot
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.verify import verify
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,7 +175,7 @@ def test_ingest_and_export_jobs(connect_url: str, tmp_path: Path) -> None:
     common = ["--store", str(store), "--store-config", str(config), "--topic", "events"]
     ingested = run(
         [
-            sys.executable, "-m", "jobs.ingest", "--remote", connect_url, *common,
+            sys.executable, "-m", "rocketstore.jobs.ingest", "--remote", connect_url, *common,
             "--checkpoint", str(tmp_path / "ck-ingest"),
             "--input", str(incoming),
             "--schema", "id BIGINT, customer STRING",
@@ -190,7 +190,7 @@ def test_ingest_and_export_jobs(connect_url: str, tmp_path: Path) -> None:
     # export takes the server from SPARK_REMOTE.
     run(
         [
-            sys.executable, "-m", "jobs.export", *common,
+            sys.executable, "-m", "rocketstore.jobs.export", *common,
             "--checkpoint", str(tmp_path / "ck-export"),
             "--output", str(out),
             "--max-messages-per-trigger", "400",
@@ -205,7 +205,7 @@ def test_ingest_and_export_jobs(connect_url: str, tmp_path: Path) -> None:
 
 
 def test_remote_must_be_a_connect_url(capsys: pytest.CaptureFixture[str]) -> None:
-    from jobs import export
+    from rocketstore.jobs import export
 
     args = ["--store", "/s", "--topic", "t", "--checkpoint", "/ck", "--output", "/o"]
     assert export.main(["--remote", "127.0.0.1:15002", *args]) == 2

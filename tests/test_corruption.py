@@ -41,12 +41,12 @@ from test_verify import (
     segment_path,
 )
 
-from pipeline import record
-from pipeline.errors import CorruptRecordError, OffsetOutOfRangeError
-from pipeline.indexfile import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
-from pipeline.record import MessageExt
-from pipeline.store import MessageStore
-from pipeline.verify import verify
+from rocketstore.pipeline import record
+from rocketstore.pipeline.errors import CorruptRecordError, OffsetOutOfRangeError
+from rocketstore.pipeline.indexfile import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
+from rocketstore.pipeline.record import MessageExt
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.verify import verify
 
 
 @pytest.fixture(scope="module")

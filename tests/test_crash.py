@@ -47,13 +47,13 @@ from crash_writer import GEOMETRY, Expected, store_config
 from crash_writer import expected as derive
 from model import java_hash
 
-import pipeline
-from pipeline.errors import StoreError
-from pipeline.record import MessageExt, encode_record
-from pipeline.store import MessageStore
+import rocketstore.pipeline
+from rocketstore.pipeline.errors import StoreError
+from rocketstore.pipeline.record import MessageExt, encode_record
+from rocketstore.pipeline.store import MessageStore
 
 WRITER = Path(__file__).resolve().with_name("crash_writer.py")
-PIPELINE_ROOT = Path(pipeline.__file__).resolve().parent.parent  # the code under test
+PIPELINE_ROOT = Path(rocketstore.pipeline.__file__).resolve().parent.parent  # the code under test
 SEGMENT = GEOMETRY["mapped_file_size_commitlog"]
 MAGIC = -626843481  # 0xDAA320A7
 BLANK_MAGIC = -875286124  # 0xCBD43194

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import cli
-from pipeline.config import BUILT_IN, CONF_DIR_ENV, StoreConfig
-from pipeline.errors import ConfigError
-from sink.settings import SinkSettings
-from source import options
+from rocketstore.pipeline import cli
+from rocketstore.pipeline.config import BUILT_IN, CONF_DIR_ENV, StoreConfig
+from rocketstore.pipeline.errors import ConfigError
+from rocketstore.sink.settings import SinkSettings
+from rocketstore.source import options
 
 ROOT = Path(__file__).resolve().parent.parent
 # Far from the built-ins, so that a tool that ignores the file cannot pass.
@@ -83,7 +83,7 @@ def test_a_named_file_wins_over_conf_store_toml(edited_conf: Path) -> None:
 def test_the_conf_directory_can_be_moved(
     tmp_path: Path, edited_conf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from jobs import common
+    from rocketstore.jobs import common
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -99,12 +99,20 @@ def test_the_conf_directory_can_be_moved(
 
 
 def test_pyproject_ships_what_exists() -> None:
+    """Every package the distribution lists is a folder of the repository with its
+    ``__init__.py``, every folder with one is listed (under the one import name), and the
+    package data exists."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     setup = project["tool"]["setuptools"]
+    folders = setup["package-dir"]
+    assert set(folders) == set(setup["packages"])
     for package in setup["packages"]:
-        assert (ROOT / package / "__init__.py").is_file(), package
+        assert package == "pyspark_rocketstore" or package.startswith("rocketstore."), package
+        assert (ROOT / folders[package] / "__init__.py").is_file(), package
     for package, patterns in setup["package-data"].items():
         for pattern in patterns:
-            assert list((ROOT / package).glob(pattern)), f"{package}/{pattern} does not exist"
-    imported = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", "bench"}
-    assert imported == set(setup["packages"])
+            found = list((ROOT / folders[package]).glob(pattern))
+            assert found or pattern.startswith("_native"), f"{package}/{pattern} does not exist"
+    imported = {str(p.parent.relative_to(ROOT)) for p in ROOT.glob("**/__init__.py")}
+    imported = {d for d in imported if not d.startswith(("tests", "bench", "build", ".venv"))}
+    assert imported == set(folders.values())

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.common import JobError
-from jobs.demo import MARKER, Paths
+from rocketstore.jobs.common import JobError
+from rocketstore.jobs.demo import MARKER, Paths
 
 ROOT = Path(__file__).resolve().parent.parent
 

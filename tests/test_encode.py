@@ -9,11 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import record
-from pipeline.config import StoreConfig
-from pipeline.errors import InvalidMessageError
-from pipeline.message import Message
-from pipeline.store import MessageStore
+from rocketstore.pipeline import record
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import InvalidMessageError
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
 
 CONFIG = StoreConfig(
     mapped_file_size_commitlog=16384,

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from pipeline import durability
-from pipeline.cli import main
-from pipeline.config import StoreConfig
-from pipeline.message import Message
-from pipeline.store import MessageStore
+from rocketstore.pipeline import durability
+from rocketstore.pipeline.cli import main
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUES = 1000
@@ -40,9 +40,9 @@ CHILD = textwrap.dedent(
     """
     import json, resource, sys
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-    from pipeline.cli import main
-    from pipeline.config import StoreConfig
-    from pipeline.store import MessageStore
+    from rocketstore.pipeline.cli import main
+    from rocketstore.pipeline.config import StoreConfig
+    from rocketstore.pipeline.store import MessageStore
 
     store, conf, lines = sys.argv[1:4]
     out = {"limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
@@ -187,9 +187,9 @@ SEGMENTS_CHILD = textwrap.dedent(
     """
     import json, resource, sys
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-    from pipeline.cli import main
-    from pipeline.config import StoreConfig
-    from pipeline.store import MessageStore
+    from rocketstore.pipeline.cli import main
+    from rocketstore.pipeline.config import StoreConfig
+    from rocketstore.pipeline.store import MessageStore
 
     store, conf = sys.argv[1:3]
     out = {"queues": main(["queues", store, "--config", conf, "--json"])}

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import cli, fencing
-from pipeline import lock as lock_module
-from pipeline.config import StoreConfig
-from pipeline.errors import DamagedLogError, FencedError
-from pipeline.message import Message
-from pipeline.store import MessageStore
-from pipeline.verify import verify
+from rocketstore.pipeline import cli, fencing
+from rocketstore.pipeline import lock as lock_module
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import DamagedLogError, FencedError
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.verify import verify
 
 ROOT = Path(__file__).resolve().parent.parent
 SEGMENT = 64 * 1024
@@ -45,9 +45,9 @@ QUEUES = 2
 TAKER = textwrap.dedent(
     f"""
     import sys
-    from pipeline.config import StoreConfig
-    from pipeline.message import Message
-    from pipeline.store import MessageStore
+    from rocketstore.pipeline.config import StoreConfig
+    from rocketstore.pipeline.message import Message
+    from rocketstore.pipeline.store import MessageStore
 
     cfg = StoreConfig(mapped_file_size_commitlog={SEGMENT}, mapped_file_size_consume_queue=20480,
                       max_hash_slot_num=64, max_index_num=4096, shared_storage="shared")

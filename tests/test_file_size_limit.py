@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.config import StoreConfig
+from rocketstore.pipeline.config import StoreConfig
 from tests.test_full_disk import SMALL, stored_bodies, write_input
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ def produce_limited(
         [
             sys.executable,
             "-m",
-            "pipeline.cli",
+            "rocketstore.pipeline.cli",
             "produce",
             str(store),
             str(lines),
@@ -55,7 +55,7 @@ def produce_limited(
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args],
+        [sys.executable, "-m", "rocketstore.pipeline.cli", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

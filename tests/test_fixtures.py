@@ -11,10 +11,10 @@ from conftest import FIXTURE_CONFIG, fixture_dir
 from rawlog import commitlog_records
 from readtxt import expected_lines, render
 
-from pipeline import record
-from pipeline.consumequeue import UNIT_DTYPE
-from pipeline.indexfile import HEADER
-from pipeline.store import MessageStore
+from rocketstore.pipeline import record
+from rocketstore.pipeline.consumequeue import UNIT_DTYPE
+from rocketstore.pipeline.indexfile import HEADER
+from rocketstore.pipeline.store import MessageStore
 
 CLEAN = ["basic", "transactions"]
 pytestmark = pytest.mark.fixtures

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import consumequeue, failpoints, filesystem, indexfile, mapped_file
-from pipeline.config import StoreConfig
-from pipeline.errors import SegmentCreateError
-from pipeline.message import Message
-from pipeline.store import MessageStore
-from pipeline.verify import verify
+from rocketstore.pipeline import consumequeue, failpoints, filesystem, indexfile, mapped_file
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import SegmentCreateError
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.verify import verify
 from tests.realfs import real_fs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +64,7 @@ def produce(store: Path, conf: Path, lines: Path) -> tuple[int, list[dict[str, o
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args],
+        [sys.executable, "-m", "rocketstore.pipeline.cli", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -93,7 +93,7 @@ def stored_bodies(store: Path, config: StoreConfig) -> dict[int, bytes]:
     ids=["tmpfs-6m", "tmpfs-9m", "tmpfs-13m", "ext4-16m", "btrfs-128m"],
 )
 def test_produce_until_full_then_free_space(tmp_path: Path, kind: str, size_mib: int) -> None:
-    """On btrfs the store's files are written in place (NOCOW, see pipeline.filesystem); the
+    """On btrfs the store's files are written in place (NOCOW, see rocketstore.pipeline.filesystem); the
     image is filled to leave the store about ``ROOM`` bytes."""
     conf = tmp_path / "store.toml"
     conf.write_text(SMALL)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import StoreConfig
-from pipeline.errors import NotAStoreError
-from pipeline.message import Message
-from pipeline.store import MessageStore
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import NotAStoreError
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
 
 SMALL = StoreConfig(
     mapped_file_size_commitlog=4096,

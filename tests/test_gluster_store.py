@@ -1,5 +1,5 @@
 """The store across two hosts: a writer through one mount of a replicated GlusterFS volume,
-readers and a second writer through the other (tests/gluster.py; pipeline.visibility).
+readers and a second writer through the other (tests/gluster.py; rocketstore.pipeline.visibility).
 
 * Readers on the other mount (read-only re-opens, the source's planner and its partition
   reads) never see damage while 100,000 messages go in, and see every message right.
@@ -26,14 +26,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from pipeline.config import StoreConfig
-from pipeline.errors import StoreError, StoreLockedError
-from pipeline.store import MessageStore
-from pipeline.verify import verify
-from source import schema
-from source.brokerview import BrokerView
-from source.planning import KeyRange, QueueRange
-from source.read import ReadContext, read_key, read_queue_range
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import StoreError, StoreLockedError
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.verify import verify
+from rocketstore.source import schema
+from rocketstore.source.brokerview import BrokerView
+from rocketstore.source.planning import KeyRange, QueueRange
+from rocketstore.source.read import ReadContext, read_key, read_queue_range
 
 pytestmark = [pytest.mark.gluster, pytest.mark.slow]
 
@@ -93,7 +93,7 @@ import os, sys, time
 import pyarrow as pa
 sys.path.insert(0, sys.argv[3])
 from tests.test_gluster_store import GEOMETRIES, table
-from pipeline.store import MessageStore
+from rocketstore.pipeline.store import MessageStore
 path, batches, reads, geometry = sys.argv[1], int(sys.argv[2]), sys.argv[4], sys.argv[5]
 deadline = time.monotonic() + 240
 with MessageStore(path, GEOMETRIES[geometry]) as store:
@@ -193,7 +193,7 @@ def test_readers_on_the_other_mount_never_see_damage(gluster_volume: Any, geomet
 
 def produce(store: Path, lines: Path, conf: Path, **popen: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "produce", str(store), str(lines),
+        [sys.executable, "-m", "rocketstore.pipeline.cli", "produce", str(store), str(lines),
          "--config", str(conf), "--batch-size", "200"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen,
     )  # fmt: skip

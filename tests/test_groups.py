@@ -25,9 +25,9 @@ from stockrocketmq import (
     unavailable,
 )
 
-from pipeline import cli
-from pipeline.errors import ConfigError
-from pipeline.groups import (
+from rocketstore.pipeline import cli
+from rocketstore.pipeline.errors import ConfigError
+from rocketstore.pipeline.groups import (
     BAK_NAME,
     FILE_NAME,
     ConsumerOffsetsError,
@@ -35,11 +35,11 @@ from pipeline.groups import (
     group_offsets,
     read_consumer_offsets,
 )
-from pipeline.message import Message
-from pipeline.store import MessageStore
-from source import options
-from source.offsets import OffsetSpec
-from source.planning import Planner
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.source import options
+from rocketstore.source.offsets import OffsetSpec
+from rocketstore.source.planning import Planner
 
 
 def fastjson(text: str) -> bytes:

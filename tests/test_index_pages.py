@@ -21,11 +21,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import native
-from pipeline.config import StoreConfig
-from pipeline.progress import FILE_NAME
-from pipeline.store import MessageStore
-from pipeline.verify import verify
+from rocketstore.pipeline import native
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.progress import FILE_NAME
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.verify import verify
 
 PAGE = 4096
 # Slots over two pages and entries over ten, so that pages disagree in many ways.

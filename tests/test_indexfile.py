@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.index_service import IndexService, index_file_name
-from pipeline.indexfile import IndexFile
-from pipeline.javahash import index_key_hash
+from rocketstore.pipeline.index_service import IndexService, index_file_name
+from rocketstore.pipeline.indexfile import IndexFile
+from rocketstore.pipeline.javahash import index_key_hash
 
 SLOTS = 8
 ENTRIES = 10
@@ -373,7 +373,7 @@ def test_service_candidates_from_an_offset_skip_older_files(
 def test_service_new_file_starts_at_previous_end(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipeline import index_service
+    from rocketstore.pipeline import index_service
 
     created: list[tuple[int, int]] = []
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from javaref import INT_MIN, KNOWN, reference_hash
 
-from pipeline.javahash import (
+from rocketstore.pipeline.javahash import (
     index_key_hash,
     java_hash,
     java_hash_array,

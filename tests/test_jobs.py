@@ -21,10 +21,10 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT
 
-from jobs import export, ingest, process
-from pipeline.config import StoreConfig
-from pipeline.root import StoreRoot
-from pipeline.store import MessageStore
+from rocketstore.jobs import export, ingest, process
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.root import StoreRoot
+from rocketstore.pipeline.store import MessageStore
 
 STORE_TOML = """\
 mappedFileSizeCommitLog = 1048576
@@ -423,7 +423,7 @@ def test_committed_files_reads_the_manifest(tmp_path: Path) -> None:
 def test_demo_runs_the_pipeline_and_accounts_for_every_order(
     spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from jobs import demo
+    from rocketstore.jobs import demo
 
     work = tmp_path / "demo"
     (work / "keep.txt").parent.mkdir()
@@ -468,7 +468,7 @@ class FakeBatch:
 def test_sink_gate_closes_between_batches() -> None:
     import threading
 
-    from jobs.common import SinkGate, StopRequested
+    from rocketstore.jobs.common import SinkGate, StopRequested
 
     entered, release = threading.Event(), threading.Event()
     calls: list[int] = []

@@ -19,12 +19,12 @@ from conftest import fixture_dir
 from javaref import KNOWN, index_key_hash
 from rawlog import commitlog_records
 
-from pipeline import record
-from pipeline.checkpoint import FILE_SIZE
-from pipeline.config import StoreConfig
-from pipeline.consumequeue import UNIT_DTYPE
-from pipeline.indexfile import HEADER
-from pipeline.store import MessageStore
+from rocketstore.pipeline import record
+from rocketstore.pipeline.checkpoint import FILE_SIZE
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.consumequeue import UNIT_DTYPE
+from rocketstore.pipeline.indexfile import HEADER
+from rocketstore.pipeline.store import MessageStore
 
 TAGS = ("TagA", "TagB", "TagC")
 CONFIG = StoreConfig(

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from contention import Aside, SignallingLock, run_aside
 
-from pipeline import failpoints
-from pipeline import lock as lock_module
-from pipeline.config import StoreConfig
-from pipeline.errors import NotAStoreError, StoreFailedError, StoreLockedError
-from pipeline.lock import DirectoryLock, is_locked_elsewhere
-from pipeline.message import Message
-from pipeline.store import MessageStore
+from rocketstore.pipeline import failpoints
+from rocketstore.pipeline import lock as lock_module
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import NotAStoreError, StoreFailedError, StoreLockedError
+from rocketstore.pipeline.lock import DirectoryLock, is_locked_elsewhere
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = StoreConfig(mapped_file_size_commitlog=65536, max_hash_slot_num=64, max_index_num=256)
@@ -31,9 +31,9 @@ CLOCK = 1_700_000_000_000
 CHILD = textwrap.dedent(
     """
     import sys
-    from pipeline.config import StoreConfig
-    from pipeline.message import Message
-    from pipeline.store import MessageStore
+    from rocketstore.pipeline.config import StoreConfig
+    from rocketstore.pipeline.message import Message
+    from rocketstore.pipeline.store import MessageStore
 
     cfg = StoreConfig(mapped_file_size_commitlog=65536, max_hash_slot_num=64, max_index_num=256)
     store = MessageStore(sys.argv[1], cfg, clock_ms=lambda: 1_700_000_000_000)
@@ -104,8 +104,8 @@ def try_writer_in_subprocess(path: Path) -> str:
     code = textwrap.dedent(
         """
         import sys
-        from pipeline.config import StoreConfig
-        from pipeline.store import MessageStore
+        from rocketstore.pipeline.config import StoreConfig
+        from rocketstore.pipeline.store import MessageStore
         cfg = StoreConfig(mapped_file_size_commitlog=65536, max_hash_slot_num=64, max_index_num=256)
         try:
             MessageStore(sys.argv[1], cfg).close()
@@ -462,7 +462,7 @@ FORKING_HOLDER = textwrap.dedent(
     """
     import os, sys
     from pathlib import Path
-    import pipeline.lock as lock
+    import rocketstore.pipeline.lock as lock
     lock._OFD = sys.argv[2] == "ofd"
     held = lock.DirectoryLock(Path(sys.argv[1]))
     held.acquire()

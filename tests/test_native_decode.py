@@ -1,4 +1,4 @@
-"""The native record decoder against the pure-Python reference (pipeline.record).
+"""The native record decoder against the pure-Python reference (rocketstore.pipeline.record).
 
 Differential: batches of records encoded by :func:`record.encode_record` must decode natively
 to exactly what :func:`record.decode_record` gives, column by column. Fuzz: random bytes and
@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_native_differential import check_dispatch_walk
 
-from pipeline import native, record
-from pipeline.errors import CorruptRecordError
+from rocketstore.pipeline import native, record
+from rocketstore.pipeline.errors import CorruptRecordError
 
 FUZZ = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 

@@ -2,8 +2,8 @@
 
 Batches put through the store (native encoder, native index chain) must leave exactly the
 ConsumeQueue and IndexFile bytes that a plain, record-at-a-time reference builds from the
-CommitLog with :mod:`pipeline.record` and Java's hash as :func:`pipeline.javahash.java_hash`
-spells it; the native record walk must see exactly what :func:`pipeline.record.scan_record`
+CommitLog with :mod:`rocketstore.pipeline.record` and Java's hash as :func:`rocketstore.pipeline.javahash.java_hash`
+spells it; the native record walk must see exactly what :func:`rocketstore.pipeline.record.scan_record`
 sees, and the one-pass re-dispatch walk must derive what the walk's columns say; the native
 hashes and CRCs must equal the reference functions.
 """
@@ -23,12 +23,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_encode import messages
 
-from pipeline import native, record
-from pipeline.config import StoreConfig
-from pipeline.errors import InvalidMessageError
-from pipeline.javahash import java_hash
-from pipeline.message import Message
-from pipeline.store import MessageStore
+from rocketstore.pipeline import native, record
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import InvalidMessageError
+from rocketstore.pipeline.javahash import java_hash
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
 
 CONFIG = StoreConfig(
     mapped_file_size_commitlog=8192,

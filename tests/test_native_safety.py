@@ -8,9 +8,9 @@ import numpy.typing as npt
 import pyarrow as pa
 import pytest
 
-from pipeline import _native, encode, native
-from pipeline.config import StoreConfig
-from pipeline.errors import NativeError, StoreError
+from rocketstore.pipeline import _native, encode, native
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import NativeError, StoreError
 
 
 def batch() -> encode.PreparedBatch:
@@ -114,8 +114,8 @@ def test_crc_and_hash_outputs_must_not_overlap_their_input() -> None:
 
 def test_the_record_layout_is_defined_once_in_the_native_core() -> None:
     """RocketMQ 4.9.x's values (MessageDecoder, MessageSysFlag), exported by the crate and
-    taken from there by pipeline.record."""
-    from pipeline import record
+    taken from there by rocketstore.pipeline.record."""
+    from rocketstore.pipeline import record
 
     expected = {
         "MAGIC": -626843481, "BLANK_MAGIC": -875286124, "BLANK_SIZE": 8, "FIXED_SIZE_V4": 91,

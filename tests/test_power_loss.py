@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from powercut import PowerCut, PowerLost, abandon
 
-from pipeline.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
-from pipeline.message import Message
-from pipeline.store import MessageStore
-from pipeline.verify import verify
+from rocketstore.pipeline.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.verify import verify
 
 BASE = StoreConfig(
     mapped_file_size_commitlog=16 * 1024,

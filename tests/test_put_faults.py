@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 from crash_writer import GEOMETRY, batch_table, expected, store_config
 
-import pipeline
-from pipeline import failpoints
-from pipeline.cli import main as cli_main
-from pipeline.errors import ProgressNotRecordedError, StoreError, StoreFailedError
-from pipeline.progress import FlushProgress
-from pipeline.store import MessageStore
-from pipeline.verify import verify
+import rocketstore.pipeline
+from rocketstore.pipeline import failpoints
+from rocketstore.pipeline.cli import main as cli_main
+from rocketstore.pipeline.errors import ProgressNotRecordedError, StoreError, StoreFailedError
+from rocketstore.pipeline.progress import FlushProgress
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.verify import verify
 
 WRITER = Path(__file__).resolve().with_name("crash_writer.py")
-PIPELINE_ROOT = Path(pipeline.__file__).resolve().parent.parent
+PIPELINE_ROOT = Path(rocketstore.pipeline.__file__).resolve().parent.parent
 CONF = (
     f"mappedFileSizeCommitLog = {GEOMETRY['mapped_file_size_commitlog']}\n"
     f"mappedFileSizeConsumeQueue = {GEOMETRY['mapped_file_size_consume_queue']}\n"

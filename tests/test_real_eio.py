@@ -38,9 +38,9 @@ from sinkutil import write_input
 from test_put_faults import check_store, recorded, recover_twice_identically
 from test_sink_faults import check_exactly_once, finish, job
 
-from pipeline.errors import ProgressNotRecordedError, StoreFailedError
-from pipeline.mapped_file import segment_name
-from pipeline.store import MessageStore
+from rocketstore.pipeline.errors import ProgressNotRecordedError, StoreFailedError
+from rocketstore.pipeline.mapped_file import segment_name
+from rocketstore.pipeline.store import MessageStore
 from tests.faultfuse import FaultFS, mounted, unavailable
 
 PAGE = mmap.PAGESIZE

@@ -7,8 +7,8 @@ import zlib
 
 import pytest
 
-from pipeline import record
-from pipeline.errors import CorruptRecordError, InvalidMessageError
+from rocketstore.pipeline import record
+from rocketstore.pipeline.errors import CorruptRecordError, InvalidMessageError
 
 V4 = "192.168.1.7:45678"
 V4_STORE = "10.0.0.5:10911"

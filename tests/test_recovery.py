@@ -11,13 +11,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline import record
-from pipeline.config import StoreConfig
-from pipeline.consumequeue import UNIT_DTYPE
-from pipeline.indexfile import IndexFile
-from pipeline.progress import FILE_NAME
-from pipeline.store import MessageStore
-from pipeline.verify import verify
+from rocketstore.pipeline import record
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.consumequeue import UNIT_DTYPE
+from rocketstore.pipeline.indexfile import IndexFile
+from rocketstore.pipeline.progress import FILE_NAME
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.verify import verify
 
 CONFIG = StoreConfig(
     mapped_file_size_commitlog=64 * 1024,
@@ -284,7 +284,7 @@ def test_deleted_consume_queue_is_rebuilt(tmp_path: Path) -> None:
 
 
 def test_recover_command_reports_and_is_idempotent(tmp_path: Path, capsys) -> None:
-    from pipeline.cli import main
+    from rocketstore.pipeline.cli import main
 
     path = tmp_path / "s"
     write(path, 120)

@@ -1,4 +1,4 @@
-"""Retention and disk pressure (pipeline.retention), with an injected clock and a simulated disk.
+"""Retention and disk pressure (rocketstore.pipeline.retention), with an injected clock and a simulated disk.
 
 The stores use a tiny geometry (64 KiB CommitLog segments, ConsumeQueue files of 50 units,
 index files of 300 entries) so that a few hundred messages fill every kind of file several
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import retention
-from pipeline.config import CQ_UNIT_SIZE, StoreConfig
-from pipeline.errors import DiskFullError, ReadOnlyStoreError, StoreError
-from pipeline.message import Message
-from pipeline.retention import RetentionPolicy, RetentionService
-from pipeline.store import MessageStore
+from rocketstore.pipeline import retention
+from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from rocketstore.pipeline.errors import DiskFullError, ReadOnlyStoreError, StoreError
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.retention import RetentionPolicy, RetentionService
+from rocketstore.pipeline.store import MessageStore
 
 CFG = StoreConfig(
     mapped_file_size_commitlog=64 * 1024,

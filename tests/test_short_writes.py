@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.checkpoint import StoreCheckpoint
-from pipeline.fileio import pwrite_all
-from pipeline.progress import FlushProgress
+from rocketstore.pipeline.checkpoint import StoreCheckpoint
+from rocketstore.pipeline.fileio import pwrite_all
+from rocketstore.pipeline.progress import FlushProgress
 
 CHUNK = 7  # bytes a short write takes at most
 

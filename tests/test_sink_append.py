@@ -11,10 +11,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pipeline.config import StoreConfig
-from pipeline.errors import InvalidMessageError, StoreLockedError
-from pipeline.store import MessageStore
-from sink.append import (
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import InvalidMessageError, StoreLockedError
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.sink.append import (
     FAILPOINT_ENV,
     SinkFailpoint,
     SinkReplayError,
@@ -117,8 +117,8 @@ def test_failed_attempt_leaves_a_prefix_the_retry_completes(
 
 
 def test_failpoint_is_not_a_sink_option(tmp_path: Path) -> None:
-    from pipeline.errors import ConfigError
-    from sink.settings import SINK_OPTIONS, SinkSettings
+    from rocketstore.pipeline.errors import ConfigError
+    from rocketstore.sink.settings import SINK_OPTIONS, SinkSettings
 
     assert "failpoint" not in SINK_OPTIONS
     with pytest.raises(ConfigError, match="unknown store setting 'failpoint'"):
@@ -184,7 +184,7 @@ def test_note_moves_forward_with_the_batches_and_is_durable(tmp_path: Path) -> N
 def test_a_later_batch_reads_only_the_index_files_that_reach_its_bound(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipeline.indexfile import IndexFile
+    from rocketstore.pipeline.indexfile import IndexFile
 
     path = tmp_path / "broker-0"
     for batch in range(4):  # 1,500 entries a batch (key + UNIQ_KEY): files of 4,096 fill up
@@ -254,7 +254,7 @@ def test_appends_run_retention_once_per_interval(
 ) -> None:
     """Sink appends open stores without background threads, so they run the cleaner's round
     themselves: at the first append of a process, then when 10 s have passed."""
-    import sink.append as module
+    import rocketstore.sink.append as module
 
     rounds: list[str] = []
     monkeypatch.setattr(MessageStore, "clean", lambda self: rounds.append(self.path.name))
@@ -274,8 +274,8 @@ def test_appends_run_retention_once_per_interval(
 HOLDER = textwrap.dedent(
     """
     import sys
-    from pipeline.config import StoreConfig
-    from pipeline.store import MessageStore
+    from rocketstore.pipeline.config import StoreConfig
+    from rocketstore.pipeline.store import MessageStore
     cfg = StoreConfig(mapped_file_size_commitlog=1 << 16, max_hash_slot_num=512, max_index_num=4096)
     with MessageStore(sys.argv[1], cfg, create=True):
         print("holding", flush=True)

@@ -6,10 +6,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.bodyformat import SCHEMA_PROPERTY
-from pipeline.errors import ConfigError, InvalidMessageError
-from pipeline.javahash import java_hash
-from sink.rows import ROUTED, Layout, check_schema, repeated, route
+from rocketstore.pipeline.bodyformat import SCHEMA_PROPERTY
+from rocketstore.pipeline.errors import ConfigError, InvalidMessageError
+from rocketstore.pipeline.javahash import java_hash
+from rocketstore.sink.rows import ROUTED, Layout, check_schema, repeated, route
 
 
 def java_selector(key: str, total: int) -> int:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import SYNC_FLUSH, StoreConfig
-from pipeline.errors import ConfigError
-from sink.foreach import _option_name
-from sink.settings import SinkSettings
+from rocketstore.pipeline.config import SYNC_FLUSH, StoreConfig
+from rocketstore.pipeline.errors import ConfigError
+from rocketstore.sink.foreach import _option_name
+from rocketstore.sink.settings import SinkSettings
 
 
 def test_options_left_out_take_their_defaults() -> None:
@@ -66,8 +66,8 @@ def test_python_keyword_names_map_to_option_names() -> None:
 def test_topics_from_a_column_are_recorded_with_the_sinks_layout(tmp_path: Path) -> None:
     import pyarrow as pa
 
-    from pipeline.root import StoreRoot, TopicMeta
-    from sink.plan import prepare, route_batches
+    from rocketstore.pipeline.root import StoreRoot, TopicMeta
+    from rocketstore.sink.plan import prepare, route_batches
 
     root = StoreRoot(tmp_path)
     root.ensure_topic("old", TopicMeta(1, 1))

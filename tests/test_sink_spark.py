@@ -14,12 +14,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from sinkutil import CONFIG, STORE_OPTIONS, read_back, write_input
 
-from pipeline.bodyformat import BodySchema, decode_bodies
-from pipeline.javahash import java_hash
-from pipeline.root import StoreRoot
-from pipeline.store import MessageStore
-from pipeline.verify import verify
-from sink.foreach import CommitLogSink, partition_keys
+from rocketstore.pipeline.bodyformat import BodySchema, decode_bodies
+from rocketstore.pipeline.javahash import java_hash
+from rocketstore.pipeline.root import StoreRoot
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.verify import verify
+from rocketstore.sink.foreach import CommitLogSink, partition_keys
 
 SPARK_SCHEMA = (
     "id long, keys string, tags string, properties map<string,string>, flag int, body binary"
@@ -123,7 +123,7 @@ def test_foreach_batch_sink_stores_every_row_once(
     assert sum(s.skipped for s in sink.history) == 0
     stored = read_back(root, "orders")
     check_stored(spark, rows, stored, 6, 2, ordered=files_per_batch == 1)
-    # A root's brokers stamp ports 10 apart (sink.writer.broker_config), so msgIds differ.
+    # A root's brokers stamp ports 10 apart (rocketstore.sink.writer.broker_config), so msgIds differ.
     assert len({s["msgId"] for s in stored}) == len(stored)
     meta = StoreRoot(root).topic("orders")
     assert meta is not None and (meta.brokers, meta.queues) == (3, 2)
@@ -140,7 +140,7 @@ def test_one_partition_batches_store_what_the_shuffle_would(
     write_input(tmp_path / "in", files=2, rows_per_file=250)
     placed = {}
     for shuffle in (False, True):
-        monkeypatch.setattr("sink.foreach._one_partition", lambda df, s=shuffle: not s)
+        monkeypatch.setattr("rocketstore.sink.foreach._one_partition", lambda df, s=shuffle: not s)
         sink = CommitLogSink(
             str(tmp_path / f"store-{shuffle}"),
             topic="orders",
@@ -302,7 +302,7 @@ def test_spark_routing_matches_the_numpy_routing(spark: SparkSession) -> None:
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from sink.rows import Layout, queue_expression, route
+    from rocketstore.sink.rows import Layout, queue_expression, route
 
     df = spark.createDataFrame(
         [

@@ -1,7 +1,7 @@
-"""The streaming appends of a shuffled ``foreachBatch`` task (``sink.append.append_stream``,
-``sink.writer.append_shuffled``) and of a data source writer task's lead broker
-(``sink.writer.append_partition``), and the prefetching thread they run beside
-(``sink.prefetch``): the same rows land, with the same UNIQ_KEYs, as the whole-table
+"""The streaming appends of a shuffled ``foreachBatch`` task (``rocketstore.sink.append.append_stream``,
+``rocketstore.sink.writer.append_shuffled``) and of a data source writer task's lead broker
+(``rocketstore.sink.writer.append_partition``), and the prefetching thread they run beside
+(``rocketstore.sink.prefetch``): the same rows land, with the same UNIQ_KEYs, as the whole-table
 ``append`` gives them, and a re-run finds what either stored."""
 
 from __future__ import annotations
@@ -15,14 +15,20 @@ import pyarrow as pa
 import pytest
 from test_sink_append import CONFIG, FP, rows, stored
 
-from pipeline.errors import InvalidMessageError, StoreError, StoreLockedError
-from pipeline.store import MessageStore
-from sink import writer
-from sink.append import FAILPOINT_ENV, SinkFailpoint, SinkReplayError, append, append_stream
-from sink.prefetch import prefetched
-from sink.rows import ROUTED
-from sink.settings import SinkSettings
-from sink.writer import append_partition, append_routed, append_shuffled
+from rocketstore.pipeline.errors import InvalidMessageError, StoreError, StoreLockedError
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.sink import writer
+from rocketstore.sink.append import (
+    FAILPOINT_ENV,
+    SinkFailpoint,
+    SinkReplayError,
+    append,
+    append_stream,
+)
+from rocketstore.sink.prefetch import prefetched
+from rocketstore.sink.rows import ROUTED
+from rocketstore.sink.settings import SinkSettings
+from rocketstore.sink.writer import append_partition, append_routed, append_shuffled
 
 
 def parts(table: pa.Table, size: int) -> Iterator[pa.Table]:

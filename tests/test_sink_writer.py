@@ -13,13 +13,13 @@ import pyarrow as pa
 import pytest
 from sinkutil import CONFIG, STORE_OPTIONS
 
-import sink.writer as writer
-from pipeline.errors import StoreLockedError
-from pipeline.root import StoreRoot
-from pipeline.store import MessageStore
-from sink.append import AppendStats, sink_fingerprint
-from sink.plan import prepare, route_batches
-from sink.settings import SinkSettings
+import rocketstore.sink.writer as writer
+from rocketstore.pipeline.errors import StoreLockedError
+from rocketstore.pipeline.root import StoreRoot
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.sink.append import AppendStats, sink_fingerprint
+from rocketstore.sink.plan import prepare, route_batches
+from rocketstore.sink.settings import SinkSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,7 +29,7 @@ def stats(broker: int) -> AppendStats:
 
 
 class FakeBrokers:
-    """``append_broker`` for :func:`sink.writer._append_free_first`: broker ``b`` refuses its
+    """``append_broker`` for :func:`rocketstore.sink.writer._append_free_first`: broker ``b`` refuses its
     first ``busy[b]`` tries as a held lock would."""
 
     def __init__(self, busy: dict[int, int]) -> None:
@@ -83,8 +83,8 @@ def test_a_store_error_other_than_the_lock_is_not_retried() -> None:
 HOLDER = textwrap.dedent(
     """
     import sys
-    from pipeline.config import StoreConfig
-    from pipeline.store import MessageStore
+    from rocketstore.pipeline.config import StoreConfig
+    from rocketstore.pipeline.store import MessageStore
     from sinkutil import CONFIG
     with MessageStore(sys.argv[1], CONFIG, create=True):
         print("holding", flush=True)

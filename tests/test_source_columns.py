@@ -1,6 +1,6 @@
 """The source's columns: the narrow default row, each ``include*`` option, the decoder's column
 groups per schema, and, through Spark, every option's rows against the engine's own reads
-(``MessageStore.get_messages``, the single-record reader of :mod:`pipeline.record`)."""
+(``MessageStore.get_messages``, the single-record reader of :mod:`rocketstore.pipeline.record`)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ import pytest
 from chispa import assert_df_equality
 from sourcekit import SMALL
 
-from pipeline import bodyformat, record
-from pipeline.errors import ConfigError
-from pipeline.message import Message
-from pipeline.native import Columns
-from pipeline.record import MessageExt
-from pipeline.root import StoreRoot, TopicMeta
-from pipeline.store import MessageStore
-from source import options, schema
-from source.read import ReadContext
+from rocketstore.pipeline import bodyformat, record
+from rocketstore.pipeline.errors import ConfigError
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.native import Columns
+from rocketstore.pipeline.record import MessageExt
+from rocketstore.pipeline.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.source import options, schema
+from rocketstore.source.read import ReadContext
 
 TS = pa.timestamp("us", tz="UTC")
 # Written out by hand: these are the contract, not a copy of source/schema.py.
@@ -214,7 +214,7 @@ def test_read_hands_spark_record_batches_of_the_declared_schema(
 ) -> None:
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from source.format import RocketStoreBatchReader, spark_schema
+    from rocketstore.source.format import RocketStoreBatchReader, spark_schema
 
     opts = {"path": str(store_root), "topic": "orders", **_on(option)}
     declared = spark_schema(opts)

@@ -14,13 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import CQ_UNIT_SIZE, StoreConfig
-from pipeline.root import StoreRoot, TopicMeta
-from pipeline.store import MessageStore
-from source import brokerview, options, schema
-from source.brokerview import BrokerView, QueueBounds
-from source.planning import Limit, Planner, QueueRange
-from source.read import ReadContext, read_queue_range
+from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from rocketstore.pipeline.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.source import brokerview, options, schema
+from rocketstore.source.brokerview import BrokerView, QueueBounds
+from rocketstore.source.planning import Limit, Planner, QueueRange
+from rocketstore.source.read import ReadContext, read_queue_range
 
 UNITS = 1_000_000
 PER_FILE = 100_000  # ConsumeQueue units per file: ten files

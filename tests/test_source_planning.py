@@ -13,15 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sourcekit import SMALL, make_root
 
-from pipeline.errors import ConfigError, StoreError
-from pipeline.message import Message
-from pipeline.store import MessageStore
-from pipeline.topicconfig import ensure_topics
-from source import offsets, options
-from source.brokerview import QueueBounds
-from source.errors import DataLossError
-from source.offsets import OffsetSpec, QueueKey
-from source.planning import (
+from rocketstore.pipeline.errors import ConfigError, StoreError
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.topicconfig import ensure_topics
+from rocketstore.source import offsets, options
+from rocketstore.source.brokerview import QueueBounds
+from rocketstore.source.errors import DataLossError
+from rocketstore.source.offsets import OffsetSpec, QueueKey
+from rocketstore.source.planning import (
     Limit,
     Planner,
     QueueRange,

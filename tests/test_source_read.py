@@ -27,18 +27,18 @@ from sourcekit import (
     write,
 )
 
-from pipeline import record
-from pipeline.config import CQ_UNIT_SIZE, StoreConfig
-from pipeline.errors import CorruptRecordError, StoreError
-from pipeline.message import Message
-from pipeline.root import StoreRoot, TopicMeta
-from pipeline.segments import list_segments
-from pipeline.store import MessageStore
-from source import options, schema
-from source.brokerview import BrokerView, QueueBounds
-from source.errors import DataLossError
-from source.planning import Planner
-from source.read import ReadContext, read_queue_range
+from rocketstore.pipeline import record
+from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from rocketstore.pipeline.errors import CorruptRecordError, StoreError
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.segments import list_segments
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.source import options, schema
+from rocketstore.source.brokerview import BrokerView, QueueBounds
+from rocketstore.source.errors import DataLossError
+from rocketstore.source.planning import Planner
+from rocketstore.source.read import ReadContext, read_queue_range
 
 HOUR_MS = 3_600_000
 

@@ -28,9 +28,9 @@ from sourcekit import (
     write,
 )
 
-from pipeline import bodyformat
-from pipeline.root import StoreRoot, TopicMeta
-from pipeline.store import MessageStore
+from rocketstore.pipeline import bodyformat
+from rocketstore.pipeline.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.store import MessageStore
 
 pytestmark = pytest.mark.slow
 HOUR_MS = 3_600_000

@@ -38,10 +38,14 @@ from hypothesis.stateful import (
 )
 from model import StoreModel, java_hash, keys_text
 
-from pipeline.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
-from pipeline.errors import InvalidMessageError, MessageTooLargeError, OffsetOutOfRangeError
-from pipeline.message import Message, messages_to_table
-from pipeline.store import MessageStore, PutResult
+from rocketstore.pipeline.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
+from rocketstore.pipeline.errors import (
+    InvalidMessageError,
+    MessageTooLargeError,
+    OffsetOutOfRangeError,
+)
+from rocketstore.pipeline.message import Message, messages_to_table
+from rocketstore.pipeline.store import MessageStore, PutResult
 
 MAX_TS = 2**63 - 1
 INT32 = st.integers(-(2**31), 2**31 - 1)

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from contention import Aside, SignallingLock, run_aside
 
-from pipeline import durability
-from pipeline.config import StoreConfig
-from pipeline.message import Message
-from pipeline.store import GetResult, MessageStore
+from rocketstore.pipeline import durability
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import GetResult, MessageStore
 
 CLOCK = 1_700_000_000_000
 QUEUES = [("TopicA", 0), ("TopicA", 1), ("TopicB", 0)]

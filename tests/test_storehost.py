@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURE_CONFIG, SMALL_CONFIG
 
-from pipeline import cli, record, storehost
-from pipeline.config import StoreConfig
-from pipeline.errors import ConfigError
-from pipeline.message import Message
-from pipeline.store import MessageStore
-from sink.writer import broker_config
+from rocketstore.pipeline import cli, record, storehost
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import ConfigError
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.sink.writer import broker_config
 
 # Taken before the suite's autouse pin (conftest._steady_host) replaces the module's function.
 REAL_HOST_ADDRESS = storehost.host_address

@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from powercut import PowerCut, PowerLost
 from stockrocketmq import KIT, Consumed, StockCluster, parse_consumed, unavailable
 
-from pipeline import cli, durability
-from pipeline.config import StoreConfig
-from pipeline.message import Message
-from pipeline.store import MessageStore
-from pipeline.topicconfig import (
+from rocketstore.pipeline import cli, durability
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.topicconfig import (
     TopicConfig,
     TopicConfigError,
     TopicsKeeper,

@@ -24,15 +24,15 @@ import numpy as np
 import pytest
 from conftest import FIXTURE_CONFIG, fixture_dir
 
-from pipeline import record
-from pipeline import verify as verify_module
-from pipeline.config import StoreConfig
-from pipeline.consumequeue import UNIT_DTYPE
-from pipeline.indexfile import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
-from pipeline.mapped_file import segment_name
-from pipeline.message import Message, messages_to_table
-from pipeline.store import MessageStore
-from pipeline.verify import MAX_PROBLEMS_PER_KIND, Problem, VerifyReport, verify
+from rocketstore.pipeline import record
+from rocketstore.pipeline import verify as verify_module
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.consumequeue import UNIT_DTYPE
+from rocketstore.pipeline.indexfile import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
+from rocketstore.pipeline.mapped_file import segment_name
+from rocketstore.pipeline.message import Message, messages_to_table
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.verify import MAX_PROBLEMS_PER_KIND, Problem, VerifyReport, verify
 
 CONFIG = StoreConfig(
     mapped_file_size_commitlog=64 * 1024,
@@ -730,7 +730,7 @@ def test_problems_are_capped_per_kind_and_file(built: Built) -> None:
 def test_verify_command_exit_status_and_output(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pipeline.cli import main
+    from rocketstore.pipeline.cli import main
 
     built = tmp_path / "store"
     with MessageStore(built, CONFIG) as store:

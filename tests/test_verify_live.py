@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from powercut import abandon
 
-from pipeline import record
-from pipeline.cli import main
-from pipeline.config import StoreConfig
-from pipeline.message import Message
-from pipeline.store import MessageStore
-from pipeline.verify import verify
+from rocketstore.pipeline import record
+from rocketstore.pipeline.cli import main
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.verify import verify
 
 HERE = Path(__file__).resolve().parent
 CONF = """\

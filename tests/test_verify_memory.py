@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from pipeline.config import StoreConfig
-from pipeline.store import MessageStore
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.store import MessageStore
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = StoreConfig(
@@ -38,9 +38,9 @@ SLACK = 6 << 20  # bytes: well under 52 bytes x RECORDS (7.8 MB), allocator nois
 CHILD = """
 import sys
 from pathlib import Path
-from pipeline.config import StoreConfig
-from pipeline.store import MessageStore
-from pipeline.verify import verify
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.verify import verify
 
 config = StoreConfig(**eval(sys.argv[2]))
 store = MessageStore(Path(sys.argv[1]), config, read_only=True)

@@ -1,4 +1,4 @@
-"""The visibility rule for shared storage (pipeline.visibility), on one host with
+"""The visibility rule for shared storage (rocketstore.pipeline.visibility), on one host with
 ``sharedStorage = "shared"`` forced: readers see what the writer published, never more, and a
 record that does not check out below the published point is waited for, then damage; a file
 that this host's listing of its directory lacks is waited for, then not visible (never damage).
@@ -17,23 +17,23 @@ import pyarrow as pa
 import pytest
 from sourcekit import SMALL, message_table
 
-from pipeline import visibility
-from pipeline.config import CQ_UNIT_SIZE, SYNC_FLUSH, StoreConfig
-from pipeline.errors import (
+from rocketstore.pipeline import visibility
+from rocketstore.pipeline.config import CQ_UNIT_SIZE, SYNC_FLUSH, StoreConfig
+from rocketstore.pipeline.errors import (
     ConfigError,
     CorruptRecordError,
     NotVisibleError,
     OffsetOutOfRangeError,
 )
-from pipeline.index_service import IndexService
-from pipeline.mapped_file import segment_name
-from pipeline.root import StoreRoot, TopicMeta
-from pipeline.segments import SegmentQueue, list_segments
-from pipeline.store import MessageStore
-from source import options, schema
-from source.brokerview import BrokerView
-from source.planning import KeyRange, Planner, QueueRange
-from source.read import ReadContext, read_key, read_queue_range
+from rocketstore.pipeline.index_service import IndexService
+from rocketstore.pipeline.mapped_file import segment_name
+from rocketstore.pipeline.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.segments import SegmentQueue, list_segments
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.source import options, schema
+from rocketstore.source.brokerview import BrokerView
+from rocketstore.source.planning import KeyRange, Planner, QueueRange
+from rocketstore.source.read import ReadContext, read_key, read_queue_range
 
 SHARED = dataclasses.replace(SMALL, shared_storage="shared", visibility_wait_ms=2000)
 LOCAL = dataclasses.replace(SMALL, shared_storage="local")

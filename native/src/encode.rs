@@ -21,7 +21,7 @@ const NAMED: [&[u8]; 3] = [b"KEYS", b"TAGS", b"UNIQ_KEY"];
 /// The columns of one batch, borrowed from Python for the batch's lifetime.
 ///
 /// Not thread-safe in Python terms: one batch belongs to the put that made it.
-#[pyclass(module = "pipeline._native")]
+#[pyclass(module = "rocketstore.pipeline._native")]
 pub struct EncodeBatch {
     n: usize,
     topics: Strings,
@@ -163,7 +163,7 @@ impl EncodeBatch {
     /// and `born_codes` index the `topics` and `born_hosts` tables. `flags`, `reconsume`,
     /// `prep_tx` and `born_codes` may be None: 0 for every row; `born_ts` None: every message
     /// is born at the store time, as are rows `born_missing` marks. String columns are
-    /// `(data, offsets, validity)` triples (see `pipeline.native.strings`).
+    /// `(data, offsets, validity)` triples (see `rocketstore.pipeline.native.strings`).
     #[new]
     #[pyo3(signature = (
         *, n, topics, topic_codes, queue_ids, flags, sys_flags, reconsume, prep_tx, born_ts,

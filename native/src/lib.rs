@@ -1,12 +1,12 @@
 //! rocketstore's native core: the per-message work of the store, exposed to Python as
-//! `pipeline._native`.
+//! `rocketstore.pipeline._native`.
 //!
 //! Python keeps the orchestration (files, placement, recovery decisions, Spark); every loop
 //! over messages lives here and runs with the GIL released. Inputs arrive as buffers borrowed
 //! from numpy, Arrow or a segment's mapping (see [`buffers`]); nothing is copied on the way
 //! in. Bad arguments (an output buffer that overlaps an input among them) raise `ValueError`.
 //! Every entry point runs under [`guarded`], so a panic (a bug, or a borrowed buffer changed
-//! under us) reaches Python as `pipeline.errors.NativeError`, a `StoreError`, never as PyO3's
+//! under us) reaches Python as `rocketstore.pipeline.errors.NativeError`, a `StoreError`, never as PyO3's
 //! `PanicException`, which `except Exception` would miss.
 
 mod buffers;
@@ -25,7 +25,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 
-/// Run `f`, turning a panic into `pipeline.errors.NativeError` naming `what`. The closure's
+/// Run `f`, turning a panic into `rocketstore.pipeline.errors.NativeError` naming `what`. The closure's
 /// state is not used after a panic (the error goes straight to Python), which is why asserting
 /// unwind safety is sound here.
 pub fn guarded<T>(what: &str, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
@@ -56,7 +56,7 @@ fn native_error(what: &str, text: &str) -> PyErr {
     let message = format!("{what}: internal error in the native core: {text}");
     Python::attach(|py| {
         let class = py
-            .import("pipeline.errors")
+            .import("rocketstore.pipeline.errors")
             .and_then(|m| m.getattr("NativeError"))
             .and_then(|c| c.cast_into::<PyType>().map_err(PyErr::from));
         match class {

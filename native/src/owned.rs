@@ -112,7 +112,7 @@ impl Drop for Owned {
 
 /// A read-only buffer owning one result vector. Immutable once built (`frozen`), so the
 /// memory it exports never moves while a consumer holds a view of it.
-#[pyclass(module = "pipeline._native", frozen)]
+#[pyclass(module = "rocketstore.pipeline._native", frozen)]
 pub struct Owned {
     data: Data,
 }

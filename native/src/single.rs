@@ -184,7 +184,7 @@ fn plain<'a>(
 }
 
 /// The single-put path's constants, fixed for an open store.
-#[pyclass(module = "pipeline._native", frozen)]
+#[pyclass(module = "rocketstore.pipeline._native", frozen)]
 pub struct SinglePut {
     store_host: Vec<u8>,
     /// SYSFLAG of a plain record: the born host is the store host, so both v6 bits or neither.
