@@ -91,6 +91,14 @@ class IndexService:
             for p in self.directory.iterdir()
             if len(p.name) == NAME_LENGTH and p.name.isdigit() and p.name > after and p.is_file()
         )
+        # A stock broker creates an IndexFile empty and sizes it as it maps it: a view of a live
+        # broker can list a newest file of 0 bytes, and a broker that died between the two
+        # leaves one. It holds nothing, so it is left out (and removed by a writable open), as
+        # an empty last segment is (rocketstore.pipeline.segments); ours are created full-size.
+        while names and names[-1].stat().st_size == 0:
+            empty = names.pop()
+            if not self.read_only:
+                durability.remove(empty)
         for path in names:
             self.files.append(
                 IndexFile(

@@ -461,3 +461,24 @@ def test_service_reload(tmp_path: Path) -> None:
     assert ro.end_phy_offset == 300
     assert ro.end_timestamp == T0 + 2000
     ro.close()
+
+
+@pytest.mark.parametrize("read_only", [True, False])
+def test_service_leaves_out_an_empty_newest_file(tmp_path: Path, read_only: bool) -> None:
+    """A stock broker creates an IndexFile empty and then sizes it: a view can list it in
+    between, and a broker that died there leaves it. It holds nothing: a view leaves it out and
+    a writable open removes it, instead of refusing the store for its size."""
+    d = tmp_path / "index"
+    svc = service(d, [T0])
+    svc.put(*arrays([1, 2], [100, 200], [T0, T0 + 1000]))
+    svc.flush()
+    names = [f.path.name for f in svc.files]
+    svc.close()
+    empty = d / "29991231235959999"
+    empty.touch()
+    loaded = IndexService(d, SLOTS, 3, read_only=read_only, clock_ms=lambda: T0)
+    loaded.load()
+    assert [f.path.name for f in loaded.files] == names
+    assert loaded.end_phy_offset == 200
+    assert empty.exists() == read_only
+    loaded.close()
