@@ -29,6 +29,8 @@ $(STAMP): pyproject.toml $(NATIVE_SOURCES) $(PACKAGE_DIRS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]' --config-settings editable_mode=strict
+	@# A name for the tree of links that does not carry the version and Python tags: mypy's path.
+	@ln -sfn "$$(cd build && ls -d __editable__.rocketstore-* | head -1)" build/editable
 	@touch $(STAMP)
 
 venv: $(STAMP) ## Create .venv and install rocketstore with its dev tools
@@ -72,7 +74,7 @@ bench: $(STAMP) ## Run the benchmarks in bench/ (figures in bench/README.md)
 lint: $(STAMP) ## ruff (lint and format check), mypy, cargo fmt --check and clippy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	MYPYPATH="$$(ls -d build/__editable__.rocketstore-* | head -1)" $(VENV)/bin/mypy
+	$(VENV)/bin/mypy
 	cd native && cargo fmt --check && cargo clippy --all-targets -- -D warnings
 
 format: $(STAMP) ## Format the code with ruff and cargo fmt
