@@ -396,10 +396,10 @@ class Soak:
             row["errors"] = len(self.run.errors)
             self.run.samples.append(row)
             log(_progress_line(row))
-            # A worker that failed has stopped working, so the run is over; a failed verify
-            # is counted, and the next one runs as planned.
-            if any(e["source"] != "verify" for e in self.run.errors):
-                log("soak: stopping early: a worker reported an error")
+            # Every error is counted; the run ends early only when a worker cannot go on.
+            gave_up = [name for name, s in stats.items() if s["stopped"]]
+            if gave_up:
+                log(f"soak: stopping early: the {', '.join(gave_up)} stopped")
                 break
         self._finish(time.monotonic() - t0)
         return self.run

@@ -13,8 +13,10 @@ The workers talk to the sampling process over a pipe, one request at a time:
 * ``("drain", written)`` (the readers): read until ``written`` messages have been read,
   reply ``("stats", {...})``, exit.
 
-A worker that fails records the error (its traceback), stops working and keeps answering, so
-the error reaches the sampling process with the next sample. The writer and the reader wait
+Every error is recorded (with its traceback) and reaches the sampling process with the next
+sample. The readers go on after a failed read as Spark would (the reader reads the micro-batch
+again, the Spark query is started again from its checkpoint); a worker that cannot go on says
+so (``stopped``) and keeps answering. The writer and the reader wait
 between their steps on the pipe (``Connection.poll`` with the time left until the next step is
 due), so a request is answered at once and the pacing is a clock's, never a sleep's; Spark
 paces its query itself.
@@ -57,7 +59,9 @@ EVERY_HOUR = ";".join(f"{h:02d}" for h in range(24))
 # catch up (the offered load stays steady; the slip is counted).
 MAX_BEHIND_S = 1.0
 DRAIN_LIMIT_S = 120.0
+READ_ATTEMPTS = 3
 SPARK_STARTS = 3
+SPARK_RESTARTS = 3
 START_LIMIT_S = 180.0
 
 
@@ -148,6 +152,7 @@ class _Counters:
     starts them afresh."""
 
     errors: list[str] = dataclasses.field(default_factory=list)
+    stopped: bool = False  # it gave up: the run cannot go on
 
     def report(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -184,6 +189,7 @@ def writer_main(conn: Connection, broker: str, settings: Settings) -> None:
         store.retention.clock_ms = lambda: time.time_ns() // 1_000_000 + lead
     except Exception:
         state.errors.append(_failure())
+        state.stopped = True
     conn.send(("ready", os.getpid()))
     # The run starts when every worker is ready (the Spark session takes a while).
     if conn.recv()[0] != "go" and store is not None:
@@ -211,6 +217,7 @@ def writer_main(conn: Connection, broker: str, settings: Settings) -> None:
             state.latencies_ms.append((time.perf_counter() - t0) * 1000)
         except Exception:
             state.errors.append(_failure())
+            state.stopped = True
             _close(store, state)
             store = None
             continue
@@ -295,13 +302,17 @@ class _Stream:
 
 def reader_main(conn: Connection, root: str, settings: Settings) -> None:
     """Follow the topic with a micro-batch every ``settings.trigger_s`` (a processing-time
-    trigger), from the earliest offsets, until told to drain."""
+    trigger), from the earliest offsets, until told to drain. A micro-batch that fails is an
+    error, and is planned and read again at the next trigger, as Spark runs a failed task
+    again; after :data:`READ_ATTEMPTS` failures in a row the reader gives up."""
     state = _ReaderState()
     stream: _Stream | None = None
+    failures = 0
     try:
         stream = _Stream(root)
     except Exception:
         state.errors.append(_failure())
+        state.stopped = True
     conn.send(("ready", os.getpid()))
     due = time.monotonic()
     target: int | None = None
@@ -330,8 +341,11 @@ def reader_main(conn: Connection, root: str, settings: Settings) -> None:
             got = stream.micro_batch()
         except Exception:
             state.errors.append(_failure())
-            stream = None
+            failures += 1
+            if failures == READ_ATTEMPTS:
+                stream, state.stopped = None, True
             continue
+        failures = 0
         if got:
             state.batch_ms.append((time.perf_counter() - t0) * 1000)
             state.read += got
@@ -356,7 +370,9 @@ def spark_main(conn: Connection, root: str, checkpoint: str, settings: Settings)
     ``readStream.format("rocketstore")`` from the earliest offsets into the ``noop`` sink with
     a processing-time trigger of ``settings.spark_trigger_s``. Rows are counted from the
     query's progress events (a listener, so none is missed however many batches pass). Ready
-    once the query's first trigger ran (an idle or a progress event)."""
+    once the query's first trigger ran (an idle or a progress event). A query that fails is
+    an error, and is started again from its checkpoint (as a deployment restarts a failed
+    query; ``local[2]`` runs no task twice), up to :data:`SPARK_RESTARTS` times."""
     import threading
 
     from pyspark.sql.streaming.listener import StreamingQueryListener
@@ -365,6 +381,8 @@ def spark_main(conn: Connection, root: str, checkpoint: str, settings: Settings)
 
     state = _SparkState()
     counted = threading.Condition()
+    queries: list[Any] = []  # the query now running is the last
+    draining = False
 
     class Progress(StreamingQueryListener):
         def onQueryStarted(self, event: Any) -> None:
@@ -392,13 +410,11 @@ def spark_main(conn: Connection, root: str, checkpoint: str, settings: Settings)
                     state.errors.append(f"the query ended: {event.exception}")
                 counted.notify_all()
 
-    query: Any = None
-    spark: Any = None
-    try:
-        spark, _ = local_session("rocketstore-soak")
-        spark.streams.addListener(Progress())
+    def launch(spark: Any) -> bool:
+        """Start the query, up to :data:`SPARK_STARTS` times, until a trigger runs."""
         for _ in range(SPARK_STARTS):
-            state.ended = None
+            with counted:
+                state.triggered, state.ended = False, None
             query = (
                 spark.readStream.format("rocketstore")
                 .option("path", root)
@@ -410,16 +426,49 @@ def spark_main(conn: Connection, root: str, checkpoint: str, settings: Settings)
                 .trigger(processingTime=f"{settings.spark_trigger_s} seconds")
                 .start()
             )
+            queries.append(query)
             with counted:
                 counted.wait_for(lambda: state.triggered or state.ended is not None, START_LIMIT_S)
                 if state.triggered:
-                    break
+                    return True
                 state.start_failures.append(state.ended or f"no trigger in {START_LIMIT_S:.0f} s")
             query.stop()
-        else:
+        with counted:
             state.errors.append(f"the query did not start: {state.start_failures}")
+        return False
+
+    def supervise(spark: Any) -> None:
+        """Start the query again each time it fails, until the drain or the last restart."""
+        for restart in range(SPARK_RESTARTS + 1):
+            with counted:
+                counted.wait_for(lambda: draining or state.ended is not None)
+                if draining:
+                    return
+                if restart == SPARK_RESTARTS:
+                    break
+            try:
+                if not launch(spark):
+                    break
+            except Exception:
+                with counted:
+                    state.errors.append(_failure())
+                break
+        with counted:
+            state.stopped = True
+
+    spark: Any = None
+    supervisor: threading.Thread | None = None
+    try:
+        spark, _ = local_session("rocketstore-soak")
+        spark.streams.addListener(Progress())
+        if launch(spark):
+            supervisor = threading.Thread(target=supervise, args=(spark,), daemon=True)
+            supervisor.start()
+        else:
+            state.stopped = True
     except Exception:
         state.errors.append(_failure())
+        state.stopped = True
     conn.send(("ready", os.getpid()))
     while True:
         request, value = conn.recv()
@@ -429,14 +478,18 @@ def spark_main(conn: Connection, root: str, checkpoint: str, settings: Settings)
             conn.send(("stats", state.report()))
     target = int(value)
     with counted:
-        counted.wait_for(lambda: state.read >= target or bool(state.errors), DRAIN_LIMIT_S)
-        if state.read < target and not state.errors:
+        draining = True
+        counted.notify_all()
+        counted.wait_for(lambda: state.read >= target or state.stopped, DRAIN_LIMIT_S)
+        if state.read < target:
             state.errors.append(
                 f"drain: read {state.read} of {target} messages in {DRAIN_LIMIT_S:.0f} s"
             )
+    if supervisor is not None:
+        supervisor.join()
     try:
-        if query is not None:
-            query.stop()
+        if queries:
+            queries[-1].stop()
         if spark is not None:
             spark.stop()
     except Exception:
