@@ -355,13 +355,15 @@ def recover(
     full_check: bool = False,
     dead: Sequence[tuple[int, int]] = (),
     cut_at_damage: bool = False,
+    rebuild_index: bool = False,
 ) -> RecoveryReport:
     """Recover (see the module). ``dead`` are the CommitLog's dead regions (rocketstore.pipeline.fencing).
 
     Raises :class:`DamagedLogError`, having changed nothing, when valid records follow the end
     it found: cutting there would drop them (rocketstore.pipeline.recovery.resumes_after); with
     ``cut_at_damage`` it cuts all the same (the report's ``damageResumesAt`` says where valid
-    records resumed)."""
+    records resumed). ``rebuild_index``: drop the index and dispatch it again from the log,
+    whatever it holds (a writer fenced off may have written a page of it late)."""
     started = time.perf_counter()
     report = RecoveryReport(abort_file_found=abnormal)
     queue_list = list(queues.values())
@@ -433,7 +435,9 @@ def recover(
             dropped, report.index_slots_repaired = index.mend(cut_at, _store_time(log))
             report.index_entries_dropped += dropped
         _drop_derived(log, queue_list, index, cut_at, report)
-        if index is not None and (index_damaged(log, index) or report.fenced_bytes):
+        if index is not None and (
+            rebuild_index or index_damaged(log, index) or report.fenced_bytes
+        ):
             # Unlike RocketMQ, an impossible index is dropped and dispatched again.
             index.destroy()
             report.index_rebuilt = True

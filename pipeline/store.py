@@ -441,8 +441,15 @@ class MessageStore:
             raise
 
     def _recover(self) -> RecoveryReport:
+        epochs = fencing.read_epochs(self.path)
+        # After an unclean take-over the writer fenced off may have had pages of the
+        # ConsumeQueues and the index on their way, which a heal can land over the new
+        # writer's: a full recovery (`rocketstore recover`) checks every unit and builds the
+        # index anew from the log (pipeline.fencing).
+        suspect = self.full_check and bool(epochs) and epochs[-1].dead is not None
         report = recover(
-            dead=fencing.dead_regions(fencing.read_epochs(self.path)),
+            dead=fencing.dead_regions(epochs),
+            rebuild_index=suspect,
             log=self.commitlog,
             queues=self.queues,
             index=self.index,
