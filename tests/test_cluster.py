@@ -216,21 +216,26 @@ def node_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return node_python(tmp_path_factory.mktemp("node"))
 
 
+def build_wheel(dest: Path, timeout_s: float) -> Path:
+    """The wheel ``pip wheel .`` builds from this checkout (what ``make wheel`` builds)."""
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dest), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr[-4000:]
+    (wheel,) = dest.glob("rocketstore-*.whl")
+    return wheel
+
+
 def node_python(base: Path) -> Path:
     """A Python environment for the cluster's driver and executors: a virtualenv that sees the
     test's third-party packages (a ``.pth`` line naming their site-packages, whose own ``.pth``
     files, the editable install's among them, are not run) and the project only as the wheel
     ``pip wheel .`` builds from this checkout."""
-    wheels = base / "wheels"
-    built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=SUBMIT_TIMEOUT,
-        check=False,
-    )
-    assert built.returncode == 0, built.stderr[-4000:]
-    (wheel,) = wheels.glob("rocketstore-*.whl")
+    wheel = build_wheel(base / "wheels", SUBMIT_TIMEOUT)
     env = base / "node-venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
     site = next((env / "lib").glob("python*/site-packages"))

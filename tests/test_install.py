@@ -19,10 +19,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from test_cluster import build_wheel
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 600
 BARE_NAMES = ("pipeline", "sink", "source", "datasource", "jobs")
 
@@ -40,16 +40,7 @@ def no_rust_path() -> str:
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("install")
-    dist = base / "dist"
-    built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
-    assert built.returncode == 0, built.stderr[-4000:]
-    (wheel,) = dist.glob("rocketstore-*.whl")
+    wheel = build_wheel(base / "dist", TIMEOUT_S)
     assert "-cp311-abi3-" in wheel.name, wheel.name
     env = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(env)], check=True, timeout=TIMEOUT_S)
