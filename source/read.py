@@ -142,6 +142,17 @@ def _segment_file(listing: SegmentListing, base: int, use: Callable[[Path], T]) 
         return None
 
 
+def _oldest_existing(entries: list[tuple[int, Path]]) -> tuple[int, int] | None:
+    """(base, size) of the oldest listed segment still there: retention deletes the oldest
+    segments, and may do so between the listing and a look at the file."""
+    for base, path in entries:
+        try:
+            return base, path.stat().st_size
+        except FileNotFoundError:
+            continue
+    return None
+
+
 class _SegmentCache:
     """The segments one partition read touches, mapped once each, closed together.
     ``wait_ms``: how long a segment past this host's listing is waited for (see
@@ -150,18 +161,19 @@ class _SegmentCache:
     def __init__(self, directory: Path, wait_ms: int | None = None) -> None:
         self.directory = directory
         self.listing = SegmentListing(directory, wait_ms)
-        first = self.listing.entries[0] if self.listing.entries else None
-        self.min_offset = first[0] if first else 0
-        self._size = first[1].stat().st_size if first else None
+        oldest = _oldest_existing(self.listing.entries)
+        self.min_offset = oldest[0] if oldest else 0
+        self._size = oldest[1] if oldest else None
         self._open: dict[int, _Segment | None] = {}
 
     @property
     def segment_size(self) -> int:
-        """The first listed segment's size; 0 when there is none (on shared storage, only
+        """The oldest listed segment's size; 0 when there is none (on shared storage, only
         once the directory listed again for the wait still shows none)."""
         if self._size is None:
-            first = self.listing.first()
-            self._size = first[1].stat().st_size if first else 0
+            self.listing.first()  # lists again (and waits, on shared storage)
+            oldest = _oldest_existing(self.listing.entries)
+            self._size = oldest[1] if oldest else 0
         return self._size
 
     def get(self, base: int) -> _Segment | None:

@@ -413,3 +413,31 @@ def test_a_key_read_of_a_store_without_index_says_so(tmp_path: Path) -> None:
     write(tmp_path, 0, message_table("orders", [1, 2], 1), config=no_index)
     with pytest.raises(StoreError, match="no IndexFiles, so option key cannot be looked up"):
         read_all({"path": str(tmp_path), "topic": "orders", "key": "k1"})
+
+
+def test_a_segment_deleted_between_the_listing_and_its_size_is_passed_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention deletes the oldest segment while a partition read starts: the read takes the
+    segment size and the first offset from the oldest segment still there (a soak run hit
+    this as a FileNotFoundError out of the read)."""
+    from rocketstore.source import read as read_module
+
+    store_dir = tmp_path / "store"
+    with MessageStore(store_dir, SMALL) as store:
+        for i in range(1200):
+            store.put(Message("T", b"x" * 100, keys=[f"k{i}"]))
+    segments = list_segments(store_dir / "commitlog")
+    assert len(segments) >= 3
+    real = read_module.SegmentListing
+
+    def listed_then_deleted(directory: Path, wait_ms: int | None = None) -> object:
+        listing = real(directory, wait_ms)
+        segments[0][1].unlink()  # retention, right after the listing
+        return listing
+
+    monkeypatch.setattr(read_module, "SegmentListing", listed_then_deleted)
+    cache = read_module._SegmentCache(store_dir / "commitlog")
+    assert cache.min_offset == segments[1][0]
+    assert cache.segment_size == SMALL.mapped_file_size_commitlog
+    assert cache.get(segments[0][0]) is None
