@@ -25,6 +25,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rocketstore.pipeline.config import StoreConfig
@@ -57,6 +58,16 @@ def say(line: str) -> None:
 
 def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def attempt(action: Callable[[], object], what: str, done: str) -> None:
+    """Run ``action``; say ``done``, or ``fail-<what>`` with the error."""
+    try:
+        action()
+    except (StoreError, OSError) as exc:
+        say(f"fail-{what} {_error(exc)}")
+    else:
+        say(done)
 
 
 def write(store_dir: str, name: str, flush: str) -> int:
@@ -115,19 +126,9 @@ def write(store_dir: str, name: str, flush: str) -> int:
             say("done")
             stop.wait()
         elif cmd[0] == "flush":
-            try:
-                store.flush()
-            except (StoreError, OSError) as exc:
-                say(f"fail-flush {_error(exc)}")
-            else:
-                say("flushed")
+            attempt(store.flush, "flush", "flushed")
         elif cmd[0] == "close":
-            try:
-                store.close()
-            except (StoreError, OSError) as exc:
-                say(f"fail-close {_error(exc)}")
-            else:
-                say("closed")
+            attempt(store.close, "close", "closed")
             return 0
     return 0
 
