@@ -35,6 +35,7 @@ import sparkproc
 from conftest import ROOT
 from sparkproc import free_port, spark_home, tail
 from test_jobs import committed_files
+from wheelbuild import project_wheel
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.store import MessageStore
@@ -213,29 +214,17 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 @pytest.fixture(scope="session")
 def node_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """:func:`node_python`, built once per test session (worker)."""
-    return node_python(tmp_path_factory.mktemp("node"))
-
-
-def build_wheel(dest: Path, timeout_s: float) -> Path:
-    """The wheel ``pip wheel .`` builds from this checkout (what ``make wheel`` builds)."""
-    built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dest), str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
+    base = tmp_path_factory.mktemp("node")
+    return node_python(
+        base, project_wheel(base, tmp_path_factory.getbasetemp().parent, SUBMIT_TIMEOUT)
     )
-    assert built.returncode == 0, built.stderr[-4000:]
-    (wheel,) = dest.glob("rocketstore-*.whl")
-    return wheel
 
 
-def node_python(base: Path) -> Path:
+def node_python(base: Path, wheel: Path) -> Path:
     """A Python environment for the cluster's driver and executors: a virtualenv that sees the
     test's third-party packages (a ``.pth`` line naming their site-packages, whose own ``.pth``
     files, the editable install's among them, are not run) and the project only as the wheel
     ``pip wheel .`` builds from this checkout."""
-    wheel = build_wheel(base / "wheels", SUBMIT_TIMEOUT)
     env = base / "node-venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
     site = next((env / "lib").glob("python*/site-packages"))

@@ -19,7 +19,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_cluster import build_wheel
+from wheelbuild import project_wheel
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def no_rust_path() -> str:
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("install")
-    wheel = build_wheel(base / "dist", TIMEOUT_S)
+    wheel = project_wheel(base, tmp_path_factory.getbasetemp().parent, TIMEOUT_S)
     assert "-cp311-abi3-" in wheel.name, wheel.name
     env = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(env)], check=True, timeout=TIMEOUT_S)
