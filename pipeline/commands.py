@@ -16,8 +16,9 @@ from rocketstore.pipeline import native, queueread, record, topicconfig
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import NotFoundError, ProgressNotRecordedError
 from rocketstore.pipeline.output import emit, plain_cell, preview, print_table
+from rocketstore.pipeline.reads import MAX_TIMESTAMP
 from rocketstore.pipeline.record import MessageExt
-from rocketstore.pipeline.store import MAX_TIMESTAMP, MessageStore
+from rocketstore.pipeline.store import MessageStore
 
 DUMP_PAGE = 1000
 MESSAGE_COLUMNS = (

@@ -32,7 +32,8 @@ from rocketstore.pipeline.errors import InvalidMessageError, ProgressNotRecorded
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.output import json_line
 from rocketstore.pipeline.record import MessageExt
-from rocketstore.pipeline.store import MessageStore, PutResult
+from rocketstore.pipeline.results import PutResult
+from rocketstore.pipeline.store import MessageStore
 
 INT32_MAX = 2**31 - 1
 FIELDS = ("topic", "body", "bodyBase64", "queueId", "keys", "tags", "properties", "flag")

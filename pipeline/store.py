@@ -40,7 +40,6 @@ Contract:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 import os
@@ -48,7 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, NoReturn
+from typing import NoReturn
 
 import numpy as np
 import numpy.typing as npt
@@ -56,127 +55,50 @@ import pyarrow as pa
 
 from rocketstore.pipeline import (
     consumequeue,
-    dispatch,
     durability,
-    encode,
     failpoints,
     fencing,
     filesystem,
     indexfile,
     mapped_file,
-    native,
+    reads,
     record,
     storehost,
     visibility,
 )
+from rocketstore.pipeline.appender import Appender
 from rocketstore.pipeline.background import PeriodicTask
 from rocketstore.pipeline.checkpoint import StoreCheckpoint
 from rocketstore.pipeline.commitlog import CommitLog
-from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.consumequeue import UNIT_DTYPE, ConsumeQueue
 from rocketstore.pipeline.errors import (
-    CorruptRecordError,
     FencedError,
     InvalidMessageError,
     NotAStoreError,
     OffsetOutOfRangeError,
     ProgressNotRecordedError,
     ReadOnlyStoreError,
-    SegmentCreateError,
     StoreClosedError,
     StoreFailedError,
 )
 from rocketstore.pipeline.geometry import check_geometry
 from rocketstore.pipeline.index_service import IndexService
 from rocketstore.pipeline.lock import DirectoryLock
-from rocketstore.pipeline.mapped_file import WHOLE, MappedFile, free_space, limit_note
+from rocketstore.pipeline.mapped_file import WHOLE, free_space
 from rocketstore.pipeline.mappings import MappingCache
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.progress import FlushProgress
+from rocketstore.pipeline.reads import MAX_TIMESTAMP
 from rocketstore.pipeline.recovery import RecoveryReport, recover
+from rocketstore.pipeline.results import BatchPutResult, GetResult, PutResult, QueueInfo
 from rocketstore.pipeline.retention import RUN_INTERVAL_MS, RetentionService, statvfs_used_ratio
 from rocketstore.pipeline.segments import SegmentQueue
 from rocketstore.pipeline.subscription import Subscription
 from rocketstore.pipeline.topicconfig import TopicConfigError, TopicsKeeper
 
 STORE_ENTRIES = ("commitlog", "consumequeue", "index", "config", "checkpoint", "abort", "lock")
-MAX_TIMESTAMP = 2**63 - 1
-_NO_INDEX = (None, 0, 0, 0, 0)  # the single put's index arguments without a key index
-SCAN_BUDGET_BYTES = 16000  # RocketMQ's floor on ConsumeQueue bytes one filtered pull scans
-SINGLE_RESERVE = 64 * 1024  # the largest record a single put writes without the batch path
 _log = logging.getLogger(__name__)
-
-
-class PutResult(NamedTuple):
-    """Outcome of one message of a put (``status`` named as RocketMQ's PutMessageStatus).
-
-    A named tuple rather than a frozen dataclass: a single put makes one per call, and a
-    tuple is built several times faster."""
-
-    status: str
-    msg_id: str
-    commit_log_offset: int
-    queue_offset: int
-    store_size: int
-    store_timestamp: int
-    uniq_key: str
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchPutResult:
-    """Outcome of a batch put, column by column (index ``i`` is the batch's message ``i``)."""
-
-    commit_log_offsets: npt.NDArray[np.int64]
-    queue_offsets: npt.NDArray[np.int64]
-    sizes: npt.NDArray[np.int64]
-    store_timestamp: int
-    uniq_keys: pa.StringArray
-    store_host: bytes
-    flushed: bool
-
-    def __len__(self) -> int:
-        return len(self.commit_log_offsets)
-
-    @property
-    def total_bytes(self) -> int:
-        return int(self.sizes.sum())
-
-    def msg_ids(self) -> list[str]:
-        prefix = self.store_host.hex().upper()
-        return [f"{prefix}{off:016X}" for off in self.commit_log_offsets.tolist()]
-
-    def results(self) -> Iterator[PutResult]:
-        uniq = self.uniq_keys.to_pylist()
-        for i, msg_id in enumerate(self.msg_ids()):
-            yield PutResult(
-                "PUT_OK",
-                msg_id,
-                int(self.commit_log_offsets[i]),
-                int(self.queue_offsets[i]),
-                int(self.sizes[i]),
-                self.store_timestamp,
-                uniq[i],
-            )
-
-
-@dataclasses.dataclass(frozen=True)
-class QueueInfo:
-    topic: str
-    queue_id: int
-    min_offset: int
-    max_offset: int
-    max_physic_offset: int
-
-
-@dataclasses.dataclass(frozen=True)
-class GetResult:
-    """Outcome of :meth:`MessageStore.get_messages` (``status`` as RocketMQ's GetMessageStatus)."""
-
-    status: str
-    messages: list[record.MessageExt]
-    next_begin_offset: int
-    min_offset: int
-    max_offset: int
 
 
 def _wall_clock_ms() -> int:
@@ -360,8 +282,6 @@ class MessageStore:
                 self.commitlog, self.queues.values(), self.recovery.last_record_offset
             )
             self.config = cfg = storehost.for_directory(cfg, newest)
-        self._store_host_field = record.encode_host(cfg.store_host)[0]
-        self._store_host_hex = self._store_host_field.hex().upper()
         self._sync_flush = cfg.sync_flush
         self._flush_every_s = cfg.flush_interval_commitlog / 1000
         # On shared storage readers see only what a flush published (rocketstore.pipeline.visibility);
@@ -370,24 +290,25 @@ class MessageStore:
         self._publish_each_put = self._sync_flush and self.shared
         if self.read_only and self.shared:
             self._hide_unpublished()
-        self._single = native.SinglePut(
-            self._store_host_field,
-            cfg.max_message_size,
-            cfg.mapped_file_size_commitlog,
-            cfg.max_hash_slot_num,
-            cfg.max_index_num,
-        )
-        self._uniq = encode.UniqKeyGenerator()
-        # (offset, store time) of the newest record this process wrote: what the progress file
-        # names as the last flushed record.
-        self._last_record: tuple[int, int] | None = None
         last = self.recovery.last_record_offset
-        if last >= 0:
-            self._last_record = (last, self.commitlog.store_timestamp(last, record.FIXED_SIZE_V4))
-        # Everything before this offset is in the CommitLog and dispatched to the ConsumeQueues
-        # and the index: the durable dispatch point a flush records.
-        self._dispatched_end = self.commitlog.max_offset
-        self._flushed_end = -1 if self.recovery.records_redispatched else self._dispatched_end
+        self._appender = Appender(
+            path=self.path,
+            commitlog=self.commitlog,
+            queues=self.queues,
+            queue=self._queue,
+            index=self.index,
+            config=cfg,
+            next_queue_offset={key: cq.max_offset for key, cq in self.queues.items()},
+            last_record=(
+                (last, self.commitlog.store_timestamp(last, record.FIXED_SIZE_V4))
+                if last >= 0
+                else None
+            ),
+            stop_writes=self._stop_writes,
+        )
+        self._flushed_end = (
+            -1 if self.recovery.records_redispatched else self._appender.dispatched_end
+        )
         self._flushed_at = time.monotonic()
 
     def _forget_cached_tails(self) -> None:
@@ -418,7 +339,6 @@ class MessageStore:
         self.commitlog.set_end(end)
         for (topic, queue_id), cq in self.queues.items():
             cq.hide_from(min(point.queue_length(topic, queue_id), cq.first_past(end)))
-        self._next_queue_offset = {key: cq.max_offset for key, cq in self.queues.items()}
 
     def _take_epoch(self) -> None:
         """Record this writer's epoch (rocketstore.pipeline.fencing). After an unclean take-over (``abort``
@@ -462,7 +382,6 @@ class MessageStore:
             full_check=self.full_check,
             cut_at_damage=self.cut_at_damage,
         )
-        self._next_queue_offset = {key: cq.max_offset for key, cq in self.queues.items()}
         return report
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -521,7 +440,7 @@ class MessageStore:
         with self._mutex:
             # After a failed put the files still flush, but the progress file keeps naming the
             # last point every derived file reached, so recovery redoes the failed put's tail.
-            end = self._dispatched_end
+            end = self._appender.dispatched_end
             if end == self._flushed_end and not force and self._unrecorded is None:
                 return
             # An msync or write that failed may have lost pages the page cache held, so nothing
@@ -598,9 +517,9 @@ class MessageStore:
     def _record_progress(self, end: int) -> None:
         """Write the progress file, then the checkpoint. Each is replaced whole or not at all,
         so a failure leaves both naming an earlier point that is still true."""
-        if self._last_record is not None:
+        if self._appender.last_record is not None:
             failpoints.hit("progress-write")
-            last_offset, last_ts = self._last_record
+            last_offset, last_ts = self._appender.last_record
             lengths = {f"{t}/{q}": cq.max_offset for (t, q), cq in self.queues.items()}
             FlushProgress(end, last_offset, last_ts, lengths, dict(self._notes)).write(
                 self.path / "config"
@@ -660,7 +579,8 @@ class MessageStore:
                 self.retention.run()
 
     def _write_checkpoint(self) -> None:
-        last_ts = self._last_record[1] if self._last_record else self._last_store_timestamp()
+        newest = self._appender.last_record
+        last_ts = newest[1] if newest else self._last_store_timestamp()
         if last_ts > 0:
             self.checkpoint.physic_msg_timestamp = last_ts
             self.checkpoint.logics_msg_timestamp = last_ts
@@ -756,107 +676,11 @@ class MessageStore:
             if self.retention is not None:
                 self.retention.check_put()
             now = self.clock_ms()
-            done = self._put_one(message, now)
-            if done is not None:
-                return done
-            return next(self._put_batch([message], now).results())
-
-    def _put_one(self, m: Message, now: int) -> PutResult | None:
-        """The single-put path, or None (nothing done) when ``m`` needs the batch path.
-
-        The message's validation, its record, ConsumeQueue unit and index entries are one
-        native call (:class:`rocketstore.pipeline._native.SinglePut`); Python finds where they go and takes
-        note of what was written. Under SYNC_FLUSH, or with a failpoint armed, the call stops
-        between its write steps to flush the CommitLog and to hit the failpoints, in the same
-        order as the batch path."""
-        topic, qid = m.topic, m.queue_id
-        if type(topic) is not str or type(qid) is not int:
-            return None
-        key = (topic, qid)
-        cq = self.queues.get(key)
-        if cq is None:
-            return None
-        queue_offset = self._next_queue_offset.get(key, 0)
-        unit_file = cq.tail_for(queue_offset)
-        if unit_file is None:
-            return None
-        mf = self.commitlog.segments.last
-        if mf is None or not mf.wrote_position:
-            return None  # a new store, or one whose last segment is still empty
-        rel = mf.wrote_position
-        pos = mf.base + rel
-        index_file = None
-        at: tuple[memoryview | None, int, int, int, int] = _NO_INDEX
-        if self.index is not None:
-            if not self.index.files:
-                return None
-            index_file = self.index.files[-1]
-        # Blocks for what this put writes (see _prepare), a window at a time: a record of up
-        # to SINGLE_RESERVE bytes, one unit and, since each KEYS token is at least one
-        # character, at most 1 + len(keys) index entries. A longer record is left to the
-        # batch path, which reserves what it needs.
-        keys = m.keys
-        try:
-            mf.reserve(rel + SINGLE_RESERVE)
-            unit_file.reserve(unit_file.wrote_position + CQ_UNIT_SIZE)
-            if index_file is not None:
-                index_file.reserve(1 + (len(keys) if keys else 0))
-        except SegmentCreateError as exc:
-            raise SegmentCreateError(f"{exc}; the put of 1 message wrote nothing") from exc
-        if index_file is not None:
-            at = (
-                index_file.mapping,
-                index_file.index_count,
-                index_file.begin_timestamp,
-                index_file.begin_phy_offset,
-                index_file.hash_slot_count,
-            )
-        uniq = m.uniq_key or self._uniq.next_id(now)
-        hook = (
-            functools.partial(self._single_step, mf, rel)
-            if self._sync_flush or failpoints.armed()
-            else None
-        )
-        try:
-            # The record's view ends where the reserved blocks do: a record that does not fit
-            # is left to the batch path, whose prepare step reserves what it needs.
-            done = self._single.put(
-                m, uniq, now, mf.buffer[: mf.allocated], rel, pos, unit_file.buffer,
-                unit_file.wrote_position, queue_offset, *at, hook,
-            )  # fmt: skip
-        except BaseException as exc:
-            self._stop_writes(f"put of 1 message at CommitLog offset {pos}", exc)
-        if done is None:
-            return None
-        size, entries, new_slots = done
-        mf.wrote_position = rel + size
-        cq.appended_one(unit_file, pos + size)
-        if index_file is not None:
-            index_file.took_entries(entries, new_slots, pos, now)
-        self._next_queue_offset[key] = queue_offset + 1
-        self._dispatched_end = pos + size
-        self._last_record = (pos, now)
-        if self._publish_each_put or time.monotonic() - self._flushed_at >= self._flush_every_s:
-            self._flush(force=False, quiet=True)
-        return PutResult(
-            "PUT_OK",
-            f"{self._store_host_hex}{pos:016X}",
-            pos,
-            queue_offset,
-            size,
-            now,
-            uniq,
-        )
-
-    def _single_step(self, mf: MappedFile, rel: int, step: str, size: int) -> None:
-        """Between the write steps of a single put (see :meth:`_put_one`)."""
-        if step == "record-sealed":
-            mf.wrote_position = rel + size
-            if self._sync_flush:
-                failpoints.hit("flush")
-                self.commitlog.flush()
-        else:
-            failpoints.hit(step)
+            done = self._appender.put_one(message, now)
+            if done is None:
+                return next(self._put_batch([message], now).results())
+            self._flush_if_due()
+            return done
 
     def put_batch(self, batch: pa.Table | pa.RecordBatch | Sequence[Message]) -> BatchPutResult:
         """Store a batch of messages (see :mod:`rocketstore.pipeline.message` for the columns).
@@ -877,118 +701,16 @@ class MessageStore:
             # Refused before anything is encoded or written; the cached verdict of the last
             # disk check, so the put path never measures the disk itself.
             self.retention.check_put()
-        now = self.clock_ms() if now is None else now
-        b = encode.prepare(batch, self.config, self._uniq, now)
-        if b.n == 0:
-            return BatchPutResult(
-                np.zeros(0, np.int64),
-                np.zeros(0, np.int64),
-                np.zeros(0, np.int64),
-                now,
-                pa.array([], pa.string()),
-                self._store_host_field,
-                False,
-            )
-        queue_offsets, next_offsets, groups = self._assign_queue_offsets(b)
-        phys, blanks = self.commitlog.plan(b.sizes)
-        self._prepare(b, phys, queue_offsets, groups)
-        with self._fail_stop(f"put of {b.n} message(s) at CommitLog offset {int(phys[0])}"):
-            self._write_records(b, phys, blanks, queue_offsets, now)
-            if self._sync_flush:
-                failpoints.hit("flush")
-                self.commitlog.flush()
-            dispatch.apply(
-                dispatch.from_prepared(b, phys, queue_offsets, now, groups),
-                self._queue,
-                self.index,
-            )
-        self._next_queue_offset.update(next_offsets)
-        self._dispatched_end = int(phys[-1] + b.sizes[-1])
-        self._last_record = (int(phys[-1]), now)
+        done = self._appender.put_batch(batch, self.clock_ms() if now is None else now)
+        self._flush_if_due()
+        return done
+
+    def _flush_if_due(self) -> None:
+        """After a put: publish it now under SYNC_FLUSH on shared storage, else flush when a
+        flush is due (back-to-back puts can keep the flusher thread from the lock; flushing here
+        bounds how much a crash makes recovery re-scan)."""
         if self._publish_each_put or time.monotonic() - self._flushed_at >= self._flush_every_s:
-            # Back-to-back puts can keep the flusher thread from the lock; flushing here when
-            # it is due bounds how much a crash makes recovery re-scan.
             self._flush(force=False, quiet=True)
-        return BatchPutResult(
-            phys,
-            queue_offsets,
-            b.sizes,
-            now,
-            b.uniq_keys,
-            self._store_host_field,
-            self._sync_flush,
-        )
-
-    def _prepare(
-        self,
-        b: encode.PreparedBatch,
-        phys: npt.NDArray[np.int64],
-        queue_offsets: npt.NDArray[np.int64],
-        groups: list[npt.NDArray[np.int64]],
-    ) -> None:
-        """Create every file the batch will write (CommitLog segments, ConsumeQueue files,
-        IndexFiles) and reserve the blocks its bytes will land in, before the first byte of the
-        CommitLog: a full disk or a missing descriptor fails here, as
-        :class:`SegmentCreateError`, with nothing written and the store usable. Past this point
-        no write touches a page without a block, so none can die of SIGBUS."""
-        try:
-            self.commitlog.prepare_segments(int(phys[0]), int(phys[-1] + b.sizes[-1]))
-            for part in groups:
-                first = int(part[0])
-                cq = self._queue(b.topics[int(b.topic_codes[first])], int(b.queue_ids[first]))
-                cq.prepare(int(queue_offsets[first]), len(part))
-            if self.index is not None:
-                self.index.prepare(len(b.key_hashes))
-        except SegmentCreateError as exc:
-            raise SegmentCreateError(
-                f"{exc}; nothing of the put of {b.n} message(s) was written"
-            ) from exc
-        except OSError as exc:
-            where = exc.filename or self.path
-            raise SegmentCreateError(
-                f"{where}: cannot create a file for a put of {b.n} message(s): "
-                f"{exc.strerror or exc} ({limit_note(exc, self.path)}); nothing was written"
-            ) from exc
-
-    def _assign_queue_offsets(
-        self, b: encode.PreparedBatch
-    ) -> tuple[npt.NDArray[np.int64], dict[tuple[str, int], int], list[npt.NDArray[np.int64]]]:
-        """Queue offsets per (topic, queueId) in batch order, 0 for messages that get no
-        ConsumeQueue unit (PREPARED / ROLLBACK), which do not consume an offset; each queue's
-        next offset once the batch is stored (taken only when the put succeeds); and the rows
-        that get units, split by queue, for the dispatch."""
-        offsets = np.zeros(b.n, dtype=np.int64)
-        next_offsets: dict[tuple[str, int], int] = {}
-        rows = np.flatnonzero(dispatch.consume_queue_mask(b.sys_flags))
-        groups = dispatch.group_rows(b.topic_codes, b.queue_ids, rows)
-        for part in groups:
-            first = int(part[0])
-            key = (b.topics[int(b.topic_codes[first])], int(b.queue_ids[first]))
-            base = self._next_queue_offset.get(key, 0)
-            offsets[part] = base + np.arange(len(part), dtype=np.int64)
-            next_offsets[key] = base + len(part)
-        return offsets, next_offsets, groups
-
-    def _write_records(
-        self,
-        b: encode.PreparedBatch,
-        phys: npt.NDArray[np.int64],
-        blanks: list[int],
-        queue_offsets: npt.NDArray[np.int64],
-        now: int,
-    ) -> None:
-        """Encode the batch straight into the CommitLog's mapped segments, one run of records
-        per segment, with the END_OF_FILE blanks between them."""
-        segment_of = phys // self.config.mapped_file_size_commitlog
-        bounds = np.flatnonzero(segment_of[1:] != segment_of[:-1]) + 1
-        blank_iter = iter(blanks)
-        next_blank = next(blank_iter, None)
-        for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), b.n], strict=True):
-            while next_blank is not None and next_blank < int(phys[lo]):
-                self.commitlog.write_blank(next_blank)
-                next_blank = next(blank_iter, None)
-            failpoints.hit("commitlog-write")
-            self.commitlog.write_encoded(b.encoder, lo, hi, phys, queue_offsets, b.sizes, now)
 
     # -- reading ----------------------------------------------------------------------------
     def topics(self) -> list[str]:
@@ -1082,75 +804,9 @@ class MessageStore:
             if isinstance(subscription, Subscription)
             else Subscription.parse(subscription)
         )
-        cq = self.queues.get((topic, queue_id))
-        if cq is None:
-            return GetResult("NO_MATCHED_LOGIC_QUEUE", [], 0, 0, 0)
-        lo, hi = cq.min_offset, cq.max_offset
-        if hi == 0:
-            return GetResult("NO_MESSAGE_IN_QUEUE", [], 0, lo, hi)
-        if offset < lo:
-            return GetResult("OFFSET_TOO_SMALL", [], lo, lo, hi)
-        if offset == hi:
-            return GetResult("OFFSET_OVERFLOW_ONE", [], offset, lo, hi)
-        if offset > hi:
-            # RocketMQ sends a consumer that is past the end back to the start when the queue
-            # still starts at 0, else to the end.
-            return GetResult("OFFSET_OVERFLOW_BADLY", [], lo if lo == 0 else hi, lo, hi)
-        budget = max(SCAN_BUDGET_BYTES // CQ_UNIT_SIZE, max_count)
-        messages: list[record.MessageExt] = []
-        pos = offset
-        while pos < hi and len(messages) < max_count and pos - offset < budget:
-            units = cq.read(pos, min(1024, budget - (pos - offset)))
-            # Units whose record retention already deleted are skipped, as RocketMQ skips them.
-            passed = np.flatnonzero(
-                sub.hash_filter(units["tags_code"]) & (units["offset"] >= self.commitlog.min_offset)
-            )
-            stop = len(units)
-            # Decoded a call at a time, no more than could still be returned: a tag filter
-            # that rejects some of them asks for the next few.
-            while len(passed) and stop == len(units):
-                need = max_count - len(messages)
-                take, passed = passed[:need], passed[need:]
-                for i, msg in zip(
-                    take.tolist(), self._unit_messages(cq, pos, units, take), strict=True
-                ):
-                    if sub.matches_tag(msg.tags):
-                        messages.append(msg)
-                        if len(messages) >= max_count:
-                            stop = i + 1
-                            break
-            pos += stop
-        status = "FOUND" if messages else "NO_MATCHED_MESSAGE"
-        return GetResult(status, messages, pos, lo, hi)
-
-    def _unit_messages(
-        self, cq: ConsumeQueue, first: int, units: npt.NDArray[Any], rows: npt.NDArray[np.intp]
-    ) -> list[record.MessageExt]:
-        """The messages units ``rows`` (of ``units``, the first at queue offset ``first``)
-        point at, each checked to be its unit's: a unit that points elsewhere is reported
-        against the ConsumeQueue file, a damaged record against the CommitLog, and neither is
-        ever returned."""
-        phys = units["offset"][rows].astype(np.int64)
-        for row, at in zip(rows.tolist(), phys.tolist(), strict=True):
-            if not self.commitlog.starts_record(at):
-                path, pos = cq.unit_location(first + row)
-                raise CorruptRecordError(
-                    path,
-                    pos,
-                    f"unit {first + row} points at CommitLog offset {at}, where no "
-                    f"record of {int(units['size'][row])} bytes starts",
-                )
-        msgs = self.commitlog.read_many(phys)
-        for row, msg in zip(rows.tolist(), msgs, strict=True):
-            queue_offset = first + row
-            if (msg.topic, msg.queue_id, msg.queue_offset) != (cq.topic, cq.queue_id, queue_offset):
-                raise CorruptRecordError(
-                    str(self.commitlog.segments.find(msg.commit_log_offset).path),
-                    msg.commit_log_offset,
-                    f"record says {msg.topic}/{msg.queue_id}/{msg.queue_offset}, but unit "
-                    f"{queue_offset} of {cq.topic}/{cq.queue_id} points at it",
-                )
-        return msgs
+        return reads.pull(
+            self.commitlog, self.queues.get((topic, queue_id)), offset, max_count, sub
+        )
 
     def offset_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
         """RocketMQ's ``getOffsetInQueueByTime`` (see :meth:`ConsumeQueue.offset_by_time`)."""
@@ -1191,18 +847,6 @@ class MessageStore:
         if self.index is None:
             raise InvalidMessageError("messageIndexEnable=false: this store keeps no key index")
         limit = min(max_count or self.config.max_msgs_num_batch, self.config.max_msgs_num_batch)
-        found: list[record.MessageExt] = []
-        for phys in self.index.candidates(topic, key, begin, end, min_offset):
-            if not self.commitlog.starts_record(phys):
-                continue  # a damaged index entry, or a record retention deleted: not a match
-            msg = self.commitlog.read(phys)
-            if (
-                msg.topic == topic
-                and begin <= msg.store_timestamp <= end
-                and (key == msg.uniq_key or key in msg.keys)
-                and record.transaction_type(msg.sys_flag) != record.TRANSACTION_ROLLBACK_TYPE
-            ):
-                found.append(msg)
-                if len(found) >= limit:
-                    break
-        return found
+        return reads.query_by_key(
+            self.commitlog, self.index, topic, key, begin, end, limit, min_offset
+        )

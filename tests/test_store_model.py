@@ -45,7 +45,8 @@ from rocketstore.pipeline.errors import (
     OffsetOutOfRangeError,
 )
 from rocketstore.pipeline.message import Message, messages_to_table
-from rocketstore.pipeline.store import MessageStore, PutResult
+from rocketstore.pipeline.results import PutResult
+from rocketstore.pipeline.store import MessageStore
 
 MAX_TS = 2**63 - 1
 INT32 = st.integers(-(2**31), 2**31 - 1)

@@ -18,7 +18,8 @@ from contention import Aside, SignallingLock, run_aside
 from rocketstore.pipeline import durability
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import GetResult, MessageStore
+from rocketstore.pipeline.results import GetResult
+from rocketstore.pipeline.store import MessageStore
 
 CLOCK = 1_700_000_000_000
 QUEUES = [("TopicA", 0), ("TopicA", 1), ("TopicB", 0)]
