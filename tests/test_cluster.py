@@ -5,7 +5,7 @@ their own: the store root on a replicated GlusterFS volume, each worker and the 
 mount namespace with its own FUSE mount of it at the same path; there, also a streaming sink
 and source running at once, and a sink task that fails retried by Spark on the other host.
 
-The project reaches the nodes as the README says it must, with its compiled core: a wheel built
+The project reaches the nodes as docs/cluster.md says it must, with its compiled core: a wheel built
 by ``pip wheel .`` and installed into the Python environment the driver and the executors run
 (``--py-files`` cannot carry an extension module). That environment sees the third-party
 packages of the test's virtualenv but not the project's editable install, so the jobs can only
@@ -179,7 +179,7 @@ class Cluster:
             "--executor-cores", "1",
             "--executor-memory", "512m",
             *[arg for key, value in settings.items() for arg in ("--conf", f"{key}={value}")],
-            # As the README says to: the project's Spark settings and quiet logging.
+            # As docs/cluster.md says to: the project's Spark settings and quiet logging.
             "--properties-file", str(ROOT / "conf" / "spark-defaults.conf"),
             str(script if isinstance(script, Path) else ROOT / "jobs" / script),
             *args,
