@@ -83,7 +83,7 @@ format: $(STAMP) ## Format the code with ruff and cargo fmt
 	cd native && cargo fmt
 
 # Only what the demo made goes: the names its marker file lists, inside DEMO_DIR. A store of
-# your own (the README's data/store, say) is never touched.
+# your own (the data/store of the docs' examples, say) is never touched.
 clean: ## Remove what `make demo` made, bench output and caches (keeps .venv and your data)
 	@marker='$(DEMO_DIR)/.rocketstore-demo'; \
 	if [ -f "$$marker" ]; then \

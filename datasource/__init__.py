@@ -2,18 +2,18 @@
 
 ::
 
-    from rocketstore import datasource
-
-    datasource.register(spark)
     spark.readStream.format("rocketstore").option("path", root).option("topic", "orders").load()
     df.writeStream.format("rocketstore").option("path", root).option("topic", "orders").start()
+
+PySpark finds the class through the ``pyspark_rocketstore`` module, with no call in the user's
+code; :func:`register` does it by hand in a session where that lookup is off.
 
 The class only says which face does what: the readers are in :mod:`rocketstore.source.format`, the writers
 in :mod:`rocketstore.sink.format`; neither package imports the other. Each face is imported when Spark asks
 for it, so a Python worker that unpickles the class for a read does not import the sink, nor
 one for a write the source. Spark pickles the class by reference, so executors must be able to
-import this package (install rocketstore, or ship it with ``--py-files`` beside ``pipeline``,
-``sink`` and ``source``).
+import this package: install rocketstore into the Python they run (``--py-files`` cannot carry
+its compiled core; see docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ __all__ = ["RocketStoreDataSource", "register"]
 
 
 class RocketStoreDataSource(DataSource):
-    """``format("rocketstore")``: the options are the source's (README, source/options.py) for
+    """``format("rocketstore")``: the options are the source's (docs/source.md, source/options.py) for
     reads and the sink's (sink/settings.py) for writes."""
 
     @classmethod

@@ -37,7 +37,7 @@ flusher pushes dirty pages out every ``flushIntervalCommitLog`` ms, also when th
 off, and a write-back that fails leaves a page clean; so the volume closes the window when a
 client gives up on unanswered requests before the servers give its locks away:
 ``network.ping-timeout`` (client side) shorter than ``server.tcp-user-timeout`` (server side).
-The README's cluster section says how to set them. The dead region keeps such a write off the
+docs/cluster.md says how to set them. The dead region keeps such a write off the
 new writer's CommitLog records whatever the timeouts; a ConsumeQueue or index page would be
 rebuilt from the CommitLog by ``rocketstore recover``.
 

@@ -16,7 +16,7 @@ in place, into their reserved blocks. It does not change files that already hold
 only allows it on empty files), and a snapshot makes the next write of each block copy once
 more, so on btrfs the guarantee holds for files the store creates and as long as no snapshot
 of the volume is taken. ZFS has no such attribute: there the disk-use limit of retention and a
-dataset reservation are the only defence (see the README).
+dataset reservation are the only defence (see docs/operations.md).
 
 The type is read from ``/proc/self/mountinfo``: the mount with the longest mount point that
 holds the path, as the process sees it (mount namespaces included). Where that file is missing

@@ -1,7 +1,7 @@
 """The sink's options: parsed and checked once, on the driver, into a picklable value.
 
 Both faces of the sink (the ``foreachBatch`` callable and the ``rocketstore`` data source
-writer) accept the same options, named as in the README. Store settings come from the file
+writer) accept the same options, named as in docs/sink.md. Store settings come from the file
 named by ``config`` (TOML or a RocketMQ broker.conf), else from ``conf/store.toml`` or the
 built-in defaults as for every tool (:meth:`~rocketstore.pipeline.config.StoreConfig.effective`), then from
 single options carrying RocketMQ ``MessageStoreConfig`` names (``flushDiskType``, ...).
@@ -35,7 +35,7 @@ SINK_OPTIONS = {
     "chunkrows": "rows appended per batch put (default 1000000)",
 }
 _SPARK_NOISE = {"checkpointlocation", "queryname", "mode"}
-# How the README spells the options this module reads in lower case.
+# How docs/sink.md spells the options this module reads in lower case.
 _NAMES = {"locktimeoutms": "lockTimeoutMs", "chunkrows": "chunkRows"}
 
 

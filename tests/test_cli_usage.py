@@ -166,15 +166,15 @@ def test_lag_calls_its_argument_a_store_root(capsys: pytest.CaptureFixture[str])
 
 
 def documented_codes(text: str) -> dict[int, str]:
-    """Exit codes and their first words from an ``exit status`` table (README or --help)."""
+    """Exit codes and their first words from an ``exit status`` table (docs/cli.md or --help)."""
     return {int(m[1]): m[2] for m in re.finditer(r"^\|? *`?(\d+)`? *\|? +(\w+)", text, re.M)}
 
 
-def test_exit_codes_are_documented_in_help_and_readme(capsys: pytest.CaptureFixture[str]) -> None:
+def test_exit_codes_are_documented_in_help_and_docs(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--help"]) == 0
     help_text = capsys.readouterr().out.split("exit status:")[1]
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("**Exit status** of `rocketstore`")[1].split("\n\n")[1]
+    page = (ROOT / "docs/cli.md").read_text(encoding="utf-8")
+    section = page.split("**Exit status** of `rocketstore`")[1].split("\n\n")[1]
     constants = {v for k, v in vars(cli).items() if k.startswith("EXIT_")}
     assert set(documented_codes(help_text)) == constants
     assert documented_codes(section) == documented_codes(help_text)

@@ -194,7 +194,7 @@ class Cluster:
             "--executor-memory", "512m",
             "--archives", f"{node.archive}#environment",
             *[arg for key, value in settings.items() for arg in ("--conf", f"{key}={value}")],
-            # As the README says to: the project's Spark settings and quiet logging.
+            # As docs/cluster.md says to: the project's Spark settings and quiet logging.
             "--properties-file", str(ROOT / "conf" / "spark-defaults.conf"),
             str(script if isinstance(script, Path) else ROOT / "jobs" / script),
             *args,

@@ -1,6 +1,6 @@
 """The GlusterFS test environment itself (tests/gluster.py), and the properties of a shared
-file system the store relies on (README, "Running on a cluster"), checked through two mounts:
-a write on one is read on the other after it is synced; a POSIX record lock taken on one
+file system the store relies on (docs/cluster.md, "What the store needs"), checked through two
+mounts: a write on one is read on the other after it is synced; a POSIX record lock taken on one
 conflicts on the other; a lost brick leaves the volume usable and heals; a namespace mount is
 a host of its own, and its client is stopped at teardown even when the host was killed."""
 

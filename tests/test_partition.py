@@ -206,7 +206,7 @@ def check(
 
     ``late_pages``: the writer was cut off with pages not yet written back (busy). A page of a
     ConsumeQueue or IndexFile it wrote before the cut can reach the volume after the take-over,
-    over the new writer's (README, "Network partitions and fencing"): before ``recover`` a read
+    over the new writer's (docs/cluster.md, "Network partitions and fencing"): before ``recover`` a read
     may then fail, with the store's error and never with wrong data, and ``verify`` may name
     those units; ``recover`` rebuilds them from the CommitLog, and then everything holds."""
     cli = cli_on(c)

@@ -331,7 +331,7 @@ def test_a_stock_broker_refuses_a_held_directory_but_recovers_it_first(
     recovering the directory, and, finding the writer's abort file, it recovers as after a
     crash: it indexes the newest record again, into the IndexFile the writer has open. The
     writer's next entries then go over those: key look-ups break (verify names them). The
-    remedy the README gives: with the writer stopped, delete the index files and recover."""
+    remedy docs/format.md gives: with the writer stopped, delete the index files and recover."""
     store_dir = tmp_path / "held"
     with MessageStore(store_dir, SMALL_CONFIG) as store:
         for i in range(20):
