@@ -41,7 +41,7 @@ PYTEST_WORKERS ?= 2
 
 test: $(STAMP) ## Run the whole test suite (the crate's unit tests, then pytest)
 	cd native && cargo test --release --quiet
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=30
 
 demo: java $(STAMP) ## Run the whole Spark pipeline for a minute, then print what it did
 	$(PY) -m rocketstore.jobs.demo --dir $(DEMO_DIR) --seconds $(DEMO_SECONDS)
