@@ -63,6 +63,7 @@ from rocketstore.pipeline import (
     mapped_file,
     reads,
     record,
+    storedir,
     storehost,
     visibility,
 )
@@ -75,7 +76,6 @@ from rocketstore.pipeline.consumequeue import UNIT_DTYPE, ConsumeQueue
 from rocketstore.pipeline.errors import (
     FencedError,
     InvalidMessageError,
-    NotAStoreError,
     OffsetOutOfRangeError,
     ProgressNotRecordedError,
     ReadOnlyStoreError,
@@ -89,15 +89,14 @@ from rocketstore.pipeline.mapped_file import WHOLE, free_space
 from rocketstore.pipeline.mappings import MappingCache
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.progress import FlushProgress
+from rocketstore.pipeline.publish import MAX_NOTES, Recorder
 from rocketstore.pipeline.reads import MAX_TIMESTAMP
 from rocketstore.pipeline.recovery import RecoveryReport, recover
 from rocketstore.pipeline.results import BatchPutResult, GetResult, PutResult, QueueInfo
 from rocketstore.pipeline.retention import RUN_INTERVAL_MS, RetentionService, statvfs_used_ratio
 from rocketstore.pipeline.segments import SegmentQueue
 from rocketstore.pipeline.subscription import Subscription
-from rocketstore.pipeline.topicconfig import TopicConfigError, TopicsKeeper
 
-STORE_ENTRIES = ("commitlog", "consumequeue", "index", "config", "checkpoint", "abort", "lock")
 _log = logging.getLogger(__name__)
 
 
@@ -136,7 +135,7 @@ class MessageStore:
         self._failure: BaseException | None = None
         # Why the last flush could not record its progress, until one does.
         self._unrecorded: OSError | None = None
-        self._check_directory(create)
+        storedir.check_directory(self.path, read_only=read_only, create=create)
         if not read_only:
             self._lock = DirectoryLock(self.path)
             self._lock.acquire()
@@ -151,9 +150,6 @@ class MessageStore:
                 self._lock.release()
             raise
         self._closed = False
-        # config/topics.json, which a RocketMQ broker needs to serve the topics written here.
-        self._topics = TopicsKeeper(self.path / "config", clock_ms=clock_ms)
-        self._topics_error: str | None = None
         if not read_only:
             self.retention = RetentionService(
                 self, clock_ms=clock_ms, disk_usage=disk_usage or statvfs_used_ratio
@@ -171,42 +167,6 @@ class MessageStore:
             self._cleaner.start()
 
     # -- opening ----------------------------------------------------------------------------
-    def _check_directory(self, create: bool) -> None:
-        p = self.path
-        if p.exists() and not p.is_dir():
-            raise NotAStoreError(f"{p} is a file, not a store directory")
-        if not p.exists():
-            if self.read_only or not create:
-                raise NotAStoreError(f"{p}: no such store directory")
-            # Two writers may create a new broker directory at once (tasks of one micro-batch);
-            # the loser goes on to the lock, which decides between them.
-            p.mkdir(parents=True, exist_ok=True)
-            return
-        entries = {e.name for e in p.iterdir()}
-        if entries and not entries & set(STORE_ENTRIES):
-            raise NotAStoreError(
-                f"{p} is not a RocketMQ store directory (it has none of "
-                f"{', '.join(STORE_ENTRIES)}) and is not empty; refusing to write into it"
-            )
-        if self.read_only and "commitlog" not in entries:
-            raise NotAStoreError(f"{p} is not a RocketMQ store directory (no commitlog/)")
-
-    def _write_in_place(self) -> None:
-        """On a copy-on-write file system, have new store files written in place, so that the
-        blocks reserved for them are the blocks their mapped writes use (rocketstore.pipeline.filesystem)."""
-        if filesystem.fs_type(self.path) not in filesystem.NOCOW_CAPABLE:
-            return
-        for sub in ("commitlog", "consumequeue", "index"):
-            try:
-                filesystem.set_nocow(self.path / sub)
-            except OSError as e:
-                _log.warning(
-                    "%s: cannot set NOCOW (%s); on a full disk a write through a mapping of "
-                    "a file created here can fail with SIGBUS",
-                    self.path / sub,
-                    e,
-                )
-
     def _open(self) -> None:
         cfg = self.config
         self.abort_file_found = (self.path / "abort").exists()
@@ -217,14 +177,14 @@ class MessageStore:
             # the shutdown was not clean.
             (self.path / "abort").touch()
             durability.fsync_dir(self.path)
-            self._write_in_place()
+            storedir.write_in_place(self.path)
         # A read-only view of a store a writer on another host appends to looks for a file its
         # listing lacks in the directory listed again, for up to visibilityWaitMs
         # (rocketstore.pipeline.segments); None: this host's listing is the directory.
         self._listing_wait: int | None = None
         if self.read_only and visibility.is_shared(self.path, cfg.shared_storage):
             self._listing_wait = cfg.visibility_wait_ms
-            self._forget_cached_tails()
+            storedir.forget_cached_tails(self.path)
         self.mappings = MappingCache(cfg.max_mapped_files)
         # Where reading a hole through a mapping allocates (tmpfs), files get every block when
         # created, so that no reader can die of SIGBUS on a full disk (rocketstore.pipeline.filesystem).
@@ -245,9 +205,6 @@ class MessageStore:
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._progress = FlushProgress.read(self.path / "config")
         lengths = self._progress.queues if self._progress is not None else {}
-        self._notes: dict[str, list[int]] = (
-            dict(self._progress.notes) if self._progress is not None else {}
-        )
         cq_root = self.path / "consumequeue"
         if cq_root.is_dir():
             for topic_dir in sorted(cq_root.iterdir()):
@@ -306,26 +263,19 @@ class MessageStore:
             ),
             stop_writes=self._stop_writes,
         )
+        self._recorder = Recorder(
+            self.path,
+            commitlog=self.commitlog,
+            queues=self.queues,
+            index=self.index,
+            checkpoint=self.checkpoint,
+            notes=dict(self._progress.notes) if self._progress is not None else {},
+            clock_ms=self.clock_ms,
+        )
         self._flushed_end = (
             -1 if self.recovery.records_redispatched else self._appender.dispatched_end
         )
         self._flushed_at = time.monotonic()
-
-    def _forget_cached_tails(self) -> None:
-        """Drop this host's cached pages of the files a writer elsewhere appends to (the last
-        CommitLog segments, each queue's and the index's last files), so that this view reads
-        them from the file system, not as this host saw them before (rocketstore.pipeline.visibility)."""
-        with contextlib.suppress(OSError):
-            os.listdir(self.path)  # refreshes the client's attributes of the checkpoint
-        dirs = [self.path / "commitlog", self.path / "index"]
-        with contextlib.suppress(OSError):
-            for topic in (self.path / "consumequeue").iterdir():
-                with contextlib.suppress(OSError):
-                    dirs.extend(q for q in topic.iterdir() if q.name.isdigit())
-        for directory in dirs:
-            with contextlib.suppress(OSError):
-                for path in sorted(directory.iterdir())[-2:]:
-                    visibility.drop_cached(path)
 
     def _hide_unpublished(self) -> None:
         """A read-only view of a store on shared storage ends at what its writer published
@@ -461,7 +411,7 @@ class MessageStore:
                 # point that was whole and flushed; recovery redoes what follows.
                 return
             try:
-                self._record_progress(end)
+                self._recorder.record(end, self._appender.last_record)
             except OSError as exc:
                 self._unrecorded = exc
                 if not quiet:
@@ -473,7 +423,7 @@ class MessageStore:
                     ) from exc
             else:
                 self._unrecorded = None
-                self._update_topics()
+                self._recorder.update_topics()
 
     @contextlib.contextmanager
     def _fail_stop(self, what: str) -> Iterator[None]:
@@ -514,40 +464,12 @@ class MessageStore:
         if self.index is not None:
             self.index.flush()
 
-    def _record_progress(self, end: int) -> None:
-        """Write the progress file, then the checkpoint. Each is replaced whole or not at all,
-        so a failure leaves both naming an earlier point that is still true."""
-        if self._appender.last_record is not None:
-            failpoints.hit("progress-write")
-            last_offset, last_ts = self._appender.last_record
-            lengths = {f"{t}/{q}": cq.max_offset for (t, q), cq in self.queues.items()}
-            FlushProgress(end, last_offset, last_ts, lengths, dict(self._notes)).write(
-                self.path / "config"
-            )
-        failpoints.hit("checkpoint-write")
-        self._write_checkpoint()
-
-    def _update_topics(self) -> None:
-        """Name every topic and queue count in ``config/topics.json`` (rocketstore.pipeline.topicconfig),
-        after the data it describes is flushed. A file that cannot be written or read is
-        logged, not raised: the data is whole, only a broker would not see the new topics, and
-        the next flush tries again (``rocketstore topics`` shows what a broker would see)."""
-        try:
-            self._topics.update(self.queues)
-        except (OSError, TopicConfigError) as exc:
-            text = str(exc)
-            if text != self._topics_error:
-                _log.warning("%s: config/topics.json not updated: %s", self.path, text)
-            self._topics_error = text
-        else:
-            self._topics_error = None
-
-    MAX_NOTES = 64
+    MAX_NOTES = MAX_NOTES
 
     def note(self, name: str) -> list[int] | None:
         """The note ``name`` as last set, or as the progress file had it at open."""
         with self._mutex:
-            got = self._notes.get(name)
+            got = self._recorder.notes.get(name)
             return list(got) if got is not None else None
 
     def set_note(self, name: str, value: list[int]) -> None:
@@ -557,10 +479,7 @@ class MessageStore:
         A crash before that flush loses the change, so a note must only ever be a safe hint."""
         self._check_open(write=True)
         with self._mutex:
-            self._notes.pop(name, None)
-            self._notes[name] = [int(x) for x in value]
-            while len(self._notes) > self.MAX_NOTES:
-                del self._notes[next(iter(self._notes))]
+            self._recorder.set_note(name, value)
 
     def writer_lock(self) -> threading.RLock:
         """The lock every write takes (puts, flushes, retention); hold it to run maintenance
@@ -577,24 +496,6 @@ class MessageStore:
             if not self._closed:
                 self._check_fence("retention")
                 self.retention.run()
-
-    def _write_checkpoint(self) -> None:
-        newest = self._appender.last_record
-        last_ts = newest[1] if newest else self._last_store_timestamp()
-        if last_ts > 0:
-            self.checkpoint.physic_msg_timestamp = last_ts
-            self.checkpoint.logics_msg_timestamp = last_ts
-        if self.index is not None and self.index.end_timestamp > 0:
-            self.checkpoint.index_msg_timestamp = self.index.end_timestamp
-        self.checkpoint.write(self.path / "checkpoint", sync=True)
-
-    def _last_store_timestamp(self) -> int:
-        best = 0
-        for cq in self.queues.values():
-            if cq.max_offset > cq.min_offset:
-                u = cq.read(cq.max_offset - 1, 1)[0]
-                best = max(best, self.commitlog.store_timestamp(int(u["offset"]), int(u["size"])))
-        return best
 
     def close(self) -> None:
         """Stop the background threads, flush everything, close every file, remove ``abort``
