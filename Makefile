@@ -71,6 +71,11 @@ wheel: $(STAMP) ## Build the wheel and the sdist into dist/
 bench: $(STAMP) ## Run the benchmarks in bench/ (figures in bench/README.md)
 	$(PY) -m bench
 
+# From the newest results of each part in bench/out/ (python -m bench.charts --results DIR for
+# another folder); a chart whose part has no results there says which part to run.
+charts: $(STAMP) ## Redraw docs/images/*.svg from the newest bench results in bench/out/
+	$(PY) -m bench.charts
+
 lint: $(STAMP) ## ruff (lint and format check), mypy, cargo fmt --check and clippy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -96,4 +101,4 @@ clean: ## Remove what `make demo` made, bench output and caches (keeps .venv and
 	fi
 	rm -rf .pytest_cache .mypy_cache .ruff_cache bench/out dist
 
-.PHONY: help venv test demo java wheel bench lint format clean
+.PHONY: help venv test demo java wheel bench charts lint format clean

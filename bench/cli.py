@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -94,14 +95,20 @@ def parse_args(argv: Sequence[str] | None) -> tuple[list[str], Options, bool]:
 def run_part(name: str, options: Options, machine: dict[str, object]) -> tuple[PartResult, Path]:
     """Run one part, print its table and write its JSON file."""
     started = common.utc_now()
+    load_start = os.getloadavg()
     t0 = time.perf_counter()
     result = PARTS[name](options)
     elapsed = time.perf_counter() - t0
+    load_end = os.getloadavg()
     payload = {
         "part": name,
         "started_utc": started,
         "duration_s": round(elapsed, 1),
         "machine": machine,
+        # The machine's load average (1, 5 and 15 minutes) as the part started and ended: on a
+        # shared machine, what the wall-clock figures must be read beside (bench/charts.py
+        # prints it under every chart).
+        "part_load_avg": {"start": load_start, "end": load_end},
         "options": {
             "runs": options.runs,
             "quick": options.quick,

@@ -27,6 +27,8 @@ def run_quick(part: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dic
     data: dict[str, Any] = json.loads((out / f"{part}-latest.json").read_text())
     assert data["part"] == part
     assert data["options"]["quick"] is True and data["options"]["runs"] == 2
+    # the load average as the part started and ended (1, 5 and 15 minutes): what the charts show
+    assert [len(data["part_load_avg"][k]) for k in ("start", "end")] == [3, 3]
     assert not list((out / "tmp").iterdir()), "scratch stores must be removed"
     return data
 
