@@ -25,7 +25,7 @@ from markupsafe import escape
 pytest.importorskip("starlette", reason="the console needs the 'console' extra")
 with warnings.catch_warnings():
     # Starlette 1.x suggests httpx2 for its TestClient; httpx is what it still runs on.
-    warnings.simplefilter("ignore", DeprecationWarning)
+    warnings.filterwarnings("ignore", "Using `httpx` with `starlette.testclient`")
     from starlette.testclient import TestClient
 
 from rocketstore.pipeline import cli
