@@ -150,7 +150,7 @@ def test_lookup_by_msgid_and_by_commitlog_offset(
             "topic": "orders",
             "by": "offset",
             "broker": "broker-1",
-            "offset": str(m.commit_log_offset),
+            "phys": str(m.commit_log_offset),
         },
     )
     assert r.status_code == 200 and m.msg_id in r.text
@@ -239,7 +239,7 @@ def test_lag_equals_the_lag_command(
         ("/messages?topic=orders&by=msgid&msgid=xyz", 400, "32 or 56 hex"),
         ("/messages?topic=orders&by=msgid&msgid=" + "0" * 32, 404, "no broker of this root"),
         (
-            "/messages?topic=orders&by=offset&broker=broker-0&offset=999999999",
+            "/messages?topic=orders&by=offset&broker=broker-0&phys=999999999",
             404,
             "outside the log",
         ),

@@ -85,6 +85,7 @@ PARAM_NAMES = [
     "time",
     "key",
     "msgid",
+    "phys",
     "count",
     "token",
     "x",

@@ -4,8 +4,8 @@ Routes (every one read-only but ``POST /health/verify``, which starts a read-onl
 
     GET  /                      overview: brokers, topics, disk, the last hour's write rate
     GET  /topic/{topic}         a topic's queues and messages per minute
-    GET  /messages?topic=...    browse a queue (by offset or time), or look up by key, msgId
-                                or CommitLog offset
+    GET  /messages?topic=...    browse a queue (broker, queue, offset or time), or look up
+                                by key, msgid, or CommitLog offset (broker, phys)
     GET  /message?broker=&offset=   one message: fields, properties, decoded body
     GET  /consumers             Spark queries (--checkpoint) and consumer groups with their lag
     GET  /health                verify runs and their problems
@@ -46,7 +46,7 @@ from rocketstore.pipeline.errors import InvalidMessageError, NotFoundError, Stor
 # The real folder: an editable install links each file, and StaticFiles refuses links.
 HERE = Path(__file__).resolve().parent
 MAX_CHART_BARS = 48
-_FORM = ("broker", "queue", "offset", "time", "key", "msgid")  # echoed back into the form
+_FORM = ("broker", "queue", "offset", "time", "key", "msgid", "phys")  # echoed back into the form
 SECURITY_HEADERS = {
     # Scripts only from the console itself (the refresh script); inline styles are allowed
     # because the SVG charts carry them; nothing else loads from anywhere.
@@ -54,7 +54,9 @@ SECURITY_HEADERS = {
     "style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
+    # same-origin, not no-referrer: under no-referrer a browser sends "Origin: null" with the
+    # console's own form posts, which the origin check (auth) would refuse.
+    "referrer-policy": "same-origin",
     "cache-control": "no-store",
 }
 
@@ -219,7 +221,7 @@ def create_app(console: views.Console, token: str | None = None) -> Starlette:
             context["found"] = [found]
         else:
             broker = params.broker(q.get("broker"), brokers)
-            offset = params.integer(q.get("offset"), "offset")
+            offset = params.integer(q.get("phys"), "phys")
             context["found"] = [views.by_offset(console, broker, offset)]
         body_format = meta[name].body_format if name in meta else "binary"
         return page(request, "messages.html", body_format=body_format, **context)

@@ -111,8 +111,11 @@ def cmd_console(args: argparse.Namespace) -> int:
     server = uvicorn.Server(config)
     try:
         # uvicorn handles SIGINT and SIGTERM itself: it stops accepting, finishes the
-        # requests in flight (up to the timeout) and returns.
+        # requests in flight (up to the timeout), then raises the signal again for the
+        # default handler, which for Ctrl-C is this KeyboardInterrupt: a clean stop.
         server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
     finally:
         sock.close()
     sys.stdout.write("rocketstore console: stopped\n")
