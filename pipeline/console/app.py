@@ -144,7 +144,14 @@ def create_app(console: views.Console, token: str | None = None) -> Starlette:
     def overview(request: Request) -> Response:
         data = views.overview(console)
         chart = charts.rate_chart("messages written per minute, last hour", data.edges, data.rate)
-        return page(request, "overview.html", data=data, chart=Markup(chart))
+        return page(
+            request,
+            "overview.html",
+            data=data,
+            chart=Markup(chart),
+            hour_sample=views.HOUR_SAMPLE,
+            size_sample=views.SIZE_SAMPLE,
+        )
 
     def topic(request: Request) -> Response:
         name = params.topic(request.path_params["topic"])
@@ -155,7 +162,14 @@ def create_app(console: views.Console, token: str | None = None) -> Starlette:
             else (f"messages / {data.width_ms // 60_000} min")
         )
         chart = charts.rate_chart(f"messages of {name} per bucket", data.edges, data.series, unit)
-        return page(request, "topic.html", data=data, chart=Markup(chart), unit=unit)
+        return page(
+            request,
+            "topic.html",
+            data=data,
+            chart=Markup(chart),
+            unit=unit,
+            topic_sample=views.TOPIC_SAMPLE,
+        )
 
     def messages(request: Request) -> Response:
         q = request.query_params
