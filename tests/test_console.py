@@ -29,9 +29,10 @@ with warnings.catch_warnings():
     from starlette.testclient import TestClient
 
 from rocketstore.pipeline import cli
-from rocketstore.pipeline.console import server
+from rocketstore.pipeline.console import rates, server, views
 from rocketstore.pipeline.console.app import create_app
 from rocketstore.pipeline.console.views import Console
+from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.store import MessageStore
 
 LOCAL = "http://127.0.0.1"
@@ -316,3 +317,35 @@ def test_console_command_errors(
     assert cli.main(["console", str(root), "--port", "0"]) == 2
     err = capsys.readouterr().err
     assert "the console needs the 'console' extra: pip install 'rocketstore[console]'" in err
+
+
+def test_rates_exact_when_every_unit_is_read_and_sampled_beyond(tmp_path: Path) -> None:
+    """Per-minute counts from store timestamps: exact with every unit read; with a sample,
+    the buckets still add up to the queue's messages and the page says it sampled."""
+    root = tmp_path / "root"
+    with MessageStore(root / "broker-0", SMALL) as store:
+        store.put_batch([Message("big", b"x", queue_id=0) for _ in range(300)])
+        store.put_batch([Message("small", b"y", queue_id=0) for _ in range(7)])
+        infos = {i.topic: i for i in store.queue_infos()}
+        edges, _ = rates.bucket_edges(views.now_ms() - 3_600_000, views.now_ms())
+        exact = rates.sample_queue(store, "small", 0, 0, 7, limit=240)
+        assert not exact.sampled and rates.counts(exact, 0, edges).sum() == 7
+        sampled = rates.sample_queue(store, "big", 0, 0, infos["big"].max_offset, limit=50)
+        assert sampled.sampled and len(sampled.offsets) == 50
+        assert rates.counts(sampled, 0, edges).sum() == pytest.approx(300)
+        assert rates.offset_at(store, "big", 0, 0, 300, 0) == 0
+        assert rates.offset_at(store, "big", 0, 0, 300, 2**62) == 300
+    app = create_app(Console(root, SMALL))
+    with TestClient(app, base_url=LOCAL) as c:
+        page = c.get("/topic/big").text
+        assert "Sampled" in page and "240 of 300" in page
+
+
+def test_a_single_store_directory_is_a_root_of_one_broker(store_root: tuple[Path, Path]) -> None:
+    root, _ = store_root
+    app = create_app(Console(root / "broker-1", SMALL))
+    with TestClient(app, base_url=LOCAL) as c:
+        rows = cells(c.get("/").text, "brokers")
+        assert [r[0] for r in rows] == ["broker-1"] and rows[0][2] == "40"
+        page = c.get("/messages", params={"topic": "orders", "broker": "broker-1", "queue": "1"})
+        assert len(cells(page.text, "messages")) == 15
