@@ -151,12 +151,14 @@ def browser() -> Iterator[Any]:
 
 
 def _shot(driver: Any, shots: Path, name: str) -> Path:
-    """A screenshot of the whole page (the window grown to its height, within reason)."""
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1200, min(max(int(height) + 20, 500), 2400))
+    """A screenshot of the whole page: the viewport grown to the page's height (within
+    reason) for the shot, then put back."""
+    height = int(driver.execute_script("return document.documentElement.scrollHeight"))
+    metrics = {"width": 1200, "height": min(max(height, 500), 2400), "deviceScaleFactor": 1}
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {**metrics, "mobile": False})
     path = shots / f"console-{name}.png"
     driver.save_screenshot(str(path))
-    driver.set_window_size(1200, 900)
+    driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
     return path
 
 

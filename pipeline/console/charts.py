@@ -81,7 +81,7 @@ def rate_chart(
     with _LOCK, matplotlib.rc_context(_STYLE):
         fig = Figure(figsize=(_WIDTH, _HEIGHT))
         # Fixed margins: matplotlib's constrained layout costs several times the drawing.
-        fig.subplots_adjust(left=0.08, right=0.98, top=0.96, bottom=0.27)
+        fig.subplots_adjust(left=0.08, right=0.98, top=0.88, bottom=0.27)
         ax = fig.add_subplot()
         starts = mdates.date2num(_times(edges[:-1]))  # type: ignore[no-untyped-call]
         for name, values in series:
@@ -99,7 +99,15 @@ def rate_chart(
         ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M\n%m-%d"))  # type: ignore[no-untyped-call]
         ax.set_xlabel("store time (UTC)")
         if 1 < len(series) <= 12:
-            ax.legend(loc="upper left", fontsize=8, frameon=False, ncols=min(len(series), 6))
+            # Above the plot, where it hides no line.
+            ax.legend(
+                loc="lower left",
+                bbox_to_anchor=(0.0, 1.0),
+                fontsize=8,
+                frameon=False,
+                ncols=min(len(series), 6),
+                borderaxespad=0.2,
+            )
         return _svg(fig, title)
 
 

@@ -139,7 +139,19 @@ def counts(
         # Every unit read: each message counts in its own bucket.
         before_edge = np.searchsorted(times, edges.astype(np.float64), side="left")
         return np.diff(before_edge).astype(np.float64)
-    # Before the first sampled time nothing of the range is counted; the first unit's count
-    # (one) starts there.
-    before = np.interp(edges.astype(np.float64), times, done, left=0.0, right=float(done[-1]))
+    # Messages stored before each edge: all those up to the last sampled unit stored before
+    # it, and a share, linear in time, of those between that unit and the next (which was
+    # stored at or after the edge). Many units share one timestamp (a batch), so this is
+    # done by hand rather than with np.interp, which wants distinct times.
+    at = edges.astype(np.float64)
+    k = np.searchsorted(times, at, side="left")
+    n = len(times)
+    inner = (k > 0) & (k < n)
+    before = np.where(k >= n, done[-1], 0.0)
+    lo = np.clip(k - 1, 0, n - 1)
+    hi = np.clip(k, 0, n - 1)
+    span = np.where(inner, times[hi] - times[lo], 1.0)
+    share = np.where(inner, (at - times[lo]) / span, 0.0)
+    between = done[hi] - 1 - done[lo]
+    before = np.where(inner, done[lo] + between * share, before)
     return np.diff(before)

@@ -45,7 +45,7 @@ HOUR_MS = 3_600_000
 BODY_CAP = 4096  # bytes of a body shown on a message's page
 PREVIEW_CHARS = 100  # characters of a body shown in a list
 SIZE_SAMPLE = 16  # units read per queue to estimate a topic's bytes and time span
-HOUR_SAMPLE = 60  # units read per queue for the last hour's write rate
+HOUR_SAMPLE = 120  # units read per queue for the last hour's write rate
 TOPIC_SAMPLE = 240  # units read per queue for a topic's messages-per-minute chart
 
 
