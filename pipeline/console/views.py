@@ -27,7 +27,6 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -548,20 +547,3 @@ def consumers(console: Console) -> tuple[list[Consumer], str | None]:
 
 def lag_labels(rows: Sequence[QueueLag]) -> list[str]:
     return [f"{r.topic} {r.broker}/{r.queue_id}" for r in rows]
-
-
-def as_json(value: Any) -> Any:
-    """Plain JSON of a view's data (for ``?format=json``): dataclasses and arrays unpacked."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: as_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, dict):
-        return {str(k): as_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set):
-        return [as_json(v) for v in (sorted(value) if isinstance(value, set) else value)]
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, bytes):
-        return value.hex()
-    return value
