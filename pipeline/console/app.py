@@ -23,7 +23,7 @@ reads and closes them (see :mod:`.views`), so requests run in parallel safely.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -129,11 +129,33 @@ def create_app(console: views.Console, token: str | None = None) -> Starlette:
     env = environment()
     health = Health(console)
 
-    def page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
-        body = env.get_template(name).render(
-            request=request, root=console.root, nav=name.removesuffix(".html"), **context
+    def render(name: str, part: str, **context: Any) -> str:
+        return env.get_template(name).render(
+            root=console.root, nav=name.removesuffix(".html"), part=part, **context
         )
-        return HTMLResponse(body, status_code=status)
+
+    def page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+        return HTMLResponse(render(name, "all", **context), status_code=status)
+
+    def streamed(name: str, gather: Callable[[], dict[str, Any]], **head: Any) -> Response:
+        """A page whose head (up to ``<main>``) is sent at once and the rest once ``gather``
+        has read the store: the browser fetches the stylesheet and draws the header meanwhile.
+        Its status is 200 by then, so ``gather`` must not fail on the request's input
+        (check that first); a store that cannot be read ends the page with the error."""
+
+        def chunks() -> Iterator[str]:
+            yield render(name, "head", **head)
+            try:
+                context = gather()
+            except (StoreError, OSError) as exc:
+                message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                yield render(
+                    "error.html", "rest", title="The store could not be read", message=message
+                )
+                return
+            yield render(name, "rest", **head, **context)
+
+        return StreamingResponse(chunks(), media_type="text/html; charset=utf-8")
 
     def error_page(request: Request, status: int, message: str) -> HTMLResponse:
         titles = {400: "Bad request", 404: "Not found", 405: "Method not allowed"}
@@ -142,34 +164,43 @@ def create_app(console: views.Console, token: str | None = None) -> Starlette:
         )
 
     def overview(request: Request) -> Response:
-        data = views.overview(console)
-        chart = charts.rate_chart("messages written per minute, last hour", data.edges, data.rate)
-        return page(
-            request,
-            "overview.html",
-            data=data,
-            chart=Markup(chart),
-            hour_sample=views.HOUR_SAMPLE,
-            size_sample=views.SIZE_SAMPLE,
-        )
+        def gather() -> dict[str, Any]:
+            data = views.overview(console)
+            chart = charts.rate_chart(
+                "messages written per minute, last hour", data.edges, data.rate
+            )
+            return {
+                "data": data,
+                "chart": Markup(chart),
+                "hour_sample": views.HOUR_SAMPLE,
+                "size_sample": views.SIZE_SAMPLE,
+            }
+
+        return streamed("overview.html", gather)
 
     def topic(request: Request) -> Response:
         name = params.topic(request.path_params["topic"])
-        data = views.topic(console, name)
-        unit = (
-            "messages / minute"
-            if data.width_ms == 60_000
-            else (f"messages / {data.width_ms // 60_000} min")
-        )
-        chart = charts.rate_chart(f"messages of {name} per bucket", data.edges, data.series, unit)
-        return page(
-            request,
-            "topic.html",
-            data=data,
-            chart=Markup(chart),
-            unit=unit,
-            topic_sample=views.TOPIC_SAMPLE,
-        )
+        if name not in views.topic_names(console):  # before the page's head is sent
+            raise NotFoundError(f"no topic {name!r} in this root")
+
+        def gather() -> dict[str, Any]:
+            data = views.topic(console, name)
+            unit = (
+                "messages / minute"
+                if data.width_ms == 60_000
+                else f"messages / {data.width_ms // 60_000} min"
+            )
+            chart = charts.rate_chart(
+                f"messages of {name} per bucket", data.edges, data.series, unit
+            )
+            return {
+                "data": data,
+                "chart": Markup(chart),
+                "unit": unit,
+                "topic_sample": views.TOPIC_SAMPLE,
+            }
+
+        return streamed("topic.html", gather, topic_name=name)
 
     def messages(request: Request) -> Response:
         q = request.query_params
