@@ -18,6 +18,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -50,6 +57,7 @@ ORDERS_PER_QUEUE = {
 ORDER_SCHEMA = pa.schema([("id", pa.int64()), ("customer", pa.string()), ("amount", pa.float64())])
 CHECKPOINT_OFFSETS = {"orders": {"broker-0": {"0": 10, "1": 20}, "broker-1": {"0": 5}}}
 GROUP_OFFSETS = {"orders@billing": {"0": 12, "1": 3}}
+START_TIMEOUT = 60.0
 
 
 def order_schema() -> bodyformat.BodySchema:
@@ -135,3 +143,51 @@ def tree_digest(path: Path) -> dict[str, str]:
             full = Path(parent, name)
             out[str(full.relative_to(path))] = hashlib.sha256(full.read_bytes()).hexdigest()
     return out
+
+
+class ConsoleProcess:
+    """``rocketstore console ARGV`` in a subprocess; its output lines arrive on a queue, and
+    :attr:`url` is the address it printed (waited for up to :data:`START_TIMEOUT` s)."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rocketstore.pipeline.cli", "console", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.output: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        self.url = self._wait_for_address()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+
+    def _wait_for_address(self) -> str:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            self.output.append(line)
+            m = re.search(r"serving .* at (http://\S+/) ", line)
+            if m:
+                return m.group(1)
+            if self.proc.poll() is not None and self.lines.empty():
+                break
+        self.proc.kill()
+        raise AssertionError(f"the console did not start: {''.join(self.output)}")
+
+    def interrupt(self) -> int:
+        """Ctrl-C, as a person stops it; the exit status."""
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(timeout=30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import html
 import json
 import re
+import urllib.error
+import urllib.request
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +19,10 @@ from consolekit import (
     HOSTILE_BODY,
     ORDERS_PER_QUEUE,
     SMALL,
+    ConsoleProcess,
     make_root,
+    order_messages,
+    order_schema,
     tree_digest,
 )
 from markupsafe import escape
@@ -349,3 +354,36 @@ def test_a_single_store_directory_is_a_root_of_one_broker(store_root: tuple[Path
         assert [r[0] for r in rows] == ["broker-1"] and rows[0][2] == "40"
         page = c.get("/messages", params={"topic": "orders", "broker": "broker-1", "queue": "1"})
         assert len(cells(page.text, "messages")) == 15
+
+
+def test_pages_read_while_a_writer_holds_the_store(tmp_path: Path) -> None:
+    """A writer has the broker open (and its lock): the console still reads, takes no lock,
+    and shows what the writer appends without closing."""
+    root, _ = make_root(tmp_path)
+    app = create_app(Console(root, SMALL))
+    with MessageStore(root / "broker-1", SMALL) as writer, TestClient(app, base_url=LOCAL) as c:
+        assert re.search(r'id="topic-count">90<', c.get("/topic/orders").text)
+        writer.put_batch(order_messages(order_schema(), 500, 7, 0))
+        assert re.search(r'id="topic-count">97<', c.get("/topic/orders").text)
+        found = c.get("/messages", params={"topic": "orders", "by": "key", "key": "order-503"})
+        assert len(cells(found.text, "messages")) == 1
+        writer.put_batch(order_messages(order_schema(), 600, 1, 0))  # the writer still can
+
+
+def test_binding_off_loopback_prints_a_token_every_request_needs(tmp_path: Path) -> None:
+    root, _ = make_root(tmp_path)
+    argv = [str(root), "--config", str(tmp_path / "small.toml"), "--port", "0", "--bind", "0.0.0.0"]
+    server = ConsoleProcess(argv)
+    try:
+        printed = "".join(server.output)
+        token = re.search(r"token (\S+)\n", printed)
+        assert token, printed
+        url = server.url.replace("0.0.0.0", "127.0.0.1") + "health"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=30)
+        assert refused.value.code == 401
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token.group(1)}"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert answer.status == 200
+    finally:
+        assert server.interrupt() == 0

@@ -12,18 +12,13 @@ from __future__ import annotations
 
 import os
 import queue
-import re
 import shutil
-import signal
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from consolekit import ConsoleProcess as Server
 from consolekit import append_orders, make_root
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
@@ -41,54 +36,6 @@ pytestmark = [
         "chromium-driver; .ci/run installs them)",
     ),
 ]
-START_TIMEOUT = 60.0
-
-
-class Server:
-    """``rocketstore console`` in a subprocess; its output lines arrive on a queue."""
-
-    def __init__(self, argv: list[str]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rocketstore.pipeline.cli", "console", *argv],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.output: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        self.url = self._wait_for_address()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
-
-    def _wait_for_address(self) -> str:
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            self.output.append(line)
-            m = re.search(r"serving .* at (http://\S+/) ", line)
-            if m:
-                return m.group(1)
-            if self.proc.poll() is not None and self.lines.empty():
-                break
-        self.proc.kill()
-        raise AssertionError(f"the console did not start: {''.join(self.output)}")
-
-    def interrupt(self) -> int:
-        """Ctrl-C, as a person stops it; the exit status."""
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            return self.proc.wait(timeout=30)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
 
 
 @pytest.fixture
