@@ -387,3 +387,22 @@ def test_binding_off_loopback_prints_a_token_every_request_needs(tmp_path: Path)
             assert answer.status == 200
     finally:
         assert server.interrupt() == 0
+
+
+def test_health_lists_the_problems_of_a_damaged_store(tmp_path: Path) -> None:
+    root, _ = make_root(tmp_path)
+    segment = next((root / "broker-0" / "commitlog").iterdir())
+    data = bytearray(segment.read_bytes())
+    at = data.index(b'"customer":"customer-0"')
+    data[at + 1] ^= 0x20  # one body byte: the record's CRC no longer matches
+    segment.write_bytes(bytes(data))
+    app = create_app(Console(root, SMALL))
+    with TestClient(app, base_url=LOCAL) as c:
+        c.post("/health/verify")
+        assert app.state.health.wait(60)
+        page = c.get("/health").text
+    assert "problem(s)" in page
+    rows = cells(page, "verify-results")
+    assert rows[0][0] == "broker-0" and "problem" in rows[0][1] and rows[1][1] == "ok"
+    problems = cells(page, "problems")
+    assert problems and any("crc" in " ".join(p).lower() for p in problems), problems
