@@ -16,6 +16,7 @@ geometry of :data:`SMALL_TOML`:
 from __future__ import annotations
 
 import hashlib
+import html
 import json
 import os
 import queue
@@ -191,3 +192,18 @@ class ConsoleProcess:
             if self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def cells(page: str, table_id: str) -> list[list[str]]:
+    """The text of each body row's cells of the table with ``id`` (or ``class``) ``table_id``."""
+    m = re.search(rf'<table (?:id|class)="{table_id}">(.*?)</table>', page, re.S)
+    assert m, f"no table {table_id}"
+    body = m.group(1).split("</thead>")[-1]
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)
+    return [
+        [
+            html.unescape(re.sub(r"<[^>]+>", "", c)).strip()
+            for c in re.findall(r"<td[^>]*>(.*?)</td>", r, re.S)
+        ]
+        for r in rows
+    ]

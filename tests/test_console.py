@@ -20,6 +20,7 @@ from consolekit import (
     ORDERS_PER_QUEUE,
     SMALL,
     ConsoleProcess,
+    cells,
     make_root,
     order_messages,
     order_schema,
@@ -57,21 +58,6 @@ def client(store_root: tuple[Path, Path]) -> Iterator[TestClient]:
     with TestClient(app, base_url=LOCAL) as c:
         yield c
     assert tree_digest(root) == before, "the console changed the store"
-
-
-def cells(page: str, table_id: str) -> list[list[str]]:
-    """The text of each body row's cells of the table with ``id`` (or ``class``) ``table_id``."""
-    m = re.search(rf'<table (?:id|class)="{table_id}">(.*?)</table>', page, re.S)
-    assert m, f"no table {table_id}"
-    body = m.group(1).split("</thead>")[-1]
-    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)
-    return [
-        [
-            html.unescape(re.sub(r"<[^>]+>", "", c)).strip()
-            for c in re.findall(r"<td[^>]*>(.*?)</td>", r, re.S)
-        ]
-        for r in rows
-    ]
 
 
 def test_overview_counts_brokers_topics_and_draws_the_hour(client: TestClient) -> None:
