@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -206,4 +207,20 @@ def cells(page: str, table_id: str) -> list[list[str]]:
             for c in re.findall(r"<td[^>]*>(.*?)</td>", r, re.S)
         ]
         for r in rows
+    ]
+
+
+def lag_rows(section: str) -> list[dict[str, Any]]:
+    """The lag table of one consumer's section of the consumers page, as the JSON objects
+    ``rocketstore lag --json`` prints for it (without the query's batchId or the group)."""
+    return [
+        {
+            "topic": row[0],
+            "brokerName": row[1],
+            "queueId": int(row[2]),
+            "committedOffset": None if row[3] == "—" else int(row[3]),
+            "maxOffset": int(row[4]),
+            "lag": int(row[5]),
+        }
+        for row in cells(section, "lag")
     ]

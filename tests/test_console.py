@@ -21,6 +21,7 @@ from consolekit import (
     SMALL,
     ConsoleProcess,
     cells,
+    lag_rows,
     make_root,
     order_messages,
     order_schema,
@@ -184,20 +185,11 @@ def test_lag_equals_the_lag_command(
     )
     shown: list[dict[str, Any]] = []
     for kind, name, body in sections:
-        for row in cells(body, "lag"):
-            entry: dict[str, Any] = {
-                "topic": row[0],
-                "brokerName": row[1],
-                "queueId": int(row[2]),
-                "committedOffset": None if row[3] == "—" else int(row[3]),
-                "maxOffset": int(row[4]),
-                "lag": int(row[5]),
-            }
+        for entry in lag_rows(body):
             if kind == "group":
-                entry = {"group": html.unescape(name), **entry}
+                shown.append({"group": html.unescape(name), **entry})
             else:
-                entry["batchId"] = 1
-            shown.append(entry)
+                shown.append({**entry, "batchId": 1})
         assert "<svg" in body
     assert shown == printed
     assert sum(e["lag"] for e in printed if "group" not in e) == 55

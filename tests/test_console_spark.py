@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from consolekit import SMALL, cells, make_root
+from consolekit import SMALL, lag_rows, make_root
 
 from rocketstore.pipeline import cli
 
@@ -67,18 +67,7 @@ def test_lag_of_a_running_query_equals_the_lag_command(
             r'<section class="consumer" data-kind="query"[^>]*>(.*?)</section>', page, re.S
         )
         assert section, page[-500:]
-        shown = [
-            {
-                "topic": r[0],
-                "brokerName": r[1],
-                "queueId": int(r[2]),
-                "committedOffset": None if r[3] == "—" else int(r[3]),
-                "maxOffset": int(r[4]),
-                "lag": int(r[5]),
-                "batchId": 0,
-            }
-            for r in cells(section.group(1), "lag")
-        ]
+        shown = [{**row, "batchId": 0} for row in lag_rows(section.group(1))]
         query_rows = [p for p in printed if "group" not in p]
         assert shown == query_rows
         assert sum(r["lag"] for r in shown) == 90 - 40  # the first batch read 40 of 90
