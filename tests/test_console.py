@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from consolekit import (
     HOSTILE_BODY,
+    ORDER_SCHEMA,
     ORDERS_PER_QUEUE,
     SMALL,
     ConsoleProcess,
@@ -35,11 +36,14 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "Using `httpx` with `starlette.testclient`")
     from starlette.testclient import TestClient
 
-from rocketstore.pipeline import cli
+import pyarrow as pa
+
+from rocketstore.pipeline import bodyformat, cli
 from rocketstore.pipeline.console import rates, server, views
 from rocketstore.pipeline.console.app import create_app
 from rocketstore.pipeline.console.views import Console
 from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.store import MessageStore
 
 LOCAL = "http://127.0.0.1"
@@ -384,3 +388,27 @@ def test_health_lists_the_problems_of_a_damaged_store(tmp_path: Path) -> None:
     assert rows[0][0] == "broker-0" and "problem" in rows[0][1] and rows[1][1] == "ok"
     problems = cells(page, "problems")
     assert problems and any("crc" in " ".join(p).lower() for p in problems), problems
+
+
+def test_an_avro_body_is_decoded_with_its_registered_schema(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    schema = bodyformat.BodySchema.from_arrow(ORDER_SCHEMA, "payments")
+    meta = StoreRoot(root)
+    meta.register_schema(schema.fingerprint, schema.document())
+    meta.ensure_topic("payments", TopicMeta(1, 1, "avro", (schema.fingerprint,)))
+    table = pa.table({"id": [7], "customer": ["<b>c</b>"], "amount": [2.5]}, schema=ORDER_SCHEMA)
+    (body,) = bodyformat.encode_bodies(table, schema, "avro").to_pylist()
+    props = {bodyformat.SCHEMA_PROPERTY: schema.fingerprint}
+    with MessageStore(root / "broker-0", SMALL) as store:
+        offset = store.put(Message("payments", body, properties=props)).commit_log_offset
+    app = create_app(Console(root, SMALL))
+    with TestClient(app, base_url=LOCAL) as c:
+        page = c.get("/message", params={"broker": "broker-0", "offset": str(offset)}).text
+    shown = re.search(r'<pre id="body" class="body-avro">(.*?)</pre>', page, re.S)
+    assert shown, page[-600:]
+    assert json.loads(html.unescape(shown.group(1))) == {
+        "id": 7,
+        "customer": "<b>c</b>",
+        "amount": 2.5,
+    }
+    assert "<b>c</b>" not in page
