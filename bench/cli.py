@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bench import (
     common,
+    console,
     core,
     decode,
     latency,
@@ -38,9 +39,11 @@ PARTS: dict[str, Callable[[Options], PartResult]] = {
     "startup": startup.run,
     "shared": shared.run,
     "soak": soak.run,
+    "console": console.run,
 }
-# Parts that run only when named: the soak takes half an hour.
-ON_REQUEST = ("soak",)
+# Parts that run only when named: the soak takes half an hour; the console writes a root of
+# ten million messages (about 3 GB).
+ON_REQUEST = ("soak", "console")
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[list[str], Options, bool]:

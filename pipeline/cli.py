@@ -15,6 +15,7 @@ Commands (``rocketstore COMMAND --help`` for each)::
     recover STORE                               run recovery, print its report
     clean STORE [--dry-run]                     delete expired files now (retention)
     lag ROOT [--checkpoint DIR] [--group NAME]  Spark queries' and consumer groups' lag
+    console ROOT [--checkpoint DIR ...]         a read-only web console on 127.0.0.1
     config                                      the effective store settings
 
 Contract:
@@ -351,6 +352,50 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument(
         "--topic",
         help="only this topic (default: the topics the checkpoint and the groups name)",
+    )
+    p = command(
+        "console",
+        "rocketstore.pipeline.console.server:cmd_console",
+        "Serve a read-only web console of a store root",
+        "Pages: the overview (brokers, topics, disk use, the last hour's write rate), each "
+        "topic's queues and messages per minute, messages (browse a queue from an offset or a "
+        "time; by key, msgId or CommitLog offset; bodies decoded by the topic's body format), "
+        "the consumers' lag (the Spark queries of --checkpoint and the groups of "
+        "config/consumerOffset.json, as `lag` computes it) and a verify run. Opens the "
+        "brokers read-only (no lock, nothing written). Listens on 127.0.0.1 unless --bind "
+        "says otherwise; any other address needs a token (--token-file, else one is "
+        "generated and printed) that every request carries. Needs the 'console' extra: "
+        "pip install 'rocketstore[console]'. Ctrl-C stops it.",
+        [conf],
+    )
+    p.add_argument(
+        "root",
+        metavar="ROOT",
+        help="the store root (broker-N directories), or one broker store directory",
+    )
+    p.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        action="append",
+        help="a reading Spark query's checkpointLocation whose lag to show (repeatable)",
+    )
+    p.add_argument(
+        "--port",
+        type=count_type(0),
+        default=8080,
+        help="TCP port (default 8080; 0: any free port, printed on start)",
+    )
+    p.add_argument(
+        "--bind",
+        metavar="ADDR",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1); any other needs a token",
+    )
+    p.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="read the token from FILE's first line (at least 16 characters) instead of "
+        "generating one; with it, loopback requests need the token too",
     )
     command(
         "config",

@@ -66,6 +66,16 @@ ARGS: dict[str, tuple[list[str], list[list[str]]]] = {
         [["--checkpoint", "D"], ["--group", "G"], ["--topic", "T"], ["--json"], ["--config", "c"]],
     ),
     "config": ([], [["--config", "c.toml"], ["--json"]]),
+    "console": (
+        ["R"],
+        [
+            ["--checkpoint", "D"],
+            ["--port", "0"],
+            ["--bind", "::1"],
+            ["--token-file", "F"],
+            ["--config", "c.toml"],
+        ],
+    ),
 }
 
 

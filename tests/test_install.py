@@ -145,3 +145,43 @@ def test_spark_finds_the_data_source_with_no_registration_call(venv: Path, tmp_p
     assert lines["batch"] == "50"
     assert lines["stream"] == "50 50"
     assert Path(lines["from"]).is_relative_to(venv), lines["from"]
+
+
+CONSOLE = textwrap.dedent(
+    """
+    import sys, warnings
+    warnings.filterwarnings("ignore", "Using `httpx`")
+    from pathlib import Path
+    from starlette.testclient import TestClient
+    from rocketstore.pipeline.config import StoreConfig
+    from rocketstore.pipeline.console import app
+    from rocketstore.pipeline.console.views import Console
+
+    client = TestClient(app.create_app(Console(Path(sys.argv[1]), StoreConfig())),
+                        base_url="http://127.0.0.1")
+    for path in ("/", "/topic/Orders", "/static/console.css", "/static/console.js"):
+        print(path, client.get(path).status_code)
+    print("from", app.__file__)
+    """
+)
+
+
+def test_the_console_runs_from_the_wheel(venv: Path, tmp_path: Path) -> None:
+    """Its templates and static files are in the wheel (package data), and it serves them."""
+    pytest.importorskip("starlette", reason="the console needs the 'console' extra")
+    store = tmp_path / "store"
+    lines_in = tmp_path / "in.jsonl"
+    lines_in.write_text('{"topic": "Orders", "body": "first"}\n')
+    cli = str(venv / "bin" / "rocketstore")
+    produced = run(venv, cli, "produce", str(store), str(lines_in), cwd=tmp_path)
+    assert produced.returncode == 0, produced.stderr
+    got = run(venv, str(venv / "bin" / "python"), "-c", CONSOLE, str(store), cwd=tmp_path)
+    assert got.returncode == 0, got.stderr[-3000:]
+    lines = got.stdout.splitlines()
+    assert lines[:4] == [
+        "/ 200",
+        "/topic/Orders 200",
+        "/static/console.css 200",
+        "/static/console.js 200",
+    ], got.stdout
+    assert str(venv) in lines[4], lines[4]

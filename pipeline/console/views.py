@@ -1,0 +1,549 @@
+"""What each console page shows, gathered from a store root through the store's own readers.
+
+Every function opens the brokers it needs read-only (:class:`MessageStore` with
+``read_only=True``, as the CLI's reading commands do: no lock, nothing written) and closes them
+before returning, so a page never holds a store open between requests and never keeps a writer
+from deleting expired files. While writers append, a page shows the store as its read-only open
+found it (the store's visibility rule applies on shared storage); the next refresh shows more.
+
+Thread-safety: each call opens its own stores, so calls may run in parallel threads (Starlette
+runs them in its thread pool); the returned values are plain data.
+
+Reuses: :meth:`MessageStore.queue_infos` (``rocketstore queues``), :meth:`~MessageStore.get_messages`
+(``get``), :meth:`~MessageStore.query_by_key` (``query-key``), :meth:`~MessageStore.get_by_msg_id`
+(``query-msgid``), :meth:`~MessageStore.get_message` (``query-offset``),
+:func:`rocketstore.pipeline.lag.consumer_lag` and :func:`~rocketstore.pipeline.lag.group_lag`
+(``lag``); body formats through :mod:`rocketstore.pipeline.bodyformat` and the root's schema
+registry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+import os
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from rocketstore.pipeline import bodyformat, record
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.console import rates
+from rocketstore.pipeline.errors import NotFoundError, OffsetOutOfRangeError, StoreError
+from rocketstore.pipeline.lag import QueueLag, consumer_lag, group_lag, read_committed_offsets
+from rocketstore.pipeline.retention import statvfs_used_ratio
+from rocketstore.pipeline.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.store import MAX_TIMESTAMP, MessageStore
+
+HOUR_MS = 3_600_000
+BODY_CAP = 4096  # bytes of a body shown on a message's page
+PREVIEW_CHARS = 100  # characters of a body shown in a list
+SIZE_SAMPLE = 16  # units read per queue to estimate a topic's bytes and time span
+HOUR_SAMPLE = 120  # units read per queue for the last hour's write rate
+TOPIC_SAMPLE = 240  # units read per queue for a topic's messages-per-minute chart
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Console:
+    """What the console serves: a store root (or one store directory), the settings to open
+    its brokers with, and the Spark checkpoints named on the command line."""
+
+    root: Path
+    config: StoreConfig
+    checkpoints: tuple[Path, ...] = ()
+
+    def brokers(self) -> list[tuple[str, Path]]:
+        """The root's brokers that hold a store, ``(name, directory)`` in broker order: the
+        only directories a request can reach."""
+        return [(n, p) for n, p in StoreRoot(self.root).brokers() if (p / "commitlog").is_dir()]
+
+    def topic_meta(self) -> tuple[dict[str, TopicMeta], str | None]:
+        """``topics.json`` (empty for a single store directory), and a note when it is
+        unreadable."""
+        try:
+            return StoreRoot(self.root).topics(), None
+        except StoreError as exc:
+            return {}, str(exc)
+
+    @contextlib.contextmanager
+    def open(self, path: Path) -> Iterator[MessageStore]:
+        """One broker opened read-only (no lock, nothing written), closed on exit."""
+        with MessageStore(path, self.config, read_only=True) as store:
+            yield store
+
+
+# -- overview ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class BrokerRow:
+    name: str
+    path: Path
+    queues: int
+    messages: int
+    commitlog_bytes: int
+    store_bytes: int
+    min_phy: int
+    max_phy: int
+    oldest: int | None
+    newest: int | None
+    disk_ratio: float
+
+
+@dataclasses.dataclass
+class TopicRow:
+    name: str
+    body_format: str
+    brokers: set[str]
+    queues: int
+    messages: int
+    bytes: float
+    oldest: int | None
+    newest: int | None
+    sampled: bool
+
+
+@dataclasses.dataclass
+class Overview:
+    brokers: list[BrokerRow]
+    topics: list[TopicRow]
+    edges: npt.NDArray[np.int64]
+    rate: list[tuple[str, npt.NDArray[np.float64]]]
+    rate_sampled: bool
+    disk_max_ratio: float
+    file_reserved_hours: int
+    delete_when: str
+    horizon: int
+    note: str | None
+    generated: int
+
+
+def _dir_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (their apparent sizes), 0 if it is missing."""
+    total = 0
+    for parent, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):  # a file retention deleted meanwhile
+                total += os.stat(os.path.join(parent, name), follow_symlinks=False).st_size
+    return total
+
+
+def _span(
+    old: int | None, new: int | None, times: npt.NDArray[np.int64]
+) -> tuple[int | None, int | None]:
+    if len(times) == 0:
+        return old, new
+    lo, hi = int(times.min()), int(times.max())
+    return (lo if old is None else min(old, lo)), (hi if new is None else max(new, hi))
+
+
+def overview(console: Console) -> Overview:
+    """Brokers and topics with their counts, bytes and time spans, disk use, and the write
+    rate of the last hour per broker. Bytes and the time spans come from a sample of each
+    queue's units (:data:`SIZE_SAMPLE`); counts are exact (the queues' bounds)."""
+    now = now_ms()
+    edges, _ = rates.bucket_edges(now - HOUR_MS, now - 1)
+    meta, note = console.topic_meta()
+    brokers: list[BrokerRow] = []
+    topics: dict[str, TopicRow] = {}
+    series: list[tuple[str, npt.NDArray[np.float64]]] = []
+    rate_sampled = False
+    for name, path in console.brokers():
+        with console.open(path) as store:
+            infos = store.queue_infos()
+            row = BrokerRow(
+                name,
+                path,
+                len(infos),
+                0,
+                0,
+                0,
+                store.min_phy_offset,
+                store.max_phy_offset,
+                None,
+                None,
+                statvfs_used_ratio(path),
+            )
+            per_minute = np.zeros(len(edges) - 1)
+            for info in infos:
+                depth = info.max_offset - info.min_offset
+                row.messages += depth
+                span = rates.sample_queue(
+                    store, info.topic, info.queue_id, info.min_offset, info.max_offset, SIZE_SAMPLE
+                )
+                t = topics.get(info.topic)
+                if t is None:
+                    fmt = meta[info.topic].body_format if info.topic in meta else "binary"
+                    t = topics[info.topic] = TopicRow(
+                        info.topic, fmt, set(), 0, 0, 0.0, None, None, False
+                    )
+                t.brokers.add(name)
+                t.queues += 1
+                t.messages += depth
+                t.bytes += depth * span.mean_size
+                t.sampled |= span.sampled
+                t.oldest, t.newest = _span(t.oldest, t.newest, span.times)
+                row.oldest, row.newest = _span(row.oldest, row.newest, span.times)
+                if len(span.times) and span.times.max() >= edges[0]:
+                    start = rates.offset_at(
+                        store,
+                        info.topic,
+                        info.queue_id,
+                        info.min_offset,
+                        info.max_offset,
+                        int(edges[0]),
+                    )
+                    hour = rates.sample_queue(
+                        store, info.topic, info.queue_id, start, info.max_offset, HOUR_SAMPLE
+                    )
+                    rate_sampled |= hour.sampled
+                    per_minute += rates.counts(hour, start, edges)
+        row.commitlog_bytes = _dir_bytes(path / "commitlog")
+        row.store_bytes = sum(_dir_bytes(path / d) for d in ("commitlog", "consumequeue", "index"))
+        brokers.append(row)
+        series.append((name, per_minute))
+    for name, tm in meta.items():  # topics created in topics.json with nothing stored yet
+        if name not in topics:
+            topics[name] = TopicRow(name, tm.body_format, set(), 0, 0, 0.0, None, None, False)
+    cfg = console.config
+    return Overview(
+        brokers,
+        sorted(topics.values(), key=lambda r: r.name),
+        edges,
+        series,
+        rate_sampled,
+        cfg.disk_max_used_space_ratio / 100,
+        cfg.file_reserved_time,
+        cfg.delete_when,
+        now - cfg.file_reserved_time * HOUR_MS,
+        note,
+        now,
+    )
+
+
+# -- topic -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueRow:
+    broker: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    oldest: int | None
+    newest: int | None
+
+    @property
+    def depth(self) -> int:
+        return self.max_offset - self.min_offset
+
+
+@dataclasses.dataclass
+class TopicView:
+    name: str
+    body_format: str
+    queues: list[QueueRow]
+    edges: npt.NDArray[np.int64]
+    width_ms: int
+    series: list[tuple[str, npt.NDArray[np.float64]]]
+    sampled: bool
+    units_read: int
+    generated: int
+
+    @property
+    def messages(self) -> int:
+        return sum(q.depth for q in self.queues)
+
+
+def topic(console: Console, name: str) -> TopicView:
+    """Every queue of topic ``name`` on every broker, and its messages per minute (per
+    broker) over the whole span the store holds, from up to :data:`TOPIC_SAMPLE` units a
+    queue. :class:`NotFoundError` when no broker has it and ``topics.json`` does not name it."""
+    meta, _ = console.topic_meta()
+    samples: list[tuple[str, int, rates.QueueSample]] = []
+    rows: list[QueueRow] = []
+    for broker, path in console.brokers():
+        with console.open(path) as store:
+            for info in store.queue_infos(name):
+                s = rates.sample_queue(
+                    store, name, info.queue_id, info.min_offset, info.max_offset, TOPIC_SAMPLE
+                )
+                samples.append((broker, info.min_offset, s))
+                rows.append(
+                    QueueRow(
+                        broker,
+                        info.queue_id,
+                        info.min_offset,
+                        info.max_offset,
+                        int(s.times.min()) if len(s.times) else None,
+                        int(s.times.max()) if len(s.times) else None,
+                    )
+                )
+    if not rows and name not in meta:
+        raise NotFoundError(f"no topic {name!r} in this root")
+    times = [t for r in rows for t in (r.oldest, r.newest) if t is not None]
+    now = now_ms()
+    # Up to now (a quiet topic shows its silence), and at least half an hour wide.
+    end = max([now, *times])
+    start = min([end - HOUR_MS // 2, *times])
+    edges, width = rates.bucket_edges(start, end)
+    by_broker: dict[str, npt.NDArray[np.float64]] = {}
+    for broker, low, s in samples:
+        counted = rates.counts(s, low, edges)
+        by_broker[broker] = by_broker.get(broker, np.zeros(len(counted))) + counted
+    return TopicView(
+        name,
+        meta[name].body_format if name in meta else "binary",
+        rows,
+        edges,
+        width,
+        sorted(by_broker.items()),
+        any(s.sampled for _, _, s in samples),
+        sum(len(s.offsets) for _, _, s in samples),
+        now,
+    )
+
+
+# -- messages ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """A message and the broker whose store holds it."""
+
+    broker: str
+    message: record.MessageExt
+
+
+@dataclasses.dataclass
+class Browse:
+    """A page of one queue: ``next_offset`` continues it (``None`` at the end for now)."""
+
+    broker: str
+    queue_id: int
+    offset: int
+    min_offset: int
+    max_offset: int
+    status: str
+    messages: list[Found]
+    next_offset: int | None
+
+
+def topic_names(console: Console) -> list[str]:
+    """Every topic with a queue in a broker or named in ``topics.json``, sorted."""
+    names = set(console.topic_meta()[0])
+    for _, path in console.brokers():
+        with console.open(path) as store:
+            names.update(store.topics())
+    return sorted(names)
+
+
+def browse(
+    console: Console,
+    broker: tuple[str, Path],
+    topic_name: str,
+    queue_id: int,
+    *,
+    offset: int | None,
+    when: int | None,
+    count: int,
+) -> Browse:
+    """Up to ``count`` messages of one queue from queue ``offset`` (default: the queue's
+    first), or from the offset of store time ``when`` (as ``query-time`` finds it), as
+    ``rocketstore get`` reads them. :class:`NotFoundError` for a queue the broker lacks."""
+    name, path = broker
+    with console.open(path) as store:
+        queues = [i.queue_id for i in store.queue_infos(topic_name)]
+        if queue_id not in queues:
+            raise NotFoundError(
+                f"topic {topic_name!r} has no queue {queue_id} on {name} "
+                f"(its queues there: {', '.join(map(str, queues)) or 'none'})"
+            )
+        low, high = store.min_offset(topic_name, queue_id), store.max_offset(topic_name, queue_id)
+        if when is not None:
+            offset = store.offset_by_time(topic_name, queue_id, when)
+        start = low if offset is None else offset
+        result = store.get_messages(topic_name, queue_id, start, count)
+    found = [Found(name, m) for m in result.messages]
+    more = result.next_begin_offset if result.next_begin_offset < result.max_offset else None
+    return Browse(
+        name,
+        queue_id,
+        start,
+        low,
+        high,
+        result.status,
+        found,
+        more if found or result.status == "NO_MATCHED_MESSAGE" else None,
+    )
+
+
+def by_key(console: Console, topic_name: str, key: str, count: int) -> list[Found]:
+    """Messages of ``topic_name`` with ``key`` (a KEYS token or UNIQ_KEY) in every broker's
+    IndexFile, newest first per broker, as ``query-key`` finds them."""
+    out: list[Found] = []
+    for name, path in console.brokers():
+        with console.open(path) as store:
+            for m in store.query_by_key(
+                topic_name, key, begin=0, end=MAX_TIMESTAMP, max_count=count
+            ):
+                out.append(Found(name, m))
+    out.sort(key=lambda f: f.message.store_timestamp, reverse=True)
+    return out[:count]
+
+
+def _at(store: MessageStore, offset: int) -> record.MessageExt:
+    """The message a record starting at CommitLog ``offset`` holds; :class:`NotFoundError`
+    when none starts there (as ``query-offset`` checks)."""
+    low, high = store.min_phy_offset, store.max_phy_offset
+    if not low <= offset < high:
+        raise NotFoundError(
+            f"CommitLog offset {offset} is outside the log, which holds [{low}, {high})"
+        )
+    if not store.commitlog.starts_record(offset):
+        raise NotFoundError(f"no record starts at CommitLog offset {offset}")
+    return store.get_message(offset)
+
+
+def by_offset(console: Console, broker: tuple[str, Path], offset: int) -> Found:
+    name, path = broker
+    with console.open(path) as store:
+        return Found(name, _at(store, offset))
+
+
+def by_msg_id(console: Console, msg_id: str) -> Found:
+    """The message an offset msgId names, in whichever broker's log holds a record with that
+    id at its offset (each broker numbers its own log)."""
+    _, offset = record.parse_msg_id(msg_id)
+    for name, path in console.brokers():
+        with console.open(path) as store:
+            try:
+                _at(store, offset)
+                return Found(name, store.get_by_msg_id(msg_id))
+            except OffsetOutOfRangeError:
+                continue
+            except NotFoundError:
+                continue
+    raise NotFoundError(f"no broker of this root holds a message with msgId {msg_id}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Body:
+    """A body as the page shows it: ``kind`` is ``avro``, ``json``, ``text`` or ``hex``;
+    ``text`` is at most about :data:`BODY_CAP` bytes' worth (``truncated`` says when cut)."""
+
+    kind: str
+    text: str
+    size: int
+    truncated: bool
+    note: str | None = None
+
+
+def _text_or_hex(body: bytes, note: str | None = None) -> Body:
+    shown = body[:BODY_CAP]
+    cut = len(body) > BODY_CAP
+    try:
+        # A cut may split a character: decode what is whole.
+        text = shown.decode("utf-8") if not cut else shown.decode("utf-8", errors="ignore")
+        if all(c.isprintable() or c in "\n\r\t" for c in text):
+            return Body("text", text, len(body), cut, note)
+    except UnicodeDecodeError:
+        pass
+    return Body("hex", shown.hex(" ", 1), len(body), cut, note)
+
+
+def decode_body(console: Console, msg: record.MessageExt, body_format: str) -> Body:
+    """The body decoded as its topic's body format with the schema its message names
+    (``rsSchema``, registered in the root), pretty-printed; text or hex for ``binary`` or when
+    it does not decode (with a note saying why)."""
+    if body_format not in ("avro", "json"):
+        return _text_or_hex(msg.body)
+    fp = msg.properties.get(bodyformat.SCHEMA_PROPERTY)
+    if not fp or not all(c in "0123456789abcdefABCDEF" for c in fp) or len(fp) > 32:
+        return _text_or_hex(msg.body, f"no valid {bodyformat.SCHEMA_PROPERTY} property")
+    root = StoreRoot(console.root)
+    try:
+        schema = bodyformat.BodySchema.from_document(root.load_schema(fp))
+        table = bodyformat.decode_bodies(
+            [msg.body],
+            [fp],
+            body_format,
+            schema,
+            lambda f: bodyformat.BodySchema.from_document(root.load_schema(f)),
+            lambda _: ("commitlog", msg.commit_log_offset),
+        )
+    except (StoreError, ValueError, KeyError) as exc:
+        return _text_or_hex(msg.body, f"not decoded as {body_format}: {exc}")
+    text = json.dumps(table.to_pylist()[0], indent=2, default=str, ensure_ascii=False)
+    cut = len(text.encode()) > BODY_CAP
+    return Body(body_format, text[:BODY_CAP], len(msg.body), cut)
+
+
+def preview(body: bytes) -> str:
+    """The start of a body as one line of text (``\\xNN`` for bytes that are not)."""
+    head = body[: PREVIEW_CHARS * 4].decode("utf-8", errors="backslashreplace")
+    line = "".join(c if c.isprintable() else "·" for c in head[:PREVIEW_CHARS])
+    return line + ("…" if len(head) > PREVIEW_CHARS or len(body) > PREVIEW_CHARS * 4 else "")
+
+
+def fmt_time(ms: int | None) -> str:
+    if ms is None or ms < 0:
+        return "—"
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+# -- consumers ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Consumer:
+    """A Spark query (by checkpoint) or a RocketMQ consumer group, and its lag per queue
+    (``rows``: what ``rocketstore lag`` prints for it), or why it could not be read."""
+
+    kind: str  # "query" or "group"
+    name: str
+    rows: list[QueueLag]
+    state: str
+    error: str | None = None
+
+    @property
+    def total(self) -> int:
+        return sum(r.lag for r in self.rows if r.lag is not None)
+
+
+def consumers(console: Console) -> tuple[list[Consumer], str | None]:
+    """Each checkpoint's query, then each consumer group, as ``rocketstore lag ROOT
+    --checkpoint DIR`` computes them (the same functions); and a note when the groups' offset
+    files could not be read."""
+    out: list[Consumer] = []
+    for checkpoint in console.checkpoints:
+        try:
+            progress = read_committed_offsets(checkpoint)
+        except (StoreError, OSError) as exc:
+            out.append(Consumer("query", str(checkpoint), [], "unreadable", str(exc)))
+            continue
+        if progress.batch_id is None:
+            out.append(Consumer("query", str(checkpoint), [], "no batch committed yet"))
+            continue
+        rows = consumer_lag(console.root, progress.offsets, console.config)
+        out.append(Consumer("query", str(checkpoint), rows, f"batch {progress.batch_id} committed"))
+    note = None
+    try:
+        for g in group_lag(console.root, console.config):
+            out.append(Consumer("group", g.group, g.queues, "config/consumerOffset.json"))
+    except (StoreError, OSError) as exc:
+        note = str(exc)
+    return out, note
+
+
+def lag_labels(rows: Sequence[QueueLag]) -> list[str]:
+    return [f"{r.topic} {r.broker}/{r.queue_id}" for r in rows]
