@@ -36,9 +36,10 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.console import rates
 from rocketstore.pipeline.errors import NotFoundError, OffsetOutOfRangeError, StoreError
 from rocketstore.pipeline.lag import QueueLag, consumer_lag, group_lag, read_committed_offsets
+from rocketstore.pipeline.reads import MAX_TIMESTAMP
 from rocketstore.pipeline.retention import statvfs_used_ratio
 from rocketstore.pipeline.root import StoreRoot, TopicMeta
-from rocketstore.pipeline.store import MAX_TIMESTAMP, MessageStore
+from rocketstore.pipeline.store import MessageStore
 
 HOUR_MS = 3_600_000
 BODY_CAP = 4096  # bytes of a body shown on a message's page
