@@ -43,6 +43,7 @@ from wheelbuild import project_wheel
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify
+from tests.gluster import unavailable as gluster_unavailable
 
 pytestmark = [
     pytest.mark.slow,
@@ -331,6 +332,12 @@ def app_dirs(work: Path) -> set[str]:
     return {app.name for app in work.glob("app-*") if any(app.iterdir())}
 
 
+# Where GlusterFS volumes can be made, test_jobs_on_hosts_of_their_own runs these same jobs
+# (run_jobs) on hosts of their own, and more; running both only cost the suite minutes.
+@pytest.mark.skipif(
+    gluster_unavailable() is None,
+    reason="the same jobs run on hosts of their own in test_jobs_on_hosts_of_their_own",
+)
 def test_ingest_and_export_on_a_standalone_cluster(
     cluster: Cluster, node_venv: NodeEnv, tmp_path: Path
 ) -> None:
