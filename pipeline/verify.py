@@ -145,10 +145,20 @@ from rocketstore.pipeline.lock import is_locked_elsewhere
 from rocketstore.pipeline.mapped_file import MappedFile, segment_name
 from rocketstore.pipeline.progress import FlushProgress
 from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.verify_report import Problem, VerifyReport
 
 I64 = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
 Progress = Callable[[int, int], None]
+
+__all__ = [
+    "CHUNK_RECORDS",
+    "MAX_PROBLEMS_PER_KIND",
+    "Problem",
+    "Progress",
+    "VerifyReport",
+    "verify",
+]
 
 MAX_PROBLEMS_PER_KIND = 100
 CHUNK_RECORDS = 1 << 17  # records walked, then checked against units and entries, at once
@@ -174,76 +184,6 @@ _HEADER_FIELDS = (
 
 # Segment arrays the scan keeps at once (see _Scan.array).
 KEPT_ARRAYS = 4
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Problem:
-    """One inconsistency: ``kind`` (see the module docstring), the file, the byte offset (the
-    physical offset for the CommitLog, the position inside the file otherwise) and a text."""
-
-    kind: str
-    path: str
-    offset: int
-    detail: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "path": self.path, "offset": self.offset, "detail": self.detail}
-
-    def __str__(self) -> str:
-        return f"{self.path} @ {self.offset}: {self.kind}: {self.detail}"
-
-
-@dataclasses.dataclass
-class VerifyReport:
-    """What :func:`verify` found, and how much it checked."""
-
-    store: str
-    problems: list[Problem] = dataclasses.field(default_factory=list)
-    suppressed: int = 0  # problems not listed (beyond the cap for their kind and file)
-    segments: int = 0
-    commitlog_bytes: int = 0  # CommitLog bytes scanned (whole segments)
-    records: int = 0  # valid records
-    record_bytes: int = 0
-    blanks: int = 0
-    damaged_records: int = 0
-    damaged_bytes: int = 0  # CommitLog bytes skipped from damaged records to the next boundary
-    queues: int = 0
-    units: int = 0  # units checked against their record
-    index_files: int = 0
-    index_entries: int = 0  # entries checked against their record
-    seconds: float = 0.0
-    # CommitLog offset the scan stopped at because a writer was appending (None: the whole log)
-    snapshot_end: int | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems and not self.suppressed
-
-    def counters(self) -> dict[str, int]:
-        return {
-            "segments": self.segments,
-            "bytes": self.commitlog_bytes,
-            "records": self.records,
-            "recordBytes": self.record_bytes,
-            "blanks": self.blanks,
-            "damagedRecords": self.damaged_records,
-            "damagedBytes": self.damaged_bytes,
-            "queues": self.queues,
-            "units": self.units,
-            "indexFiles": self.index_files,
-            "indexEntries": self.index_entries,
-        }
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "store": self.store,
-            "ok": self.ok,
-            "counters": self.counters(),
-            "seconds": round(self.seconds, 3),
-            "problemsSuppressed": self.suppressed,
-            "snapshotEnd": self.snapshot_end,
-            "problems": [p.to_json() for p in self.problems],
-        }
 
 
 def verify(
