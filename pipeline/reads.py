@@ -1,13 +1,16 @@
-"""Messages out of a store's files: a pull from one queue, and a look-up by key.
+"""Messages out of a store's files: :class:`StoreReads`, the read face of
+:class:`~rocketstore.pipeline.store.MessageStore` (RocketMQ's ``DefaultMessageStore`` read
+calls), and the pull and key look-up it runs.
 
-The read paths of :class:`~rocketstore.pipeline.store.MessageStore`, which calls them under its
-lock after checking it is open. Each works on the files it is given and writes nothing; a
-unit, index entry or record that does not check out is reported (ConsumeQueue, CommitLog) or
-passed over (index), never returned as a message.
+Every read takes the store's lock and checks the store is open, so none runs in the middle of
+a put, a flush or a retention round. Reads write nothing; a unit, index entry or record that
+does not check out is reported (ConsumeQueue, CommitLog) or passed over (index), never
+returned as a message.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -15,11 +18,15 @@ import numpy.typing as npt
 
 from rocketstore.pipeline import record
 from rocketstore.pipeline.commitlog import CommitLog
-from rocketstore.pipeline.config import CQ_UNIT_SIZE
-from rocketstore.pipeline.consumequeue import ConsumeQueue
-from rocketstore.pipeline.errors import CorruptRecordError
+from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from rocketstore.pipeline.consumequeue import UNIT_DTYPE, ConsumeQueue
+from rocketstore.pipeline.errors import (
+    CorruptRecordError,
+    InvalidMessageError,
+    OffsetOutOfRangeError,
+)
 from rocketstore.pipeline.index_service import IndexService
-from rocketstore.pipeline.results import GetResult
+from rocketstore.pipeline.results import GetResult, QueueInfo
 from rocketstore.pipeline.subscription import Subscription
 
 MAX_TIMESTAMP = 2**63 - 1
@@ -133,3 +140,152 @@ def query_by_key(
             if len(found) >= limit:
                 break
     return found
+
+
+class StoreReads:
+    """The read calls of a store, over the files :class:`~rocketstore.pipeline.store.MessageStore`
+    opened (it inherits them and provides the attributes below). Thread-safety and crash
+    behaviour are the store's (see :mod:`rocketstore.pipeline.store`)."""
+
+    commitlog: CommitLog
+    queues: dict[tuple[str, int], ConsumeQueue]
+    index: IndexService | None
+    config: StoreConfig
+    _mutex: threading.RLock
+
+    def _check_open(self, write: bool = False) -> None:
+        raise NotImplementedError  # the store's own
+
+    def topics(self) -> list[str]:
+        return sorted({t for t, _ in self.queues})
+
+    def queue_infos(self, topic: str | None = None) -> list[QueueInfo]:
+        with self._mutex:
+            self._check_open()
+            return [
+                QueueInfo(t, q, cq.min_offset, cq.max_offset, cq.max_physic_offset)
+                for (t, q), cq in sorted(self.queues.items())
+                if topic is None or t == topic
+            ]
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        with self._mutex:
+            cq = self.queues.get((topic, queue_id))
+            return cq.min_offset if cq else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        with self._mutex:
+            cq = self.queues.get((topic, queue_id))
+            return cq.max_offset if cq else 0
+
+    @property
+    def min_phy_offset(self) -> int:
+        with self._mutex:
+            return self.commitlog.min_offset
+
+    @property
+    def max_phy_offset(self) -> int:
+        with self._mutex:
+            return self.commitlog.max_offset
+
+    def read_units(
+        self, topic: str, queue_id: int, offset: int, count: int
+    ) -> npt.NDArray[np.void]:
+        """Raw ConsumeQueue units ``[offset, offset + count)`` (clipped to the queue)."""
+        with self._mutex:
+            self._check_open()
+            cq = self.queues.get((topic, queue_id))
+            if cq is None:
+                return np.empty(0, dtype=UNIT_DTYPE)
+            return cq.read(offset, count)
+
+    def get_message(self, commit_log_offset: int) -> record.MessageExt:
+        """The message at a CommitLog offset (RocketMQ's ``lookMessageByOffset``)."""
+        with self._mutex:
+            self._check_open()
+            return self.commitlog.read(commit_log_offset)
+
+    def get_by_msg_id(self, msg_id: str) -> record.MessageExt:
+        """The message an offset msgId names; refuses an id whose host does not match."""
+        _, offset = record.parse_msg_id(msg_id)
+        msg = self.get_message(offset)
+        if msg.msg_id != msg_id.strip().upper():
+            raise OffsetOutOfRangeError(
+                f"msgId {msg_id}: the message at offset {offset} has id {msg.msg_id}"
+            )
+        return msg
+
+    def get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        subscription: str | Subscription | None = None,
+    ) -> GetResult:
+        """Up to ``max_count`` messages from a queue, starting at queue offset ``offset``.
+
+        With a subscription, units are filtered by tag hash first and then by the real tag;
+        like RocketMQ, at most ``max(800, max_count)`` units (16000 bytes of ConsumeQueue) are
+        scanned per call and
+        ``next_begin_offset`` says where to continue.
+        """
+        with self._mutex:
+            return self._get_messages(topic, queue_id, offset, max_count, subscription)
+
+    def _get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        subscription: str | Subscription | None,
+    ) -> GetResult:
+        self._check_open()
+        sub = (
+            subscription
+            if isinstance(subscription, Subscription)
+            else Subscription.parse(subscription)
+        )
+        return pull(self.commitlog, self.queues.get((topic, queue_id)), offset, max_count, sub)
+
+    def offset_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
+        """RocketMQ's ``getOffsetInQueueByTime`` (see :meth:`ConsumeQueue.offset_by_time`)."""
+        with self._mutex:
+            self._check_open()
+            cq = self.queues.get((topic, queue_id))
+            if cq is None:
+                return 0
+            return cq.offset_by_time(
+                timestamp, self.commitlog.min_offset, self.commitlog.store_timestamp
+            )
+
+    def query_by_key(
+        self,
+        topic: str,
+        key: str,
+        *,
+        begin: int = 0,
+        end: int = MAX_TIMESTAMP,
+        max_count: int | None = None,
+        min_offset: int = 0,
+    ) -> list[record.MessageExt]:
+        """Messages of ``topic`` with ``key`` (a KEYS token or the UNIQ_KEY) stored in
+        ``[begin, end]``, newest first, at most ``max_count`` (capped by maxMsgsNumBatch).
+        ``min_offset`` leaves out records before that CommitLog offset without reading the
+        index files that hold only such records.
+
+        Unlike RocketMQ, every candidate is checked against the real message, so a hash
+        collision is never returned.
+        """
+        with self._mutex:
+            return self._query_by_key(topic, key, begin, end, max_count, min_offset)
+
+    def _query_by_key(
+        self, topic: str, key: str, begin: int, end: int, max_count: int | None, min_offset: int
+    ) -> list[record.MessageExt]:
+        self._check_open()
+        if self.index is None:
+            raise InvalidMessageError("messageIndexEnable=false: this store keeps no key index")
+        limit = min(max_count or self.config.max_msgs_num_batch, self.config.max_msgs_num_batch)
+        return query_by_key(self.commitlog, self.index, topic, key, begin, end, limit, min_offset)

@@ -49,8 +49,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 
 from rocketstore.pipeline import (
@@ -61,7 +59,6 @@ from rocketstore.pipeline import (
     filesystem,
     indexfile,
     mapped_file,
-    reads,
     record,
     storedir,
     storehost,
@@ -72,11 +69,9 @@ from rocketstore.pipeline.background import PeriodicTask
 from rocketstore.pipeline.checkpoint import StoreCheckpoint
 from rocketstore.pipeline.commitlog import CommitLog
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.consumequeue import UNIT_DTYPE, ConsumeQueue
+from rocketstore.pipeline.consumequeue import ConsumeQueue
 from rocketstore.pipeline.errors import (
     FencedError,
-    InvalidMessageError,
-    OffsetOutOfRangeError,
     ProgressNotRecordedError,
     ReadOnlyStoreError,
     StoreClosedError,
@@ -90,12 +85,11 @@ from rocketstore.pipeline.mappings import MappingCache
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.progress import FlushProgress
 from rocketstore.pipeline.publish import MAX_NOTES, Recorder
-from rocketstore.pipeline.reads import MAX_TIMESTAMP
+from rocketstore.pipeline.reads import StoreReads
 from rocketstore.pipeline.recovery import RecoveryReport, recover
-from rocketstore.pipeline.results import BatchPutResult, GetResult, PutResult, QueueInfo
+from rocketstore.pipeline.results import BatchPutResult, PutResult
 from rocketstore.pipeline.retention import RUN_INTERVAL_MS, RetentionService, statvfs_used_ratio
 from rocketstore.pipeline.segments import SegmentQueue
-from rocketstore.pipeline.subscription import Subscription
 
 _log = logging.getLogger(__name__)
 
@@ -104,7 +98,7 @@ def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class MessageStore:
+class MessageStore(StoreReads):
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -612,142 +606,3 @@ class MessageStore:
         bounds how much a crash makes recovery re-scan)."""
         if self._publish_each_put or time.monotonic() - self._flushed_at >= self._flush_every_s:
             self._flush(force=False, quiet=True)
-
-    # -- reading ----------------------------------------------------------------------------
-    def topics(self) -> list[str]:
-        return sorted({t for t, _ in self.queues})
-
-    def queue_infos(self, topic: str | None = None) -> list[QueueInfo]:
-        with self._mutex:
-            self._check_open()
-            return [
-                QueueInfo(t, q, cq.min_offset, cq.max_offset, cq.max_physic_offset)
-                for (t, q), cq in sorted(self.queues.items())
-                if topic is None or t == topic
-            ]
-
-    def min_offset(self, topic: str, queue_id: int) -> int:
-        with self._mutex:
-            cq = self.queues.get((topic, queue_id))
-            return cq.min_offset if cq else 0
-
-    def max_offset(self, topic: str, queue_id: int) -> int:
-        with self._mutex:
-            cq = self.queues.get((topic, queue_id))
-            return cq.max_offset if cq else 0
-
-    @property
-    def min_phy_offset(self) -> int:
-        with self._mutex:
-            return self.commitlog.min_offset
-
-    @property
-    def max_phy_offset(self) -> int:
-        with self._mutex:
-            return self.commitlog.max_offset
-
-    def read_units(
-        self, topic: str, queue_id: int, offset: int, count: int
-    ) -> npt.NDArray[np.void]:
-        """Raw ConsumeQueue units ``[offset, offset + count)`` (clipped to the queue)."""
-        with self._mutex:
-            self._check_open()
-            cq = self.queues.get((topic, queue_id))
-            if cq is None:
-                return np.empty(0, dtype=UNIT_DTYPE)
-            return cq.read(offset, count)
-
-    def get_message(self, commit_log_offset: int) -> record.MessageExt:
-        """The message at a CommitLog offset (RocketMQ's ``lookMessageByOffset``)."""
-        with self._mutex:
-            self._check_open()
-            return self.commitlog.read(commit_log_offset)
-
-    def get_by_msg_id(self, msg_id: str) -> record.MessageExt:
-        """The message an offset msgId names; refuses an id whose host does not match."""
-        _, offset = record.parse_msg_id(msg_id)
-        msg = self.get_message(offset)
-        if msg.msg_id != msg_id.strip().upper():
-            raise OffsetOutOfRangeError(
-                f"msgId {msg_id}: the message at offset {offset} has id {msg.msg_id}"
-            )
-        return msg
-
-    def get_messages(
-        self,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_count: int = 32,
-        subscription: str | Subscription | None = None,
-    ) -> GetResult:
-        """Up to ``max_count`` messages from a queue, starting at queue offset ``offset``.
-
-        With a subscription, units are filtered by tag hash first and then by the real tag;
-        like RocketMQ, at most ``max(800, max_count)`` units (16000 bytes of ConsumeQueue) are
-        scanned per call and
-        ``next_begin_offset`` says where to continue.
-        """
-        with self._mutex:
-            return self._get_messages(topic, queue_id, offset, max_count, subscription)
-
-    def _get_messages(
-        self,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_count: int,
-        subscription: str | Subscription | None,
-    ) -> GetResult:
-        self._check_open()
-        sub = (
-            subscription
-            if isinstance(subscription, Subscription)
-            else Subscription.parse(subscription)
-        )
-        return reads.pull(
-            self.commitlog, self.queues.get((topic, queue_id)), offset, max_count, sub
-        )
-
-    def offset_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
-        """RocketMQ's ``getOffsetInQueueByTime`` (see :meth:`ConsumeQueue.offset_by_time`)."""
-        with self._mutex:
-            self._check_open()
-            cq = self.queues.get((topic, queue_id))
-            if cq is None:
-                return 0
-            return cq.offset_by_time(
-                timestamp, self.commitlog.min_offset, self.commitlog.store_timestamp
-            )
-
-    def query_by_key(
-        self,
-        topic: str,
-        key: str,
-        *,
-        begin: int = 0,
-        end: int = MAX_TIMESTAMP,
-        max_count: int | None = None,
-        min_offset: int = 0,
-    ) -> list[record.MessageExt]:
-        """Messages of ``topic`` with ``key`` (a KEYS token or the UNIQ_KEY) stored in
-        ``[begin, end]``, newest first, at most ``max_count`` (capped by maxMsgsNumBatch).
-        ``min_offset`` leaves out records before that CommitLog offset without reading the
-        index files that hold only such records.
-
-        Unlike RocketMQ, every candidate is checked against the real message, so a hash
-        collision is never returned.
-        """
-        with self._mutex:
-            return self._query_by_key(topic, key, begin, end, max_count, min_offset)
-
-    def _query_by_key(
-        self, topic: str, key: str, begin: int, end: int, max_count: int | None, min_offset: int
-    ) -> list[record.MessageExt]:
-        self._check_open()
-        if self.index is None:
-            raise InvalidMessageError("messageIndexEnable=false: this store keeps no key index")
-        limit = min(max_count or self.config.max_msgs_num_batch, self.config.max_msgs_num_batch)
-        return reads.query_by_key(
-            self.commitlog, self.index, topic, key, begin, end, limit, min_offset
-        )
