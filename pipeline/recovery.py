@@ -68,6 +68,8 @@ class RecoveryReport:
     fenced_bytes: int = 0
     # A valid record after the end found (damage inside the log; a writable open refuses).
     damage_resumes_at: int | None = None
+    # Derived files given a new inode before recovery (rocketstore.pipeline.renewal).
+    files_renewed: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -86,6 +88,7 @@ class RecoveryReport:
             "fencedRegions": self.fenced_regions,
             "fencedBytes": self.fenced_bytes,
             "damageResumesAt": self.damage_resumes_at,
+            "filesRenewed": self.files_renewed,
             "durationMs": round(self.duration_ms, 3),
         }
 

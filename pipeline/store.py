@@ -66,6 +66,7 @@ from rocketstore.pipeline import (
     mapped_file,
     native,
     record,
+    renewal,
     storehost,
     visibility,
 )
@@ -308,6 +309,17 @@ class MessageStore:
         # created, so that no reader can die of SIGBUS on a full disk (rocketstore.pipeline.filesystem).
         whole = not self.read_only and filesystem.reads_allocate(self.path)
         self._cq_ahead = WHOLE if whole else consumequeue.RESERVE_AHEAD
+        self.shared = visibility.is_shared(self.path, cfg.shared_storage)
+        # The writer before may be alive on the other side of a partition, with dirty pages of
+        # the derived files it had mapped: they get new inodes, which its late write-back
+        # cannot reach, before anything here reads them (rocketstore.pipeline.renewal).
+        renewed = 0
+        if not self.read_only and self.shared and self.abort_file_found:
+            renewed = renewal.renew_derived(
+                self.path,
+                cfg.mapped_file_size_consume_queue,
+                FlushProgress.read(self.path / "config"),
+            )
         self.checkpoint = StoreCheckpoint.read(self.path / "checkpoint")
         self.commitlog = CommitLog(
             SegmentQueue(
@@ -349,9 +361,9 @@ class MessageStore:
             self.index.load()
         # On shared storage a writer fences off those before it (rocketstore.pipeline.fencing); every
         # writable open honours the dead regions earlier take-overs left.
-        self.shared = visibility.is_shared(self.path, cfg.shared_storage)
         self._fence: fencing.Fence | None = None
         self.recovery = self._recover()
+        self.recovery.files_renewed = renewed
         if not self.read_only and self.shared:
             self._take_epoch()
         if not self.read_only:
@@ -443,9 +455,9 @@ class MessageStore:
     def _recover(self) -> RecoveryReport:
         epochs = fencing.read_epochs(self.path)
         # After an unclean take-over the writer fenced off may have had pages of the
-        # ConsumeQueues and the index on their way, which a heal can land over the new
-        # writer's: a full recovery (`rocketstore recover`) checks every unit and builds the
-        # index anew from the log (pipeline.fencing).
+        # ConsumeQueues and the index on their way. The derived files it could reach got new
+        # inodes (rocketstore.pipeline.renewal); a full recovery (`rocketstore recover`) still
+        # checks every unit and builds the index anew from the log, whatever arrived.
         suspect = self.full_check and bool(epochs) and epochs[-1].dead is not None
         report = recover(
             dead=fencing.dead_regions(epochs),
