@@ -543,8 +543,15 @@ class MessageStore:
             # off, the msync fails and leaves them clean; left dirty, they would reach the
             # servers whenever the kernel wrote them back, perhaps after the heal, over files
             # another writer has taken over (rocketstore.pipeline.fencing).
-            with self._fail_stop("flush"):
-                self._flush_files()
+            try:
+                with self._fail_stop("flush"):
+                    self._flush_files()
+            except StoreFailedError:
+                # A writer that lost the store finds the files it mapped replaced, and their
+                # sync fails (rocketstore.pipeline.renewal): say that it was fenced, rather
+                # than only that the flush failed.
+                self._check_fence("flush")
+                raise
             # A writer that lost the store must not publish its own end over the new writer's.
             self._check_fence("flush")
             self._flushed_end = end

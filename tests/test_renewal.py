@@ -11,6 +11,7 @@ a local disk.
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -19,15 +20,25 @@ from pathlib import Path
 
 import pytest
 
-from rocketstore.pipeline import renewal
+from rocketstore.pipeline import durability, renewal
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.errors import RenewalError
+from rocketstore.pipeline.errors import FencedError, RenewalError
 from rocketstore.pipeline.mapped_file import TMP_SUFFIX, MappedFile
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.progress import FlushProgress
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify
-from tests.test_fencing import CONFIG, QUEUES, TOPIC, abandon, bodies, expected, put_a
+from tests.test_fencing import (
+    CONFIG,
+    QUEUES,
+    TOPIC,
+    Taker,
+    abandon,
+    bodies,
+    expected,
+    lose_lock,
+    put_a,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS_PER_FILE = CONFIG.mapped_file_size_consume_queue // 20
@@ -207,3 +218,24 @@ def test_a_renewal_that_fails_leaves_the_file_as_it_was(
         renewal.renew_file(path)
     assert path.stat().st_ino == ino and path.read_bytes() == b"x" * 5000
     assert not list(tmp_path.glob("*" + TMP_SUFFIX))
+
+
+def test_a_fenced_writer_whose_files_were_replaced_is_told_it_was_fenced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On GlusterFS the old writer's sync of a file the new one renewed fails (ESTALE): its
+    flush and close say that it was fenced, not only that a sync failed."""
+    a = MessageStore(tmp_path, CONFIG)
+    put_a(a, 0, 50)
+    a.flush()
+    lose_lock(a)
+    Taker(tmp_path, 10).close()
+
+    def stale(mm: object, start: int, length: int, path: Path) -> None:
+        raise OSError(errno.ESTALE, os.strerror(errno.ESTALE))
+
+    monkeypatch.setattr(durability, "msync", stale)
+    with pytest.raises(FencedError, match="no longer owns the store"):
+        a.flush(force=True)
+    with pytest.raises(FencedError):
+        a.close()
