@@ -13,10 +13,12 @@ an unclean take-over on shared storage the new writer, before it recovers or wri
 gives every derived file the old writer may have dirtied a new inode: a copy of its bytes under
 a temporary name, fsynced, renamed over it. The old inode loses its last name and, once the
 servers closed the old writer's descriptors (they do when they give its lock away), its gfid;
-the late write-back then fails (``ESTALE``, measured in ``tests/test_netcluster.py``) instead of
-reaching the new file. Which files: those that can hold a page written after the last flush
-the progress file records (:func:`derived_tails`), and the ``checkpoint``; every other store
-file is replaced by rename already, or written only by whoever holds the lock.
+the late write-back then fails (``ESTALE`` or ``ENOENT``: ``tests/test_netcluster.py``,
+``tests/test_partition.py``) instead of reaching the new file. Which files: those that can
+hold a page written after the last flush the progress file records (:func:`derived_tails`),
+and the ``checkpoint``. A writer replaces its other files by a rename (the progress file,
+``topics.json``) or writes them only when it opens the store (``lock``, the epochs file), and
+the CommitLog has its dead region.
 
 Crash behaviour: each file is copied whole (the same bytes, holes left for zero runs) and
 renamed over the old one only after the copy is durable, so at every point each path names
