@@ -43,7 +43,7 @@ import os
 import struct
 from pathlib import Path
 
-from rocketstore.pipeline import durability, failpoints
+from rocketstore.pipeline import durability, failpoints, visibility
 from rocketstore.pipeline.config import CQ_UNIT_SIZE
 from rocketstore.pipeline.errors import RenewalError
 from rocketstore.pipeline.fileio import pwrite_all
@@ -67,6 +67,8 @@ def renew_file(path: Path, tmp: Path | None = None) -> None:
     tmp = tmp if tmp is not None else path.with_name(path.name + TMP_SUFFIX)
     step = f"open of {path}"
     try:
+        # The bytes on the servers, not pages this host kept of a write-back that failed.
+        visibility.drop_cached(path)
         src = os.open(path, os.O_RDONLY)
         try:
             size = os.fstat(src).st_size

@@ -315,6 +315,10 @@ class MessageStore:
         # cannot reach, before anything here reads them (rocketstore.pipeline.renewal).
         renewed = 0
         if not self.read_only and self.shared and self.abort_file_found:
+            # A writer on this host whose write-back failed (its host cut off from the
+            # servers) left those pages clean in this host's cache with bytes the servers never
+            # got: recovery and the renewal must read the files from the servers.
+            self._forget_cached_tails()
             renewed = renewal.renew_derived(
                 self.path,
                 cfg.mapped_file_size_consume_queue,
@@ -403,9 +407,10 @@ class MessageStore:
         self._flushed_at = time.monotonic()
 
     def _forget_cached_tails(self) -> None:
-        """Drop this host's cached pages of the files a writer elsewhere appends to (the last
-        CommitLog segments, each queue's and the index's last files), so that this view reads
-        them from the file system, not as this host saw them before (rocketstore.pipeline.visibility)."""
+        """Drop this host's cached pages of the files a writer appends to (the last CommitLog
+        segments, each queue's and the index's last files), so that a read-only view, or a
+        writer taking over after an unclean end, reads them from the file system, not as this
+        host saw them before (rocketstore.pipeline.visibility)."""
         with contextlib.suppress(OSError):
             os.listdir(self.path)  # refreshes the client's attributes of the checkpoint
         dirs = [self.path / "commitlog", self.path / "index"]
