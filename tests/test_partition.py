@@ -304,11 +304,7 @@ def test_busy_writer_cut_off_fails_and_is_fenced(hosts: NetCluster, flush: str) 
     check(c, store, {"A": a, "B": b}, prefix_ok)
 
 
-# SYNC_FLUSH only: under ASYNC_FLUSH the scenario passed 6 runs alone and failed in a run of
-# the whole module: through V a unit of the first writer's (for a message it acknowledged
-# before the failed put) pointed where its record was not, after the next writer's recovery.
-# Issue 27 stays open for that case.
-@pytest.mark.parametrize("flush", ["SYNC_FLUSH"])
+@pytest.mark.parametrize("flush", FLUSHES)
 def test_writer_cut_off_from_one_brick_then_two(hosts: NetCluster, flush: str) -> None:
     """One brick of three away: writes go on. Two: no quorum, the put fails and the writer
     stops; once the bricks are back, the next writer (the same host) recovers every
