@@ -128,6 +128,12 @@ class SegmentCreateError(StoreError):
     takes the next put."""
 
 
+class RenewalError(StoreError):
+    """A writable open that took the store over uncleanly on shared storage could not give a
+    derived file a new inode (rocketstore.pipeline.renewal): no space, an I/O error, the file
+    system cut off. The open fails; every file is as it was, and the next open tries again."""
+
+
 class NativeError(StoreError):
     """The native core failed inside (a Rust panic): a bug in rocketstore, or a buffer the
     caller lent it changed while it was in use. What the call was writing may be incomplete,

@@ -11,6 +11,7 @@ Each write step calls :func:`hit` with its name before it changes anything on di
 ``flush``                    msync of the store's files
 ``progress-write``           writing ``config/rocketstore.json``
 ``checkpoint-write``         writing ``checkpoint``
+``derived-renew``            renaming a derived file's copy over it (rocketstore.pipeline.renewal)
 ============================ ==================================================================
 
 A test arms a failpoint with :func:`arm` (in-process) or with the environment variable
@@ -43,6 +44,7 @@ NAMES = (
     "flush",
     "progress-write",
     "checkpoint-write",
+    "derived-renew",
 )
 
 

@@ -7,7 +7,7 @@ the client reconnects by itself and reopens the writer's files *without* the loc
 the writer. Meanwhile a writer on another host has taken the lock, recovered and written on; the
 old writer's next put would land at its old end of the log, on top of the new writer's records.
 
-Three measures, on shared storage (``sharedStorage`` resolving to ``shared``), after Kafka's
+Four measures, on shared storage (``sharedStorage`` resolving to ``shared``), after Kafka's
 leader epochs:
 
 * **Epochs.** Each writer that takes the lock appends an epoch to ``config/rocketstore-epochs``
@@ -24,6 +24,10 @@ leader epochs:
   segment written back after the heal) lands in ``[X, S)``, never on the new writer's records:
   the old holder's mappings reach at most the segment files that existed when it was cut off,
   and it cannot create ``S`` (the creation is exclusive). The epoch records ``X`` and ``S``.
+* **New inodes for the derived files.** ConsumeQueues and IndexFiles are rewritten in place,
+  so the same writer, before its recovery, gives each file the old holder may have dirty pages
+  of a new inode holding the same bytes; the old holder's late write-back goes to the old one,
+  which its client can no longer reopen (:mod:`rocketstore.pipeline.renewal`).
 * **Recovery skips dead regions.** Bytes in ``[X, S)`` other than the blank are a fenced
   writer's and not data: recovery walks the log around them, restores the blank, drops
   ConsumeQueue units and index entries that pointed there and rebuilds what they overwrote
@@ -37,9 +41,9 @@ flusher pushes dirty pages out every ``flushIntervalCommitLog`` ms, also when th
 off, and a write-back that fails leaves a page clean; so the volume closes the window when a
 client gives up on unanswered requests before the servers give its locks away:
 ``network.ping-timeout`` (client side) shorter than ``server.tcp-user-timeout`` (server side).
-docs/cluster.md says how to set them. The dead region keeps such a write off the
-new writer's CommitLog records whatever the timeouts; a ConsumeQueue or index page would be
-rebuilt from the CommitLog by ``rocketstore recover``.
+docs/cluster.md says how to set them. Whatever the timeouts, the dead region keeps such a
+write off the new writer's CommitLog records, and the new inodes keep it off its ConsumeQueue
+units and index entries (rocketstore.pipeline.renewal).
 
 The file, ``config/rocketstore-epochs``: a run of 48-byte slots, slot ``n`` for epoch ``n``
 (big-endian; RocketMQ ignores files it does not know in ``config/``)::

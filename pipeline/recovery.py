@@ -68,6 +68,8 @@ class RecoveryReport:
     fenced_bytes: int = 0
     # A valid record after the end found (damage inside the log; a writable open refuses).
     damage_resumes_at: int | None = None
+    # Derived files given a new inode before recovery (rocketstore.pipeline.renewal).
+    files_renewed: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -86,6 +88,7 @@ class RecoveryReport:
             "fencedRegions": self.fenced_regions,
             "fencedBytes": self.fenced_bytes,
             "damageResumesAt": self.damage_resumes_at,
+            "filesRenewed": self.files_renewed,
             "durationMs": round(self.duration_ms, 3),
         }
 
@@ -124,6 +127,19 @@ def dispatched_end(log: CommitLog, queues: list[ConsumeQueue], index: IndexServi
         return log.min_offset
     index_end = _record_end(log, index.end_phy_offset, None)
     return log.min_offset if index_end is None else min(queue_end, index_end)
+
+
+def _record_ending_at(log: CommitLog, queues: list[ConsumeQueue], end: int) -> int:
+    """The offset of the valid record that ends at ``end`` and a queue's last unit points
+    at; -1 when no queue's last unit does."""
+    for cq in queues:
+        if cq.max_offset > cq.min_offset:
+            last = cq.read(cq.max_offset - 1, 1)
+            if len(last):
+                at, size = int(last[0]["offset"]), int(last[0]["size"])
+                if at + size == end and _record_end(log, at, size) == end:
+                    return at
+    return -1
 
 
 def find_end(
@@ -412,6 +428,10 @@ def recover(
     report.last_record_offset = last
     if last < 0 and trusted is not None and progress is not None and start > log.min_offset:
         report.last_record_offset = progress.last_record_offset
+    if report.last_record_offset < 0 and end > log.min_offset:
+        # Nothing walked and no progress file to trust (one a fenced writer wrote): the record
+        # a queue's last unit points at, so that the next flush names a point of this log.
+        report.last_record_offset = _record_ending_at(log, queue_list, end)
     if not read_only and report.fenced_bytes:
         # A fenced writer's bytes are not data: the blanks the dead regions began with come
         # back, and every derived file is checked whole, since its units and entries may have

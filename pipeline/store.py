@@ -60,6 +60,7 @@ from rocketstore.pipeline import (
     indexfile,
     mapped_file,
     record,
+    renewal,
     storedir,
     storehost,
     visibility,
@@ -184,6 +185,21 @@ class MessageStore(StoreReads):
         # created, so that no reader can die of SIGBUS on a full disk (rocketstore.pipeline.filesystem).
         whole = not self.read_only and filesystem.reads_allocate(self.path)
         self._cq_ahead = WHOLE if whole else consumequeue.RESERVE_AHEAD
+        self.shared = visibility.is_shared(self.path, cfg.shared_storage)
+        # The writer before may be alive on the other side of a partition, with dirty pages of
+        # the derived files it had mapped: they get new inodes, which its late write-back
+        # cannot reach, before anything here reads them (rocketstore.pipeline.renewal).
+        renewed = 0
+        if not self.read_only and self.shared and self.abort_file_found:
+            # A writer on this host whose write-back failed (its host cut off from the
+            # servers) left those pages clean in this host's cache with bytes the servers never
+            # got: recovery and the renewal must read the files from the servers.
+            storedir.forget_cached_tails(self.path)
+            renewed = renewal.renew_derived(
+                self.path,
+                cfg.mapped_file_size_consume_queue,
+                FlushProgress.read(self.path / "config"),
+            )
         self.checkpoint = StoreCheckpoint.read(self.path / "checkpoint")
         self.commitlog = CommitLog(
             SegmentQueue(
@@ -222,9 +238,9 @@ class MessageStore(StoreReads):
             self.index.load()
         # On shared storage a writer fences off those before it (rocketstore.pipeline.fencing); every
         # writable open honours the dead regions earlier take-overs left.
-        self.shared = visibility.is_shared(self.path, cfg.shared_storage)
         self._fence: fencing.Fence | None = None
         self.recovery = self._recover()
+        self.recovery.files_renewed = renewed
         if not self.read_only and self.shared:
             self._take_epoch()
         if not self.read_only:
@@ -307,9 +323,9 @@ class MessageStore(StoreReads):
     def _recover(self) -> RecoveryReport:
         epochs = fencing.read_epochs(self.path)
         # After an unclean take-over the writer fenced off may have had pages of the
-        # ConsumeQueues and the index on their way, which a heal can land over the new
-        # writer's: a full recovery (`rocketstore recover`) checks every unit and builds the
-        # index anew from the log (pipeline.fencing).
+        # ConsumeQueues and the index on their way. The derived files it could reach got new
+        # inodes (rocketstore.pipeline.renewal); a full recovery (`rocketstore recover`) still
+        # checks every unit and builds the index anew from the log, whatever arrived.
         suspect = self.full_check and bool(epochs) and epochs[-1].dead is not None
         report = recover(
             dead=fencing.dead_regions(epochs),
@@ -394,8 +410,15 @@ class MessageStore(StoreReads):
             # off, the msync fails and leaves them clean; left dirty, they would reach the
             # servers whenever the kernel wrote them back, perhaps after the heal, over files
             # another writer has taken over (rocketstore.pipeline.fencing).
-            with self._fail_stop("flush"):
-                self._flush_files()
+            try:
+                with self._fail_stop("flush"):
+                    self._flush_files()
+            except StoreFailedError:
+                # A writer that lost the store finds the files it mapped replaced, and their
+                # sync fails (rocketstore.pipeline.renewal): say that it was fenced, rather
+                # than only that the flush failed.
+                self._check_fence("flush")
+                raise
             # A writer that lost the store must not publish its own end over the new writer's.
             self._check_fence("flush")
             self._flushed_end = end

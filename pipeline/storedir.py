@@ -59,9 +59,10 @@ def write_in_place(p: Path) -> None:
 
 
 def forget_cached_tails(p: Path) -> None:
-    """Drop this host's cached pages of the files a writer elsewhere appends to (the last
-    CommitLog segments, each queue's and the index's last files), so that this view reads
-    them from the file system, not as this host saw them before (rocketstore.pipeline.visibility)."""
+    """Drop this host's cached pages of the files a writer appends to (the last CommitLog
+    segments, each queue's and the index's last files), so that a read-only view, or a
+    writer taking over after an unclean end, reads them from the file system, not as this
+    host saw them before (rocketstore.pipeline.visibility)."""
     with contextlib.suppress(OSError):
         os.listdir(p)  # refreshes the client's attributes of the checkpoint
     dirs = [p / "commitlog", p / "index"]

@@ -95,6 +95,10 @@ from typing import Any
 
 from tests import gluster as gl
 
+# What a host's client answers for a descriptor (or a mapping's write-back) of a file that was
+# replaced while the host was cut off: it reopens descriptors by the old inode's gfid, which is
+# gone from the bricks (tests/test_netcluster.py).
+GONE = ("ESTALE", "ENOENT", "EBADFD")
 SERVER = "10.27.0.1"  # the bridge's address inside the srv namespace; the subnet exists only there
 PREFIX = "rsnet"  # namespaces are named PREFIX<pid>-<n>-<role>
 TOOLS = ("ip", "nft", "nsenter", "unshare", "sleep")

@@ -2,7 +2,8 @@
 
 ``python -m tests.partition_host write STORE NAME FLUSH``: opens STORE for writing, retrying
 while another writer holds it (as a writer taking a broker over does), prints ``open <seconds
-waited>``, then takes commands from standard input, one a line:
+waited> <derived files given a new inode>`` (rocketstore.pipeline.renewal), then takes
+commands from standard input, one a line:
 
 * ``put N``: N messages with bodies ``NAME-<seq>`` (keys the same, queue ``seq % 4``), in
   batch puts of up to 10; prints ``ack <seq> <offset>`` for each message of a put that
@@ -10,6 +11,10 @@ waited>``, then takes commands from standard input, one a line:
   its first message), then ``done``.
 * ``stream``: puts as ``put`` does until one fails or a ``stop`` line comes; then ``done``,
   and then waits for ``stop`` if it has not come.
+* ``write-back``: what this host's kernel does with dirty pages after a heal, made to happen
+  now: the newest ConsumeQueue file of each queue and the newest IndexFile, as this writer
+  has them mapped, are dirtied with the bytes it sees and written back (``msync``); prints
+  ``written-back`` and, for each file, ``ok`` or the errno's name.
 * ``flush``: flushes the store; prints ``flushed`` or ``fail-flush <error class>: <message>``.
 * ``close``: closes the store; prints ``closed`` or ``fail-close <error class>: <message>``.
 
@@ -22,6 +27,9 @@ Output is flushed line by line, so the test sees each acknowledgement as it happ
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import mmap
 import sys
 import threading
 import time
@@ -37,6 +45,8 @@ TOPIC = "Partitioned"
 QUEUES = 4
 OPEN_DEADLINE_S = 180.0
 BATCH = 10
+PAGE = mmap.PAGESIZE
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def config(flush: str) -> StoreConfig:
@@ -70,6 +80,47 @@ def attempt(action: Callable[[], object], what: str, done: str) -> None:
         say(done)
 
 
+def resident_pages(view: memoryview) -> list[int]:
+    """The numbers of the pages of a mapping this host holds in memory (``mincore``): the only
+    ones a kernel writes back, and the only ones read here without asking the file system,
+    which answers a read of a file another writer replaced with an error (``SIGBUS``)."""
+    holder = (ctypes.c_char * len(view)).from_buffer(view)
+    try:
+        pages = (len(view) + PAGE - 1) // PAGE
+        vec = (ctypes.c_ubyte * pages)()
+        if _libc.mincore(ctypes.c_void_p(ctypes.addressof(holder)), len(view), vec) != 0:
+            raise OSError(ctypes.get_errno(), "mincore")
+        return [i for i in range(pages) if vec[i] & 1]
+    finally:
+        del holder
+
+
+def write_back(store: MessageStore) -> list[str]:
+    """Write the derived files' tails back through this writer's own mappings (the module's
+    ``write-back``); the outcome of each. Files not mapped now are left out: mapping one would
+    map whatever file has the name now, not the one this writer wrote."""
+    files = [cq.segments.files[-1] for cq in store.queues.values() if cq.segments.files]
+    if store.index is not None and store.index.files:
+        files.append(store.index.files[-1]._mf)
+    outcomes = []
+    for mf in files:
+        if not mf.mapped:
+            continue
+        view = mf.buffer
+        try:
+            for page in resident_pages(view):
+                at = page * PAGE
+                view[at : at + PAGE] = bytes(view[at : at + PAGE])  # dirty, as this host has it
+            mf.sync_range(0, mf.size)
+        except OSError as exc:
+            outcomes.append(errno.errorcode.get(exc.errno or 0, str(exc.errno)))
+        else:
+            outcomes.append("ok")
+        finally:
+            del view
+    return outcomes
+
+
 def write(store_dir: str, name: str, flush: str) -> int:
     started = time.monotonic()
     while True:
@@ -80,7 +131,7 @@ def write(store_dir: str, name: str, flush: str) -> int:
             if time.monotonic() - started > OPEN_DEADLINE_S:
                 raise
             time.sleep(0.05)  # polling the lock: there is nothing to wait on across hosts
-    say(f"open {time.monotonic() - started:.3f}")
+    say(f"open {time.monotonic() - started:.3f} {store.recovery.files_renewed}")
     seq = 0
     stop = threading.Event()
 
@@ -125,6 +176,8 @@ def write(store_dir: str, name: str, flush: str) -> int:
                 pass
             say("done")
             stop.wait()
+        elif cmd[0] == "write-back":
+            say(" ".join(["written-back", *write_back(store)]))
         elif cmd[0] == "flush":
             attempt(store.flush, "flush", "flushed")
         elif cmd[0] == "close":

@@ -120,9 +120,9 @@ def put_a(store: MessageStore, lo: int, hi: int) -> dict[int, bytes]:
     return acked
 
 
-def bodies(path: Path) -> list[bytes]:
+def bodies(path: Path, config: StoreConfig = CONFIG) -> list[bytes]:
     """Every message of every queue, through the ConsumeQueues, in queue order."""
-    with MessageStore(path, CONFIG, read_only=True) as store:
+    with MessageStore(path, config, read_only=True) as store:
         out = []
         for q in range(QUEUES):
             offset = store.min_offset(TOPIC, q)
@@ -200,7 +200,7 @@ def test_recovery_restores_what_an_unfenced_writer_left_in_the_dead_region(tmp_p
     with MessageStore(tmp_path, CONFIG, read_only=True) as ro:
         kinds = {p.kind for p in verify(ro).problems}
     assert "commitlog-fenced-writer" in kinds
-    # The late writer's units went over the taker's: reading through them is wrong now.
+    # The late writer's published point went over the taker's: readers stop there now.
     assert bodies(tmp_path) != expected(50, 300)
     with MessageStore(tmp_path, CONFIG) as fresh:
         report = fresh.recovery

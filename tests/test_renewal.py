@@ -1,0 +1,241 @@
+"""pipeline/renewal.py: after an unclean take-over on shared storage, the derived files the
+writer before may still have dirty pages of get new inodes, so that its late write-back lands
+on none of the new writer's files.
+
+A late write-back is made the way a host's kernel makes it: through the first writer's own
+mappings, which it set up before the take-over, after the new writer has written. On a local
+file system, as on GlusterFS (``tests/test_netcluster.py``), such a write reaches the inode the
+mapping was made of. Storage is declared shared (``sharedStorage=shared``) to run that path on
+a local disk.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rocketstore.pipeline import durability, renewal
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import FencedError, RenewalError
+from rocketstore.pipeline.mapped_file import TMP_SUFFIX, MappedFile
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.progress import FlushProgress
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.verify import verify
+from tests.test_fencing import (
+    CONFIG,
+    QUEUES,
+    TOPIC,
+    Taker,
+    abandon,
+    bodies,
+    expected,
+    lose_lock,
+    put_a,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+UNITS_PER_FILE = CONFIG.mapped_file_size_consume_queue // 20
+
+
+def put_b(store: MessageStore, count: int) -> None:
+    for i in range(count):
+        store.put(Message(TOPIC, f"B-{i}".encode(), queue_id=i % QUEUES, keys=[f"b{i}"]))
+
+
+def inodes(path: Path) -> dict[str, int]:
+    """The inode of each data file (the ones in ``config/`` are replaced by a rename anyway)."""
+    return {
+        str(p.relative_to(path)): p.stat().st_ino
+        for p in [path / "checkpoint", *(path / "consumequeue").rglob("*"),
+                  *(path / "index").iterdir(), *(path / "commitlog").iterdir()]
+        if p.is_file()
+    }  # fmt: skip
+
+
+def tails(store: MessageStore) -> list[MappedFile]:
+    """The first writer's mappings of its newest ConsumeQueue files and IndexFile, mapped now."""
+    files = [cq.segments.files[-1] for cq in store.queues.values()]
+    assert store.index is not None
+    files.append(store.index.files[-1]._mf)
+    for mf in files:
+        assert len(mf.buffer)  # mapped: a late write-back goes to the inode mapped here
+    return files
+
+
+def write_back(files: list[MappedFile], pages: list[bytes]) -> None:
+    """What the first writer's kernel does after the heal: its pages go out, as it had them."""
+    for mf, page in zip(files, pages, strict=True):
+        mf.buffer[: len(page)] = page
+        mf.sync_range(0, len(page))
+
+
+@pytest.mark.parametrize("renew", [True, False], ids=["renewed", "in-place"])
+def test_late_pages_of_the_writer_before_reach_no_file_of_the_new_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, renew: bool
+) -> None:
+    a = MessageStore(tmp_path, CONFIG)
+    put_a(a, 0, 60)
+    a.flush()
+    put_a(a, 60, 80)  # written, not flushed: what a writer cut off while busy has
+    files = tails(a)
+    pages = [bytes(mf.buffer[: mf.size]) for mf in files]
+    abandon(a)  # cut off: no flush, no close; its mappings stay
+    if not renew:
+        monkeypatch.setattr(renewal, "renew_derived", lambda *args: 0)
+    b = MessageStore(tmp_path, CONFIG)
+    put_b(b, 300)
+    b.flush()
+    write_back(files, pages)
+    b.close()
+    with MessageStore(tmp_path, CONFIG, read_only=True) as ro:
+        problems = [p.kind for p in verify(ro).problems]
+    if renew:
+        assert problems == []
+        assert bodies(tmp_path) == expected(80, 300)
+    else:
+        # Without new inodes the pages land over the new writer's units and index header.
+        assert problems
+    for mf in files:
+        mf.close()
+
+
+def test_unclean_takeover_on_shared_storage_renews_the_tails_with_the_same_bytes(
+    tmp_path: Path,
+) -> None:
+    a = MessageStore(tmp_path, CONFIG)
+    put_a(a, 0, UNITS_PER_FILE * QUEUES + 40)  # every queue past its first file
+    a.flush()
+    index_at_flush = sorted(p.name for p in (tmp_path / "index").iterdir())
+    put_a(a, UNITS_PER_FILE * QUEUES + 40, UNITS_PER_FILE * QUEUES + 60)
+    abandon(a)
+    index_now = sorted(p.name for p in (tmp_path / "index").iterdir())
+    assert len(index_at_flush) > 1
+    before = inodes(tmp_path)
+    content = {p: (tmp_path / p).read_bytes() for p in before}
+    progress = FlushProgress.read(tmp_path / "config")
+    renewed = renewal.renew_derived(tmp_path, CONFIG.mapped_file_size_consume_queue, progress)
+    after = inodes(tmp_path)
+    changed = sorted(p for p in before if after[p] != before[p])
+    assert len(changed) == renewed
+    # The checkpoint, each queue's second (newest) file, the IndexFile the flush reached and
+    # any started after it; not the full files before them.
+    assert changed == sorted(
+        ["checkpoint", *(f"index/{n}" for n in index_now if n >= index_at_flush[-1])]
+        + [f"consumequeue/{TOPIC}/{q}/{CONFIG.mapped_file_size_consume_queue:020d}"
+           for q in range(QUEUES)]
+    )  # fmt: skip
+    assert {p: (tmp_path / p).read_bytes() for p in before} == content
+    assert not list(tmp_path.rglob("*" + TMP_SUFFIX))
+
+
+def test_a_writable_open_renews_only_after_an_unclean_end_on_shared_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = tmp_path / "shared"
+    with MessageStore(shared, CONFIG) as clean:
+        put_a(clean, 0, 30)
+    before = inodes(shared)
+    with MessageStore(shared, CONFIG) as again:
+        assert again.recovery.files_renewed == 0
+    assert inodes(shared) == before
+    a = MessageStore(shared, CONFIG)
+    put_a(a, 30, 60)
+    abandon(a)
+    with MessageStore(shared, CONFIG) as taker:
+        assert taker.recovery.files_renewed > 0
+        assert taker.recovery.to_json()["filesRenewed"] == taker.recovery.files_renewed
+    assert bodies(shared) == expected(60, 0)
+    # On a local disk nothing changes: one host, one page cache, no writer left to fence.
+    local_cfg = StoreConfig(**{**CONFIG.__dict__, "shared_storage": "local"})
+    local = tmp_path / "local"
+    a = MessageStore(local, local_cfg)
+    put_a(a, 0, 60)
+    abandon(a)
+
+    def refuse(path: Path, tmp: Path | None = None) -> None:
+        raise AssertionError(f"{path} renewed on a local disk")
+
+    monkeypatch.setattr(renewal, "renew_file", refuse)
+    with MessageStore(local, local_cfg) as taker:
+        assert taker.recovery.files_renewed == 0
+    assert bodies(local, local_cfg) == expected(60, 0)
+
+
+CRASHER = textwrap.dedent(
+    """
+    import sys
+    from rocketstore.pipeline.store import MessageStore
+    from tests.test_fencing import CONFIG
+    MessageStore(sys.argv[1], CONFIG)
+    """
+)
+
+
+@pytest.mark.parametrize("nth", [1, 3])
+def test_a_crash_in_the_middle_of_the_renewal_leaves_a_store_recovery_repairs_exactly(
+    tmp_path: Path, nth: int
+) -> None:
+    a = MessageStore(tmp_path, CONFIG)
+    put_a(a, 0, UNITS_PER_FILE * QUEUES + 40)
+    a.flush()
+    put_a(a, UNITS_PER_FILE * QUEUES + 40, UNITS_PER_FILE * QUEUES + 60)
+    abandon(a)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), ROCKETSTORE_FAILPOINTS=f"derived-renew=kill@{nth}")
+    crashed = subprocess.run([sys.executable, "-c", CRASHER, str(tmp_path)], env=env, check=False)
+    assert crashed.returncode == -9
+    assert list(tmp_path.rglob("*" + TMP_SUFFIX)) or (tmp_path / "checkpoint.tmp").exists()
+    with MessageStore(tmp_path, CONFIG) as taker:
+        assert taker.recovery.files_renewed > 0 and taker.recovery.bytes_truncated == 0
+    assert not list(tmp_path.rglob("*" + TMP_SUFFIX))
+    assert bodies(tmp_path) == expected(UNITS_PER_FILE * QUEUES + 60, 0)
+    with MessageStore(tmp_path, CONFIG, read_only=True) as ro:
+        assert verify(ro).ok
+    with MessageStore(tmp_path, CONFIG) as again:  # exact: nothing left to do
+        report = again.recovery
+        assert report.files_renewed == 0 and report.records_redispatched == 0
+        assert not report.queues_rebuilt and not report.index_rebuilt
+
+
+def test_a_renewal_that_fails_leaves_the_file_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 5000)
+    ino = path.stat().st_ino
+
+    def refuse(tmp: Path, target: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(renewal.durability, "replace", refuse)
+    with pytest.raises(RenewalError, match="the file is as it was"):
+        renewal.renew_file(path)
+    assert path.stat().st_ino == ino and path.read_bytes() == b"x" * 5000
+    assert not list(tmp_path.glob("*" + TMP_SUFFIX))
+
+
+def test_a_fenced_writer_whose_files_were_replaced_is_told_it_was_fenced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On GlusterFS the old writer's sync of a file the new one renewed fails (ESTALE): its
+    flush and close say that it was fenced, not only that a sync failed."""
+    a = MessageStore(tmp_path, CONFIG)
+    put_a(a, 0, 50)
+    a.flush()
+    lose_lock(a)
+    Taker(tmp_path, 10).close()
+
+    def stale(mm: object, start: int, length: int, path: Path) -> None:
+        raise OSError(errno.ESTALE, os.strerror(errno.ESTALE))
+
+    monkeypatch.setattr(durability, "msync", stale)
+    with pytest.raises(FencedError, match="no longer owns the store"):
+        a.flush(force=True)
+    with pytest.raises(FencedError):
+        a.close()
