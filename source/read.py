@@ -25,11 +25,9 @@ Thread-safety: no shared state; each call works on its own files.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import logging
-import mmap
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -52,6 +50,7 @@ from rocketstore.pipeline.segments import SegmentListing, list_segments
 from rocketstore.pipeline.subscription import Subscription
 from rocketstore.source.errors import DataLossError
 from rocketstore.source.planning import KeyRange, QueueRange
+from rocketstore.source.segfiles import SegmentCache, segment_file
 
 log = logging.getLogger("rocketstore.source")
 
@@ -101,103 +100,12 @@ class ReadContext:
         return want
 
 
-# -- files ----------------------------------------------------------------------------------------
-
-
-class _Segment:
-    """A CommitLog segment mapped read-only."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            self.mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        finally:
-            # mmap holds a dup of its own until closed (a descriptor per segment this read
-            # touches); the file stays readable if retention unlinks it meanwhile.
-            os.close(fd)
-
-    def close(self) -> None:
-        # A view that escaped (it should not) keeps the mapping until it is collected.
-        with contextlib.suppress(BufferError):
-            self.mm.close()
-
-
-def _segment_file(listing: SegmentListing, base: int, use: Callable[[Path], T]) -> T | None:
-    """``use(path)`` of the segment file at ``base`` of ``listing``'s directory, opened by its
-    name; one that is not there is looked for in the listing (past the last file listed, in
-    the directory listed again: :meth:`SegmentListing.get`, which raises
-    :class:`~rocketstore.pipeline.errors.NotVisibleError` when the wait ends). None when it is gone
-    (deleted by retention)."""
-    path = listing.directory / segment_name(base)
-    try:
-        return use(path)
-    except FileNotFoundError:
-        pass
-    if listing.get(base) is None:
-        return None
-    try:
-        return use(path)
-    except FileNotFoundError:
-        return None
-
-
-def _oldest_existing(entries: list[tuple[int, Path]]) -> tuple[int, int] | None:
-    """(base, size) of the oldest listed segment still there: retention deletes the oldest
-    segments, and may do so between the listing and a look at the file."""
-    for base, path in entries:
-        try:
-            return base, path.stat().st_size
-        except FileNotFoundError:
-            continue
-    return None
-
-
-class _SegmentCache:
-    """The segments one partition read touches, mapped once each, closed together.
-    ``wait_ms``: how long a segment past this host's listing is waited for (see
-    :class:`SegmentListing`; None on one host)."""
-
-    def __init__(self, directory: Path, wait_ms: int | None = None) -> None:
-        self.directory = directory
-        self.listing = SegmentListing(directory, wait_ms)
-        oldest = _oldest_existing(self.listing.entries)
-        self.min_offset = oldest[0] if oldest else 0
-        self._size = oldest[1] if oldest else None
-        self._open: dict[int, _Segment | None] = {}
-
-    @property
-    def segment_size(self) -> int:
-        """The oldest listed segment's size; 0 when there is none (on shared storage, only
-        once the directory listed again for the wait still shows none)."""
-        if self._size is None:
-            self.listing.first()  # lists again (and waits, on shared storage)
-            oldest = _oldest_existing(self.listing.entries)
-            self._size = oldest[1] if oldest else 0
-        return self._size
-
-    def get(self, base: int) -> _Segment | None:
-        """The segment at ``base``, or None when it does not exist (deleted by retention)."""
-        if base not in self._open:
-            self._open[base] = _segment_file(self.listing, base, _Segment)
-        return self._open[base]
-
-    def close(self) -> list[Path]:
-        """Unmap every segment; returns their paths."""
-        closed = [seg.path for seg in self._open.values() if seg is not None]
-        for seg in self._open.values():
-            if seg is not None:
-                seg.close()
-        self._open.clear()
-        return closed
-
-
 def _read_units(
     cq_dir: Path, start: int, end: int, wait_ms: int | None
 ) -> tuple[npt.NDArray[np.void], list[tuple[int, int]]]:
     """Units ``[start, end)`` of a ConsumeQueue (exactly those bytes are read; units past the
     end of a file read as zeros) and the sub-ranges whose files are gone. A file past this
-    host's listing is waited for up to ``wait_ms`` (see :func:`_segment_file`)."""
+    host's listing is waited for up to ``wait_ms`` (see :func:`~rocketstore.source.segfiles.segment_file`)."""
     listing = SegmentListing(cq_dir, wait_ms)
     first = listing.first() if start < end else None
     file_size = first[1].stat().st_size if first else 0
@@ -212,7 +120,7 @@ def _read_units(
         base = (pos * CQ_UNIT_SIZE // file_size) * file_size
         stop = min(end, base // CQ_UNIT_SIZE + per_file)
         length, offset = (stop - pos) * CQ_UNIT_SIZE, pos * CQ_UNIT_SIZE - base
-        raw = _segment_file(listing, base, functools.partial(_pread, n=length, at=offset))
+        raw = segment_file(listing, base, functools.partial(_pread, n=length, at=offset))
         if raw is None:
             missing.append((pos, stop))
         else:
@@ -344,8 +252,8 @@ def read_queue_range(rng: QueueRange, ctx: ReadContext) -> Iterator[pa.RecordBat
     config = ctx.config or StoreConfig()
     shared = visibility.is_shared(broker, config.shared_storage)
     wait_ms = config.visibility_wait_ms if shared else None
-    segments = _SegmentCache(broker / "commitlog", wait_ms)
-    builder = BatchBuilder(ctx, rng.broker, lambda phys: str(_segment_path(segments, phys)))
+    segments = SegmentCache(broker / "commitlog", wait_ms)
+    builder = BatchBuilder(ctx, rng.broker, lambda phys: str(segments.path_of(phys)))
     try:
         pos = rng.start
         while pos < rng.end:
@@ -357,7 +265,7 @@ def read_queue_range(rng: QueueRange, ctx: ReadContext) -> Iterator[pa.RecordBat
             if shared:
 
                 def refresh(pos: int = pos, stop: int = stop) -> None:
-                    _drop_segments(segments)
+                    segments.drop()
                     for path in _unit_files(cq_dir, pos, stop):
                         visibility.drop_cached(path)
 
@@ -382,7 +290,7 @@ def _read_chunk(
     rng: QueueRange,
     ctx: ReadContext,
     cq_dir: Path,
-    segments: _SegmentCache,
+    segments: SegmentCache,
     pos: int,
     stop: int,
 ) -> list[pa.RecordBatch]:
@@ -419,12 +327,6 @@ def _read_chunk(
     return parts
 
 
-def _drop_segments(segments: _SegmentCache) -> None:
-    """Unmap the segments a read touched and drop their cached pages (rocketstore.pipeline.visibility)."""
-    for path in segments.close():
-        visibility.drop_cached(path)
-
-
 def _unit_files(cq_dir: Path, start: int, end: int) -> list[Path]:
     """The ConsumeQueue files that hold units ``[start, end)``."""
     listed = list_segments(cq_dir)
@@ -438,11 +340,6 @@ def _unit_files(cq_dir: Path, start: int, end: int) -> list[Path]:
 def _one_batch(parts: list[pa.RecordBatch]) -> pa.RecordBatch:
     # Concatenating copies every buffer, which a chunk within one segment does not need.
     return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
-
-
-def _segment_path(segments: _SegmentCache, phys: int) -> Path:
-    size = segments.segment_size or 1
-    return segments.directory / segment_name(phys - phys % size)
 
 
 def _runs(offsets: npt.NDArray[np.int64]) -> list[tuple[int, int]]:
@@ -469,7 +366,7 @@ def _lost(ctx: ReadContext, rng: QueueRange, ranges: list[tuple[int, int, str]])
 
 
 def _decode_units(
-    segments: _SegmentCache,
+    segments: SegmentCache,
     phys: npt.NDArray[np.int64],
     size: npt.NDArray[np.int64],
     offsets: npt.NDArray[np.int64],
@@ -586,10 +483,10 @@ def read_key(kr: KeyRange, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
         point = visibility.published(broker)
         if point is not None:
             candidates = candidates[candidates < point.commitlog_end]
-    segments = _SegmentCache(
+    segments = SegmentCache(
         broker / "commitlog", config.visibility_wait_ms if point is not None else None
     )
-    builder = BatchBuilder(ctx, kr.broker, lambda phys: str(_segment_path(segments, phys)))
+    builder = BatchBuilder(ctx, kr.broker, lambda phys: str(segments.path_of(phys)))
     try:
         live = (
             candidates[candidates >= segments.min_offset]
@@ -610,7 +507,7 @@ def read_key(kr: KeyRange, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
                 parts = visibility.wait_until_valid(
                     lambda: read(True),
                     lambda exc: isinstance(exc, CorruptRecordError),
-                    functools.partial(_drop_segments, segments),
+                    segments.drop,
                     config.visibility_wait_ms,
                 )
             except CorruptRecordError:
@@ -624,7 +521,7 @@ def read_key(kr: KeyRange, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
 
 
 def _read_key_records(
-    segments: _SegmentCache,
+    segments: SegmentCache,
     live: npt.NDArray[np.int64],
     kr: KeyRange,
     ctx: ReadContext,

@@ -421,7 +421,7 @@ def test_a_segment_deleted_between_the_listing_and_its_size_is_passed_over(
     """Retention deletes the oldest segment while a partition read starts: the read takes the
     segment size and the first offset from the oldest segment still there (a soak run hit
     this as a FileNotFoundError out of the read)."""
-    from rocketstore.source import read as read_module
+    from rocketstore.source import segfiles as read_module
 
     store_dir = tmp_path / "store"
     with MessageStore(store_dir, SMALL) as store:
@@ -437,7 +437,7 @@ def test_a_segment_deleted_between_the_listing_and_its_size_is_passed_over(
         return listing
 
     monkeypatch.setattr(read_module, "SegmentListing", listed_then_deleted)
-    cache = read_module._SegmentCache(store_dir / "commitlog")
+    cache = read_module.SegmentCache(store_dir / "commitlog")
     assert cache.min_offset == segments[1][0]
     assert cache.segment_size == SMALL.mapped_file_size_commitlog
     assert cache.get(segments[0][0]) is None
