@@ -1,4 +1,4 @@
-"""The chart step of the benchmarks (``bench/charts.py``) on small hand-made result files: the
+"""The chart step of the benchmarks (``bench/charts.py``, ``bench/chartkit.py``) on small hand-made result files: the
 bars and lines carry the values the files hold, the SVGs name what they show and when, and a
 missing part is named in the error. No benchmark runs here."""
 
@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from bench import charts
+from bench import chartkit, charts
 
 MACHINE = {
     "nproc": 2,
@@ -333,8 +333,8 @@ def test_newest_results_win(tmp_path: Path) -> None:
     (out / "latency-20261127T130000Z.json").write_text(json.dumps(newer))
     # sink-batch's files must not pass for sink's
     (out / "sink-batch-20261128T000000Z.json").write_text(json.dumps(BATCH))
-    assert charts.newest(out, "latency").name == "latency-20261127T130000Z.json"
-    assert charts.newest(out, "sink").name == "sink-20261127T120000Z.json"
+    assert chartkit.newest(out, "latency").name == "latency-20261127T130000Z.json"
+    assert chartkit.newest(out, "sink").name == "sink-20261127T120000Z.json"
 
 
 def test_a_missing_part_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
