@@ -11,6 +11,7 @@ run (the ``connect_url`` fixture in conftest.py); it is stopped by its PID.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -25,6 +26,7 @@ from rocketstore.sink.append import FAILPOINT_ENV
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 START_TIMEOUT = 120.0
+BIND_ATTEMPTS = 5
 
 
 class ConnectServer:
@@ -39,7 +41,26 @@ class ConnectServer:
         self.failpoint_file = base / "sink-failpoint"
 
     def start(self) -> None:
-        """Start the server and return once it accepts connections (fail if it exits first)."""
+        """Start the server and return once it accepts connections (fail if it exits first).
+
+        The port is one the kernel had free a moment ago; another process (a test on the other
+        worker, any outgoing connection) can take it before the server binds it. A server that
+        exits for that reason is started again on another port, a few times."""
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            if self._launch():
+                return
+            if attempt == BIND_ATTEMPTS:
+                break
+            self.port = free_port()
+            self.url = f"sc://127.0.0.1:{self.port}"
+        raise RuntimeError(
+            f"the Spark Connect server found no free port in {BIND_ATTEMPTS} tries:\n"
+            f"{tail(self.log)}"
+        )
+
+    def _launch(self) -> bool:
+        """One start on ``self.port``: True once it accepts connections, False when it exited
+        because the port was taken; raises on any other failure."""
         self.base.mkdir(parents=True, exist_ok=True)
         log4j = ROOT / "conf" / "log4j2.properties"
         cmd = [
@@ -72,6 +93,8 @@ class ConnectServer:
         deadline = time.monotonic() + START_TIMEOUT
         while not self._accepts():
             if self.proc.poll() is not None:
+                if "java.net.BindException" in self.log.read_text(errors="replace"):
+                    return False
                 raise RuntimeError(
                     f"the Spark Connect server exited with {self.proc.returncode}:\n"
                     f"{tail(self.log)}"
@@ -82,8 +105,13 @@ class ConnectServer:
                     f"{START_TIMEOUT:.0f} s:\n{tail(self.log)}"
                 )
             time.sleep(0.5)  # polling interval; the loop waits on the port, not on time
+        return True
 
     def _accepts(self) -> bool:
+        """Whether the server listens on its port: a socket of its own process, not another
+        process's that took the port first (a connection alone would not tell them apart)."""
+        if self.proc is None or not _listens(self.proc.pid, self.port):
+            return False
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=2):
                 return True
@@ -93,3 +121,31 @@ class ConnectServer:
     def stop(self) -> None:
         if self.proc is not None:
             stop([self.proc])
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` (spark-submit execs the JVM, so it is the server) or a child of
+    it holds a TCP socket listening on ``port`` (Linux's /proc)."""
+    listening = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                    listening.add(f"socket:[{inode}]")
+    if not listening:
+        return False
+    pids = [pid]
+    with contextlib.suppress(OSError):
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    pids.append(int(stat.parent.name))
+    for p in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{p}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) in listening:
+                        return True
+    return False
