@@ -176,8 +176,9 @@ class MessageStore(StoreReads):
         # A read-only view of a store a writer on another host appends to looks for a file its
         # listing lacks in the directory listed again, for up to visibilityWaitMs
         # (rocketstore.pipeline.segments); None: this host's listing is the directory.
+        self.shared = visibility.is_shared(self.path, cfg.shared_storage)
         self._listing_wait: int | None = None
-        if self.read_only and visibility.is_shared(self.path, cfg.shared_storage):
+        if self.read_only and self.shared:
             self._listing_wait = cfg.visibility_wait_ms
             storedir.forget_cached_tails(self.path)
         self.mappings = MappingCache(cfg.max_mapped_files)
@@ -185,7 +186,6 @@ class MessageStore(StoreReads):
         # created, so that no reader can die of SIGBUS on a full disk (rocketstore.pipeline.filesystem).
         whole = not self.read_only and filesystem.reads_allocate(self.path)
         self._cq_ahead = WHOLE if whole else consumequeue.RESERVE_AHEAD
-        self.shared = visibility.is_shared(self.path, cfg.shared_storage)
         # The writer before may be alive on the other side of a partition, with dirty pages of
         # the derived files it had mapped: they get new inodes, which its late write-back
         # cannot reach, before anything here reads them (rocketstore.pipeline.renewal).
