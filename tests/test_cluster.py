@@ -249,20 +249,37 @@ def node_venv(tmp_path_factory: pytest.TempPathFactory) -> NodeEnv:
     return NodeEnv(node_python(base, wheel), packed_env(base, wheel))
 
 
+def venv_with(env: Path, packages: list[str]) -> Path:
+    """A virtualenv at ``env`` without pip, ``packages`` installed into it (no dependencies:
+    each caller names what it needs); returns its site-packages."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    site = next((env / "lib").glob("python*/site-packages"))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(site),
+            *packages,
+        ],
+        check=True,
+        timeout=SUBMIT_TIMEOUT,
+    )
+    return site
+
+
 def node_python(base: Path, wheel: Path) -> Path:
     """The driver's Python: a virtualenv that sees the test's third-party packages (a ``.pth``
     line naming their site-packages, whose own ``.pth`` files, the editable install's among
     them, are not run) and the project only as the wheel ``pip wheel .`` builds from this
     checkout."""
     env = base / "node-venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
-    site = next((env / "lib").glob("python*/site-packages"))
+    site = venv_with(env, [str(wheel)])
     (site / "third_party.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), wheel],
-        check=True,
-        timeout=SUBMIT_TIMEOUT,
-    )
     python = env / "bin" / "python"
     where = subprocess.run(
         [str(python), "-c", "import rocketstore.pipeline._native as n; print(n.__file__)"],
@@ -288,25 +305,8 @@ def packed_env(base: Path, wheel: Path) -> Path:
     package index or pip's cache), packed by ``venv-pack``. It sees nothing of this machine's
     other environments, so a job runs only if the archive is complete."""
     env = base / "exec-venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
-    site = next((env / "lib").glob("python*/site-packages"))
     pins = [f"{name}=={metadata.version(name)}" for name in EXECUTOR_PACKAGES]
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--target",
-            str(site),
-            str(wheel),
-            *pins,
-        ],
-        check=True,
-        timeout=SUBMIT_TIMEOUT,
-    )
+    venv_with(env, [str(wheel), *pins])
     archive = base / "exec-env.tar.gz"
     # Level 1: the archive is unpacked on this machine, so the time to pack matters more than
     # its size (345 MB packs to 120 MB in ~13 s here).
