@@ -280,15 +280,19 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Scan every record and index structure; print each problem; exit 1 if there is any."""
-    from rocketstore.pipeline.verify import verify
+    from rocketstore.pipeline.verify import verify_read_only
 
     def progress(done: int, total: int) -> None:
         if args.progress and total:
             sys.stderr.write(f"\rverifying: {100 * done // total:3d} %")
             sys.stderr.flush()
 
-    with _open(args) as store:
-        report = verify(store, progress=progress, max_per_kind=None if args.all else 100)
+    report = verify_read_only(
+        args.store,
+        StoreConfig.effective(args.config),
+        progress=progress,
+        max_per_kind=None if args.all else 100,
+    )
     if args.progress:
         sys.stderr.write("\n")
     if args.json:
@@ -300,9 +304,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 [[p.kind, p.path, p.offset, p.detail] for p in report.problems],
             )
         state = "ok" if report.ok else f"{len(report.problems) + report.suppressed} problem(s)"
+        again = (
+            f" (started over {report.restarts} time(s): retention deleted files under the scan)"
+            if report.restarts
+            else ""
+        )
         print(
             f"{state}: {report.records} records, {report.units} units, "
-            f"{report.index_entries} index entries checked in {report.seconds:.2f}s"
+            f"{report.index_entries} index entries checked in {report.seconds:.2f}s{again}"
         )
     return 0 if report.ok else 1
 

@@ -82,6 +82,13 @@ class OffsetOutOfRangeError(NotFoundError, IndexError):
     """A CommitLog offset or queue offset outside what the store holds."""
 
 
+class SegmentGoneError(NotFoundError):
+    """A file a read-only view listed when it opened (a CommitLog segment, ConsumeQueue file
+    or IndexFile) was deleted before the view read it: on a live store, retention deletes the
+    oldest files while readers work. Nothing is wrong with the store; open it again to see
+    where it begins now."""
+
+
 class NotVisibleError(OffsetOutOfRangeError):
     """An offset the writer published (or a unit, index entry or msgId names) lies in a file
     that this host's listing of its directory still does not show after ``visibilityWaitMs``

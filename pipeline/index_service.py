@@ -23,13 +23,21 @@ import numpy as np
 import numpy.typing as npt
 
 from rocketstore.pipeline import durability
-from rocketstore.pipeline.errors import StoreError
+from rocketstore.pipeline.errors import SegmentGoneError, StoreError
 from rocketstore.pipeline.indexfile import RESERVE_AHEAD, IndexFile
 from rocketstore.pipeline.javahash import index_key_hash
 from rocketstore.pipeline.mapped_file import remove_leftovers
 from rocketstore.pipeline.mappings import MappingCache
 
 NAME_LENGTH = 17
+
+
+def _size(path: Path) -> int:
+    """The file's size; -1 when it is gone since the listing (opening it says so)."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return -1
 
 
 def index_file_name(ms: int) -> str:
@@ -95,13 +103,13 @@ class IndexService:
         # broker can list a newest file of 0 bytes, and a broker that died between the two
         # leaves one. It holds nothing, so it is left out (and removed by a writable open), as
         # an empty last segment is (rocketstore.pipeline.segments); ours are created full-size.
-        while names and names[-1].stat().st_size == 0:
+        while names and _size(names[-1]) == 0:
             empty = names.pop()
             if not self.read_only:
                 durability.remove(empty)
         for path in names:
-            self.files.append(
-                IndexFile(
+            try:
+                opened = IndexFile(
                     path,
                     self.slot_num,
                     self.index_num,
@@ -109,7 +117,11 @@ class IndexService:
                     cache=self.cache,
                     ahead=self.ahead,
                 )
-            )
+            except SegmentGoneError:
+                if self.files:
+                    raise  # not the oldest: retention deletes from the oldest file on
+                continue  # deleted by retention since the listing
+            self.files.append(opened)
 
     def close(self) -> None:
         for f in self.files + self.spares:

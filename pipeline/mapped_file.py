@@ -46,7 +46,12 @@ import resource
 from pathlib import Path
 
 from rocketstore.pipeline import durability, failpoints
-from rocketstore.pipeline.errors import NotAStoreError, SegmentCreateError, StoreError
+from rocketstore.pipeline.errors import (
+    NotAStoreError,
+    SegmentCreateError,
+    SegmentGoneError,
+    StoreError,
+)
 from rocketstore.pipeline.fileio import io_error
 from rocketstore.pipeline.mappings import MappingCache
 
@@ -205,8 +210,17 @@ class MappedFile:
             try:
                 actual = os.stat(path).st_size
             except OSError as exc:
-                raise StoreError(f"cannot open segment {path}: {exc.strerror}") from exc
+                raise self._open_error(exc) from exc
             self._check_size(actual)
+
+    def _open_error(self, exc: OSError) -> StoreError:
+        if self.read_only and exc.errno == errno.ENOENT:
+            # A view's file deleted after it listed it: retention on a live store, not damage.
+            return SegmentGoneError(
+                f"{self.path}: gone since this read-only view listed it (deleted by retention "
+                "on a live store?); open the store again"
+            )
+        return StoreError(f"cannot open segment {self.path}: {exc.strerror}")
 
     def _check_size(self, actual: int) -> None:
         if actual != self.size:
@@ -220,7 +234,7 @@ class MappedFile:
         try:
             fd = os.open(self.path, flags)
         except OSError as exc:
-            raise StoreError(f"cannot open segment {self.path}: {exc.strerror}") from exc
+            raise self._open_error(exc) from exc
         try:
             self._check_size(os.fstat(fd).st_size)
             access = mmap.ACCESS_READ if self.read_only else mmap.ACCESS_WRITE
@@ -253,8 +267,16 @@ class MappedFile:
         """A copy of ``n`` bytes at ``position``, read without mapping an unmapped file."""
         if self._view is not None:
             return bytes(self._view[position : position + n])
-        with open(self.path, "rb", buffering=0) as f:
-            return os.pread(f.fileno(), n, position)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError as exc:
+            if self.read_only:
+                raise self._open_error(exc) from exc
+            raise
+        try:
+            return os.pread(fd, n, position)
+        finally:
+            os.close(fd)
 
     @property
     def end(self) -> int:

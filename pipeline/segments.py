@@ -39,6 +39,7 @@ from rocketstore.pipeline.errors import (
     NotAStoreError,
     NotVisibleError,
     OffsetOutOfRangeError,
+    SegmentGoneError,
     StoreError,
 )
 from rocketstore.pipeline.mapped_file import (
@@ -154,7 +155,14 @@ def _without_empty_tail(
     """``found`` without the empty files at its end, and those files."""
     kept = list(found)
     empty: list[Path] = []
-    while kept and kept[-1][1].stat().st_size == 0:
+    while kept:
+        try:
+            size = kept[-1][1].stat().st_size
+        except FileNotFoundError:
+            kept.pop()  # deleted since the listing (retention took the queue's last files)
+            continue
+        if size:
+            break
         empty.insert(0, kept.pop()[1])
     return kept, empty
 
@@ -212,7 +220,13 @@ class SegmentQueue:
                     f"{self.directory}: segment {segment_name(expected)} is missing "
                     f"(found {path.name} after it)"
                 )
-            self._open(base, path, self.segment_size)
+            try:
+                self._open(base, path, self.segment_size)
+            except SegmentGoneError:
+                if self.files:
+                    raise  # not the oldest: retention deletes from the head only
+                # Deleted by retention since the listing: the queue now starts further on.
+                continue
             expected = base + self.segment_size
 
     def _open(self, base: int, path: Path, written: int) -> None:

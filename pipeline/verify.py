@@ -120,12 +120,21 @@ The scan's parts: :mod:`~rocketstore.pipeline.verify_log` walks the CommitLog,
 
 Thread-safety: reads only. Run it on a store opened read-only, or from the writer's thread
 between puts.
+
+A live store: a read-only open lists the files once, and retention may delete the oldest of
+them before the scan reads them (:class:`~rocketstore.pipeline.errors.SegmentGoneError`).
+:func:`verify_read_only` opens the store again and starts over when that happens, up to
+:data:`ATTEMPTS` scans, and counts the restarts in the report; the CLI, the console and the soak
+bench verify through it.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import SegmentGoneError
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify_index import IndexChecker
 from rocketstore.pipeline.verify_log import LogWalker
@@ -140,10 +149,12 @@ __all__ = [
     "Progress",
     "VerifyReport",
     "verify",
+    "verify_read_only",
 ]
 
 MAX_PROBLEMS_PER_KIND = 100
 CHUNK_RECORDS = 1 << 17  # records walked, then checked against units and entries, at once
+ATTEMPTS = 5  # scans of a live store that retention deleted files under, before giving up
 
 
 def verify(
@@ -166,6 +177,38 @@ def verify(
         scan.release()
         queues.release()
         index.release()
+
+
+def verify_read_only(
+    path: str | Path,
+    config: StoreConfig | None = None,
+    *,
+    progress: Progress | None = None,
+    max_per_kind: int | None = MAX_PROBLEMS_PER_KIND,
+    attempts: int | None = None,
+) -> VerifyReport:
+    """:func:`verify` on a read-only open of the store at ``path`` (no lock taken, nothing
+    written). When retention deletes a file this open listed before the scan reads it, the
+    store is opened again and scanned from its new beginning, up to ``attempts`` scans in all
+    (default :data:`ATTEMPTS`); :attr:`VerifyReport.restarts` counts the scans started over.
+    Raises :class:`SegmentGoneError` if the last one also lost a file."""
+    tries = max(1, ATTEMPTS if attempts is None else attempts)
+    restarts = 0
+    while True:
+        try:
+            with MessageStore(path, config, read_only=True) as store:
+                report = verify(store, progress=progress, max_per_kind=max_per_kind)
+        except SegmentGoneError as exc:
+            restarts += 1
+            if restarts < tries:
+                continue
+            raise SegmentGoneError(
+                f"{path}: retention deleted files under each of {tries} scans "
+                f"(last: {exc}); verify the store when its writer is idle, or run "
+                "retention less often"
+            ) from exc
+        report.restarts = restarts
+        return report
 
 
 def _run(scan: Scan, queues: QueueChecker, index: IndexChecker) -> VerifyReport:

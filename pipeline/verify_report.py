@@ -50,6 +50,9 @@ class VerifyReport:
     seconds: float = 0.0
     # CommitLog offset the scan stopped at because a writer was appending (None: the whole log)
     snapshot_end: int | None = None
+    # Scans started over because retention deleted a file the read-only open had listed
+    # (verify_read_only); what the report says is from the last, whole scan.
+    restarts: int = 0
 
     @property
     def ok(self) -> bool:
@@ -78,5 +81,6 @@ class VerifyReport:
             "seconds": round(self.seconds, 3),
             "problemsSuppressed": self.suppressed,
             "snapshotEnd": self.snapshot_end,
+            "restarts": self.restarts,
             "problems": [p.to_json() for p in self.problems],
         }

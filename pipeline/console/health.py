@@ -1,8 +1,8 @@
 """``verify`` runs started from the console's health page.
 
 One run at a time per console: :meth:`Health.start` starts a background thread that opens
-each broker read-only in turn and runs :func:`rocketstore.pipeline.verify.verify` on it (the
-function ``rocketstore verify`` calls), recording progress as it goes. A page reads
+each broker read-only in turn and runs :func:`rocketstore.pipeline.verify.verify_read_only` on
+it (the function ``rocketstore verify`` calls), recording progress as it goes. A page reads
 :meth:`Health.snapshot`, a copy taken under the lock, and refreshes while the run lasts.
 
 Thread-safety: every field is read and written under one lock; the run's thread is the only
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rocketstore.pipeline.console.views import Console
 from rocketstore.pipeline.errors import StoreError
-from rocketstore.pipeline.verify import Problem, verify
+from rocketstore.pipeline.verify import Problem, verify_read_only
 
 MAX_PROBLEMS_SHOWN = 500
 
@@ -117,8 +117,12 @@ class Health:
         for name, path in brokers:
             result: BrokerResult
             try:
-                with self._console.open(path) as store:
-                    report = verify(store, progress=self._progress(name), max_per_kind=100)
+                report = verify_read_only(
+                    path,
+                    self._console.config,
+                    progress=self._progress(name),
+                    max_per_kind=100,
+                )
                 result = BrokerResult(
                     name,
                     report.ok,
