@@ -426,6 +426,8 @@ class Soak:
             row[f"{name}_backlog"] = ws["written"] - s["read"]
             row[f"{name}_batches"] = len(s["batch_ms"])
             row[f"{name}_batch_max_ms"] = _percentiles(s["batch_ms"])["max"]
+        for key, value in stats["reader"]["heap"].items():
+            row[f"reader_{key}"] = value
         for name, s in stats.items():
             for text in s["errors"]:
                 self.run.error(t, name, text)
@@ -566,6 +568,9 @@ def summarise(run: Run, plan: Plan, settings: Settings) -> dict[str, Any]:
     }
     out["store"] = {key: growth(run.samples, key, plan) for key in ("store_mib", "live_files")}
     out["writer"]["fds_beyond_files"] = growth(run.samples, "writer_fds_beyond_files", plan)
+    # Where the reader's anonymous memory is (soak_workers.heap_figures).
+    for key, _label, _unit in HEAP_ROWS:
+        out["reader"][key] = growth(run.samples, f"reader_{key}", plan)
     every = [v for values in run.latencies for v in values]
     builds = [v for values in run.builds for v in values]
     last = run.samples[-1] if run.samples else {}
@@ -621,6 +626,14 @@ def _growth_row(name: str, label: str, unit: str, g: dict[str, Any], target: boo
     )
 
 
+HEAP_ROWS = (
+    ("malloc_heap_mib", "malloc heaps", "MiB"),
+    ("malloc_used_mib", "malloc in use", "MiB"),
+    ("arrow_mib", "Arrow pool in use", "MiB"),
+    ("py_objects", "Python objects", "objects"),
+)
+
+
 def rows(summary: dict[str, Any], run: Run) -> list[Row]:
     out: list[Row] = []
     for name in PROCESSES:
@@ -631,6 +644,9 @@ def rows(summary: dict[str, Any], run: Run) -> list[Row]:
             out.append(_growth_row(name, "JVM VmRSS", "MiB", g["largest_rss_mib"], False))
         out.append(_growth_row(name, "descriptors", "fds", g["fds"], True))
         out.append(_growth_row(name, "mappings", "maps", g["maps"], False))
+        if name == "reader":
+            for key, label, unit in HEAP_ROWS:
+                out.append(_growth_row(name, label, unit, g[key], False))
     out.append(_growth_row("store", "disk use", "MiB", summary["store"]["store_mib"], False))
     out.append(_growth_row("store", "files", "files", summary["store"]["live_files"], False))
     beyond = summary["writer"]["fds_beyond_files"]

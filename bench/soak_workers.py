@@ -247,6 +247,43 @@ class _ReaderState(_Counters):
     read: int = 0
     batches: int = 0
     batch_ms: list[float] = dataclasses.field(default_factory=list)
+    heap: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+def heap_figures() -> dict[str, float]:
+    """Where this process's anonymous memory goes, for telling a leak from an allocator that
+    keeps what was freed: glibc malloc's heaps over every arena (``malloc_info``: bytes
+    obtained from the system, and of those the bytes not free), Arrow's pool (bytes
+    allocated), and the count of Python objects the collector tracks."""
+    import ctypes
+    import gc
+    import re
+    import tempfile
+
+    libc = ctypes.CDLL(None)
+    libc.fopen.restype = ctypes.c_void_p
+    libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    with tempfile.NamedTemporaryFile(prefix="malloc-info-") as out:
+        fp = libc.fopen(out.name.encode(), b"w")
+        libc.malloc_info(0, fp)
+        libc.fclose(fp)
+        xml = Path(out.name).read_text()
+    # The totals follow the last </heap>: free chunks by kind, then the system's bytes.
+    tail = xml[xml.rfind("</heap>") :]
+    free = sum(
+        int(n) for n in re.findall(r'<total type="(?:fast|rest)" count="\d+" size="(\d+)"', tail)
+    )
+    current = int(re.search(r'<system type="current" size="(\d+)"', tail).group(1))  # type: ignore[union-attr]
+    mmapped = int(re.search(r'<total type="mmap" count="\d+" size="(\d+)"', tail).group(1))  # type: ignore[union-attr]
+    mib = 1 << 20
+    return {
+        "malloc_heap_mib": round((current + mmapped) / mib, 2),
+        "malloc_used_mib": round((current + mmapped - free) / mib, 2),
+        "arrow_mib": round(pa.total_allocated_bytes() / mib, 2),
+        "py_objects": float(len(gc.get_objects())),
+    }
 
 
 class _Stream:
@@ -330,6 +367,7 @@ def reader_main(conn: Connection, root: str, settings: Settings) -> None:
             if request == "drain":
                 target, drain_by = int(value), time.monotonic() + DRAIN_LIMIT_S
             else:
+                state.heap = heap_figures()
                 conn.send(("stats", state.report()))
             continue
         now = time.monotonic()
