@@ -20,7 +20,8 @@ and the ``checkpoint``. A writer replaces its other files by a rename (the progr
 ``topics.json``) or writes them only when it opens the store (``lock``, the epochs file), and
 the CommitLog has its dead region.
 
-Crash behaviour: each file is copied whole (the same bytes, holes left for zero runs) and
+Crash behaviour: each file is copied whole (the same bytes; its holes, as ``SEEK_DATA`` finds
+them, and its runs of zeros are left as holes) and
 renamed over the old one only after the copy is durable, so at every point each path names
 either the old inode or an identical new one. A crash leaves at most a temporary file (``*`` +
 ``.creating``, removed by the next writable open; ``checkpoint.tmp``, rewritten before use),
@@ -96,6 +97,30 @@ def renew_file(path: Path, tmp: Path | None = None) -> None:
             f"{path}: cannot give the file a new inode after an unclean take-over "
             f"({exc.strerror or exc}: {step}); the file is as it was"
         ) from exc
+
+
+def _data_extents(fd: int, size: int) -> list[tuple[int, int]]:
+    """The ranges of the file that may hold data, by ``SEEK_DATA``/``SEEK_HOLE``: an IndexFile
+    of RocketMQ's size is 400 MiB, mostly holes until it fills, and only its data is worth
+    reading. A file system that cannot tell (``EINVAL``, ``EOPNOTSUPP``) gets the whole file
+    read; one that answers as if there were no holes gives the same."""
+    extents: list[tuple[int, int]] = []
+    at = 0
+    while at < size:
+        try:
+            start = os.lseek(fd, at, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                break  # nothing but a hole from ``at`` to the end
+            if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+                return [(0, size)]
+            raise
+        if start >= size:
+            break
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        extents.append((start, end))
+        at = end
+    return extents
 
 
 def _read_exactly(fd: int, n: int, at: int, path: Path) -> bytes:

@@ -19,6 +19,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rocketstore.pipeline import durability, renewal
 from rocketstore.pipeline.config import StoreConfig
@@ -239,3 +241,71 @@ def test_a_fenced_writer_whose_files_were_replaced_is_told_it_was_fenced(
         a.flush(force=True)
     with pytest.raises(FencedError):
         a.close()
+
+
+# -- the copy itself: holes found by SEEK_DATA, zero runs, against a plain model -------------
+PAGE = 4096
+
+
+@settings(max_examples=60)
+@given(
+    size=st.integers(1, 64 * PAGE),
+    writes=st.lists(
+        st.tuples(st.floats(0, 1, exclude_max=True), st.binary(min_size=1, max_size=3 * PAGE)),
+        max_size=8,
+    ),
+)
+def test_a_renewed_file_holds_the_same_bytes_in_a_new_inode(
+    tmp_path_factory: pytest.TempPathFactory, size: int, writes: list[tuple[float, bytes]]
+) -> None:
+    """A sparse file with data written here and there (zeros among it, at either end or none
+    at all): the renewed file has the same size and bytes as a bytearray given the same
+    writes, is a new inode, and takes no more blocks than the original."""
+    path = tmp_path_factory.mktemp("renew") / "00000000000000000000"
+    model = bytearray(size)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, size)
+        for where, data in writes:
+            at = int(where * size)
+            data = data[: size - at]
+            os.pwrite(fd, data, at)
+            model[at : at + len(data)] = data
+    finally:
+        os.close(fd)
+    before = path.stat()
+    renewal.renew_file(path)
+    after = path.stat()
+    assert path.read_bytes() == bytes(model)
+    assert after.st_size == size and after.st_ino != before.st_ino
+    assert after.st_blocks <= before.st_blocks
+    assert not path.with_name(path.name + TMP_SUFFIX).exists()
+
+
+def test_data_extents_skip_the_holes_of_a_large_sparse_file(tmp_path: Path) -> None:
+    """An IndexFile-sized file holding two pages of data: the copy reads only what
+    ``SEEK_DATA`` finds (on a file system that supports it: ext4, xfs, tmpfs), and a file of
+    holes alone reads nothing."""
+    path = tmp_path / "sparse"
+    size = 400 << 20
+    with path.open("wb") as f:
+        f.truncate(size)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert renewal._data_extents(fd, size) in ([], [(0, size)])
+        os.pwrite(fd, b"h" * 10, 0)
+        os.pwrite(fd, b"e" * 10, 300 << 20)
+        os.fsync(fd)
+        extents = renewal._data_extents(fd, size)
+    finally:
+        os.close(fd)
+    if extents == [(0, size)]:
+        pytest.skip(f"{tmp_path}: this file system does not report holes")
+    assert sum(end - start for start, end in extents) <= 4 * PAGE
+    assert extents[0][0] == 0 and any(s <= (300 << 20) < e for s, e in extents)
+    renewal.renew_file(path)
+    with path.open("rb") as f:
+        assert f.read(10) == b"h" * 10
+        f.seek(300 << 20)
+        assert f.read(10) == b"e" * 10
+    assert path.stat().st_blocks * 512 <= 4 * PAGE
