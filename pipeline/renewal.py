@@ -53,7 +53,8 @@ from rocketstore.pipeline.mapped_file import TMP_SUFFIX
 from rocketstore.pipeline.progress import FlushProgress
 from rocketstore.pipeline.segments import list_segments
 
-_STEP = 1 << 20
+_STEP = 1 << 20  # bytes read at a time; a multiple of _PAGE
+_PAGE = 4096
 _ZEROS = bytes(_STEP)
 # An IndexFile header's beginPhyOffset (rocketstore.pipeline.indexfile): bytes 16..24.
 _BEGIN_PHY = struct.Struct(">q")
@@ -77,10 +78,11 @@ def renew_file(path: Path, tmp: Path | None = None) -> None:
             dst = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 os.ftruncate(dst, size)
-                for at in range(0, size, _STEP):
-                    chunk = _read_exactly(src, min(_STEP, size - at), at, path)
-                    if chunk != _ZEROS[: len(chunk)]:
-                        pwrite_all(dst, chunk, at)
+                for start, end in _data_extents(src, size):
+                    for at in range(start, end, _STEP):
+                        chunk = _read_exactly(src, min(_STEP, end - at), at, path)
+                        if chunk != _ZEROS[: len(chunk)]:
+                            _write_pages(dst, chunk, at)
                 step = f"fsync of {tmp}"
                 durability.fsync(dst, tmp)
             finally:
@@ -97,6 +99,24 @@ def renew_file(path: Path, tmp: Path | None = None) -> None:
             f"{path}: cannot give the file a new inode after an unclean take-over "
             f"({exc.strerror or exc}: {step}); the file is as it was"
         ) from exc
+
+
+def _write_pages(fd: int, chunk: bytes, at: int) -> None:
+    """Write the pages of ``chunk`` (at file offset ``at``, a multiple of :data:`_PAGE`) that
+    are not all zeros, a run of them at a time: the copy gets a block only where the original
+    holds data, so it takes no more space than the original did."""
+    view = memoryview(chunk)
+    run: int | None = None
+    for p in range(0, len(view), _PAGE):
+        page = view[p : p + _PAGE]
+        zero = page == _ZEROS[: len(page)]
+        if not zero and run is None:
+            run = p
+        elif zero and run is not None:
+            pwrite_all(fd, view[run:p], at + run)
+            run = None
+    if run is not None:
+        pwrite_all(fd, view[run:], at + run)
 
 
 def _data_extents(fd: int, size: int) -> list[tuple[int, int]]:
@@ -118,6 +138,7 @@ def _data_extents(fd: int, size: int) -> list[tuple[int, int]]:
         if start >= size:
             break
         end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        start -= start % _PAGE  # whole pages, for _write_pages
         extents.append((start, end))
         at = end
     return extents
