@@ -226,11 +226,11 @@ def test_ingest_rate_source_until_timeout(spark: Any, tmp_path: Path, store_conf
         "--rows-per-second", "200",
         "--body-format", "json",
         "--trigger", "1 second",
-        "--timeout", "6",
+        "--timeout", "12",
     ]  # fmt: skip
     assert ingest.main(args, spark=spark) == 0
     values = [m["body"]["value"] for m in stored(tmp_path / "store", "load")]
-    assert values, "the rate source produced nothing in 6 s"
+    assert values, "the rate source produced nothing in 12 s"
     assert len(values) == len(set(values))
     # Rate values are consecutive from 0; the stop comes between micro-batches.
     assert sorted(values) == list(range(len(values)))
