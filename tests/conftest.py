@@ -28,6 +28,13 @@ class _OneImportName:
 
 sys.meta_path.insert(0, _OneImportName())  # type: ignore[arg-type]
 
+# Every Spark driver the suite starts (the session below, and the jobs tests run with
+# spark-submit or in processes of their own, which inherit this) is a JVM that lives for
+# seconds to a minute on two cores: its C2 compiler's work does not pay back before it exits.
+# With the JIT stopped at C1, the Spark tests took 78-83 s against 97-106 s (two runs each of
+# test_sink_spark.py and test_source_spark.py, -n 2). A user's Spark keeps its own options.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
+
 # Hypothesis fails an example that takes over 200 ms by default: a timed assertion, which on a
 # loaded two-core machine fails at random (a first example paying for imports and page faults
 # took 309 ms). How long things take is the benchmarks' business, not the tests'.
