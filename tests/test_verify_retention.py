@@ -40,9 +40,7 @@ def body(i: int) -> bytes:
 def writer(tmp_path: Path) -> Iterator[MessageStore]:
     store = MessageStore(tmp_path / "store", CONFIG, background=False)
     for first in range(0, MESSAGES, 100):
-        store.put_batch(
-            [Message("T", body(i), keys=[f"k{i}"]) for i in range(first, first + 100)]
-        )
+        store.put_batch([Message("T", body(i), keys=[f"k{i}"]) for i in range(first, first + 100)])
     store.flush()
     yield store
     store.close()
