@@ -334,3 +334,29 @@ def test_data_extents_skip_the_holes_of_a_large_sparse_file(tmp_path: Path) -> N
         f.seek(300 << 20)
         assert f.read(10) == b"e" * 10
     assert data_pages(path) == {0, (300 << 20) // PAGE}
+
+
+def test_seek_answers_that_do_not_move_on_read_the_whole_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GlusterFS's FUSE client was seen answering ``SEEK_DATA`` and ``SEEK_HOLE`` both with the
+    offset asked (``lseek(fd, 12288, SEEK_HOLE) = 12288``, then ``SEEK_DATA`` the same), which
+    would walk the file forever: such answers make the copy read the whole file."""
+    path = tmp_path / "f"
+    data = b"\0" * 12288 + b"x" * 5000 + b"\0" * 9000 + b"y"
+    path.write_bytes(data)
+    real = os.lseek
+
+    def stuck(fd: int, pos: int, how: int) -> int:
+        if how in (os.SEEK_DATA, os.SEEK_HOLE) and pos >= 12288:
+            return pos
+        return real(fd, pos, how)
+
+    monkeypatch.setattr(renewal.os, "lseek", stuck)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert renewal._data_extents(fd, len(data)) == [(0, len(data))]
+    finally:
+        os.close(fd)
+    renewal.renew_file(path)
+    assert path.read_bytes() == data
