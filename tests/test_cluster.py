@@ -185,9 +185,6 @@ class Cluster:
         settings = {
             "spark.pyspark.python": EXECUTOR_PYTHON,
             "spark.pyspark.driver.python": str(node.driver),
-            # Short-lived test executors, like the drivers (tests/conftest.py, SPARK_SUBMIT_OPTS):
-            # the C2 compiler's work does not pay back before they exit.
-            "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1",
             **(conf or {}),
         }
         cmd = [
