@@ -557,6 +557,15 @@ def latency_over_time(run: Run, plan: Plan) -> list[dict[str, Any]]:
     ]
 
 
+# The reader's heap figures (soak_workers.heap_figures): sample key, row label, unit.
+HEAP_ROWS = (
+    ("malloc_heap_mib", "malloc heaps", "MiB"),
+    ("malloc_used_mib", "malloc in use", "MiB"),
+    ("arrow_mib", "Arrow pool in use", "MiB"),
+    ("py_objects", "Python objects", "objects"),
+)
+
+
 def summarise(run: Run, plan: Plan, settings: Settings) -> dict[str, Any]:
     keys = ["rss_mib", "anon_mib", "file_mib", "fds", "maps", "threads"]
     out: dict[str, Any] = {
@@ -626,14 +635,6 @@ def _growth_row(name: str, label: str, unit: str, g: dict[str, Any], target: boo
         target=f"< {GROWTH_TARGET_PCT:g} %" if target else "",
         met=met,
     )
-
-
-HEAP_ROWS = (
-    ("malloc_heap_mib", "malloc heaps", "MiB"),
-    ("malloc_used_mib", "malloc in use", "MiB"),
-    ("arrow_mib", "Arrow pool in use", "MiB"),
-    ("py_objects", "Python objects", "objects"),
-)
 
 
 def rows(summary: dict[str, Any], run: Run) -> list[Row]:

@@ -24,9 +24,13 @@ paces its query itself.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import gc
 import json
 import os
+import re
+import tempfile
 import time
 import traceback
 from multiprocessing.connection import Connection
@@ -255,11 +259,6 @@ def heap_figures() -> dict[str, float]:
     keeps what was freed: glibc malloc's heaps over every arena (``malloc_info``: bytes
     obtained from the system, and of those the bytes not free), Arrow's pool (bytes
     allocated), and the count of Python objects the collector tracks."""
-    import ctypes
-    import gc
-    import re
-    import tempfile
-
     libc = ctypes.CDLL(None)
     libc.fopen.restype = ctypes.c_void_p
     libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]

@@ -26,18 +26,10 @@ from rocketstore.pipeline import durability
 from rocketstore.pipeline.errors import SegmentGoneError, StoreError
 from rocketstore.pipeline.indexfile import RESERVE_AHEAD, IndexFile
 from rocketstore.pipeline.javahash import index_key_hash
-from rocketstore.pipeline.mapped_file import remove_leftovers
+from rocketstore.pipeline.mapped_file import listed_size, remove_leftovers
 from rocketstore.pipeline.mappings import MappingCache
 
 NAME_LENGTH = 17
-
-
-def _size(path: Path) -> int:
-    """The file's size; -1 when it is gone since the listing (opening it says so)."""
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return -1
 
 
 def index_file_name(ms: int) -> str:
@@ -103,7 +95,7 @@ class IndexService:
         # broker can list a newest file of 0 bytes, and a broker that died between the two
         # leaves one. It holds nothing, so it is left out (and removed by a writable open), as
         # an empty last segment is (rocketstore.pipeline.segments); ours are created full-size.
-        while names and _size(names[-1]) == 0:
+        while names and listed_size(names[-1]) == 0:
             empty = names.pop()
             if not self.read_only:
                 durability.remove(empty)

@@ -154,6 +154,15 @@ def remove_leftovers(directory: Path) -> None:
             durability.remove(leftover)
 
 
+def listed_size(path: Path) -> int:
+    """The size of a file a directory listing named; -1 when it is gone since (retention on a
+    live store): opening it then says so (:class:`SegmentGoneError` for a read-only view)."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return -1
+
+
 class MappedFile:
     """A memory-mapped segment of ``size`` bytes whose first byte is log offset ``base``.
 

@@ -45,6 +45,7 @@ from rocketstore.pipeline.errors import (
 from rocketstore.pipeline.mapped_file import (
     RESERVE_AHEAD,
     MappedFile,
+    listed_size,
     parse_segment_name,
     remove_leftovers,
     segment_name,
@@ -155,14 +156,7 @@ def _without_empty_tail(
     """``found`` without the empty files at its end, and those files."""
     kept = list(found)
     empty: list[Path] = []
-    while kept:
-        try:
-            size = kept[-1][1].stat().st_size
-        except FileNotFoundError:
-            kept.pop()  # deleted since the listing (retention took the queue's last files)
-            continue
-        if size:
-            break
+    while kept and listed_size(kept[-1][1]) == 0:
         empty.insert(0, kept.pop()[1])
     return kept, empty
 
