@@ -116,3 +116,9 @@ def test_every_panel_query_parses(tmp_path: Path) -> None:
     assert f"SUCCESS: {len(exprs)} rules found" in promtool(
         "check", "rules", str(tmp_path / "panels.yml"), cwd=tmp_path
     )
+
+
+def test_every_metric_is_documented() -> None:
+    text = (CONF.parent.parent / "docs" / "monitoring.md").read_text()
+    missing = sorted(n for n in exported() if f"`{n}`" not in text)
+    assert not missing, missing
