@@ -46,6 +46,14 @@ PRE_BLANK_SIZE = 0x7FFFFFFF
 RESERVE_AHEAD = 64 * 1024
 
 Units = npt.NDArray[np.void]
+# Units a scan for a queue's end reads first, and at most at once (it reads 4 times more each
+# time): a queue of a few units costs one small read, a full file a few large ones.
+_SCAN_FIRST = 256
+_SCAN_MOST = 64 * 1024
+
+
+def _valid(unit: tuple[int, int, int]) -> bool:
+    return unit[0] >= 0 and unit[1] > 0
 
 
 def make_units(offsets: npt.ArrayLike, sizes: npt.ArrayLike, tags_codes: npt.ArrayLike) -> Units:
@@ -85,7 +93,8 @@ class ConsumeQueue:
         self.topic = topic
         self.queue_id = queue_id
         self.name = f"{topic}/{queue_id}"  # as the progress file names it
-        self.directory = root / topic / str(queue_id)
+        self._root = root
+        self._directory: Path | None = None
         self.file_size = file_size
         self.units_per_file = file_size // CQ_UNIT_SIZE
         self.read_only = read_only
@@ -100,6 +109,15 @@ class ConsumeQueue:
         self._dirty = False
         self.min_logic_offset = 0  # byte offset of the first unit still pointing at live data
         self.max_physic_offset = -1  # end (offset + size) of the last unit's record
+
+    @property
+    def directory(self) -> Path:
+        """``consumequeue/<topic>/<queueId>`` (made when first asked: a store that opens
+        40,000 queues and writes to a few does not build 40,000 paths)."""
+        d = self._directory
+        if d is None:
+            d = self._directory = self._root.joinpath(self.topic, str(self.queue_id))
+        return d
 
     # -- loading ----------------------------------------------------------------------------
     @property
@@ -162,7 +180,7 @@ class ConsumeQueue:
         # units through one descriptor.
         with seg.files[-1].borrowed() if seg.files else contextlib.nullcontext():
             if length is None or not self._end_at(length):
-                self._scan_end()
+                self._scan_end(self._valid_below(length))
             self.min_logic_offset = seg.min_offset
             if self._on_load is not None:
                 try:
@@ -174,23 +192,38 @@ class ConsumeQueue:
                     raise
         return seg
 
-    def _scan_end(self) -> None:
+    def _scan_end(self, known: int = 0) -> None:
+        """Find the end by reading units: the first invalid unit of the last file whose first
+        unit is valid (trailing files that have none, pre-allocated or emptied by a crash, do
+        not hold the end). Units below ``known`` are known to be valid (what the last flush
+        recorded): the scan starts there. It reads forward in growing chunks and stops at the
+        first invalid unit, so it costs what the queue holds past ``known``, not its files'
+        capacity."""
         files = self.segments.files
-        # Trailing files with no valid unit at all (pre-allocated, or emptied by a crash) do not
-        # hold the end; step back to the last file that has units.
-        for i in range(len(files) - 1, -1, -1):
-            units = self._file_units(i)
-            valid = (units["offset"] >= 0) & (units["size"] > 0)
-            invalid = np.flatnonzero(~valid)
-            count = int(invalid[0]) if len(invalid) else len(units)
-            files[i].wrote_position = files[i].flushed_position = count * CQ_UNIT_SIZE
-            if count > 0 or i == 0:
-                for j in range(i + 1, len(files)):
-                    files[j].wrote_position = files[j].flushed_position = 0
-                if count > 0:
-                    last = units[count - 1]
-                    self.max_physic_offset = int(last["offset"]) + int(last["size"])
+        i = len(files) - 1
+        while i > 0 and not _valid(UNIT.unpack(files[i].read(0, CQ_UNIT_SIZE))):
+            i -= 1
+        for j in range(i + 1, len(files)):
+            files[j].wrote_position = files[j].flushed_position = 0
+        if not files:
+            return
+        mf = files[i]
+        per_file = self.units_per_file
+        k = min(per_file, max(0, known - mf.base // CQ_UNIT_SIZE))
+        count, chunk = per_file, _SCAN_FIRST
+        while k < per_file:
+            n = min(chunk, per_file - k)
+            units = np.empty(n, dtype=UNIT_DTYPE)
+            mf.read_into(k * CQ_UNIT_SIZE, units.view(np.uint8).data)
+            invalid = np.flatnonzero((units["offset"] < 0) | (units["size"] <= 0))
+            if len(invalid):
+                count = k + int(invalid[0])
                 break
+            k, chunk = k + n, min(chunk * 4, _SCAN_MOST)
+        mf.wrote_position = mf.flushed_position = count * CQ_UNIT_SIZE
+        if count > 0:
+            offset, size, _ = UNIT.unpack(mf.read((count - 1) * CQ_UNIT_SIZE, CQ_UNIT_SIZE))
+            self.max_physic_offset = offset + size
 
     def _end_at(self, length: int) -> bool:
         """Take ``length`` as the end if the units around it say so; False sets no position.
@@ -228,6 +261,18 @@ class ConsumeQueue:
         self.max_physic_offset = last[0] + last[1]
         return True
 
+    def _valid_below(self, length: int | None) -> int:
+        """``length`` when the unit before it is valid (the queue holds at least what the last
+        flush recorded: a scan for its end may start there), else 0."""
+        if not length:
+            return 0
+        pos = (length - 1) * CQ_UNIT_SIZE
+        try:
+            mf = self.segments.find(pos)
+        except OffsetOutOfRangeError:
+            return 0
+        return length if _valid(UNIT.unpack(mf.read(pos - mf.base, CQ_UNIT_SIZE))) else 0
+
     def units_past(self, length: int) -> bool:
         """Whether a valid unit lies at queue offset ``length`` (written after the flush that
         recorded ``length``), read with one ``pread`` and without loading the queue."""
@@ -262,7 +307,7 @@ class ConsumeQueue:
             offset, size, _ = UNIT.unpack(first.read(0, CQ_UNIT_SIZE))
             if offset >= min_commitlog_offset and 0 < size != PRE_BLANK_SIZE:
                 return first.base  # the usual case: nothing of this file was deleted
-        units = self._file_units(first_file)[: first.wrote_position // CQ_UNIT_SIZE]
+        units = self._file_units(first_file, first.wrote_position // CQ_UNIT_SIZE)
         live = np.flatnonzero(
             (units["offset"] >= min_commitlog_offset)
             & (units["size"] > 0)
@@ -298,11 +343,10 @@ class ConsumeQueue:
             self._dirty = True
             self._on_dirty(self)
 
-    def _file_units(self, i: int) -> Units:
-        """Every unit of file ``i``, read whole (a scan for the end, or for the first live
-        unit after retention)."""
+    def _file_units(self, i: int, count: int | None = None) -> Units:
+        """The first ``count`` units (default: every unit) of file ``i``, read whole."""
         mf = self.segments.files[i]
-        out = np.empty(self.units_per_file, dtype=UNIT_DTYPE)
+        out = np.empty(self.units_per_file if count is None else count, dtype=UNIT_DTYPE)
         mf.read_into(0, out.view(np.uint8).data)
         return out
 
@@ -544,13 +588,16 @@ class ConsumeQueue:
                 hi = mid
         return lo
 
-    def truncate_after_physical(self, phys_end: int) -> int:
-        """Drop units whose record does not end by ``phys_end``; returns how many were dropped."""
+    def truncate_after_physical(self, phys_end: int, *, sync: bool = True) -> int:
+        """Drop units whose record does not end by ``phys_end``; returns how many were dropped.
+        With ``sync`` False the zeroed bytes are made durable by :meth:`sync_truncated` (or the
+        next flush) instead of now: recovery cuts thousands of queues and syncs them at once,
+        before anything is written after them."""
         have = self.max_offset
         lo = self.first_past(phys_end)
         if lo >= have:
             return 0
-        self.segments.truncate(lo * CQ_UNIT_SIZE)
+        self.segments.truncate(lo * CQ_UNIT_SIZE, sync=sync)
         self._mark_dirty()
         last = self.read(lo - 1, 1) if lo > self.min_offset else None
         self.max_physic_offset = (
@@ -575,6 +622,18 @@ class ConsumeQueue:
         self._dirty = False
         if self._segments is not None:
             self._segments.flush()
+
+    @property
+    def truncated_unsynced(self) -> bool:
+        """Whether bytes a truncation zeroed are not durable yet (see
+        :meth:`truncate_after_physical`)."""
+        return self._segments is not None and bool(self._segments.unsynced)
+
+    def sync_truncated(self, *, synced: bool = False) -> None:
+        """Make the bytes truncations zeroed durable now (``synced``: a sync of the whole file
+        system just did)."""
+        if self._segments is not None:
+            self._segments.sync_truncated(synced=synced)
 
     def flushed_by_sync(self) -> None:
         """What :meth:`flush` would have made durable was, by a sync of the whole file system

@@ -40,15 +40,24 @@ def _segments(directory: Path) -> Iterator[os.DirEntry[str]]:
 
 
 def _files(path: Path, index: bool) -> Iterator[tuple[os.DirEntry[str], str]]:
-    """(file, kind) of every fixed-size file of the store at ``path`` (IndexFiles only with
-    ``index``: a store that keeps no index never opens them)."""
+    """(file, kind) of every CommitLog segment and IndexFile of the store at ``path``
+    (IndexFiles only with ``index``: a store that keeps no index never opens them), and of the
+    files of the first ConsumeQueue found: settings that differ from the store's show in every
+    file of a kind, and a store of 40,000 queues is not listed whole to open it (each queue's
+    files are checked when it loads)."""
     for entry in _segments(path / "commitlog"):
         yield entry, "commitlog"
     cq_root = path / "consumequeue"
     for topic in _entries(cq_root, dirs=True):
+        found = False
         for queue in _entries(Path(topic.path), dirs=True):
             for entry in _segments(Path(queue.path)):
+                found = True
                 yield entry, "consumequeue"
+            if found:
+                break
+        if found:
+            break
     for entry in _entries(path / "index") if index else ():
         if len(entry.name) == INDEX_NAME_LENGTH and entry.name.isdigit():
             yield entry, "index"
@@ -56,9 +65,9 @@ def _files(path: Path, index: bool) -> Iterator[tuple[os.DirEntry[str], str]]:
 
 def check_geometry(path: Path, config: StoreConfig) -> None:
     """Raise :class:`NotAStoreError`, naming the first file of the wrong size, the setting and
-    where the settings came from, unless every non-empty fixed-size file of the store has the
-    size ``config`` gives it. Empty files (a crash between creating and sizing one) are left to
-    recovery."""
+    where the settings came from, unless every non-empty fixed-size file of the store looked
+    at (see :func:`_files`) has the size ``config`` gives it. Empty files (a crash between
+    creating and sizing one) are left to recovery."""
     expected = {
         "commitlog": (
             config.mapped_file_size_commitlog,

@@ -131,6 +131,19 @@ class QueueSet:
             raise
         return dirty
 
+    def sync_truncated(self, queues: list[ConsumeQueue], store_path: Path) -> None:
+        """Make what truncations of ``queues`` zeroed durable, at once where one ``syncfs``
+        can (recovery cut them, and nothing may be written after them before this)."""
+        cut = [cq for cq in queues if cq.truncated_unsynced]
+        if self.syncfs and len(cut) >= SYNCFS_MIN_QUEUES:
+            self.cache.work.synced_all += 1
+            durability.syncfs(store_path)
+            for cq in cut:
+                cq.sync_truncated(synced=True)
+        else:
+            for cq in cut:
+                cq.sync_truncated()
+
     def push_out(self) -> None:
         """Write out what the queues hold dirty, ignoring failures (see the store's flush: a
         page left dirty on a shared file system reaches the servers whenever the kernel writes

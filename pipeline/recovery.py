@@ -276,9 +276,10 @@ _HEAD_CHECK = np.dtype(
 
 
 def last_unit_matches(log: CommitLog, cq: ConsumeQueue) -> bool:
-    """Whether the queue's last unit points at a record of the queue (as
-    :func:`damaged_queues` with ``last_only`` checks it, for one queue, without numpy: a store
-    checks each queue this way when it first loads it). True for a queue with no unit."""
+    """Whether the queue's last unit points at a record of the queue (what
+    :func:`damaged_queues` checks of every unit, for the last one, without numpy: after a
+    clean close, and when a store first loads a queue, it vouches for the rest). True for a
+    queue with no unit."""
     hi = cq.max_offset
     if hi <= cq.min_offset:
         return True
@@ -305,18 +306,16 @@ def last_unit_matches(log: CommitLog, cq: ConsumeQueue) -> bool:
 
 
 def damaged_queues(
-    log: CommitLog, queues: dict[tuple[str, int], ConsumeQueue], *, last_only: bool = False
+    log: CommitLog, queues: dict[tuple[str, int], ConsumeQueue]
 ) -> list[tuple[str, int]]:
     """Queues with a unit that does not point at a record of that queue: the record at the
     unit's offset must lie inside the log and have the magic code, the unit's size, the queue's
-    id and the unit's queue offset. Every unit is checked, vectorised per segment; with
-    ``last_only``, only each queue's last unit (what a clean close vouches for the rest)."""
+    id and the unit's queue offset. Every unit is checked, vectorised per segment
+    (:func:`last_unit_matches` checks one queue's last)."""
     files = log.segments.files
     bad: list[tuple[str, int]] = []
     for key, cq in queues.items():
         lo, hi = cq.min_offset, cq.max_offset
-        if last_only:
-            lo = max(lo, hi - 1)
         if hi <= lo:
             continue
         if not files:
@@ -401,6 +400,7 @@ def recover(
     dead: Sequence[tuple[int, int]] = (),
     cut_at_damage: bool = False,
     rebuild_index: bool = False,
+    sync_truncated: Callable[[list[ConsumeQueue]], None] | None = None,
 ) -> RecoveryReport:
     """Recover (see the module). ``dead`` are the CommitLog's dead regions (rocketstore.pipeline.fencing).
 
@@ -408,7 +408,9 @@ def recover(
     it found: cutting there would drop them (rocketstore.pipeline.recovery.resumes_after); with
     ``cut_at_damage`` it cuts all the same (the report's ``damageResumesAt`` says where valid
     records resumed). ``rebuild_index``: drop the index and dispatch it again from the log,
-    whatever it holds (a writer fenced off may have written a page of it late)."""
+    whatever it holds (a writer fenced off may have written a page of it late).
+    ``sync_truncated`` makes what the ConsumeQueues' cuts zeroed durable (the store's does it
+    with one syncfs for many queues); it runs before anything is dispatched again."""
     started = time.perf_counter()
     report = RecoveryReport(abort_file_found=abnormal)
     queue_list = list(queues.values())
@@ -514,6 +516,11 @@ def recover(
         if redispatch_from < cut_at:
             _drop_derived(log, queue_list, index, redispatch_from, report)
         report.redispatch_from = redispatch_from
+        if sync_truncated is not None:
+            sync_truncated(queue_list)
+        else:
+            for cq in queue_list:
+                cq.sync_truncated()
         if redispatch_from < end:
             count, last_unit_ts = dispatch.redispatch(
                 log, redispatch_from, end, queue_factory, index
@@ -531,7 +538,11 @@ def recover(
     if not read_only:
         # Unlike RocketMQ, rebuild ConsumeQueues that do not match the log.
         looked_at = {key: cq for key, cq in queues.items() if cq.loaded}
-        rebuild = damaged_queues(log, looked_at, last_only=trusted is not None and not full_check)
+        if trusted is not None and not full_check:
+            # What a clean close vouches for the rest: each queue's last unit, one read each.
+            rebuild = [key for key, cq in looked_at.items() if not last_unit_matches(log, cq)]
+        else:
+            rebuild = damaged_queues(log, looked_at)
         if progress is not None and trusted is not None:
             # Queues the last flush recorded that are now missing or shorter.
             for name, length in progress.queues.items():
@@ -565,9 +576,10 @@ def _drop_derived(
     phys: int,
     report: RecoveryReport,
 ) -> None:
-    """Forget ConsumeQueue units and index entries of records at ``phys`` or later."""
+    """Forget ConsumeQueue units and index entries of records at ``phys`` or later. The
+    queues' zeroed bytes are synced by the caller, all at once, before anything is written."""
     for cq in queues:
-        report.units_dropped += cq.truncate_after_physical(phys)
+        report.units_dropped += cq.truncate_after_physical(phys, sync=False)
     if index is not None:
         report.index_entries_dropped += index.truncate_from(phys, _store_time(log))
 

@@ -197,6 +197,8 @@ class SegmentQueue:
         # fsync.
         self.deferred = deferred
         self.new_dirs: list[Path] = []
+        # Ranges a truncation zeroed and did not sync (see truncate).
+        self.unsynced: list[tuple[MappedFile, int, int]] = []
         # None: this host's listing is the directory (the writer's own store, or one host). A
         # number (read-only views on shared storage): a look-up past the segments listed
         # lists the directory again for up to that many ms (see the module docstring).
@@ -417,6 +419,7 @@ class SegmentQueue:
         """Make what was written durable, and with ``deferred`` the files and directories
         created since the last flush (their directory entries: an fsync of each directory
         that gained one)."""
+        self.sync_truncated()
         fresh = False
         for mf in reversed(self.files):
             fresh = fresh or mf.fresh
@@ -435,6 +438,15 @@ class SegmentQueue:
             durability.fsync_dir(directory.parent)
         self.new_dirs = []
 
+    def sync_truncated(self, *, synced: bool = False) -> None:
+        """Sync what truncations zeroed and left unsynced (``synced``: a sync of the whole file
+        system just did)."""
+        pending, self.unsynced = self.unsynced, []
+        if not synced:
+            for mf, start, end in pending:
+                if mf in self.files:
+                    mf.sync_range(start, end)
+
     def mark_flushed(self) -> None:
         """Everything written and created here was made durable by a sync of the whole file
         system (:func:`rocketstore.pipeline.durability.syncfs`)."""
@@ -443,10 +455,13 @@ class SegmentQueue:
                 break
             mf.mark_flushed()
         self.new_dirs = []
+        self.unsynced = []
 
-    def truncate(self, offset: int) -> int:
+    def truncate(self, offset: int, *, sync: bool = True) -> int:
         """Forget everything at or after ``offset``: later segments are deleted, the one holding
-        ``offset`` is zeroed from there on. Returns the number of bytes dropped."""
+        ``offset`` is zeroed from there on. Returns the number of bytes dropped. The zeroed
+        bytes are synced now, or with ``sync`` False by :meth:`sync_truncated` or the next
+        :meth:`flush`, which the caller must run before anything is written past them."""
         dropped = 0
         keep = [mf for mf in self.files if mf.base < offset]
         # The newest first: a crash part-way must leave segments without a gap between them
@@ -463,9 +478,13 @@ class SegmentQueue:
             dropped += last.wrote_position - pos
             if not self.read_only:
                 zero_range(last, pos, last.wrote_position)
-                # Synced now: after a power cut the cut-off bytes must not come back behind
-                # records written later, where recovery would take them for new ones.
-                last.sync_range(pos, last.wrote_position)
+                # Synced before anything is written: after a power cut the cut-off bytes must
+                # not come back behind records written later, where recovery would take them
+                # for new ones.
+                if sync:
+                    last.sync_range(pos, last.wrote_position)
+                else:
+                    self.unsynced.append((last, pos, last.wrote_position))
             last.wrote_position = pos
             last.flushed_position = min(last.flushed_position, pos)
         return dropped

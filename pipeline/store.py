@@ -383,6 +383,7 @@ class MessageStore(StoreReads):
             queue_factory=self._queue,
             full_check=self.full_check,
             cut_at_damage=self.cut_at_damage,
+            sync_truncated=functools.partial(self._queueset.sync_truncated, store_path=self.path),
         )
         return report
 
