@@ -142,7 +142,7 @@ class MessageStore(StoreReads):
             self._open()
         except BaseException:
             if self._lock is not None:
-                self._lock.release()
+                self._lock.release_refused()
             raise
         self._closed = False
         if not read_only:
@@ -165,13 +165,10 @@ class MessageStore(StoreReads):
     def _open(self) -> None:
         cfg = self.config
         self.abort_file_found = (self.path / "abort").exists()
-        if not self.read_only:
+        if self._lock is not None:  # a writer
             for sub in ("commitlog", "consumequeue", "index", "config"):
                 durability.make_dirs(self.path / sub)
-            # Durable before anything is written: after a power cut, the next open must know
-            # the shutdown was not clean.
-            (self.path / "abort").touch()
-            durability.fsync_dir(self.path)
+            self._lock.mark_open()  # abort, and what keeps a broker off meanwhile
             storedir.write_in_place(self.path)
         # A read-only view of a store a writer on another host appends to looks for a file its
         # listing lacks in the directory listed again, for up to visibilityWaitMs
@@ -190,7 +187,8 @@ class MessageStore(StoreReads):
         # the derived files it had mapped: they get new inodes, which its late write-back
         # cannot reach, before anything here reads them (rocketstore.pipeline.renewal).
         renewed = 0
-        if not self.read_only and self.shared and self.abort_file_found:
+        fenced = not self.read_only and fencing.applies(self.path, self.shared)
+        if fenced and self.abort_file_found:
             # A writer on this host whose write-back failed (its host cut off from the
             # servers) left those pages clean in this host's cache with bytes the servers never
             # got: recovery and the renewal must read the files from the servers.
@@ -236,12 +234,12 @@ class MessageStore(StoreReads):
                 ahead=WHOLE if whole else indexfile.RESERVE_AHEAD,
             )
             self.index.load()
-        # On shared storage a writer fences off those before it (rocketstore.pipeline.fencing); every
-        # writable open honours the dead regions earlier take-overs left.
+        # On shared storage, or once any writer fenced the store, a writer fences off those
+        # before it (rocketstore.pipeline.fencing); every writable open honours dead regions.
         self._fence: fencing.Fence | None = None
         self.recovery = self._recover()
         self.recovery.files_renewed = renewed
-        if not self.read_only and self.shared:
+        if fenced:
             self._take_epoch()
         if not self.read_only:
             # Every writer of a directory stamps the directory's store host (rocketstore.pipeline.storehost).
@@ -550,8 +548,8 @@ class MessageStore(StoreReads):
                     step(self.index.close)
                 if self._fence is not None:
                     step(self._fence.close)
-                if not self.read_only and clean and self._failure is None:
-                    step(functools.partial(durability.remove, self.path / "abort"))
+                if self._lock is not None and clean and self._failure is None:
+                    step(self._lock.mark_closed)
         finally:
             if self._lock is not None:
                 step(self._lock.release)

@@ -72,5 +72,5 @@ def forget_cached_tails(p: Path) -> None:
                 dirs.extend(q for q in topic.iterdir() if q.name.isdigit())
     for directory in dirs:
         with contextlib.suppress(OSError):
-            for path in sorted(directory.iterdir())[-2:]:
+            for path in sorted(q for q in directory.iterdir() if q.name.isdigit())[-2:]:
                 visibility.drop_cached(path)
