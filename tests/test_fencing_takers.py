@@ -216,3 +216,38 @@ def check_fenced(store: MessageStore, store_dir: Path) -> None:
     with pytest.raises(FencedError):
         store.close()
     assert {p.name: p.read_bytes() for p in (store_dir / "commitlog").iterdir()} == before
+
+
+# -- a taker whose host cached the epochs file --------------------------------------------------
+
+
+def test_a_taker_whose_host_cached_an_old_epochs_file_appends_after_the_newest(
+    tmp_path: Path,
+) -> None:
+    """Host 2 reads the store through a FUSE mount that keeps pages and attributes for 60 s
+    (as a network file system's client may); host 1 writes the backing directory. Host 2's
+    read-only opens and a plain read cache the epochs file with one slot; host 1's next writer
+    appends a second. Host 2's writer then takes the store: it must record epoch 2 after both,
+    not write epoch 1 over host 1's from the copy its host cached."""
+    why = fuse_unavailable()
+    if why is not None:
+        pytest.skip(why)
+    with mounted(tmp_path / "fuse", attr_timeout=60) as fs:
+        host1, host2 = fs.backing / "store", fs.mount / "store"
+        with MessageStore(host1, CONFIG) as first:
+            first.put(Message(TOPIC, b"host 1, epoch 0"))
+        for _ in range(2):
+            with MessageStore(host2, CONFIG, read_only=True) as ro:
+                assert ro.max_offset(TOPIC, 0) == 1
+        cached = fencing.path_of(host2)
+        assert len(cached.read_bytes()) == fencing.SLOT.size
+        with MessageStore(host1, CONFIG) as second:
+            second.put(Message(TOPIC, b"host 1, epoch 1"))
+        # The premise: host 2's cache still holds the file as it was.
+        assert len(cached.read_bytes()) == fencing.SLOT.size
+        newest = fencing.read_epochs(host1)[1]
+        with MessageStore(host2, CONFIG) as third:
+            third.put(Message(TOPIC, b"host 2, epoch 2"))
+        epochs = fencing.read_epochs(host1)
+        assert [e.epoch for e in epochs] == [0, 1, 2]
+        assert epochs[1] == newest
