@@ -89,7 +89,12 @@ from rocketstore.pipeline.publish import MAX_NOTES, Recorder
 from rocketstore.pipeline.reads import StoreReads
 from rocketstore.pipeline.recovery import RecoveryReport, recover
 from rocketstore.pipeline.results import BatchPutResult, PutResult
-from rocketstore.pipeline.retention import RUN_INTERVAL_MS, RetentionService, statvfs_used_ratio
+from rocketstore.pipeline.retention import (
+    RUN_INTERVAL_MS,
+    CleanReport,
+    RetentionService,
+    statvfs_used_ratio,
+)
 from rocketstore.pipeline.segments import SegmentQueue
 
 _log = logging.getLogger(__name__)
@@ -160,6 +165,7 @@ class MessageStore(StoreReads):
                 RUN_INTERVAL_MS, self.clean, name=f"rocketstore-clean:{self.path.name}"
             )
             self._cleaner.start()
+        self._tasks = tuple(t for t in (self._flusher, self._cleaner) if t is not None)
 
     # -- opening ----------------------------------------------------------------------------
     def _open(self) -> None:
@@ -501,16 +507,16 @@ class MessageStore(StoreReads):
         that must not interleave with them."""
         return self._mutex
 
-    def clean(self) -> None:
+    def clean(self, *, force_expired: bool = False, max_files: int | None = None) -> CleanReport:
         """One retention round (expired files, disk pressure, the disk-full check) under the
-        store's lock. Run by the cleaner thread every 10 s; ``rocketstore clean`` runs
-        :class:`~rocketstore.pipeline.retention.RetentionService` directly for a manual clean."""
-        if self.retention is None:
-            return
+        store's lock, once the fence says this writer still owns the store. Run by the cleaner
+        thread every 10 s, and by ``rocketstore clean`` (``force_expired``: a manual clean; see
+        :meth:`~rocketstore.pipeline.retention.RetentionService.run`)."""
+        self._check_open(write=True)
+        assert self.retention is not None
         with self._mutex:
-            if not self._closed:
-                self._check_fence("retention")
-                self.retention.run()
+            self._check_fence("retention")
+            return self.retention.run(force_expired=force_expired, max_files=max_files)
 
     def close(self) -> None:
         """Stop the background threads, flush everything, close every file, remove ``abort``
@@ -585,8 +591,8 @@ class MessageStore(StoreReads):
         """
         self._check_open(write=True)
         with self._mutex:
-            if self._flusher is not None:
-                self._flusher.raise_if_failed()
+            for task in self._tasks:  # a flush or retention round that failed stops puts
+                task.raise_if_failed()
             if self._fence is not None:  # tested here: the single put's path is short
                 self._check_fence("put of 1 message")
             if self.retention is not None:
@@ -610,8 +616,8 @@ class MessageStore(StoreReads):
     def _put_batch(
         self, batch: pa.Table | pa.RecordBatch | Sequence[Message], now: int | None = None
     ) -> BatchPutResult:
-        if self._flusher is not None:
-            self._flusher.raise_if_failed()
+        for task in self._tasks:
+            task.raise_if_failed()
         self._check_fence("put")
         if self.retention is not None:
             # Refused before anything is encoded or written; the cached verdict of the last

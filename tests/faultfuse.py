@@ -6,7 +6,8 @@ The server is this file run as a process (mfusepy, on libfuse 3)::
     python tests/faultfuse.py BACKING MOUNT [ATTR_TIMEOUT_SECONDS]
 
 It mounts ``MOUNT`` showing the files of ``BACKING``. Every operation is forwarded to the
-backing file; a file system ``write``, ``fsync`` or ``flush`` that a rule matches fails with
+backing file; a file system ``write``, ``fsync``, ``flush`` or ``fsyncdir`` (an ``fsync`` of a
+directory) that a rule matches fails with
 ``EIO`` instead. A rule names the operation, a glob over the path inside the mount
 (``fnmatch``: ``*`` also matches ``/``) and, for writes, a byte range of the file; the first
 ``after`` calls it matches pass, the next ``times`` fail (every later one when ``times`` is
@@ -57,7 +58,7 @@ from pathlib import Path
 from typing import IO, Any
 
 TIMEOUT_S = 60.0
-OPS = ("write", "fsync", "flush")
+OPS = ("write", "fsync", "flush", "fsyncdir")
 
 
 def unavailable() -> str | None:
@@ -249,6 +250,8 @@ def _serve(backing: Path, mount: Path, attr_timeout: float | None = None) -> int
             return 0
 
         def fsyncdir(self, path: str | None, datasync: int, fh: int) -> int:
+            if self._check("fsyncdir", path) is not None:
+                raise mfusepy.FuseOSError(errno.EIO)
             fd = os.open(self._real(path or "/"), os.O_RDONLY | os.O_DIRECTORY)
             try:
                 os.fsync(fd)
