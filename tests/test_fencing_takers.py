@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import test_stock_rocketmq
@@ -24,7 +25,7 @@ from stockrocketmq import BROKER_PORT, StockCluster
 from test_full_disk import cli as run_cli
 from test_stock_rocketmq import BROKER_CONF, GEOMETRY
 
-from rocketstore.pipeline import fencing, filesystem
+from rocketstore.pipeline import cli, commands, fencing, filesystem
 from rocketstore.pipeline import lock as lock_module
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import FencedError
@@ -251,3 +252,42 @@ def test_a_taker_whose_host_cached_an_old_epochs_file_appends_after_the_newest(
         epochs = fencing.read_epochs(host1)
         assert [e.epoch for e in epochs] == [0, 1, 2]
         assert epochs[1] == newest
+
+
+# -- rocketstore clean --------------------------------------------------------------------------
+
+
+def test_clean_checks_the_fence_before_it_deletes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``rocketstore clean`` opens the store and runs a retention round. If its lock is lost
+    between the two and another writer takes the store, the round is refused: it deletes none
+    of the files that writer now owns."""
+    path = tmp_path / "s"
+    with MessageStore(path, CONFIG) as first:
+        put_a(first, 0, 2500)  # several 64 KiB segments
+    segments = sorted(p for p in (path / "commitlog").iterdir() if p.name.isdigit())
+    assert len(segments) > 3
+    for seg in segments[:-1]:
+        os.utime(seg, (1_000_000, 1_000_000))  # 1970: long expired
+
+    class LosesTheStoreOnOpening(MessageStore):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            lose_lock(self)
+            take_turn(path, "shared", 10)
+
+    monkeypatch.setattr(commands, "MessageStore", LosesTheStoreOnOpening)
+    conf = tmp_path / "store.toml"
+    conf.write_text(
+        f"mappedFileSizeCommitLog = {CONFIG.mapped_file_size_commitlog}\n"
+        f"mappedFileSizeConsumeQueue = {CONFIG.mapped_file_size_consume_queue}\n"
+        f"maxHashSlotNum = {CONFIG.max_hash_slot_num}\nmaxIndexNum = {CONFIG.max_index_num}\n"
+        'sharedStorage = "shared"\n'
+    )
+    assert cli.main(["clean", str(path), "--config", str(conf)]) == cli.EXIT_ERROR
+    assert [seg for seg in segments if not seg.exists()] == []
+    assert "retention refused: this writer (epoch 1) no longer owns the store" in (
+        capsys.readouterr().err
+    )
+    assert bodies(path) == expected(2500, 10)
