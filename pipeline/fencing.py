@@ -103,7 +103,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rocketstore.pipeline import durability, filesystem, record, visibility
-from rocketstore.pipeline.errors import FencedError, StoreLockedError
+from rocketstore.pipeline.errors import FencedError, SegmentCreateError, StoreLockedError
 from rocketstore.pipeline.fileio import io_error, pwrite_all
 from rocketstore.pipeline.lock import DirectoryLock
 
@@ -192,6 +192,31 @@ def applies(store_dir: Path, shared: bool) -> bool:
     on shared storage, and on any store that already has an epochs file, whatever
     ``sharedStorage`` says (see the module)."""
     return shared or path_of(store_dir).exists()
+
+
+def no_space_hint(store_dir: Path) -> str:
+    """What to do when a writer cannot take an unclean store over for lack of space."""
+    return (
+        f"; free space first: `rocketstore clean {store_dir}` deletes what retention allows "
+        "without opening the store for writing, then open it again (`rocketstore recover`)"
+    )
+
+
+def take_over(
+    log: CommitLog, store_dir: Path, lock: DirectoryLock, abort_found: bool, now_ms: int
+) -> Fence:
+    """Record this writer's epoch; after an unclean end (``abort`` found: the last holder never
+    closed, and may be alive) the log goes on in a fresh segment first, so that anything the
+    old holder still writes lands in the dead region before it (see the module)."""
+    end = log.max_offset
+    try:
+        start = log.fence_off() if abort_found else end
+    except SegmentCreateError as exc:
+        raise SegmentCreateError(
+            f"{store_dir}: the store was not closed cleanly, and the fresh segment a writer "
+            f"taking it over starts cannot be made ({exc}){no_space_hint(store_dir)}"
+        ) from exc
+    return Fence.take(store_dir, lock, end, start, now_ms)
 
 
 def abort_identity(store_dir: Path) -> tuple[int, int] | None:

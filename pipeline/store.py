@@ -305,14 +305,11 @@ class MessageStore(StoreReads):
             cq.hide_from(min(point.queue_length(topic, queue_id), cq.first_past(end)))
 
     def _take_epoch(self) -> None:
-        """Record this writer's epoch (rocketstore.pipeline.fencing). After an unclean take-over (``abort``
-        found: the last holder never closed, and on shared storage may still be alive) the log
-        goes on in a fresh segment, so that anything the old holder still writes lands in the
-        dead region before it."""
+        """Record this writer's epoch, after fencing off an unclean end (rocketstore.pipeline.fencing)."""
         assert self._lock is not None
-        end = self.commitlog.max_offset
-        start = self.commitlog.fence_off() if self.abort_file_found else end
-        self._fence = fencing.Fence.take(self.path, self._lock, end, start, self.clock_ms())
+        self._fence = fencing.take_over(
+            self.commitlog, self.path, self._lock, self.abort_file_found, self.clock_ms()
+        )
 
     def _check_fence(self, what: str) -> None:
         """Refuse a write of a writer that no longer owns the store (rocketstore.pipeline.fencing)."""
