@@ -17,9 +17,8 @@ the setting (:func:`applies`):
   :meth:`Fence.check` takes the lock again on the writer's own descriptor (a no-op while it is
   held; refused while another writer holds it; ``EBADFD`` or ``ENOTCONN`` when the client lost
   it), then reads the file: anything past its own slot means a newer writer took over; then
-  looks at ``abort``: gone, or not the inode and modification time this writer's open left,
-  means another writer had the store and closed it (or touched it on opening). Any of these
-  and the writer is fenced (:class:`~rocketstore.pipeline.errors.FencedError`) and takes no more
+  looks at ``abort``: gone, or another inode than this writer's open left, means another
+  writer had the store and closed it. Any of these and the writer is fenced (:class:`~rocketstore.pipeline.errors.FencedError`) and takes no more
   writes.
 * **A dead region after an unclean take-over.** A writer that finds ``abort`` (the previous
   holder did not close) does not append at the end ``X`` that recovery found. It writes an
@@ -219,13 +218,13 @@ def take_over(
     return Fence.take(store_dir, lock, end, start, now_ms)
 
 
-def abort_identity(store_dir: Path) -> tuple[int, int] | None:
-    """``abort``'s inode and modification time, None when it is missing (see the module)."""
+def abort_identity(store_dir: Path) -> int | None:
+    """``abort``'s inode number, None when it is missing (see the module). Not its times: a
+    replicated file system may answer them from any replica, each with its own."""
     try:
-        st = os.stat(store_dir / "abort")
+        return os.stat(store_dir / "abort").st_ino
     except FileNotFoundError:
         return None
-    return st.st_ino, st.st_mtime_ns
 
 
 def dead_regions(epochs: list[Epoch]) -> list[tuple[int, int]]:

@@ -6,9 +6,8 @@ A writable open of such a store recovers it first, and on a fenced store
 free space. On a full volume that open fails, so neither ``rocketstore recover`` nor a clean
 run through a writable open could free the space that would let it succeed. Here, instead:
 
-1. the store's lock is taken (refused while any writer, a broker included, holds it), and
-   ``abort`` is touched, which fences a writer that lost the store before: its next check
-   finds ``abort`` no longer as its open left it (rocketstore.pipeline.fencing);
+1. the store's lock is taken (refused while any writer, a broker included, holds it); a
+   writer that lost the store before and checks its fence meanwhile finds it held;
 2. a read-only view of the store plans the round as ``rocketstore clean`` would run it
    (:meth:`~rocketstore.pipeline.retention.RetentionService.plan` with ``force_expired``):
    expired CommitLog segments, and the oldest ones whatever their age while the disk is over
@@ -17,7 +16,9 @@ run through a writable open could free the space that would let it succeed. Here
 3. the view is closed, and the planned files are deleted in that order, oldest first, each
    deletion made durable, the lock confirmed before each.
 
-Nothing is written into any file, and ``abort`` stays: the next writable open (``rocketstore
+It records no epoch (it writes no record): a writer that lost the store before may find its
+lock free again afterwards and go on, and what was deleted is what that writer's own
+retention could have deleted. Nothing is written into any file, and ``abort`` stays: the next writable open (``rocketstore
 recover``) recovers from the files that are left, as after a crash in the middle of a
 retention round. A crash here leaves the same: a contiguous run of segments, and derived files
 that may point below the CommitLog's min offset, which recovery moves past.
@@ -28,7 +29,6 @@ Thread-safety: one call at a time per store (it holds the store's lock throughou
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -66,7 +66,6 @@ def clean_unrecovered(
     lock = DirectoryLock(store_dir)
     lock.acquire()
     try:
-        os.utime(store_dir / "abort")
         with MessageStore(store_dir, config, read_only=True) as view:
             service = RetentionService(view, disk_usage=disk_usage, disk_total=disk_total)
             plan = service.plan(force_expired=True, max_files=max_files)
