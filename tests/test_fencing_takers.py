@@ -113,6 +113,19 @@ def test_a_taker_that_resolves_to_local_storage_fences_a_shared_writer(
     reproduce(tmp_path, setting)
 
 
+def test_a_local_writer_on_a_store_that_has_epochs_is_fenced_too(tmp_path: Path) -> None:
+    """Once a store has an epochs file, a writer whose setting says ``local`` checks its fence
+    as well: it may be on the shared volume the file's first writer was on."""
+    MessageStore(tmp_path, CONFIG).close()  # a writer on shared storage made the file
+    store = MessageStore(tmp_path, dataclasses.replace(CONFIG, shared_storage="local"))
+    put_a(store, 0, 50)
+    store.flush()
+    lose_lock(store)
+    take_turn(tmp_path, "local", 10)
+    check_fenced_and_nothing_lost(store, tmp_path, 50, 10)
+    assert [e.epoch for e in fencing.read_epochs(tmp_path)] == [0, 1, 2]
+
+
 def test_auto_on_an_unrecognised_fuse_file_system_fences_a_shared_writer(tmp_path: Path) -> None:
     """The same on a real FUSE mount of a type ``auto`` does not know (plain ``fuse``)."""
     why = fuse_unavailable()
