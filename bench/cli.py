@@ -14,6 +14,7 @@ from bench import (
     core,
     decode,
     latency,
+    metrics,
     recovery,
     shared,
     soak,
@@ -40,10 +41,11 @@ PARTS: dict[str, Callable[[Options], PartResult]] = {
     "shared": shared.run,
     "soak": soak.run,
     "console": console.run,
+    "metrics": metrics.run,
 }
-# Parts that run only when named: the soak takes half an hour; the console writes a root of
-# ten million messages (about 3 GB).
-ON_REQUEST = ("soak", "console")
+# Parts that run only when named: the soak takes half an hour; the console and the metrics
+# write a root of ten million messages (about 3 GB).
+ON_REQUEST = ("soak", "console", "metrics")
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[list[str], Options, bool]:

@@ -67,7 +67,9 @@ class Appender:
         self.sync_flush = config.sync_flush
         self.store_host_field = record.encode_host(config.store_host)[0]
         self.store_host_hex = self.store_host_field.hex().upper()
-        # Each queue's next offset; a put takes its offsets only once it succeeded.
+        # Each queue's next offset; a put takes its offsets only once it succeeded. A queue
+        # not in it yet starts where its ConsumeQueue ends (asked when first put to, so that
+        # a store of many queues does not ask each of them at open).
         self.next_queue_offset = next_queue_offset
         # (offset, store time) of the newest record written: what the progress file names as
         # the last flushed record.
@@ -85,6 +87,13 @@ class Appender:
         )
         self._uniq = encode.UniqKeyGenerator()
 
+    def _next_offset(self, key: tuple[str, int]) -> int:
+        got = self.next_queue_offset.get(key)
+        if got is None:
+            cq = self.queues.get(key)
+            got = self.next_queue_offset[key] = cq.max_offset if cq is not None else 0
+        return got
+
     def put_one(self, m: Message, now: int) -> PutResult | None:
         """The single-put path, or None (nothing done) when ``m`` needs the batch path.
 
@@ -100,7 +109,7 @@ class Appender:
         cq = self.queues.get(key)
         if cq is None:
             return None
-        queue_offset = self.next_queue_offset.get(key, 0)
+        queue_offset = self._next_offset(key)
         unit_file = cq.tail_for(queue_offset)
         if unit_file is None:
             return None
@@ -197,16 +206,16 @@ class Appender:
                 self.store_host_field,
                 False,
             )
-        queue_offsets, next_offsets, groups = self._assign_queue_offsets(b)
+        queue_offsets, next_offsets, runs = self._assign_queue_offsets(b)
         phys, blanks = self.commitlog.plan(b.sizes)
-        self._prepare(b, phys, queue_offsets, groups)
+        self._prepare(b, phys, queue_offsets, runs)
         try:
             self._write_records(b, phys, blanks, queue_offsets, now)
             if self.sync_flush:
                 failpoints.hit("flush")
                 self.commitlog.flush()
             dispatch.apply(
-                dispatch.from_prepared(b, phys, queue_offsets, now, groups),
+                dispatch.from_prepared(b, phys, queue_offsets, now, runs),
                 self.queue,
                 self.index,
             )
@@ -230,7 +239,7 @@ class Appender:
         b: encode.PreparedBatch,
         phys: npt.NDArray[np.int64],
         queue_offsets: npt.NDArray[np.int64],
-        groups: list[npt.NDArray[np.int64]],
+        runs: dispatch.QueueRuns,
     ) -> None:
         """Create every file the batch will write (CommitLog segments, ConsumeQueue files,
         IndexFiles) and reserve the blocks its bytes will land in, before the first byte of the
@@ -239,10 +248,13 @@ class Appender:
         no write touches a page without a block, so none can die of SIGBUS."""
         try:
             self.commitlog.prepare_segments(int(phys[0]), int(phys[-1] + b.sizes[-1]))
-            for part in groups:
-                first = int(part[0])
-                cq = self.queue(b.topics[int(b.topic_codes[first])], int(b.queue_ids[first]))
-                cq.prepare(int(queue_offsets[first]), len(part))
+            queues, make = self.queues, self.queue
+            cqs = [queues.get(key) or make(*key) for key in runs.keys]
+            firsts = queue_offsets[runs.rows[runs.starts[:-1]]].tolist()
+            counts = np.diff(runs.starts).tolist()
+            for cq, first, count in zip(cqs, firsts, counts, strict=True):
+                cq.prepare(first, count)
+            runs.queues = cqs
             if self.index is not None:
                 self.index.prepare(len(b.key_hashes))
         except SegmentCreateError as exc:
@@ -258,22 +270,24 @@ class Appender:
 
     def _assign_queue_offsets(
         self, b: encode.PreparedBatch
-    ) -> tuple[npt.NDArray[np.int64], QueueOffsets, list[npt.NDArray[np.int64]]]:
+    ) -> tuple[npt.NDArray[np.int64], QueueOffsets, dispatch.QueueRuns]:
         """Queue offsets per (topic, queueId) in batch order, 0 for messages that get no
         ConsumeQueue unit (PREPARED / ROLLBACK), which do not consume an offset; each queue's
         next offset once the batch is stored (taken only when the put succeeds); and the rows
-        that get units, split by queue, for the dispatch."""
+        that get units, split by queue, for the dispatch. Vectorised: one look-up per queue."""
         offsets = np.zeros(b.n, dtype=np.int64)
-        next_offsets: QueueOffsets = {}
         rows = np.flatnonzero(dispatch.consume_queue_mask(b.sys_flags))
-        groups = dispatch.group_rows(b.topic_codes, b.queue_ids, rows)
-        for part in groups:
-            first = int(part[0])
-            key = (b.topics[int(b.topic_codes[first])], int(b.queue_ids[first]))
-            base = self.next_queue_offset.get(key, 0)
-            offsets[part] = base + np.arange(len(part), dtype=np.int64)
-            next_offsets[key] = base + len(part)
-        return offsets, next_offsets, groups
+        runs = dispatch.group_runs(b.topics, b.topic_codes, b.queue_ids, rows)
+        if not len(runs):
+            return offsets, {}, runs
+        bases = np.fromiter(
+            (self._next_offset(key) for key in runs.keys), dtype=np.int64, count=len(runs)
+        )
+        counts = np.diff(runs.starts)
+        run_of = np.repeat(np.arange(len(runs)), counts)
+        offsets[runs.rows] = bases[run_of] + (np.arange(len(rows)) - runs.starts[run_of])
+        next_offsets = dict(zip(runs.keys, (bases + counts).tolist(), strict=True))
+        return offsets, next_offsets, runs
 
     def _write_records(
         self,

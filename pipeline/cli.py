@@ -16,6 +16,7 @@ Commands (``rocketstore COMMAND --help`` for each)::
     clean STORE [--dry-run]                     delete expired files now (retention)
     lag ROOT [--checkpoint DIR] [--group NAME]  Spark queries' and consumer groups' lag
     console ROOT [--checkpoint DIR ...]         a read-only web console on 127.0.0.1
+    exporter ROOT [--checkpoint [NAME=]DIR ...] Prometheus metrics on 127.0.0.1:9560
     config                                      the effective store settings
 
 Contract:
@@ -89,6 +90,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         epilog=EPILOG,
         formatter_class=_HelpFormatter,
     )
+    parser.add_argument(
+        "--version", action="version", version=f"{PROG} {_version()}", help="print the version"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands: dict[str, argparse.ArgumentParser] = {}
 
@@ -108,6 +112,35 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     queue_args = argparse.ArgumentParser(add_help=False)
     queue_args.add_argument("--topic", required=True, help="topic")
     queue_args.add_argument("--queue", required=True, type=count_type(0), help="queue id")
+
+    def served(p: argparse.ArgumentParser, port: int) -> None:
+        """The options of a command that serves HTTP (console, exporter)."""
+        p.add_argument(
+            "--port",
+            type=count_type(0),
+            default=port,
+            help=f"TCP port (default {port}; 0: any free port, printed on start)",
+        )
+        p.add_argument(
+            "--bind",
+            metavar="ADDR",
+            default="127.0.0.1",
+            help="address to listen on (default 127.0.0.1); any other needs a token",
+        )
+        p.add_argument(
+            "--token-file",
+            metavar="FILE",
+            help="read the token from FILE's first line (at least 16 characters) instead of "
+            "generating one; with it, loopback requests need the token too",
+        )
+        p.add_argument(
+            "--per-queue-limit",
+            type=count_type(0),
+            default=1000,
+            metavar="N",
+            help="/metrics leaves per-queue series out when the root has more than N queues "
+            "(default 1000)",
+        )
 
     def command(
         name: str,
@@ -382,24 +415,35 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         action="append",
         help="a reading Spark query's checkpointLocation whose lag to show (repeatable)",
     )
-    p.add_argument(
-        "--port",
-        type=count_type(0),
-        default=8080,
-        help="TCP port (default 8080; 0: any free port, printed on start)",
+    served(p, 8080)
+    p = command(
+        "exporter",
+        "rocketstore.pipeline.console.server:cmd_exporter",
+        "Serve a store root's metrics for Prometheus",
+        "GET /metrics answers in Prometheus' text format (see docs/monitoring.md for the "
+        "metrics): messages and bytes stored, queue bounds, the lag of every consumer group of "
+        "config/consumerOffset.json and of each Spark query of --checkpoint and its age, disk "
+        "use against diskMaxUsedSpaceRatio, retention, and the writers' state. Read from the "
+        "store files at each scrape (no lock, nothing written). The console's /metrics is the "
+        "same, plus its verify runs; this is for hosts that should not serve messages. "
+        "Listens on 127.0.0.1 unless --bind says otherwise; any other address needs a token "
+        "(--token-file, else one is generated and printed). Needs the 'console' extra. "
+        "Ctrl-C stops it.",
+        [conf],
     )
     p.add_argument(
-        "--bind",
-        metavar="ADDR",
-        default="127.0.0.1",
-        help="address to listen on (default 127.0.0.1); any other needs a token",
+        "root",
+        metavar="ROOT",
+        help="the store root (broker-N directories), or one broker store directory",
     )
     p.add_argument(
-        "--token-file",
-        metavar="FILE",
-        help="read the token from FILE's first line (at least 16 characters) instead of "
-        "generating one; with it, loopback requests need the token too",
+        "--checkpoint",
+        metavar="[NAME=]DIR",
+        action="append",
+        help="a reading Spark query's checkpointLocation whose lag to export, as query NAME "
+        "(default: the path as given) (repeatable)",
     )
+    served(p, 9560)
     command(
         "config",
         "rocketstore.pipeline.commands:cmd_config",
@@ -409,6 +453,16 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         [conf, as_json],
     )
     return parser, commands
+
+
+def _version() -> str:
+    """The installed distribution's version (``unknown`` when run from a bare checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rocketstore")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

@@ -21,6 +21,8 @@ dispatcher re-creates any unit missing after a crash from the CommitLog.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -28,10 +30,10 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from rocketstore.pipeline import failpoints
+from rocketstore.pipeline import failpoints, visibility
 from rocketstore.pipeline.config import CQ_UNIT_SIZE
 from rocketstore.pipeline.errors import OffsetOutOfRangeError, StoreError
-from rocketstore.pipeline.mapped_file import MappedFile
+from rocketstore.pipeline.mapped_file import MappedFile, segment_name
 from rocketstore.pipeline.mappings import MappingCache
 from rocketstore.pipeline.segments import SegmentQueue
 
@@ -55,6 +57,17 @@ def make_units(offsets: npt.ArrayLike, sizes: npt.ArrayLike, tags_codes: npt.Arr
 
 
 class ConsumeQueue:
+    """One queue's files, loaded when first needed.
+
+    A store with tens of thousands of queues must not list, stat and read each of them to
+    open: :meth:`defer` takes the queue's length as the last flush recorded it (what a writer
+    appends after), and the directory is only listed, and the files looked at, when something
+    reads or writes the queue (:attr:`segments`). ``on_load`` then runs once (the store checks
+    the queue against the CommitLog there and hides what a read-only view must not see), and
+    ``on_dirty`` whenever the queue gets something to flush after a flush, so that a flush
+    visits only the queues written since the last one.
+    """
+
     def __init__(
         self,
         root: Path,
@@ -66,34 +79,102 @@ class ConsumeQueue:
         cache: MappingCache | None = None,
         ahead: int = RESERVE_AHEAD,
         visibility_wait_ms: int | None = None,
+        on_load: Callable[[ConsumeQueue], None] | None = None,
+        on_dirty: Callable[[ConsumeQueue], None] | None = None,
     ):
         self.topic = topic
         self.queue_id = queue_id
+        self.name = f"{topic}/{queue_id}"  # as the progress file names it
         self.directory = root / topic / str(queue_id)
         self.file_size = file_size
         self.units_per_file = file_size // CQ_UNIT_SIZE
-        self.segments = SegmentQueue(
-            self.directory,
-            file_size,
-            read_only=read_only,
-            cache=cache,
-            ahead=ahead,
-            visibility_wait_ms=visibility_wait_ms,
-        )
+        self.read_only = read_only
+        self._segment_args = (cache, ahead, visibility_wait_ms)
+        self._segments: SegmentQueue | None = None
+        # The length the last flush recorded, taken as the end until the files are looked at
+        # (see defer); None once loaded, or for a queue that was never deferred.
+        self._recorded: int | None = None
+        self.expected_length: int | None = None
+        self._on_load = on_load
+        self._on_dirty = on_dirty
+        self._dirty = False
         self.min_logic_offset = 0  # byte offset of the first unit still pointing at live data
         self.max_physic_offset = -1  # end (offset + size) of the last unit's record
 
     # -- loading ----------------------------------------------------------------------------
+    @property
+    def loaded(self) -> bool:
+        return self._segments is not None
+
+    @property
+    def segments(self) -> SegmentQueue:
+        """The queue's files, listed (and the queue's end found) now if they were not yet."""
+        seg = self._segments
+        if seg is None:
+            seg = self._load(self._recorded)
+        return seg
+
+    def _new_segments(self) -> SegmentQueue:
+        cache, ahead, wait_ms = self._segment_args
+        self._segments = SegmentQueue(
+            self.directory,
+            self.file_size,
+            read_only=self.read_only,
+            cache=cache,
+            ahead=ahead,
+            visibility_wait_ms=wait_ms,
+            deferred=True,
+        )
+        if cache is not None:
+            cache.work.queues_loaded += 1
+        return self._segments
+
+    def defer(self, length: int | None) -> None:
+        """Load the queue when first used, taking ``length`` (the last flush's record) as its
+        end as :meth:`load` does; until then :attr:`max_offset` of a writer's queue is
+        ``length`` itself, and nothing of the queue's directory is read. ``expected_length``
+        keeps ``length`` for the checks made when the queue loads."""
+        if self._segments is None:
+            self._recorded = self.expected_length = length
+
     def load(self, length: int | None = None) -> None:
-        """Map the files and find the end of the queue: the first invalid unit of the last file
+        """Load the queue now (see :meth:`_load`)."""
+        if self._segments is not None:
+            self._segments.close()
+            self._segments = None
+        self._load(length)
+
+    def _load(self, length: int | None) -> SegmentQueue:
+        """List the files and find the end of the queue: the first invalid unit of the last file
         that has any (RocketMQ scans the last three files the same way).
 
         ``length`` is the queue's length as the last flush recorded it: when the unit before it
-        is valid and the one at it is not, that is the end, and no file is scanned (so a clean
-        open does not grow with the queue)."""
-        self.segments.load()
-        if length is not None and self._end_at(length):
-            return
+        is valid and the one at it is not, that is the end, and no file is scanned (so loading
+        does not grow with the queue)."""
+        self._recorded = None
+        seg = self._new_segments()
+        if self._segment_args[2] is not None:
+            # A read-only view on shared storage: read the tails from the servers, not as this
+            # host cached them (rocketstore.pipeline.visibility).
+            visibility.forget_last_files(self.directory)
+        seg.load()
+        # Most queues have one file: finding the end and the checks below read a few of its
+        # units through one descriptor.
+        with seg.files[-1].borrowed() if seg.files else contextlib.nullcontext():
+            if length is None or not self._end_at(length):
+                self._scan_end()
+            self.min_logic_offset = seg.min_offset
+            if self._on_load is not None:
+                try:
+                    self._on_load(self)
+                except BaseException:
+                    # Refused: looked at again (and refused again) when next used.
+                    seg.close()
+                    self._segments, self._recorded = None, length
+                    raise
+        return seg
+
+    def _scan_end(self) -> None:
         files = self.segments.files
         # Trailing files with no valid unit at all (pre-allocated, or emptied by a crash) do not
         # hold the end; step back to the last file that has units.
@@ -110,7 +191,6 @@ class ConsumeQueue:
                     last = units[count - 1]
                     self.max_physic_offset = int(last["offset"]) + int(last["size"])
                 break
-        self.min_logic_offset = self.segments.min_offset
 
     def _end_at(self, length: int) -> bool:
         """Take ``length`` as the end if the units around it say so; False sets no position.
@@ -118,34 +198,55 @@ class ConsumeQueue:
         A read-only view on shared storage whose listing does not reach ``length`` lists the
         directory again for the file holding it (:meth:`SegmentQueue.find`); one that stays
         unlisted leaves the queue to end where this host's files do."""
-        files = self.segments.files
+        seg = self.segments
+        files = seg.files
         pos = length * CQ_UNIT_SIZE
         if pos <= 0 or (files and pos <= files[0].base):
             return False
         try:
-            mf = self.segments.find(pos - CQ_UNIT_SIZE)
+            mf = seg.find(pos - CQ_UNIT_SIZE)
         except OffsetOutOfRangeError:
             return False
-        files = self.segments.files
+        files = seg.files
         at = (mf.base - files[0].base) // self.file_size
         rel = pos - mf.base
-        last = UNIT.unpack_from(mf.buffer, rel - CQ_UNIT_SIZE)
+        if rel < self.file_size:
+            # The last unit and the one after it, in one read.
+            pair = mf.read(rel - CQ_UNIT_SIZE, 2 * CQ_UNIT_SIZE)
+            last = UNIT.unpack_from(pair, 0)
+            following: tuple[int, int, int] | None = UNIT.unpack_from(pair, CQ_UNIT_SIZE)
+        else:
+            last = UNIT.unpack(mf.read(rel - CQ_UNIT_SIZE, CQ_UNIT_SIZE))
+            after = files[at + 1] if at + 1 < len(files) else None
+            following = UNIT.unpack(after.read(0, CQ_UNIT_SIZE)) if after is not None else None
         if last[0] < 0 or last[1] <= 0:
             return False
-        following = (
-            (mf, rel)
-            if rel < self.file_size
-            else ((files[at + 1], 0) if at + 1 < len(files) else (None, 0))
-        )
-        if following[0] is not None:
-            offset, size, _ = UNIT.unpack_from(following[0].buffer, following[1])
-            if offset >= 0 and size > 0:
-                return False
+        if following is not None and following[0] >= 0 and following[1] > 0:
+            return False
         for i, f in enumerate(files):
             f.wrote_position = f.flushed_position = f.size if i < at else rel if i == at else 0
         self.max_physic_offset = last[0] + last[1]
-        self.min_logic_offset = self.segments.min_offset
         return True
+
+    def units_past(self, length: int) -> bool:
+        """Whether a valid unit lies at queue offset ``length`` (written after the flush that
+        recorded ``length``), read with one ``pread`` and without loading the queue."""
+        pos = length * CQ_UNIT_SIZE
+        if self._segments is not None:
+            return self.max_offset > length
+        path = self.directory / segment_name(pos - pos % self.file_size)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            raw = os.pread(fd, CQ_UNIT_SIZE, pos % self.file_size)
+        finally:
+            os.close(fd)
+        if len(raw) < CQ_UNIT_SIZE:
+            return False
+        offset, size, _ = UNIT.unpack(raw)
+        return bool(offset >= 0 and size > 0)
 
     def correct_min_offset(self, min_commitlog_offset: int) -> None:
         """Skip leading units whose messages the CommitLog no longer holds (RocketMQ's
@@ -158,7 +259,7 @@ class ConsumeQueue:
         ``files[first_file]`` were gone (retention's dry run). Changes nothing."""
         first = self.segments.files[first_file]
         if first.wrote_position >= CQ_UNIT_SIZE:
-            offset, size, _ = UNIT.unpack_from(first.buffer, 0)
+            offset, size, _ = UNIT.unpack(first.read(0, CQ_UNIT_SIZE))
             if offset >= min_commitlog_offset and 0 < size != PRE_BLANK_SIZE:
                 return first.base  # the usual case: nothing of this file was deleted
         units = self._file_units(first_file)[: first.wrote_position // CQ_UNIT_SIZE]
@@ -172,7 +273,8 @@ class ConsumeQueue:
         return first.end
 
     def close(self) -> None:
-        self.segments.close()
+        if self._segments is not None:
+            self._segments.close()
 
     def destroy(self) -> None:
         """Delete every file of this queue (to rebuild it from the CommitLog)."""
@@ -180,20 +282,44 @@ class ConsumeQueue:
         self.segments.close()
         self.max_physic_offset = -1
         self.min_logic_offset = 0
+        self._mark_dirty()
+
+    @property
+    def recorded(self) -> int | None:
+        """The length :meth:`defer` took as the end, while the queue is not loaded."""
+        return self._recorded if self._segments is None else None
+
+    def mark_dirty_again(self) -> None:
+        """A flush of this queue failed: it still has something to flush (its set keeps it)."""
+        self._dirty = True
+
+    def _mark_dirty(self) -> None:
+        if not self._dirty and self._on_dirty is not None:
+            self._dirty = True
+            self._on_dirty(self)
 
     def _file_units(self, i: int) -> Units:
+        """Every unit of file ``i``, read whole (a scan for the end, or for the first live
+        unit after retention)."""
         mf = self.segments.files[i]
-        return np.frombuffer(mf.buffer, dtype=UNIT_DTYPE, count=self.units_per_file)
+        out = np.empty(self.units_per_file, dtype=UNIT_DTYPE)
+        mf.read_into(0, out.view(np.uint8).data)
+        return out
 
     # -- bounds -----------------------------------------------------------------------------
     @property
     def min_offset(self) -> int:
         """Queue offset of the first readable unit."""
+        if self._segments is None:
+            self._load(self._recorded)
         return self.min_logic_offset // CQ_UNIT_SIZE
 
     @property
     def max_offset(self) -> int:
-        """Queue offset one past the last unit (the next unit to be written)."""
+        """Queue offset one past the last unit (the next unit to be written). A writer's queue
+        not loaded yet ends where the last flush recorded (see :meth:`defer`)."""
+        if self._segments is None and self._recorded is not None and not self.read_only:
+            return self._recorded
         return self.segments.max_offset // CQ_UNIT_SIZE
 
     def unit_location(self, queue_offset: int) -> tuple[str, int]:
@@ -212,19 +338,17 @@ class ConsumeQueue:
         stop = min(start + max(count, 0), self.max_offset)
         if stop <= start:
             return np.empty(0, dtype=UNIT_DTYPE)
-        parts: list[Units] = []
+        out = np.empty(stop - start, dtype=UNIT_DTYPE)
+        raw = out.view(np.uint8).data
         pos = start
         while pos < stop:
             mf = self.segments.find(pos * CQ_UNIT_SIZE)
             first_unit = mf.base // CQ_UNIT_SIZE
             n = min(stop, first_unit + self.units_per_file) - pos
-            view = np.frombuffer(
-                mf.buffer, dtype=UNIT_DTYPE, count=n, offset=(pos - first_unit) * CQ_UNIT_SIZE
-            )
-            parts.append(view.copy())
+            at = (pos - start) * CQ_UNIT_SIZE
+            mf.read_into((pos - first_unit) * CQ_UNIT_SIZE, raw[at : at + n * CQ_UNIT_SIZE])
             pos += n
-        # np.concatenate would turn the big-endian fields native; the units must stay on-disk.
-        return parts[0] if len(parts) == 1 else np.concatenate(parts).astype(UNIT_DTYPE)
+        return out
 
     def offset_by_time(
         self, timestamp: int, min_physic_offset: int, store_time: Callable[[int, int], int]
@@ -292,38 +416,63 @@ class ConsumeQueue:
 
     # -- writing ----------------------------------------------------------------------------
     def append(self, start: int, units: Units) -> None:
-        """Write ``units`` as queue offsets ``start, start+1, …``.
+        """Write ``units`` as queue offsets ``start, start+1, …`` (see :meth:`append_bytes`)."""
+        if len(units):
+            last = units[-1]
+            data = np.ascontiguousarray(units).view(np.uint8).data
+            self.append_bytes(start, data, int(last["offset"]) + int(last["size"]))
+
+    def append_bytes(self, start: int, data: memoryview, record_end: int) -> None:
+        """Write the units in ``data`` (20 bytes each, on-disk order) as queue offsets
+        ``start, start+1, …``; ``record_end`` is where the last one's record ends.
 
         Units already present (``start < max_offset``, a re-dispatch) are skipped, as RocketMQ
         skips them; a gap (``start > max_offset``) in a non-empty queue is refused, because a
         consumer would read holes as the end of the queue.
         """
         failpoints.hit("consumequeue-append")
+        seg = self.segments
+        files = seg.files
+        if files:
+            # The usual case, kept short (a batch over 40,000 queues comes here 40,000
+            # times): the units go at the end of the last file and fit it.
+            last = files[-1]
+            rel = start * CQ_UNIT_SIZE - last.base
+            if (
+                rel == last.wrote_position
+                and rel + len(data) <= last.size
+                and (rel > 0 or len(files) == 1 or files[-2].is_full)
+            ):
+                last.append_at(rel, data)
+                self.max_physic_offset = record_end
+                if not self._dirty:
+                    self._mark_dirty()
+                return
         have = self.max_offset
         if start < have:
-            skip = have - start
-            if skip >= len(units):
+            skip = (have - start) * CQ_UNIT_SIZE
+            if skip >= len(data):
                 return
-            units, start = units[skip:], have
+            data, start = data[skip:], have
         if start > have:
-            if self.segments.files:
+            if seg.files:
                 raise StoreError(
                     f"{self.directory}: unit for queue offset {start} would leave a gap after "
                     f"{have}"
                 )
             self._fill_pre_blank(start)
-        data = np.ascontiguousarray(units).view(np.uint8).data
         pos = start * CQ_UNIT_SIZE
         written = 0
         while written < len(data):
-            mf = self.segments.segment_for_write(pos)
+            mf = seg.segment_for_write(pos)
             rel = pos - mf.base
             n = min(len(data) - written, self.file_size - rel)
-            mf.write_at(rel, memoryview(data)[written : written + n])
+            mf.write_at(rel, data[written : written + n])
             written += n
             pos += n
-        if len(units):
-            self.max_physic_offset = int(units[-1]["offset"]) + int(units[-1]["size"])
+        self.max_physic_offset = record_end
+        if not self._dirty:
+            self._mark_dirty()
 
     def prepare(self, start: int, count: int) -> None:
         """Create the files units ``[start, start + count)`` will go to and reserve their
@@ -331,12 +480,22 @@ class ConsumeQueue:
         of them creates nothing and touches no page without a block. Raises ``OSError`` or
         :class:`SegmentCreateError` having written nothing."""
         end = (start + count) * CQ_UNIT_SIZE
+        seg = self.segments
+        if seg.files:
+            # The usual case: the units fit the last file's blocks as they are.
+            last = seg.files[-1]
+            if last.base + last.wrote_position <= start * CQ_UNIT_SIZE and last.has_blocks(
+                end - last.base
+            ):
+                return
         begin = max(start, self.max_offset) * CQ_UNIT_SIZE
         if end <= begin:
             return
-        if not self.segments.files:
-            self.segments.segment_for_write(begin)
-        self.segments.prepare(end, begin)
+        if not seg.files or seg.files[-1].base + self.file_size < end:
+            self._mark_dirty()  # files created here are made durable by the next flush
+        if not seg.files:
+            seg.segment_for_write(begin)
+        seg.prepare(end, begin)
 
     def tail_for(self, queue_offset: int) -> MappedFile | None:
         """The last file, if unit ``queue_offset`` is the next one and fits it as it is (the
@@ -355,6 +514,7 @@ class ConsumeQueue:
         record ending at CommitLog offset ``record_end``."""
         last.wrote_position += CQ_UNIT_SIZE
         self.max_physic_offset = record_end
+        self._mark_dirty()
 
     def _fill_pre_blank(self, start: int) -> None:
         pos = start * CQ_UNIT_SIZE
@@ -391,6 +551,7 @@ class ConsumeQueue:
         if lo >= have:
             return 0
         self.segments.truncate(lo * CQ_UNIT_SIZE)
+        self._mark_dirty()
         last = self.read(lo - 1, 1) if lo > self.min_offset else None
         self.max_physic_offset = (
             int(last[0]["offset"]) + int(last[0]["size"]) if last is not None and len(last) else -1
@@ -410,4 +571,14 @@ class ConsumeQueue:
         )
 
     def flush(self) -> None:
-        self.segments.flush()
+        """Make what was written and created since the last flush durable."""
+        self._dirty = False
+        if self._segments is not None:
+            self._segments.flush()
+
+    def flushed_by_sync(self) -> None:
+        """What :meth:`flush` would have made durable was, by a sync of the whole file system
+        (:func:`rocketstore.pipeline.durability.syncfs`)."""
+        self._dirty = False
+        if self._segments is not None:
+            self._segments.mark_flushed()

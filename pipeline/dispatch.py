@@ -24,12 +24,28 @@ import numpy.typing as npt
 
 from rocketstore.pipeline import native, record
 from rocketstore.pipeline.commitlog import CommitLog
+from rocketstore.pipeline.config import CQ_UNIT_SIZE
 from rocketstore.pipeline.consumequeue import ConsumeQueue, make_units
 from rocketstore.pipeline.encode import PreparedBatch
 from rocketstore.pipeline.errors import CorruptRecordError
 from rocketstore.pipeline.index_service import IndexService
 
 INDEX_SLICE = 1 << 18  # index entries per IndexService.put of a batch
+
+
+@dataclasses.dataclass
+class QueueRuns:
+    """A batch's rows split by (topic, queueId): ``rows[starts[i]:starts[i + 1]]`` are the
+    rows of queue ``keys[i]``, each run keeping the rows' batch order. ``queues`` are the runs'
+    ConsumeQueues once the writer has looked them up (so that the dispatch does not again)."""
+
+    rows: npt.NDArray[np.int64]
+    starts: npt.NDArray[np.int64]
+    keys: list[tuple[str, int]]
+    queues: list[ConsumeQueue] | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys)
 
 
 @dataclasses.dataclass
@@ -45,9 +61,9 @@ class DispatchBatch:
     store_ts: npt.NDArray[np.int64]
     key_rows: npt.NDArray[np.int64]
     key_hashes: npt.NDArray[np.int32]
-    # The rows that get ConsumeQueue units, split by queue (:func:`group_rows`), when the
+    # The rows that get ConsumeQueue units, split by queue (:func:`group_runs`), when the
     # caller already has them; else :func:`apply` splits them itself.
-    groups: list[npt.NDArray[np.int64]] | None = None
+    runs: QueueRuns | None = None
 
     def __len__(self) -> int:
         return len(self.phys)
@@ -63,7 +79,7 @@ def from_prepared(
     phys: npt.NDArray[np.int64],
     queue_offsets: npt.NDArray[np.int64],
     store_ts: int,
-    groups: list[npt.NDArray[np.int64]] | None = None,
+    runs: QueueRuns | None = None,
 ) -> DispatchBatch:
     return DispatchBatch(
         phys=phys,
@@ -77,7 +93,7 @@ def from_prepared(
         store_ts=np.full(b.n, store_ts, dtype=np.int64),
         key_rows=b.key_rows,
         key_hashes=b.key_hashes,
-        groups=groups,
+        runs=runs,
     )
 
 
@@ -127,14 +143,16 @@ def redispatch(
     return count, last_unit_ts
 
 
-def group_rows(
+def group_runs(
+    topics: list[str],
     topic_codes: npt.NDArray[np.int32],
     queue_ids: npt.NDArray[np.int32],
     rows: npt.NDArray[np.int64],
-) -> list[npt.NDArray[np.int64]]:
-    """``rows`` split by (topic, queueId), each group keeping the rows' original order."""
+) -> QueueRuns:
+    """``rows`` split by (topic, queueId) as :class:`QueueRuns`: one stable sort, whatever the
+    number of queues."""
     if not len(rows):
-        return []
+        return QueueRuns(rows, np.zeros(1, dtype=np.int64), [])
     t = topic_codes[rows]
     q = queue_ids[rows]
     width = int(q.max()) + 1
@@ -148,7 +166,13 @@ def group_rows(
     sorted_rows = rows[order]
     sorted_key = dense[order]
     bounds = np.flatnonzero(sorted_key[1:] != sorted_key[:-1]) + 1
-    return np.split(sorted_rows, bounds)
+    starts = np.concatenate(([0], bounds, [len(rows)])).astype(np.int64)
+    firsts = sorted_rows[starts[:-1]]
+    codes = topic_codes[firsts].tolist()
+    qids = queue_ids[firsts].tolist()
+    return QueueRuns(
+        sorted_rows, starts, [(topics[c], qid) for c, qid in zip(codes, qids, strict=True)]
+    )
 
 
 def consume_queue_mask(sys_flags: npt.NDArray[np.int32]) -> npt.NDArray[np.bool_]:
@@ -165,15 +189,21 @@ def apply(
     already present are skipped, so a range may be dispatched again after a crash."""
     if not len(batch):
         return
-    groups = batch.groups
-    if groups is None:
+    runs = batch.runs
+    if runs is None:
         rows = np.flatnonzero(consume_queue_mask(batch.sys_flags))
-        groups = group_rows(batch.topic_codes, batch.queue_ids, rows)
-    for part in groups:
-        first = int(part[0])
-        cq = queue(batch.topics[int(batch.topic_codes[first])], int(batch.queue_ids[first]))
-        units = make_units(batch.phys[part], batch.sizes[part], batch.tags_codes[part])
-        cq.append(int(batch.queue_offsets[first]), units)
+        runs = group_runs(batch.topics, batch.topic_codes, batch.queue_ids, rows)
+    if len(runs):
+        # Every unit of the batch in one array, run after run: a queue's units are a slice.
+        r = runs.rows
+        units = make_units(batch.phys[r], batch.sizes[r], batch.tags_codes[r])
+        raw = units.view(np.uint8).data
+        ends = (batch.phys[r] + batch.sizes[r])[runs.starts[1:] - 1].tolist()
+        firsts = batch.queue_offsets[r[runs.starts[:-1]]].tolist()
+        cqs = runs.queues or [queue(t, q) for t, q in runs.keys]
+        starts = (runs.starts * CQ_UNIT_SIZE).tolist()
+        for i, cq in enumerate(cqs):
+            cq.append_bytes(firsts[i], raw[starts[i] : starts[i + 1]], ends[i])
     if index is None:
         return
     # In slices, so that the gathered offsets and times stay small beside the batch itself.

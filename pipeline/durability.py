@@ -1,10 +1,10 @@
 """Every durability barrier of the store: ``msync`` of a mapping, ``fsync`` of a file, ``fsync``
 of a directory, and the directory operations that need one.
 
-The store never calls ``mmap.flush``, ``os.fsync`` or ``os.fdatasync`` itself, nor renames or
-deletes a store file itself: it calls :func:`msync`, :func:`fsync`, :func:`fsync_dir`,
-:func:`replace` and :func:`remove` here (or :func:`write_file`, built on them), looked up on
-this module at call time. A test replaces those names with a recorder (``tests/powercut.py``)
+The store never calls ``mmap.flush``, ``os.fsync``, ``os.fdatasync`` or ``syncfs`` itself, nor
+renames or deletes a store file itself: it calls :func:`msync`, :func:`fsync`,
+:func:`fsync_dir`, :func:`syncfs`, :func:`replace`, :func:`place_new` and :func:`remove` here
+(or :func:`write_file`, built on them), looked up on this module at call time. A test replaces those names with a recorder (``tests/powercut.py``)
 that remembers what each barrier made durable and can then simulate a power cut; in production
 they are these plain functions, so the indirection costs one attribute look-up per barrier and
 nothing per write.
@@ -19,11 +19,17 @@ Thread-safety: the functions hold no state.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 from pathlib import Path
 
 from rocketstore.pipeline.fileio import io_error, pwrite_all
+
+# syncfs(2) has no wrapper in os; ctypes releases the GIL around the call.
+_libc_syncfs = ctypes.CDLL(None, use_errno=True).syncfs
+_libc_syncfs.argtypes = [ctypes.c_int]
+_libc_syncfs.restype = ctypes.c_int
 
 
 def _msync(mm: mmap.mmap, start: int, length: int, path: Path) -> None:
@@ -60,19 +66,24 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def make_dirs(path: Path) -> None:
-    """``mkdir -p`` that makes each directory it creates durable (fsyncs its parent)."""
+def make_dirs(path: Path, *, sync: bool = True) -> list[Path]:
+    """``mkdir -p`` that makes each directory it creates durable (fsyncs its parent), or with
+    ``sync`` False leaves that to the caller: returns the directories it created, outermost
+    first, whose parents then need an fsync."""
     if path.is_dir():
-        return
+        return []
     missing: list[Path] = []
     at = path
     while not at.is_dir():
         missing.append(at)
         at = at.parent
-    for directory in reversed(missing):
+    missing.reverse()
+    for directory in missing:
         # Another writer may create the same directory at the same moment (exist_ok).
         directory.mkdir(exist_ok=True)
-        fsync_dir(directory.parent)
+        if sync:
+            fsync_dir(directory.parent)
+    return missing
 
 
 def _replace(tmp: Path, path: Path) -> None:
@@ -90,8 +101,35 @@ def _remove(path: Path) -> None:
     fsync_dir(path.parent)
 
 
+def _place_new(tmp: Path, path: Path) -> None:
+    """Give the file ``tmp`` (already fsynced) the name ``path``, which must not exist
+    (``FileExistsError`` otherwise), and make that durable. Unlike a plain rename it never
+    replaces a file another writer created meanwhile: the name is claimed first with an
+    exclusive create (an empty file, which a crash may leave: loaders drop an empty last
+    segment), then the file is renamed over the claim. Works where hard links do not (many
+    FUSE file systems)."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    replace(tmp, path)
+
+
+def _syncfs(path: Path) -> None:
+    """Make every written page and every name of the file system holding ``path`` durable at
+    once (``syncfs(2)``): one call instead of one fsync per file, for a flush that wrote
+    thousands of files. Only for file systems whose sync reaches the disk
+    (:data:`rocketstore.pipeline.filesystem.SYNCFS_DURABLE`); errors since Linux 5.8."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if _libc_syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{os.strerror(err)}: syncfs of the file system of {path}")
+    finally:
+        os.close(fd)
+
+
 replace = _replace
 remove = _remove
+place_new = _place_new
+syncfs = _syncfs
 
 
 def write_file(path: Path, data: bytes, tmp: Path | None = None) -> None:

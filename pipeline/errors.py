@@ -30,6 +30,13 @@ class FencedError(StoreLockedError):
     refused call was written; the store object takes no more writes."""
 
 
+class FileReplacedError(FencedError):
+    """A file this writer had opened was replaced or removed under it: its name now leads to
+    another file, or to none. A writer that took the store over gives the derived files new
+    inodes (rocketstore.pipeline.renewal), so this writer lost the store; nothing was written
+    into the new file."""
+
+
 class StoreClosedError(StoreError):
     """The store was used after :meth:`MessageStore.close`."""
 

@@ -35,6 +35,10 @@ from pathlib import Path
 # Memory-backed file systems, whose read faults on holes allocate.
 READS_ALLOCATE = frozenset({"tmpfs", "shmem", "ramfs", "hugetlbfs"})
 MOUNTINFO = Path("/proc/self/mountinfo")
+# File systems whose syncfs(2) writes every dirty page and name of the file system to disk (a
+# journal commit and a cache flush), so that one call can stand for an fsync of every file
+# written. A FUSE file system's is not sent to its server; network file systems' vary.
+SYNCFS_DURABLE = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs"} | READS_ALLOCATE)
 # Copy-on-write file systems with a per-file switch to write in place.
 NOCOW_CAPABLE = frozenset({"btrfs"})
 
@@ -72,6 +76,12 @@ def fs_type(path: Path) -> str | None:
         if inside and len(mount_point) >= best_len:
             best, best_len = right.split()[0], len(mount_point)
     return best
+
+
+def syncfs_durable(path: Path) -> bool:
+    """Whether one ``syncfs`` of the file system under ``path`` makes every file on it
+    durable (:data:`SYNCFS_DURABLE`; memory-backed file systems hold nothing to sync)."""
+    return fs_type(path) in SYNCFS_DURABLE
 
 
 def reads_allocate(path: Path) -> bool:

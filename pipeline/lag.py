@@ -14,7 +14,7 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rocketstore.pipeline.config import StoreConfig
@@ -31,6 +31,10 @@ from rocketstore.pipeline.root import StoreRoot
 from rocketstore.pipeline.store import MessageStore
 
 QueueKey = tuple[str, str, int]  # (topic, brokerName, queueId), as the Spark source names a queue
+# One broker directory's queues: (topic, queueId) -> (min offset, max offset).
+BrokerBounds = dict[tuple[str, int], tuple[int, int]]
+# How the bounds of a broker are read: (brokerName, directory) -> its queues' bounds.
+BoundsReader = Callable[[str, Path], BrokerBounds]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,11 +158,24 @@ def _brokers(root: str | os.PathLike[str]) -> list[tuple[str, Path]]:
     return brokers
 
 
+def store_bounds(config: StoreConfig) -> BoundsReader:
+    """Reads a broker's bounds by opening it read-only (no lock, nothing written), as
+    ``rocketstore queues`` does."""
+
+    def read(name: str, path: Path) -> BrokerBounds:
+        with MessageStore(path, config, read_only=True) as store:
+            return {
+                (i.topic, i.queue_id): (i.min_offset, i.max_offset) for i in store.queue_infos()
+            }
+
+    return read
+
+
 def _bounds(
-    root: str | os.PathLike[str], config: StoreConfig, topics: set[str]
+    root: str | os.PathLike[str], read: BoundsReader, topics: set[str]
 ) -> tuple[dict[QueueKey, tuple[int, int]], set[str]]:
     """``(min, max)`` offsets of every queue of ``topics`` in the brokers of ``root``, and the
-    names of the brokers that hold a store; brokers are opened read-only."""
+    names of the brokers that hold a store."""
     bounds: dict[QueueKey, tuple[int, int]] = {}
     stores: set[str] = set()
     for name, path in _brokers(root):
@@ -167,10 +184,9 @@ def _bounds(
         stores.add(name)
         if not topics:
             continue
-        with MessageStore(path, config, read_only=True) as store:
-            for info in store.queue_infos():
-                if info.topic in topics:
-                    bounds[(info.topic, name, info.queue_id)] = (info.min_offset, info.max_offset)
+        for (topic, queue_id), pair in read(name, path).items():
+            if topic in topics:
+                bounds[(topic, name, queue_id)] = pair
     return bounds, stores
 
 
@@ -179,15 +195,18 @@ def consumer_lag(
     committed: dict[QueueKey, int],
     config: StoreConfig,
     topics: Sequence[str] | None = None,
+    *,
+    read_bounds: BoundsReader | None = None,
 ) -> list[QueueLag]:
     """Per message queue of ``topics`` (default: the topics ``committed`` names), the committed
     offset beside the queue's bounds in the store root (or single store directory) ``root``.
 
     Every queue of those topics in any broker is listed, and every queue the checkpoint names
-    even if the store no longer has it. Brokers are opened read-only (no lock, nothing written).
+    even if the store no longer has it. Brokers are opened read-only (no lock, nothing written),
+    or their bounds read by ``read_bounds`` (:mod:`rocketstore.pipeline.storestats`'s).
     """
     wanted = set(topics) if topics else {t for t, _, _ in committed}
-    bounds, _ = _bounds(root, config, wanted)
+    bounds, _ = _bounds(root, read_bounds or store_bounds(config), wanted)
     keys = set(bounds) | {k for k in committed if k[0] in wanted}
     rows = []
     for key in sorted(keys, key=_order):
@@ -215,6 +234,7 @@ def group_lag(
     group: str | None = None,
     topics: Sequence[str] | None = None,
     brokers: dict[str, ConsumerOffsets] | None = None,
+    read_bounds: BoundsReader | None = None,
 ) -> list[GroupLag]:
     """The lag of each RocketMQ consumer group with offsets in the ``config/consumerOffset.json``
     of a broker directory of ``root`` (a store root or one store directory), or only of
@@ -233,7 +253,8 @@ def group_lag(
 
     Raises :class:`~rocketstore.pipeline.errors.NotFoundError` when ``group`` committed nothing (for
     ``topics``), :class:`~rocketstore.pipeline.groups.ConsumerOffsetsError` for a damaged offset file.
-    ``brokers``: the offset files, when the caller has read them (:func:`broker_offsets`)."""
+    ``brokers``: the offset files, when the caller has read them (:func:`broker_offsets`);
+    ``read_bounds``: as for :func:`consumer_lag`."""
     if brokers is None:
         brokers = broker_offsets(root)
     if group is not None:
@@ -241,7 +262,7 @@ def group_lag(
     names = [group] if group is not None else groups_of(brokers, topics)
     committed = {name: group_offsets(brokers, name, topics) for name in names}
     wanted = {t for offsets in committed.values() for t, _, _ in offsets}
-    bounds, stores = _bounds(root, config, wanted)
+    bounds, stores = _bounds(root, read_bounds or store_bounds(config), wanted)
     out = []
     for name in names:
         offsets = committed[name]

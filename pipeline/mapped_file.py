@@ -39,14 +39,18 @@ after a crash a reserved, unwritten range reads as zeros, as a hole does.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import itertools
 import mmap
 import os
 import resource
+from collections.abc import Iterator
 from pathlib import Path
 
 from rocketstore.pipeline import durability, failpoints
 from rocketstore.pipeline.errors import (
+    FileReplacedError,
     NotAStoreError,
     SegmentCreateError,
     SegmentGoneError,
@@ -81,6 +85,7 @@ def parse_segment_name(path: Path) -> int | None:
 
 
 TMP_SUFFIX = ".creating"
+_tmp_serial = itertools.count()
 
 
 def free_space(path: Path) -> str:
@@ -105,29 +110,23 @@ def limit_note(exc: OSError, directory: Path) -> str:
     return free_space(directory)
 
 
-def allocate(path: Path, start: int, length: int) -> None:
-    """Give ``[start, start + length)`` of the file at ``path`` its blocks (the file's size does
-    not change). Raises ``OSError`` (ENOSPC on a full disk) having written nothing the file's
-    readers can see: the range reads as zeros either way."""
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.posix_fallocate(fd, start, length)
-    finally:
-        os.close(fd)
-
-
 def _create_full_size(path: Path, size: int, *, allocate_all: bool = False) -> None:
     """Create a full-size file at ``path`` (as RocketMQ's RandomAccessFile.setLength), sparse
-    unless ``allocate_all``, atomically and durably: sized (and allocated) under a temporary
-    name and fsynced, then renamed into place and the directory fsynced, so neither a crash nor
-    a power cut can leave a segment of the wrong size (which would make the store refuse to
-    open), and a full disk leaves no file. A crash leaves at most a ``*.creating`` file, which
-    loaders ignore and writable opens remove."""
+    unless ``allocate_all``, atomically, durably and exclusively: sized (and allocated) under a
+    temporary name of its own and fsynced, then put in place by
+    :func:`rocketstore.pipeline.durability.place_new`, which fails when ``path`` exists
+    (another writer created it first: the loser never writes into the winner's file). Neither
+    a crash nor a power cut can leave a segment of the wrong size (which would make the store
+    refuse to open), and a full disk leaves no file. A crash leaves at most a ``*.creating``
+    file, which loaders ignore and writable opens remove, or an empty file of the segment's
+    name, which they drop as an empty last segment."""
     if path.exists():
         raise StoreError(f"segment {path} already exists; refusing to overwrite it")
     failpoints.hit("segment-create")
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    # A name of this writer's own: two writers creating the same segment at once (one of
+    # them fenced off and not knowing it yet) must not size each other's file.
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{next(_tmp_serial)}{TMP_SUFFIX}")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         os.ftruncate(fd, size)
         if allocate_all:
@@ -144,7 +143,49 @@ def _create_full_size(path: Path, size: int, *, allocate_all: bool = False) -> N
     finally:
         if fd >= 0:
             os.close(fd)
-    durability.replace(tmp, path)
+    try:
+        durability.place_new(tmp, path)
+    except FileExistsError:
+        tmp.unlink(missing_ok=True)
+        raise SegmentCreateError(
+            f"{path}: created by another writer meanwhile; this writer does not write into it"
+        ) from None
+
+
+def _create_deferred(
+    path: Path, size: int, *, allocate_all: bool = False
+) -> tuple[int, tuple[int, int]]:
+    """Create a full-size sparse file at ``path`` exclusively (``O_EXCL``: a file another
+    writer created first is never taken over), returning its descriptor, open for reading and
+    writing, and its ``st_dev``/``st_ino`` identity. Nothing is synced: the caller makes the
+    file and its directory entry durable before it relies on them (a ConsumeQueue's flush).
+    A crash between the creation and the sizing leaves an empty file, which loaders drop."""
+    failpoints.hit("segment-create")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise SegmentCreateError(
+            f"segment {path} already exists (created by another writer?); refusing to write into it"
+        ) from None
+    except OSError as exc:
+        raise SegmentCreateError(
+            f"{path}: cannot create the file: {exc.strerror or exc} "
+            f"({limit_note(exc, path.parent)})"
+        ) from exc
+    try:
+        os.ftruncate(fd, size)
+        if allocate_all:
+            os.posix_fallocate(fd, 0, size)
+        st = os.fstat(fd)
+    except OSError as exc:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise SegmentCreateError(
+            f"{path}: cannot create a file of {size:,} bytes: {exc.strerror or exc} "
+            f"({limit_note(exc, path.parent)})"
+        ) from exc
+    return fd, (st.st_dev, st.st_ino)
 
 
 def remove_leftovers(directory: Path) -> None:
@@ -164,19 +205,38 @@ def listed_size(path: Path) -> int:
 
 
 class MappedFile:
-    """A memory-mapped segment of ``size`` bytes whose first byte is log offset ``base``.
+    """A segment of ``size`` bytes whose first byte is log offset ``base``.
 
     Without ``cache`` the file is mapped at once and stays mapped until :meth:`close`; with it,
-    the file is only checked here and mapped when its bytes are first used."""
+    the file is only checked here, and mapped, or opened, when its bytes are first used.
+
+    Identity. A writable segment remembers the file it first opened (``st_dev``, ``st_ino``).
+    Its descriptor, once open, is where every write, read and sync of the unmapped file goes;
+    when the cache has closed it (or to map the file again) the name is opened again and must
+    lead to that same file, or :class:`FileReplacedError` says that another writer replaced or
+    removed it: a writer that took the store over gives the derived files new inodes
+    (rocketstore.pipeline.renewal), and this writer must not write into them. A read-only
+    view takes whatever file the name leads to.
+
+    ``stat``: the file's status as the caller just read it (no second ``stat``).
+
+    ``deferred``: a file created here is not synced when created; its first :meth:`flush` (or a
+    file system sync, :func:`rocketstore.pipeline.durability.syncfs`) makes it durable, and its
+    owner makes its directory entry durable (:attr:`fresh` says that is still to do).
+    """
 
     __slots__ = (
         "_allocated",
+        "_borrowed",
         "_cache",
+        "_fd",
+        "_identity",
         "_mm",
         "_view",
         "ahead",
         "base",
         "flushed_position",
+        "fresh",
         "path",
         "read_only",
         "size",
@@ -193,6 +253,8 @@ class MappedFile:
         create: bool = False,
         cache: MappingCache | None = None,
         ahead: int = RESERVE_AHEAD,
+        deferred: bool = False,
+        stat: os.stat_result | None = None,
     ):
         self.path = path
         self.base = base
@@ -206,29 +268,52 @@ class MappedFile:
         self._cache = cache
         self._mm: mmap.mmap | None = None
         self._view: memoryview | None = None
+        self._fd = -1
+        self._borrowed = False  # _fd is borrowed() for a block, not kept
+        self._identity: tuple[int, int] | None = None
+        # Created by this writer and its directory entry not made durable yet (``deferred``).
+        self.fresh = False
         if create:
             if read_only:
                 raise StoreError(f"cannot create segment {path} in a read-only store")
             whole = ahead >= size
-            _create_full_size(path, size, allocate_all=whole)
+            if deferred:
+                fd, self._identity = _create_deferred(path, size, allocate_all=whole)
+                self.fresh = True
+                self._hold(fd)
+            else:
+                _create_full_size(path, size, allocate_all=whole)
             if whole:
                 self._allocated = size
+            if cache is not None:
+                cache.work.created += 1
         if cache is None:
             self._map()
-        else:
-            try:
-                actual = os.stat(path).st_size
-            except OSError as exc:
-                raise self._open_error(exc) from exc
-            self._check_size(actual)
+        elif not create:
+            st = stat
+            if st is None:
+                try:
+                    st = os.stat(path)
+                except OSError as exc:
+                    raise self._open_error(exc) from exc
+            self._check_size(st.st_size)
+            # The file a writer writes is the one it found now, whenever it first opens it.
+            self._identity = (st.st_dev, st.st_ino)
 
     def _open_error(self, exc: OSError) -> StoreError:
-        if self.read_only and exc.errno == errno.ENOENT:
-            # A view's file deleted after it listed it: retention on a live store, not damage.
-            return SegmentGoneError(
-                f"{self.path}: gone since this read-only view listed it (deleted by retention "
-                "on a live store?); open the store again"
-            )
+        if exc.errno == errno.ENOENT:
+            if self.read_only:
+                # A view's file deleted after it listed it: retention on a live store, not
+                # damage.
+                return SegmentGoneError(
+                    f"{self.path}: gone since this read-only view listed it (deleted by "
+                    "retention on a live store?); open the store again"
+                )
+            if self._identity is not None:
+                return FileReplacedError(
+                    f"{self.path}: the file this writer opened was removed under it (by "
+                    "another writer that took the store over?); this writer writes no more"
+                )
         return StoreError(f"cannot open segment {self.path}: {exc.strerror}")
 
     def _check_size(self, actual: int) -> None:
@@ -238,22 +323,87 @@ class MappedFile:
                 "(check the mappedFileSize* settings match the store)"
             )
 
-    def _map(self) -> memoryview:
-        flags = os.O_RDONLY if self.read_only else os.O_RDWR
+    def _open_checked(self) -> int:
+        """Open the file by its name, check its size and, for a writer, that it is the file
+        first opened (see the class's docstring)."""
         try:
-            fd = os.open(self.path, flags)
+            fd = os.open(self.path, os.O_RDONLY if self.read_only else os.O_RDWR)
         except OSError as exc:
             raise self._open_error(exc) from exc
         try:
-            self._check_size(os.fstat(fd).st_size)
+            st = os.fstat(fd)
+            self._check_size(st.st_size)
+            identity = (st.st_dev, st.st_ino)
+            if self._identity is not None and identity != self._identity and not self.read_only:
+                raise FileReplacedError(
+                    f"{self.path}: the name now leads to another file (inode {st.st_ino}, "
+                    f"this writer opened inode {self._identity[1]}): another writer took the "
+                    "store over and replaced it; this writer writes no more"
+                )
+            self._identity = identity
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _hold(self, fd: int) -> None:
+        self._fd = fd
+        if self._cache is not None:
+            self._cache.took(self, mapping=False)
+
+    def _descriptor(self) -> int:
+        """The file's own descriptor, opened (and checked) now and kept if it is not held."""
+        if self._fd >= 0:
+            if self._cache is not None and not self._borrowed:
+                self._cache.touch(self)
+            return self._fd
+        fd = self._open_checked()
+        self._hold(fd)
+        return fd
+
+    @contextlib.contextmanager
+    def borrowed(self) -> Iterator[None]:
+        """Keep one descriptor for the reads and writes of the block (loading a queue reads a
+        few units), also when the process has no room to keep one (see
+        :meth:`_io_descriptor`): then it is opened once and closed at the end."""
+        if self._fd >= 0 or self._view is not None:
+            yield
+            return
+        fd, once = self._io_descriptor()
+        if not once:
+            yield  # kept for good
+            return
+        self._fd, self._borrowed = fd, True
+        try:
+            yield
+        finally:
+            if self._borrowed:
+                self._fd, self._borrowed = -1, False
+                os.close(fd)
+
+    def _io_descriptor(self) -> tuple[int, bool]:
+        """A descriptor for one read or write, and whether the caller must close it after
+        that call: the file's own when it holds one or the process has room for one more (see
+        :meth:`MappingCache.has_room`), else one opened (and checked) for this call."""
+        if self._fd >= 0 or self._cache is None or self._cache.has_room():
+            return self._descriptor(), False
+        self._cache.work.opened += 1
+        return self._open_checked(), True
+
+    def _map(self) -> memoryview:
+        held = self._fd >= 0
+        fd = self._fd if held else self._open_checked()
+        try:
             access = mmap.ACCESS_READ if self.read_only else mmap.ACCESS_WRITE
             self._mm = mmap.mmap(fd, self.size, access=access)
         finally:
-            # mmap keeps a dup of its own, counted by the MappingCache; this one is not needed.
-            os.close(fd)
+            # mmap keeps a dup of its own, counted by the MappingCache; a descriptor opened
+            # only to map the file is not needed.
+            if not held:
+                os.close(fd)
         self._view = memoryview(self._mm)
         if self._cache is not None:
-            self._cache.admit(self)
+            self._cache.took(self, mapping=True)
         return self._view
 
     # -- access -----------------------------------------------------------------------------
@@ -276,16 +426,32 @@ class MappedFile:
         """A copy of ``n`` bytes at ``position``, read without mapping an unmapped file."""
         if self._view is not None:
             return bytes(self._view[position : position + n])
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError as exc:
-            if self.read_only:
-                raise self._open_error(exc) from exc
-            raise
+        fd, once = self._io_descriptor()
         try:
             return os.pread(fd, n, position)
         finally:
-            os.close(fd)
+            if once:
+                os.close(fd)
+
+    def read_into(self, position: int, out: memoryview) -> None:
+        """Fill ``out`` with the bytes at ``position`` (zeros past the end of the file), read
+        without mapping an unmapped file."""
+        n = out.nbytes
+        if self._view is not None:
+            out[:] = self._view[position : position + n]
+            return
+        fd, once = self._io_descriptor()
+        try:
+            done = 0
+            while done < n:
+                got = os.preadv(fd, [out[done:]], position + done)
+                if got <= 0:
+                    out[done:] = bytes(n - done)
+                    return
+                done += got
+        finally:
+            if once:
+                os.close(fd)
 
     @property
     def end(self) -> int:
@@ -313,10 +479,11 @@ class MappedFile:
         as an IndexFile's slots, is not allocated up to its write position)."""
         self._allocated = min(keep, self.size)
 
-    def reserve(self, end: int) -> None:
-        """Make sure ``[0, end)`` has its blocks, allocating up to :attr:`ahead` bytes more than
-        asked (less when that does not fit). Raises :class:`SegmentCreateError`, naming the
-        file and the free space, when the file system has no room: nothing is written."""
+    def reserve(self, end: int, ahead: int | None = None) -> None:
+        """Make sure ``[0, end)`` has its blocks, allocating up to ``ahead`` (default
+        :attr:`ahead`) bytes more than asked (less when that does not fit). Raises
+        :class:`SegmentCreateError`, naming the file and the free space, when the file system
+        has no room: nothing is written."""
         if end <= self._allocated:
             return  # the common case, on every put: kept to one comparison
         have = self.allocated
@@ -325,17 +492,22 @@ class MappedFile:
             return
         if self.read_only:
             raise StoreError(f"cannot reserve blocks of {self.path} in a read-only store")
-        want = min(self.size, -(-max(end, have + self.ahead) // PAGE) * PAGE)
+        # By default the window grows with what the file holds (a page, then doubling, up to
+        # ``ahead``): ten thousand queues of a few units each reserve a page each, not a
+        # window each.
+        window = min(self.ahead, max(PAGE, have)) if ahead is None else ahead
+        want = min(self.size, -(-max(end, have + window) // PAGE) * PAGE)
         failpoints.hit("reserve")
         try:
+            fd = self._descriptor()
             try:
-                allocate(self.path, have, want - have)
+                os.posix_fallocate(fd, have, want - have)
             except OSError as exc:
                 if exc.errno != errno.ENOSPC or want <= end:
                     raise
                 # The window does not fit, what the write needs may still.
                 want = min(self.size, -(-end // PAGE) * PAGE)
-                allocate(self.path, have, want - have)
+                os.posix_fallocate(fd, have, want - have)
         except OSError as exc:
             raise SegmentCreateError(
                 f"{self.path}: cannot reserve blocks for bytes [{have}, {end}) of the file: "
@@ -345,21 +517,50 @@ class MappedFile:
 
     def write_at(self, position: int, data: bytes | bytearray | memoryview) -> None:
         """Copy ``data`` to ``position`` (relative to the segment) and advance the write position.
-        Blocks are reserved first for a write through the mapping (see :meth:`reserve`)."""
+
+        A small write into a mapped file goes through the mapping, after its blocks are
+        reserved (see :meth:`reserve`); anything else goes through the file's descriptor
+        (:meth:`_pwrite`), which fills a page without faulting it into a mapping: a file
+        written a few units at a time, as each of thousands of ConsumeQueues is, is never
+        mapped for it."""
         if isinstance(data, memoryview) and (data.format != "B" or data.ndim != 1):
             data = data.cast("B")
         n = len(data)
         if position < 0 or position + n > self.size:
             raise StoreError(f"{self.path}: write of {n} bytes at {position} exceeds {self.size}")
-        if n >= PWRITE_MIN_BYTES and not self.read_only:
+        if self.read_only:
+            raise StoreError(f"cannot write to {self.path} in a read-only store")
+        view = self._view
+        if view is not None and n < PWRITE_MIN_BYTES:
+            self.reserve(position + n)
+            if self._cache is not None:
+                self._cache.touch(self)
+            view[position : position + n] = data
+        else:
             self._pwrite(position, data)
             if position <= self.allocated < position + n:
                 self._allocated = position + n
-        else:
-            self.reserve(position + n)
-            self.buffer[position : position + n] = data
         if position + n > self.wrote_position:
             self.wrote_position = position + n
+
+    def append_at(self, position: int, data: memoryview) -> None:
+        """:meth:`write_at` of bytes (format ``B``) the caller knows to fit at ``position``,
+        without the checks: the path of a ConsumeQueue's units."""
+        n = len(data)
+        if self._view is not None and n < PWRITE_MIN_BYTES:
+            self.reserve(position + n)
+            self._view[position : position + n] = data
+        else:
+            self._pwrite(position, data)
+            if position <= self.allocated < position + n:
+                self._allocated = position + n
+        if position + n > self.wrote_position:
+            self.wrote_position = position + n
+
+    def has_blocks(self, end: int) -> bool:
+        """Whether ``[0, end)`` is known to have its blocks (a :meth:`reserve` would do
+        nothing)."""
+        return end <= self._allocated or end <= self.allocated
 
     def overwrite(self, position: int, data: bytes | bytearray | memoryview) -> None:
         """Write ``data`` at ``position`` through the file (see :meth:`_pwrite`), leaving the
@@ -372,13 +573,13 @@ class MappedFile:
         self._pwrite(position, data)
 
     def _pwrite(self, position: int, data: bytes | bytearray | memoryview) -> None:
-        """Write through the file instead of the mapping: the same page cache pages, so the
-        mapping sees the bytes and ``msync`` of the range makes them durable, but a page that
-        was never touched is filled without a page fault. A full disk raises ``OSError`` here,
-        where a write into the mapping would die of SIGBUS."""
-        fd = os.open(self.path, os.O_WRONLY)
+        """Write through the file's own descriptor instead of the mapping: the same page cache
+        pages, so the mapping sees the bytes and ``msync`` of the range makes them durable, but
+        a page that was never touched is filled without a page fault. A full disk raises
+        ``OSError`` here, where a write into the mapping would die of SIGBUS."""
         view = memoryview(data)
         start, end = position, position + view.nbytes
+        fd, once = self._io_descriptor()
         try:
             while len(view):
                 done = os.pwrite(fd, view, position)
@@ -386,15 +587,22 @@ class MappedFile:
         except OSError as exc:
             raise io_error(exc, f"write of bytes [{start}, {end}) of {self.path}") from exc
         finally:
-            os.close(fd)
+            if once:
+                os.close(fd)
 
     def flush(self) -> None:
-        """Make everything written so far durable (``msync`` of the unflushed, page-aligned range;
-        ``fsync`` of the file when it was unmapped since the writes)."""
+        """Make everything written so far durable (``msync`` of the unflushed, page-aligned range
+        of a mapped file; ``fsync`` of its own descriptor otherwise)."""
         if self.read_only or self.flushed_position >= self.wrote_position:
             return
         self.sync_range(self.flushed_position, self.wrote_position)
         self.flushed_position = self.wrote_position
+
+    def mark_flushed(self) -> None:
+        """Everything written so far was made durable by other means (a sync of the whole file
+        system, see :func:`rocketstore.pipeline.durability.syncfs`)."""
+        self.flushed_position = self.wrote_position
+        self.fresh = False
 
     def sync_range(self, start: int, end: int) -> None:
         """Make ``[start, end)`` durable, whatever the write position says (recovery uses it for
@@ -404,19 +612,32 @@ class MappedFile:
         mm = self._mm
         if mm is not None:
             start = (start // PAGE) * PAGE
+        if self._cache is not None:
+            self._cache.work.synced += 1
         try:
             if mm is None:
-                durability.fsync_path(self.path)
+                fd, once = self._io_descriptor()
+                try:
+                    durability.fsync(fd, self.path)
+                finally:
+                    if once:
+                        os.close(fd)
             else:
                 durability.msync(mm, start, end - start, self.path)
         except OSError as exc:
             call = "fsync" if mm is None else "msync"
             raise io_error(exc, f"{call} of bytes [{start}, {end}) of {self.path}") from exc
 
-    def unmap(self) -> bool:
-        """Drop the mapping (the file stays; it is mapped again when next used), unless a
-        zero-copy view is still alive: then return False and stay mapped. Written but unflushed
-        bytes stay in the page cache, and :meth:`flush` fsyncs the file for them."""
+    def release(self) -> bool:
+        """Close the file's own descriptor and drop the mapping (the file stays; it is opened
+        or mapped again when next used), unless a zero-copy view is still alive: then the
+        mapping stays and this returns False. Written but unflushed bytes stay in the page
+        cache, and :meth:`flush` fsyncs the file for them."""
+        if self._fd >= 0 and not self._borrowed:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+            if self._cache is not None:
+                self._cache.gave_back(self, mapping=False, holds_more=self._mm is not None)
         if self._mm is None or self._view is None:
             return True
         try:
@@ -431,17 +652,24 @@ class MappedFile:
         self._mm = None
         self._view = None
         if self._cache is not None:
-            self._cache.forget(self)
+            self._cache.gave_back(self, mapping=True, holds_more=False)
         return True
 
     def close(self) -> None:
-        """Drop the mapping for good. Never fails for a zero-copy view still alive: the segment
-        forgets the mapping at once, and the mapping itself stays valid for the view and is
-        unmapped when the last view is collected."""
+        """Drop the mapping and the descriptor for good. Never fails for a zero-copy view still
+        alive: the segment forgets the mapping at once, and the mapping itself stays valid for
+        the view and is unmapped when the last view is collected."""
         mm, view = self._mm, self._view
         self._mm = self._view = None
-        if self._cache is not None:
-            self._cache.forget(self)
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+            if self._borrowed:
+                self._borrowed = False  # borrowed() finds it closed
+            elif self._cache is not None:
+                self._cache.gave_back(self, mapping=False, holds_more=mm is not None)
+        if mm is not None and self._cache is not None:
+            self._cache.gave_back(self, mapping=True, holds_more=False)
         try:
             if view is not None:
                 view.release()

@@ -12,7 +12,7 @@ thread-safe on its own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from rocketstore.pipeline import failpoints
@@ -51,6 +51,10 @@ class Recorder:
         # progress file; the store sets them, this writes them.
         self.notes = notes
         self._topics = TopicsKeeper(path / "config", clock_ms=clock_ms)
+        # Each queue's length as the last record had it, and the queues written since
+        # (see _lengths).
+        self._known: dict[str, int] | None = None
+        self._pending: list[ConsumeQueue] = []
         self._topics_error: str | None = None
 
     def set_note(self, name: str, value: list[int]) -> None:
@@ -67,12 +71,30 @@ class Recorder:
         if last_record is not None:
             failpoints.hit("progress-write")
             last_offset, last_ts = last_record
-            lengths = {f"{t}/{q}": cq.max_offset for (t, q), cq in self.queues.items()}
-            FlushProgress(end, last_offset, last_ts, lengths, dict(self.notes)).write(
+            FlushProgress(end, last_offset, last_ts, self._lengths(), dict(self.notes)).write(
                 self.path / "config"
             )
         failpoints.hit("checkpoint-write")
         self._write_checkpoint(last_record)
+
+    def flushed(self, queues: Iterable[ConsumeQueue]) -> None:
+        """These queues were written since the last record: their lengths go into the next
+        one (the others' are as the last one had them)."""
+        if self._known is not None:
+            self._pending.extend(queues)
+
+    def _lengths(self) -> dict[str, int]:
+        """Every queue's length, as the progress file records them: taken from each queue the
+        first time, then from the queues written since (so that a record costs what changed,
+        whatever the number of queues)."""
+        if self._known is None or len(self._known) != len(self.queues):
+            self._known = {f"{t}/{q}": cq.max_offset for (t, q), cq in self.queues.items()}
+        else:
+            known = self._known
+            for cq in self._pending:
+                known[cq.name] = cq.max_offset
+        self._pending.clear()
+        return self._known
 
     def update_topics(self) -> None:
         """Name every topic and queue count in ``config/topics.json``, after the data it

@@ -275,6 +275,35 @@ _HEAD_CHECK = np.dtype(
 )
 
 
+def last_unit_matches(log: CommitLog, cq: ConsumeQueue) -> bool:
+    """Whether the queue's last unit points at a record of the queue (as
+    :func:`damaged_queues` with ``last_only`` checks it, for one queue, without numpy: a store
+    checks each queue this way when it first loads it). True for a queue with no unit."""
+    hi = cq.max_offset
+    if hi <= cq.min_offset:
+        return True
+    unit = cq.read(hi - 1, 1)
+    offset, size = int(unit["offset"][0]), int(unit["size"][0])
+    if offset < log.min_offset or size < record.FIXED_SIZE_V4:
+        return False
+    try:
+        mf = log.segments.find(offset)
+    except OffsetOutOfRangeError:
+        return False
+    rel = offset - mf.base
+    if rel + size > mf.wrote_position:
+        return False
+    total, magic, _, queue_id, _, queue_offset, *_ = record.HEAD.unpack(
+        mf.read(rel, record.HEAD_SIZE)
+    )
+    return bool(
+        total == size
+        and magic == record.MAGIC
+        and queue_id == cq.queue_id
+        and queue_offset == hi - 1
+    )
+
+
 def damaged_queues(
     log: CommitLog, queues: dict[tuple[str, int], ConsumeQueue], *, last_only: bool = False
 ) -> list[tuple[str, int]]:
@@ -402,6 +431,19 @@ def recover(
     report.scan_start = start
     end, walked = find_end(log, start, check_crc=check_crc, dead=dead)
     report.commitlog_end = end
+    # The queues recovery must look at. A trusted progress file vouches for each queue it
+    # records that is not loaded yet (rocketstore.pipeline.queueset): every unit below the
+    # recorded length points below the flushed point, so nothing of them is cut or dispatched
+    # again, and the queue is checked when first used. Only units written past that length
+    # (after the flush, before a crash, or by another writer since) make it one to look at.
+    active = queue_list
+    if trusted is not None and not full_check:
+        if abnormal or end != trusted:
+            for cq in queue_list:
+                recorded = cq.recorded
+                if recorded is not None and cq.units_past(recorded):
+                    cq.load(recorded)
+        active = [cq for cq in queue_list if cq.recorded is None]
     if log.has_data_after(end):
         resume = report.damage_resumes_at = resumes_after(log, end)
         if resume is not None and not read_only and not cut_at_damage:
@@ -454,7 +496,7 @@ def recover(
             # to its trustworthy entries before ``cut_at`` and its slots recomputed.
             dropped, report.index_slots_repaired = index.mend(cut_at, _store_time(log))
             report.index_entries_dropped += dropped
-        _drop_derived(log, queue_list, index, cut_at, report)
+        _drop_derived(log, active, index, cut_at, report)
         if index is not None and (
             rebuild_index or index_damaged(log, index) or report.fenced_bytes
         ):
@@ -483,10 +525,13 @@ def recover(
                 checkpoint.logics_msg_timestamp = last_unit_ts
     for cq in queues.values():
         # Units below the CommitLog's first offset are expected after retention: skip them.
-        cq.correct_min_offset(log.min_offset)
+        # (A queue not loaded does this when it loads.)
+        if cq.loaded:
+            cq.correct_min_offset(log.min_offset)
     if not read_only:
         # Unlike RocketMQ, rebuild ConsumeQueues that do not match the log.
-        rebuild = damaged_queues(log, queues, last_only=trusted is not None and not full_check)
+        looked_at = {key: cq for key, cq in queues.items() if cq.loaded}
+        rebuild = damaged_queues(log, looked_at, last_only=trusted is not None and not full_check)
         if progress is not None and trusted is not None:
             # Queues the last flush recorded that are now missing or shorter.
             for name, length in progress.queues.items():
@@ -502,7 +547,8 @@ def recover(
             dispatch.redispatch(log, log.min_offset, end, queue_factory, None)
             report.queues_rebuilt = [f"{t}/{q}" for t, q in rebuild]
             for cq in queues.values():  # the rebuilt queues are new objects
-                cq.correct_min_offset(log.min_offset)
+                if cq.loaded:
+                    cq.correct_min_offset(log.min_offset)
     report.duration_ms = (time.perf_counter() - started) * 1000
     return report
 

@@ -43,11 +43,10 @@ from rocketstore.pipeline.errors import (
     StoreError,
 )
 from rocketstore.pipeline.mapped_file import (
+    NAME_DIGITS,
     RESERVE_AHEAD,
+    TMP_SUFFIX,
     MappedFile,
-    listed_size,
-    parse_segment_name,
-    remove_leftovers,
     segment_name,
 )
 from rocketstore.pipeline.mappings import MappingCache
@@ -55,22 +54,27 @@ from rocketstore.pipeline.mappings import MappingCache
 T = TypeVar("T")
 
 
-def list_segments(directory: Path) -> list[tuple[int, Path]]:
+def list_segments(directory: Path, leftovers: list[Path] | None = None) -> list[tuple[int, Path]]:
     """(base offset, path) of the segment files in ``directory`` as this host lists it now, in
     offset order; none when there is no such directory. Names that are not 20-digit offsets
-    (a ``*.creating`` leftover, anything else) are left out. Every call reads the directory
-    again, which is how a shared file system's client is made to ask its servers instead of
-    answering from a listing it cached."""
+    (a ``*.creating`` leftover, anything else) are left out; ``leftovers`` collects the
+    ``*.creating`` ones. Every call reads the directory again, which is how a shared file
+    system's client is made to ask its servers instead of answering from a listing it
+    cached."""
+    found: list[tuple[int, Path]] = []
     try:
         with os.scandir(directory) as entries:
-            found = [
-                (base, Path(entry.path))
-                for entry in entries
-                if (base := parse_segment_name(Path(entry.name))) is not None and entry.is_file()
-            ]
-    except FileNotFoundError:
+            for entry in entries:
+                name = entry.name
+                if len(name) == NAME_DIGITS and name.isdigit():
+                    if entry.is_file():
+                        found.append((int(name), Path(entry.path)))
+                elif leftovers is not None and name.endswith(TMP_SUFFIX):
+                    leftovers.append(Path(entry.path))
+    except (FileNotFoundError, NotADirectoryError):
         return []
-    return sorted(found)
+    found.sort()
+    return found
 
 
 class SegmentListing:
@@ -85,16 +89,18 @@ class SegmentListing:
 
     Thread-safety: none; each reader keeps its own. Lists directories, never changes them."""
 
-    def __init__(self, directory: Path, wait_ms: int | None = None) -> None:
+    def __init__(
+        self, directory: Path, wait_ms: int | None = None, leftovers: list[Path] | None = None
+    ) -> None:
         self.directory = directory
         self.wait_ms = wait_ms
         self.entries: list[tuple[int, Path]] = []
         self._paths: dict[int, Path] = {}
-        self.relist()
+        self.relist(leftovers)
 
-    def relist(self) -> None:
-        """Read the directory again."""
-        self.entries = list_segments(self.directory)
+    def relist(self, leftovers: list[Path] | None = None) -> None:
+        """Read the directory again (``leftovers``: see :func:`list_segments`)."""
+        self.entries = list_segments(self.directory, leftovers)
         self._paths = dict(self.entries)
 
     def first(self) -> tuple[int, Path] | None:
@@ -152,13 +158,20 @@ class SegmentListing:
 
 def _without_empty_tail(
     found: list[tuple[int, Path]],
-) -> tuple[list[tuple[int, Path]], list[Path]]:
-    """``found`` without the empty files at its end, and those files."""
+) -> tuple[list[tuple[int, Path]], list[Path], os.stat_result | None]:
+    """``found`` without the empty files at its end, those files, and the status of the last
+    file kept (None: gone since the listing, or none kept)."""
     kept = list(found)
     empty: list[Path] = []
-    while kept and listed_size(kept[-1][1]) == 0:
+    while kept:
+        try:
+            st = os.stat(kept[-1][1])
+        except FileNotFoundError:
+            return kept, empty, None
+        if st.st_size != 0:
+            return kept, empty, st
         empty.insert(0, kept.pop()[1])
-    return kept, empty
+    return kept, empty, None
 
 
 class SegmentQueue:
@@ -171,12 +184,19 @@ class SegmentQueue:
         cache: MappingCache | None = None,
         ahead: int = RESERVE_AHEAD,
         visibility_wait_ms: int | None = None,
+        deferred: bool = False,
     ) -> None:
         self.directory = directory
         self.segment_size = segment_size
         self.read_only = read_only
         self.cache = cache
         self.ahead = ahead
+        # Files and directories created here become durable at the next flush, not when
+        # created (see MappedFile's ``deferred``): for ConsumeQueues, of which a put can create
+        # thousands at once. ``new_dirs``: directories created since, whose parents need an
+        # fsync.
+        self.deferred = deferred
+        self.new_dirs: list[Path] = []
         # None: this host's listing is the directory (the writer's own store, or one host). A
         # number (read-only views on shared storage): a look-up past the segments listed
         # lists the directory again for up to that many ms (see the module docstring).
@@ -189,12 +209,12 @@ class SegmentQueue:
     def load(self) -> None:
         """Open every segment in the directory, in offset order. Write positions start at full;
         the owner sets the last segments' positions after scanning them."""
-        if not self.directory.is_dir():
-            return
+        leftovers: list[Path] = []
+        self._listing = SegmentListing(self.directory, self.visibility_wait_ms, leftovers)
         if not self.read_only:
-            remove_leftovers(self.directory)
-        self._listing = SegmentListing(self.directory, self.visibility_wait_ms)
-        found, empty = _without_empty_tail(self._listing.entries)
+            for leftover in leftovers:
+                durability.remove(leftover)
+        found, empty, last_stat = _without_empty_tail(self._listing.entries)
         # A crash between creating a file and sizing it (possible with RocketMQ's writer; ours
         # creates segments atomically) leaves an empty file at the end: it holds no data, so
         # it is dropped (removed by a writable open) instead of refusing the store.
@@ -215,7 +235,10 @@ class SegmentQueue:
                     f"(found {path.name} after it)"
                 )
             try:
-                self._open(base, path, self.segment_size)
+                # The last file's size is known from the listing's check (most queues have
+                # one file): no second stat.
+                known = last_stat if path is found[-1][1] else None
+                self._open(base, path, self.segment_size, known)
             except SegmentGoneError:
                 if self.files:
                     raise  # not the oldest: retention deletes from the head only
@@ -223,7 +246,9 @@ class SegmentQueue:
                 continue
             expected = base + self.segment_size
 
-    def _open(self, base: int, path: Path, written: int) -> None:
+    def _open(
+        self, base: int, path: Path, written: int, stat: os.stat_result | None = None
+    ) -> None:
         mf = MappedFile(
             path,
             base,
@@ -231,6 +256,7 @@ class SegmentQueue:
             read_only=self.read_only,
             cache=self.cache,
             ahead=self.ahead,
+            stat=stat,
         )
         mf.wrote_position = mf.flushed_position = written
         self.files.append(mf)
@@ -324,7 +350,7 @@ class SegmentQueue:
         if len(self.files) < 2:
             raise StoreError(f"{self.directory}: refusing to delete the last segment")
         mf = self.files[0]
-        if not mf.unmap():
+        if not mf.release():
             return False
         del self.files[0]
         durability.remove(mf.path)
@@ -347,7 +373,7 @@ class SegmentQueue:
         return self._create(base)
 
     def _create(self, base: int) -> MappedFile:
-        durability.make_dirs(self.directory)
+        self.new_dirs += durability.make_dirs(self.directory, sync=not self.deferred)
         mf = MappedFile(
             self.directory / segment_name(base),
             base,
@@ -356,6 +382,7 @@ class SegmentQueue:
             create=True,
             cache=self.cache,
             ahead=self.ahead,
+            deferred=self.deferred,
         )
         self.files.append(mf)
         return mf
@@ -387,12 +414,35 @@ class SegmentQueue:
                 mf.wrote_position = mf.flushed_position = 0
 
     def flush(self) -> None:
+        """Make what was written durable, and with ``deferred`` the files and directories
+        created since the last flush (their directory entries: an fsync of each directory
+        that gained one)."""
+        fresh = False
         for mf in reversed(self.files):
+            fresh = fresh or mf.fresh
             if mf.wrote_position == 0:
-                continue  # created ahead by prepare(), nothing written yet
-            if mf.flushed_position >= mf.wrote_position:
+                # Created ahead by prepare(), nothing written yet: its name is made durable
+                # below; should its size not be after a power cut, loaders drop the empty file.
+                mf.fresh = False
+                continue
+            if mf.flushed_position >= mf.wrote_position and not mf.fresh:
                 break
-            mf.flush()
+            mf.flush()  # an fsync of a new file makes its size durable too
+            mf.fresh = False
+        if fresh:
+            durability.fsync_dir(self.directory)
+        for directory in self.new_dirs:
+            durability.fsync_dir(directory.parent)
+        self.new_dirs = []
+
+    def mark_flushed(self) -> None:
+        """Everything written and created here was made durable by a sync of the whole file
+        system (:func:`rocketstore.pipeline.durability.syncfs`)."""
+        for mf in reversed(self.files):
+            if mf.flushed_position >= mf.wrote_position and not mf.fresh:
+                break
+            mf.mark_flushed()
+        self.new_dirs = []
 
     def truncate(self, offset: int) -> int:
         """Forget everything at or after ``offset``: later segments are deleted, the one holding

@@ -59,6 +59,7 @@ from rocketstore.pipeline import (
     filesystem,
     indexfile,
     mapped_file,
+    mappings,
     record,
     renewal,
     storedir,
@@ -69,9 +70,10 @@ from rocketstore.pipeline.appender import Appender
 from rocketstore.pipeline.background import PeriodicTask
 from rocketstore.pipeline.checkpoint import StoreCheckpoint
 from rocketstore.pipeline.commitlog import CommitLog
-from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
 from rocketstore.pipeline.consumequeue import ConsumeQueue
 from rocketstore.pipeline.errors import (
+    CorruptRecordError,
     FencedError,
     ProgressNotRecordedError,
     ReadOnlyStoreError,
@@ -82,12 +84,13 @@ from rocketstore.pipeline.geometry import check_geometry
 from rocketstore.pipeline.index_service import IndexService
 from rocketstore.pipeline.lock import DirectoryLock
 from rocketstore.pipeline.mapped_file import WHOLE, free_space
-from rocketstore.pipeline.mappings import MappingCache
+from rocketstore.pipeline.mappings import MappingCache, WorkCounts
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.progress import FlushProgress
 from rocketstore.pipeline.publish import MAX_NOTES, Recorder
+from rocketstore.pipeline.queueset import QueueSet
 from rocketstore.pipeline.reads import StoreReads
-from rocketstore.pipeline.recovery import RecoveryReport, recover
+from rocketstore.pipeline.recovery import RecoveryReport, last_unit_matches, recover
 from rocketstore.pipeline.results import BatchPutResult, PutResult
 from rocketstore.pipeline.retention import (
     RUN_INTERVAL_MS,
@@ -183,7 +186,9 @@ class MessageStore(StoreReads):
         self._listing_wait: int | None = None
         if self.read_only and self.shared:
             self._listing_wait = cfg.visibility_wait_ms
-            storedir.forget_cached_tails(self.path)
+            # Each queue's tails are forgotten when the queue is loaded (ConsumeQueue).
+            storedir.forget_cached_tails(self.path, queues=False)
+        mappings.raise_descriptor_limit()
         self.mappings = MappingCache(cfg.max_mapped_files)
         # Where reading a hole through a mapping allocates (tmpfs), files get every block when
         # created, so that no reader can die of SIGBUS on a full disk (rocketstore.pipeline.filesystem).
@@ -216,18 +221,20 @@ class MessageStore(StoreReads):
             )
         )
         self.commitlog.load()
-        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._progress = FlushProgress.read(self.path / "config")
-        lengths = self._progress.queues if self._progress is not None else {}
-        cq_root = self.path / "consumequeue"
-        if cq_root.is_dir():
-            for topic_dir in sorted(cq_root.iterdir()):
-                if not topic_dir.is_dir():
-                    continue
-                for qdir in sorted(topic_dir.iterdir()):
-                    if qdir.is_dir() and qdir.name.isdigit():
-                        length = lengths.get(f"{topic_dir.name}/{qdir.name}")
-                        self._queue(topic_dir.name, int(qdir.name)).load(length)
+        # Each queue is loaded when first used (rocketstore.pipeline.queueset), so that opening
+        # a store of 40,000 queues costs a listing of their directories, not 40,000 loads.
+        self._queueset = QueueSet(
+            self.path / "consumequeue",
+            cfg.mapped_file_size_consume_queue,
+            read_only=self.read_only,
+            cache=self.mappings,
+            ahead=self._cq_ahead,
+            visibility_wait_ms=self._listing_wait,
+            syncfs=not self.read_only and not self.shared and filesystem.syncfs_durable(self.path),
+        )
+        self.queues: dict[tuple[str, int], ConsumeQueue] = self._queueset.queues
+        self._queueset.find(self._progress.queues if self._progress is not None else {})
         self.index: IndexService | None = None
         if cfg.message_index_enable:
             self.index = IndexService(
@@ -259,8 +266,10 @@ class MessageStore(StoreReads):
         # under SYNC_FLUSH a put publishes before it returns, so what it acknowledges is
         # readable from every host.
         self._publish_each_put = self._sync_flush and self.shared
+        self._view_end: tuple[visibility.Published, int] | None = None
         if self.read_only and self.shared:
             self._hide_unpublished()
+        self._queueset.on_load = self._queue_loaded
         last = self.recovery.last_record_offset
         self._appender = Appender(
             path=self.path,
@@ -269,7 +278,7 @@ class MessageStore(StoreReads):
             queue=self._queue,
             index=self.index,
             config=cfg,
-            next_queue_offset={key: cq.max_offset for key, cq in self.queues.items()},
+            next_queue_offset={},
             last_record=(
                 (last, self.commitlog.store_timestamp(last, record.FIXED_SIZE_V4))
                 if last >= 0
@@ -301,8 +310,41 @@ class MessageStore(StoreReads):
             return  # nothing published (RocketMQ wrote the store): as on one host
         end = min(self.commitlog.max_offset, max(point.commitlog_end, self.commitlog.min_offset))
         self.commitlog.set_end(end)
-        for (topic, queue_id), cq in self.queues.items():
-            cq.hide_from(min(point.queue_length(topic, queue_id), cq.first_past(end)))
+        self._view_end = (point, end)
+        for cq in self.queues.values():
+            if cq.loaded:
+                self._hide(cq)
+
+    def _hide(self, cq: ConsumeQueue) -> None:
+        if self._view_end is not None:
+            point, end = self._view_end
+            cq.hide_from(min(point.queue_length(cq.topic, cq.queue_id), cq.first_past(end)))
+
+    def _queue_loaded(self, cq: ConsumeQueue) -> None:
+        """A queue's files were looked at for the first time since the store opened (see
+        rocketstore.pipeline.queueset): what recovery does for the queues it loads, it does
+        now. A writer's queue must end where the last flush recorded and its last unit point at
+        a record of the queue, or the queue is refused (`rocketstore recover` rebuilds it)."""
+        cq.correct_min_offset(self.commitlog.min_offset)
+        self._hide(cq)
+        if self.read_only:
+            return
+        if cq.expected_length is not None and cq.max_offset != cq.expected_length:
+            raise CorruptRecordError(
+                str(cq.directory),
+                cq.max_offset * CQ_UNIT_SIZE,
+                f"queue {cq.topic}/{cq.queue_id} holds {cq.max_offset} unit(s), but the last "
+                f"flush recorded {cq.expected_length} (config/rocketstore.json): its files were "
+                "changed since; `rocketstore recover` rebuilds it from the CommitLog",
+            )
+        if not last_unit_matches(self.commitlog, cq):
+            where, at = cq.unit_location(cq.max_offset - 1)
+            raise CorruptRecordError(
+                where,
+                at,
+                f"the last unit of queue {cq.topic}/{cq.queue_id} does not point at a record "
+                "of the queue in the CommitLog; `rocketstore recover` rebuilds the queue",
+            )
 
     def _take_epoch(self) -> None:
         """Record this writer's epoch, after fencing off an unclean end (rocketstore.pipeline.fencing)."""
@@ -373,6 +415,11 @@ class MessageStore(StoreReads):
                 f"{self.path}: an earlier put failed part-way ({self._failure!r}); the store "
                 "takes no more writes until it is closed and opened again, which recovers it"
             ) from self._failure
+
+    @property
+    def work(self) -> WorkCounts:
+        """What this store did to its files since it opened (rocketstore.pipeline.mappings)."""
+        return self.mappings.work
 
     @property
     def failed(self) -> BaseException | None:
@@ -472,13 +519,12 @@ class MessageStore(StoreReads):
             # shared file system a failed write-back leaves a page clean, while one left dirty
             # is written whenever the kernel gets to it, after a partition heals perhaps, over
             # files that a writer elsewhere has taken over meanwhile (rocketstore.pipeline.fencing).
-            for derived in [*self.queues.values(), self.index]:
+            self._queueset.push_out()
+            if self.index is not None:
                 with contextlib.suppress(Exception):
-                    if derived is not None:
-                        derived.flush()
+                    self.index.flush()
             raise
-        for cq in self.queues.values():
-            cq.flush()
+        self._recorder.flushed(self._queueset.flush(self.path))
         if self.index is not None:
             self.index.flush()
 
@@ -545,8 +591,8 @@ class MessageStore(StoreReads):
                 # Under the lock: a read in another thread either ran before or sees it closed.
                 self._closed = True
                 step(self.commitlog.close)
-                for cq in self.queues.values():
-                    step(cq.close)
+                for close_queue in self._queueset.close():
+                    step(close_queue)
                 if self.index is not None:
                     step(self.index.close)
                 if self._fence is not None:
@@ -563,20 +609,7 @@ class MessageStore(StoreReads):
 
     # -- writing ----------------------------------------------------------------------------
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
-        cq = self.queues.get((topic, queue_id))
-        if cq is None:
-            cq = ConsumeQueue(
-                self.path / "consumequeue",
-                topic,
-                queue_id,
-                self.config.mapped_file_size_consume_queue,
-                read_only=self.read_only,
-                cache=self.mappings,
-                ahead=self._cq_ahead,
-                visibility_wait_ms=self._listing_wait,
-            )
-            self.queues[(topic, queue_id)] = cq
-        return cq
+        return self._queueset.queue(topic, queue_id)
 
     def put(self, message: Message) -> PutResult:
         """Store one message.

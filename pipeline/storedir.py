@@ -58,19 +58,19 @@ def write_in_place(p: Path) -> None:
             )
 
 
-def forget_cached_tails(p: Path) -> None:
+def forget_cached_tails(p: Path, *, queues: bool = True) -> None:
     """Drop this host's cached pages of the files a writer appends to (the last CommitLog
-    segments, each queue's and the index's last files), so that a read-only view, or a
-    writer taking over after an unclean end, reads them from the file system, not as this
-    host saw them before (rocketstore.pipeline.visibility)."""
+    segments, the index's last files and, with ``queues``, each queue's), so that a read-only
+    view, or a writer taking over after an unclean end, reads them from the file system, not
+    as this host saw them before (rocketstore.pipeline.visibility). A read-only view forgets a
+    queue's when it loads the queue instead (rocketstore.pipeline.consumequeue)."""
     with contextlib.suppress(OSError):
         os.listdir(p)  # refreshes the client's attributes of the checkpoint
     dirs = [p / "commitlog", p / "index"]
-    with contextlib.suppress(OSError):
-        for topic in (p / "consumequeue").iterdir():
-            with contextlib.suppress(OSError):
-                dirs.extend(q for q in topic.iterdir() if q.name.isdigit())
-    for directory in dirs:
+    if queues:
         with contextlib.suppress(OSError):
-            for path in sorted(q for q in directory.iterdir() if q.name.isdigit())[-2:]:
-                visibility.drop_cached(path)
+            for topic in (p / "consumequeue").iterdir():
+                with contextlib.suppress(OSError):
+                    dirs.extend(q for q in topic.iterdir() if q.name.isdigit())
+    for directory in dirs:
+        visibility.forget_last_files(directory)

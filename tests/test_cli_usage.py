@@ -73,6 +73,18 @@ ARGS: dict[str, tuple[list[str], list[list[str]]]] = {
             ["--port", "0"],
             ["--bind", "::1"],
             ["--token-file", "F"],
+            ["--per-queue-limit", "5"],
+            ["--config", "c.toml"],
+        ],
+    ),
+    "exporter": (
+        ["R"],
+        [
+            ["--checkpoint", "q=D"],
+            ["--port", "0"],
+            ["--bind", "::1"],
+            ["--token-file", "F"],
+            ["--per-queue-limit", "0"],
             ["--config", "c.toml"],
         ],
     ),
@@ -161,7 +173,7 @@ def test_a_usage_error_shows_the_commands_usage(
 def test_an_unknown_command_shows_the_top_level_usage(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["nonsense"]) == cli.EXIT_ERROR
     err = capsys.readouterr().err
-    assert err.startswith("usage: rocketstore [-h] COMMAND ...")
+    assert err.startswith("usage: rocketstore [-h] [--version] COMMAND ...")
     assert "invalid choice: 'nonsense'" in err
 
 
@@ -319,7 +331,8 @@ def probe(*argv: str) -> dict[str, object]:
 
 
 @pytest.mark.parametrize(
-    "argv", [["--help"], ["produce", "--help"], ["lag", "--help"], ["get", "S"]]
+    "argv",
+    [["--help"], ["--version"], ["produce", "--help"], ["lag", "--help"], ["get", "S"]],
 )
 def test_help_and_usage_errors_import_nothing_heavy(argv: list[str]) -> None:
     result = probe(*argv)
@@ -333,3 +346,13 @@ def test_a_read_command_does_not_import_pandas(big_store: tuple[Path, Path]) -> 
         "code": 0,
         "loaded": ["numpy", "pyarrow", "rocketstore.pipeline.store", "rocketstore.pipeline.encode"],
     }
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"rocketstore {version('rocketstore')}"
+    text = (ROOT / "pyproject.toml").read_text()
+    declared = re.search(r'^version = "([^"]+)"', text, re.M)
+    assert declared is not None and declared.group(1) == version("rocketstore")

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from rocketstore.pipeline import durability
+from rocketstore.pipeline import durability, mappings
 from rocketstore.pipeline.cli import main
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.message import Message
@@ -116,7 +116,13 @@ def test_a_thousand_queues_under_ulimit_256(
     assert out["verify"] == 0 and out["recover"] == 0 and out["verify_after"] == 0
 
 
-def test_mappings_stay_bounded_and_files_are_remapped(tmp_path: Path) -> None:
+def test_mappings_and_descriptors_stay_bounded_and_files_are_reopened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Puts and reads of 60 queues map no ConsumeQueue file (units go through descriptors),
+    and with a descriptor budget of 16 the least recently used descriptors are closed and the
+    files opened again when next used, with every unit where it belongs."""
+    monkeypatch.setattr(mappings, "descriptor_budget", lambda: 16)
     config = StoreConfig(
         mapped_file_size_commitlog=1 << 20,
         mapped_file_size_consume_queue=200,
@@ -130,11 +136,17 @@ def test_mappings_stay_bounded_and_files_are_remapped(tmp_path: Path) -> None:
                 [Message(f"T{q % 5}", f"{round_}-{q}".encode(), queue_id=q // 5) for q in range(60)]
             )
             assert len(store.mappings) <= 8
+            assert store.mappings.descriptors <= 16
         assert store.mappings.evictions > 0
+        opened = store.work.opened
         for q in range(60):
             got = store.get_messages(f"T{q % 5}", q // 5, 0, 10)
             assert [m.body for m in got.messages] == [f"{r}-{q}".encode() for r in range(3)]
         assert len(store.mappings) <= 8
+        assert store.mappings.descriptors <= 16
+        assert store.work.opened > opened  # closed ones were opened again
+        # The CommitLog's segment and the IndexFile are mapped; no ConsumeQueue file is.
+        assert store.work.mapped <= 2 + store.mappings.evictions
 
 
 def test_produce_reports_which_lines_of_a_failed_put_landed(

@@ -47,8 +47,9 @@ def watch_mutex(store: MessageStore) -> SignallingLock:
 def test_read_waits_for_a_flush_syncing_a_queue_file(
     tmp_path: Path, opened: list[MessageStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Two mappings for three ConsumeQueue files: reading the queues the flush is not syncing
-    # maps them and pushes out the one it is syncing, unless the read waits for the flush.
+    # A read of the queues the flush is not syncing, started while it syncs one: it must wait
+    # for the flush (the store's lock). Before reads took the lock, with two mappings for three
+    # ConsumeQueue files, such a read mapped its files and pushed out the one being synced.
     cfg = StoreConfig(
         mapped_file_size_commitlog=65536,
         message_index_enable=False,
@@ -60,22 +61,30 @@ def test_read_waits_for_a_flush_syncing_a_queue_file(
     store.put_batch([Message(t, b"%s-%d-%d" % (t.encode(), q, i), queue_id=q)
                      for i in range(3) for t, q in QUEUES])  # fmt: skip
     lock = watch_mutex(store)
-    real_msync = durability.msync
+    real_msync, real_fsync = durability.msync, durability.fsync
     reads: list[tuple[tuple[str, int], Aside[list[GetResult]]]] = []
 
-    def msync_then_read(mm: object, start: int, length: int, path: Path) -> None:
+    def read_aside(path: Path) -> None:
         if "consumequeue" in path.parts and not reads:
             syncing = (path.parent.parent.name, int(path.parent.name))
             others = [key for key in QUEUES if key != syncing]
             reads.append(
                 (syncing, run_aside(lambda: [store.get_messages(t, q, 0) for t, q in others], lock))
             )
+
+    def msync_then_read(mm: object, start: int, length: int, path: Path) -> None:
+        read_aside(path)
         real_msync(mm, start, length, path)  # type: ignore[arg-type]
 
+    def fsync_then_read(fd: int, path: Path) -> None:
+        read_aside(path)
+        real_fsync(fd, path)
+
     monkeypatch.setattr(durability, "msync", msync_then_read)
+    monkeypatch.setattr(durability, "fsync", fsync_then_read)
     store.flush()
     assert store.failed is None
-    assert len(reads) == 1, "no ConsumeQueue file was synced through its mapping"
+    assert len(reads) == 1, "no ConsumeQueue file was synced"
     syncing, aside = reads[0]
     assert aside.blocked, "the read ran in the middle of the flush"
     others = [key for key in QUEUES if key != syncing]

@@ -9,6 +9,7 @@ Routes (every one read-only but ``POST /health/verify``, which starts a read-onl
     GET  /message?broker=&offset=   one message: fields, properties, decoded body
     GET  /consumers             Spark queries (--checkpoint) and consumer groups with their lag
     GET  /health                verify runs and their problems
+    GET  /metrics               the store's metrics for Prometheus (:mod:`.metrics_route`)
     POST /health/verify         start a verify run
     GET  /static/...            the stylesheet and the refresh script
 
@@ -36,29 +37,19 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rocketstore.pipeline.console import charts, params, views
 from rocketstore.pipeline.console.auth import Guard
+from rocketstore.pipeline.console.headers import SecurityHeaders
 from rocketstore.pipeline.console.health import Health
+from rocketstore.pipeline.console.metrics_route import metrics_handler
 from rocketstore.pipeline.errors import InvalidMessageError, NotFoundError, StoreError
+from rocketstore.pipeline.metrics import StoreCollector, Target
 
 # The real folder: an editable install links each file, and StaticFiles refuses links.
 HERE = Path(__file__).resolve().parent
 MAX_CHART_BARS = 48
 _FORM = ("broker", "queue", "offset", "time", "key", "msgid", "phys")  # echoed back into the form
-SECURITY_HEADERS = {
-    # Scripts only from the console itself (the refresh script); inline styles are allowed
-    # because the SVG charts carry them; nothing else loads from anywhere.
-    "content-security-policy": "default-src 'none'; script-src 'self'; "
-    "style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; "
-    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-    "x-content-type-options": "nosniff",
-    # same-origin, not no-referrer: under no-referrer a browser sends "Origin: null" with the
-    # console's own form posts, which the origin check (auth) would refuse.
-    "referrer-policy": "same-origin",
-    "cache-control": "no-store",
-}
 
 
 def _number(value: float | None) -> str:
@@ -107,27 +98,19 @@ def environment() -> jinja2.Environment:
     return env
 
 
-class _Headers:
-    """Adds :data:`SECURITY_HEADERS` to every response."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                headers += [(k.encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
-                message["headers"] = headers
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
-
-
 def create_app(console: views.Console, token: str | None = None) -> Starlette:
     """The console's ASGI application over ``console``; ``token``: see :mod:`.auth`."""
     env = environment()
     health = Health(console)
+    collector = StoreCollector(
+        Target(
+            console.root,
+            console.config,
+            tuple((str(c), c) for c in console.checkpoints),
+            console.per_queue_limit,
+        ),
+        verify=health.last_result,
+    )
 
     def render(name: str, part: str, **context: Any) -> str:
         return env.get_template(name).render(
@@ -355,11 +338,12 @@ def create_app(console: views.Console, token: str | None = None) -> Starlette:
         Route("/consumers", handler(consumers)),
         Route("/health", handler(health_page)),
         Route("/health/verify", handler(verify_now), methods=["POST"]),
+        Route("/metrics", metrics_handler(collector)),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(_Headers), Middleware(Guard, token=token)],
+        middleware=[Middleware(SecurityHeaders), Middleware(Guard, token=token)],
         exception_handlers={
             HTTPException: http_error,
             StoreError: store_error,

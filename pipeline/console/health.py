@@ -21,6 +21,7 @@ from pathlib import Path
 
 from rocketstore.pipeline.console.views import Console
 from rocketstore.pipeline.errors import StoreError
+from rocketstore.pipeline.metrics import VerifyResult
 from rocketstore.pipeline.verify import Problem, verify_read_only
 
 MAX_PROBLEMS_SHOWN = 500
@@ -65,6 +66,17 @@ class RunState:
     def problems(self) -> int:
         return sum(len(r.problems) + r.suppressed + (r.error is not None) for r in self.results)
 
+    def result(self) -> VerifyResult:
+        """The run as ``/metrics`` exports it: problems per broker verified so far."""
+        return VerifyResult(
+            self.running,
+            self.finished,
+            {
+                r.broker: len(r.problems) + r.suppressed + (r.error is not None)
+                for r in self.results
+            },
+        )
+
 
 class Health:
     """The console's verify runs (see the module docstring)."""
@@ -97,6 +109,11 @@ class Health:
             )
             self._thread.start()
             return number
+
+    def last_result(self) -> VerifyResult | None:
+        """The current or last run for ``/metrics``; ``None`` before the first."""
+        state = self.snapshot()
+        return None if state is None else state.result()
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the run in progress to end; whether none is running."""

@@ -31,7 +31,7 @@ class BadRequestError(StoreError, ValueError):
     """A request parameter is missing, malformed or out of range (HTTP 400)."""
 
 
-def _short(value: str) -> str:
+def short(value: str) -> str:
     """``value`` quoted for an error message, cut so that a huge value makes a short page."""
     return repr(value if len(value) <= 40 else value[:40] + "…")
 
@@ -42,7 +42,7 @@ def topic(value: str | None, name: str = "topic") -> str:
         raise BadRequestError(f"parameter {name} is required")
     if len(value) > MAX_TOPIC_LENGTH or not TOPIC_PATTERN.fullmatch(value):
         raise BadRequestError(
-            f"parameter {name}={_short(value)}: a topic is 1 to {MAX_TOPIC_LENGTH} characters "
+            f"parameter {name}={short(value)}: a topic is 1 to {MAX_TOPIC_LENGTH} characters "
             "of [%|a-zA-Z0-9_-]"
         )
     return value
@@ -65,7 +65,7 @@ def integer(
     # Digits only, and few enough of them: int() of a huge string costs quadratic time.
     if not re.fullmatch(r"-?[0-9]{1,19}", text):
         raise BadRequestError(
-            f"parameter {name}={_short(value)}: expected an integer from {low} to {high}"
+            f"parameter {name}={short(value)}: expected an integer from {low} to {high}"
         )
     number = int(text)
     if not low <= number <= high:
@@ -82,19 +82,19 @@ def timestamp(value: str | None, name: str = "time") -> int | None:
     if re.fullmatch(r"[0-9]{1,19}", text):
         return integer(text, name)
     if len(text) > 40:
-        raise BadRequestError(f"parameter {name}={_short(value)}: not a time")
+        raise BadRequestError(f"parameter {name}={short(value)}: not a time")
     try:
         when = dt.datetime.fromisoformat(text)
     except ValueError:
         raise BadRequestError(
-            f"parameter {name}={_short(value)}: expected milliseconds since the epoch or "
+            f"parameter {name}={short(value)}: expected milliseconds since the epoch or "
             "an ISO 8601 time such as 2026-01-31T12:00:00"
         ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.UTC)
     ms = int(when.timestamp() * 1000)
     if not 0 <= ms <= MAX_LONG:
-        raise BadRequestError(f"parameter {name}={_short(value)}: before 1970")
+        raise BadRequestError(f"parameter {name}={short(value)}: before 1970")
     return ms
 
 
@@ -104,7 +104,7 @@ def key(value: str | None) -> str:
         raise BadRequestError("parameter key is required")
     if len(value) > MAX_KEY_LENGTH or any(c in value for c in " \x00"):
         raise BadRequestError(
-            f"parameter key={_short(value)}: a key is 1 to {MAX_KEY_LENGTH} characters "
+            f"parameter key={short(value)}: a key is 1 to {MAX_KEY_LENGTH} characters "
             "without spaces"
         )
     return value
@@ -117,7 +117,7 @@ def msg_id(value: str | None) -> str:
     text = value.strip()
     if not _MSG_ID.fullmatch(text):
         raise BadRequestError(
-            f"parameter msgid={_short(value)}: an offset msgId is 32 or 56 hex digits"
+            f"parameter msgid={short(value)}: an offset msgId is 32 or 56 hex digits"
         )
     return text.upper()
 
@@ -130,7 +130,7 @@ def broker(value: str | None, brokers: Sequence[tuple[str, Path]]) -> tuple[str,
         if entry[0] == value:
             return entry
     names = ", ".join(n for n, _ in brokers) or "none"
-    raise NotFoundError(f"no broker {_short(value)} in this root (its brokers: {names})")
+    raise NotFoundError(f"no broker {short(value)} in this root (its brokers: {names})")
 
 
 def choice(value: str | None, name: str, allowed: Mapping[str, str] | Sequence[str]) -> str:
@@ -139,5 +139,5 @@ def choice(value: str | None, name: str, allowed: Mapping[str, str] | Sequence[s
     if value is None or value == "":
         return options[0]
     if value not in options:
-        raise BadRequestError(f"parameter {name}={_short(value)}: one of {', '.join(options)}")
+        raise BadRequestError(f"parameter {name}={short(value)}: one of {', '.join(options)}")
     return value

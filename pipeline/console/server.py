@@ -1,8 +1,10 @@
-"""``rocketstore console ROOT``: serve the console with uvicorn until Ctrl-C.
+"""``rocketstore console ROOT`` and ``rocketstore exporter ROOT``: serve the console, or its
+``/metrics`` alone, with uvicorn until Ctrl-C.
 
-Importable without the ``console`` extra: :func:`cmd_console` checks for starlette, jinja2,
-uvicorn and matplotlib first and raises :class:`ConsoleDependencyError` naming the extra to
-install, before importing any of them.
+Importable without the ``console`` extra: :func:`cmd_console` and :func:`cmd_exporter` check
+for the packages they need first (starlette, uvicorn, prometheus_client; the console also
+jinja2 and matplotlib) and raise :class:`ConsoleDependencyError` naming the extra to install,
+before importing any of them.
 
 The socket is bound here, before uvicorn starts, so that ``--port 0`` (any free port) prints
 the port it got, and a port in use fails at once with one line. Binding anything but loopback
@@ -16,22 +18,29 @@ import importlib.util
 import ipaddress
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rocketstore.pipeline.errors import ConfigError, StoreError
 
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
+
 EXTRA = "the console needs the 'console' extra: pip install 'rocketstore[console]'"
-NEEDED = ("starlette", "jinja2", "uvicorn", "matplotlib")
+NEEDED = ("starlette", "jinja2", "uvicorn", "matplotlib", "prometheus_client")
+EXPORTER_EXTRA = "the exporter needs the 'console' extra: pip install 'rocketstore[console]'"
+EXPORTER_NEEDED = ("starlette", "uvicorn", "prometheus_client")
 
 
 class ConsoleDependencyError(StoreError):
     """A package of the ``console`` extra is not installed."""
 
 
-def check_dependencies() -> None:
-    missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
+def check_dependencies(needed: tuple[str, ...] = NEEDED, extra: str = EXTRA) -> None:
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if missing:
-        raise ConsoleDependencyError(f"{EXTRA} (missing: {', '.join(missing)})")
+        raise ConsoleDependencyError(f"{extra} (missing: {', '.join(missing)})")
 
 
 def is_loopback(address: str) -> bool:
@@ -65,43 +74,43 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
-def cmd_console(args: argparse.Namespace) -> int:
-    """Serve the console until interrupted; returns 0 after a clean stop."""
-    check_dependencies()
+def _checkpoints(args: argparse.Namespace, named: bool) -> list[tuple[str, Path]]:
+    """The ``--checkpoint`` arguments as ``(query label, directory)``, each checked to be a
+    directory; ``named``: ``NAME=DIR`` names the query (the exporter), else each is a path."""
+    from rocketstore.pipeline.metrics import query_names
+
+    given = list(args.checkpoint or [])
+    found = list(query_names(given)) if named else [(c, Path(c)) for c in given]
+    for (_, path), text in zip(found, given, strict=True):
+        if not path.is_dir():
+            raise ConfigError(f"option --checkpoint={text}: no such directory")
+    return found
+
+
+def serve(args: argparse.Namespace, what: str, build: Callable[[str | None], ASGIApp]) -> int:
+    """Serve ``build(token)`` on ``--bind``/``--port`` until interrupted (see the module
+    docstring for the token rule); ``what`` names the command in what it prints."""
     import uvicorn
 
-    from rocketstore.pipeline.config import StoreConfig
     from rocketstore.pipeline.console import auth
-    from rocketstore.pipeline.console.app import create_app
-    from rocketstore.pipeline.console.views import Console
-    from rocketstore.pipeline.root import StoreRoot
 
-    root = Path(args.root)
-    StoreRoot(root).check_readable("ROOT")
-    for checkpoint in args.checkpoint or []:
-        if not Path(checkpoint).is_dir():
-            raise ConfigError(f"option --checkpoint={checkpoint}: no such directory")
     loopback = is_loopback(args.bind)
     token: str | None = None
     if args.token_file is not None:
         token = auth.read_token(args.token_file)
     elif not loopback:
         token = auth.new_token()
-    console = Console(
-        root.resolve(),
-        StoreConfig.effective(args.config),
-        tuple(Path(c).resolve() for c in args.checkpoint or []),
-    )
-    app = create_app(console, token)
+    app = build(token)
     sock = bind(args.bind, args.port)
     url = url_of(sock)
+    prog = f"rocketstore {what}"
     if token is not None and args.token_file is None:
-        print(f"rocketstore console: token {token}", flush=True)
+        print(f"{prog}: token {token}", flush=True)
     where = f"{url}?token=…" if token is not None else url
-    print(f"rocketstore console: serving {root} at {url} (Ctrl-C stops it)", flush=True)
+    print(f"{prog}: serving {args.root} at {url} (Ctrl-C stops it)", flush=True)
     if token is not None:
         print(
-            f"rocketstore console: every request needs the token: open {where} with the "
+            f"{prog}: every request needs the token: open {where} with the "
             "token, or send 'Authorization: Bearer TOKEN'",
             flush=True,
         )
@@ -118,5 +127,46 @@ def cmd_console(args: argparse.Namespace) -> int:
         pass
     finally:
         sock.close()
-    sys.stdout.write("rocketstore console: stopped\n")
+    sys.stdout.write(f"{prog}: stopped\n")
     return 0
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    """Serve the console until interrupted; returns 0 after a clean stop."""
+    check_dependencies()
+    from rocketstore.pipeline.config import StoreConfig
+    from rocketstore.pipeline.console.app import create_app
+    from rocketstore.pipeline.console.views import Console
+    from rocketstore.pipeline.root import StoreRoot
+
+    root = Path(args.root)
+    StoreRoot(root).check_readable("ROOT")
+    console = Console(
+        root.resolve(),
+        StoreConfig.effective(args.config),
+        tuple(path.resolve() for _, path in _checkpoints(args, named=False)),
+        args.per_queue_limit,
+    )
+    return serve(args, "console", lambda token: create_app(console, token))
+
+
+def cmd_exporter(args: argparse.Namespace) -> int:
+    """Serve ``/metrics`` alone until interrupted; returns 0 after a clean stop."""
+    check_dependencies(EXPORTER_NEEDED, EXPORTER_EXTRA)
+    from rocketstore.pipeline.config import StoreConfig
+    from rocketstore.pipeline.console.exporter import create_exporter_app
+    from rocketstore.pipeline.metrics import StoreCollector, Target
+    from rocketstore.pipeline.root import StoreRoot
+
+    root = Path(args.root)
+    StoreRoot(root).check_readable("ROOT")
+    checkpoints = _checkpoints(args, named=True)
+    collector = StoreCollector(
+        Target(
+            root.resolve(),
+            StoreConfig.effective(args.config),
+            tuple((name, path.resolve()) for name, path in checkpoints),
+            args.per_queue_limit,
+        )
+    )
+    return serve(args, "exporter", lambda token: create_exporter_app(collector, root, token))

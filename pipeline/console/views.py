@@ -36,6 +36,7 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.console import rates
 from rocketstore.pipeline.errors import NotFoundError, OffsetOutOfRangeError, StoreError
 from rocketstore.pipeline.lag import QueueLag, consumer_lag, group_lag, read_committed_offsets
+from rocketstore.pipeline.metrics import DEFAULT_PER_QUEUE_LIMIT
 from rocketstore.pipeline.reads import MAX_TIMESTAMP
 from rocketstore.pipeline.retention import statvfs_used_ratio
 from rocketstore.pipeline.root import StoreRoot, TopicMeta
@@ -61,6 +62,7 @@ class Console:
     root: Path
     config: StoreConfig
     checkpoints: tuple[Path, ...] = ()
+    per_queue_limit: int = DEFAULT_PER_QUEUE_LIMIT  # of /metrics (rocketstore.pipeline.metrics)
 
     def brokers(self) -> list[tuple[str, Path]]:
         """The root's brokers that hold a store, ``(name, directory)`` in broker order: the

@@ -1,0 +1,503 @@
+"""Prometheus metrics of a store root: what ``/metrics`` serves (the console's and
+``rocketstore exporter``'s), built with ``prometheus_client``.
+
+Names follow RocketMQ 5's metrics where one exists (``rocketmq_messages_in_total``,
+``rocketmq_throughput_in_total``, ``rocketmq_consumer_lag_messages``,
+``rocketmq_consumer_lag_latency``, in its units: messages, bytes, milliseconds), and are
+``rocketstore_*`` otherwise; :data:`FAMILIES` lists every family with its help text, and
+docs/monitoring.md describes them. Labels: ``broker`` (the broker directory's name),
+``topic``, ``queue_id``, ``consumer_group`` for RocketMQ consumer groups
+(``config/consumerOffset.json``) and ``query`` for Spark queries (a checkpoint directory).
+
+Cardinality is bounded: per-queue series (``rocketstore_queue_*`` and the per-queue lag
+families) are left out when the root has more than ``per_queue_limit`` queues (1000 by
+default), so a scrape of a root of 40,000 queues stays a few hundred series; everything else
+is per broker, topic and consumer.
+
+Each scrape reads the files afresh through :class:`~rocketstore.pipeline.storestats.StoreStats`
+(its caches and their freshness are described there) and computes lag with the functions
+``rocketstore lag`` uses (:mod:`rocketstore.pipeline.lag`), so PromQL's lag is the command's.
+Reads only: no store is locked or written.
+
+Thread-safety: :meth:`StoreCollector.collect` may be called from several threads; scrapes
+run one at a time (a lock), so two scrapes at once cost one scrape's work twice in a row,
+not in parallel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import StoreError
+from rocketstore.pipeline.groups import broker_offsets
+from rocketstore.pipeline.lag import (
+    BrokerBounds,
+    QueueLag,
+    consumer_lag,
+    group_lag,
+    read_committed_offsets,
+)
+from rocketstore.pipeline.root import StoreRoot
+from rocketstore.pipeline.storestats import BrokerStats, StoreStats
+
+DEFAULT_PER_QUEUE_LIMIT = 1000
+HOUR_S = 3600
+
+# name -> (kind, help, labels). Counters are named without _total here: prometheus_client adds
+# it to the samples.
+FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "rocketstore_broker_up": (
+        "gauge",
+        "1 when the broker directory's files could be read at this scrape, else 0",
+        ("broker",),
+    ),
+    "rocketstore_broker_info": (
+        "gauge",
+        "1 per broker; bounds says where its queue bounds came from (progress: the flush "
+        "progress file; open: a read-only open, for a store the file does not describe)",
+        ("broker", "bounds"),
+    ),
+    "rocketmq_messages_in": (
+        "counter",
+        "Messages ever stored in the topic on the broker (the sum of its queues' max offsets)",
+        ("broker", "topic"),
+    ),
+    "rocketmq_throughput_in": (
+        "counter",
+        "Bytes ever written to the broker's CommitLog (its flushed end offset), all topics",
+        ("broker",),
+    ),
+    "rocketstore_messages": (
+        "gauge",
+        "Messages the broker still holds of the topic (max - min offset, summed over queues)",
+        ("broker", "topic"),
+    ),
+    "rocketstore_queues": (
+        "gauge",
+        "ConsumeQueues of the topic on the broker",
+        ("broker", "topic"),
+    ),
+    "rocketstore_queue_min_offset": (
+        "gauge",
+        "A queue's min offset (first message retention has kept); per-queue series",
+        ("broker", "topic", "queue_id"),
+    ),
+    "rocketstore_queue_max_offset": (
+        "gauge",
+        "A queue's max offset (one past its last message); per-queue series",
+        ("broker", "topic", "queue_id"),
+    ),
+    "rocketstore_commitlog_min_offset_bytes": (
+        "gauge",
+        "CommitLog offset of the first byte the broker holds (retention moves it)",
+        ("broker",),
+    ),
+    "rocketstore_commitlog_files": ("gauge", "CommitLog segment files", ("broker",)),
+    "rocketstore_commitlog_size_bytes": (
+        "gauge",
+        "Bytes of the CommitLog segment files (their apparent sizes)",
+        ("broker",),
+    ),
+    "rocketstore_commitlog_files_deleted": (
+        "counter",
+        "CommitLog segments retention has deleted (the first offset / the segment size)",
+        ("broker",),
+    ),
+    "rocketstore_oldest_message_timestamp_seconds": (
+        "gauge",
+        "Store time of the first record the broker's CommitLog holds",
+        ("broker",),
+    ),
+    "rocketstore_newest_message_timestamp_seconds": (
+        "gauge",
+        "Store time of the last record the last flush recorded",
+        ("broker",),
+    ),
+    "rocketstore_last_flush_timestamp_seconds": (
+        "gauge",
+        "When a writer last recorded a flush (config/rocketstore.json's modification time)",
+        ("broker",),
+    ),
+    "rocketstore_retention_seconds": (
+        "gauge",
+        "fileReservedTime: how long CommitLog segments are kept, in seconds",
+        (),
+    ),
+    "rocketstore_disk_used_ratio": (
+        "gauge",
+        "Used share (0 to 1) of the file system holding the broker directory",
+        ("broker",),
+    ),
+    "rocketstore_disk_max_used_ratio": (
+        "gauge",
+        "diskMaxUsedSpaceRatio / 100: above it retention deletes the oldest files early",
+        ("broker",),
+    ),
+    "rocketstore_disk_size_bytes": ("gauge", "Size of that file system", ("broker",)),
+    "rocketstore_disk_free_bytes": ("gauge", "Bytes free for unprivileged users", ("broker",)),
+    "rocketstore_writer_locked": (
+        "gauge",
+        "1 while a process (a writer) holds the store's lock",
+        ("broker",),
+    ),
+    "rocketstore_abort_file": (
+        "gauge",
+        "1 while the abort file exists: a writer has the store open, or one did not close it",
+        ("broker",),
+    ),
+    "rocketstore_writer_epoch": (
+        "gauge",
+        "The newest writer epoch in config/rocketstore-epochs (writers on shared storage)",
+        ("broker",),
+    ),
+    "rocketstore_writer_unclean_takeovers": (
+        "counter",
+        "Epochs taken from a writer that had not closed the store (it crashed or was fenced)",
+        ("broker",),
+    ),
+    "rocketmq_consumer_lag_messages": (
+        "gauge",
+        "Messages a RocketMQ consumer group has still to consume (as rocketstore lag counts)",
+        ("consumer_group", "topic", "broker"),
+    ),
+    "rocketmq_consumer_lag_latency": (
+        "gauge",
+        "Milliseconds since the oldest message a consumer group has not consumed was stored",
+        ("consumer_group", "topic", "broker"),
+    ),
+    "rocketstore_consumer_queue_lag_messages": (
+        "gauge",
+        "A consumer group's lag in one queue; per-queue series",
+        ("consumer_group", "topic", "broker", "queue_id"),
+    ),
+    "rocketstore_query_lag_messages": (
+        "gauge",
+        "Messages a Spark query (by its checkpoint) has still to read",
+        ("query", "topic", "broker"),
+    ),
+    "rocketstore_query_lag_latency": (
+        "gauge",
+        "Milliseconds since the oldest message a Spark query has not read was stored",
+        ("query", "topic", "broker"),
+    ),
+    "rocketstore_query_queue_lag_messages": (
+        "gauge",
+        "A Spark query's lag in one queue; per-queue series",
+        ("query", "topic", "broker", "queue_id"),
+    ),
+    "rocketstore_query_committed_batch": (
+        "gauge",
+        "The last micro-batch the query committed (-1: none yet)",
+        ("query",),
+    ),
+    "rocketstore_query_up": (
+        "gauge",
+        "1 when the query's checkpoint could be read at this scrape, else 0",
+        ("query",),
+    ),
+    "rocketstore_consumer_offsets_up": (
+        "gauge",
+        "1 when every broker's config/consumerOffset.json could be read, else 0",
+        (),
+    ),
+    "rocketstore_verify_running": ("gauge", "1 while a verify run is in progress", ()),
+    "rocketstore_verify_last_run_timestamp_seconds": (
+        "gauge",
+        "When the last verify run ended",
+        (),
+    ),
+    "rocketstore_verify_ok": (
+        "gauge",
+        "1 when the last verify run found the broker sound, 0 when it found problems",
+        ("broker",),
+    ),
+    "rocketstore_verify_problems": (
+        "gauge",
+        "Problems the last verify run found in the broker",
+        ("broker",),
+    ),
+    "rocketstore_per_queue_series": (
+        "gauge",
+        "1 when per-queue series are exported, 0 when the queues outnumber the limit",
+        (),
+    ),
+    "rocketstore_scrape_duration_seconds": ("gauge", "How long reading the store took", ()),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyResult:
+    """The last verify run, as the console's health page knows it: ``problems`` per broker,
+    ``finished`` in seconds since the epoch (``None`` while the first run lasts)."""
+
+    running: bool
+    finished: float | None
+    problems: dict[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What to export: a store root (or one store directory), the settings to read it with,
+    Spark checkpoints by query name, and the per-queue series limit."""
+
+    root: Path
+    config: StoreConfig
+    checkpoints: tuple[tuple[str, Path], ...] = ()
+    per_queue_limit: int = DEFAULT_PER_QUEUE_LIMIT
+
+
+class _Families:
+    """One scrape's metric families, created on first use, yielded in :data:`FAMILIES`' order."""
+
+    def __init__(self, wanted: frozenset[str] | None) -> None:
+        self.wanted = wanted
+        self._made: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+
+    def add(self, name: str, labels: Sequence[str], value: float) -> None:
+        if self.wanted is not None and name not in self.wanted:
+            return
+        family = self._made.get(name)
+        if family is None:
+            kind, doc, names = FAMILIES[name]
+            maker = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            family = self._made[name] = maker(name, doc, labels=names)
+        family.add_metric(list(labels), value)
+
+    def __iter__(self) -> Iterator[Metric]:
+        return (self._made[n] for n in FAMILIES if n in self._made)
+
+
+def _bounds_reader(stats: dict[str, BrokerStats]) -> Callable[[str, Path], BrokerBounds]:
+    def read(name: str, path: Path) -> BrokerBounds:
+        found = stats.get(name)
+        if found is None:
+            raise StoreError(f"{path}: the broker could not be read at this scrape")
+        return found.bounds
+
+    return read
+
+
+class StoreCollector(Collector):
+    """A ``prometheus_client`` collector of one :class:`Target`. ``verify`` returns the last
+    verify run (the console's), or ``None`` when there is none; ``clock_ms`` is wall time."""
+
+    def __init__(
+        self,
+        target: Target,
+        stats: StoreStats | None = None,
+        *,
+        verify: Callable[[], VerifyResult | None] | None = None,
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.target = target
+        self.stats = stats or StoreStats(target.config)
+        self.verify = verify
+        self.clock_ms = clock_ms
+        self._lock = threading.Lock()
+        self.per_queue: bool | None = None  # None: by the limit; True/False: forced
+
+    def collect(self) -> Iterable[Metric]:
+        return self.scrape()
+
+    def scrape(
+        self, names: frozenset[str] | None = None, per_queue: bool | None = None
+    ) -> list[Metric]:
+        """Every family (or those of ``names``); ``per_queue`` overrides the limit."""
+        with self._lock:
+            started = time.perf_counter()
+            out = _Families(names)
+            self._collect(out, per_queue)
+            out.add("rocketstore_scrape_duration_seconds", (), time.perf_counter() - started)
+            return list(out)
+
+    def _collect(self, out: _Families, per_queue: bool | None) -> None:
+        target = self.target
+        cfg = target.config
+        stats: dict[str, BrokerStats] = {}
+        for name, path in StoreRoot(target.root).brokers():
+            if not (path / "commitlog").is_dir():
+                continue
+            try:
+                stats[name] = self.stats.broker(name, path)
+            except (StoreError, OSError):
+                out.add("rocketstore_broker_up", (name,), 0)
+        queues = sum(len(s.bounds) for s in stats.values())
+        if per_queue is None:
+            per_queue = queues <= target.per_queue_limit
+        out.add("rocketstore_per_queue_series", (), 1 if per_queue else 0)
+        out.add("rocketstore_retention_seconds", (), cfg.file_reserved_time * HOUR_S)
+        for s in stats.values():
+            self._broker(out, s, per_queue)
+        read = _bounds_reader(stats)
+        self._groups(out, read, stats, per_queue)
+        self._queries(out, read, stats, per_queue)
+        self._verify(out)
+
+    def _broker(self, out: _Families, s: BrokerStats, per_queue: bool) -> None:
+        b = s.name
+        cfg = self.target.config
+        out.add("rocketstore_broker_up", (b,), 1)
+        out.add("rocketstore_broker_info", (b, s.source), 1)
+        topics: dict[str, list[tuple[int, int]]] = {}
+        for (topic, qid), (low, high) in sorted(s.bounds.items()):
+            topics.setdefault(topic, []).append((low, high))
+            if per_queue:
+                out.add("rocketstore_queue_min_offset", (b, topic, str(qid)), low)
+                out.add("rocketstore_queue_max_offset", (b, topic, str(qid)), high)
+        for topic, pairs in topics.items():
+            out.add("rocketmq_messages_in", (b, topic), sum(h for _, h in pairs))
+            out.add("rocketstore_messages", (b, topic), sum(h - lo for lo, h in pairs))
+            out.add("rocketstore_queues", (b, topic), len(pairs))
+        out.add("rocketmq_throughput_in", (b,), s.commitlog_end)
+        out.add("rocketstore_commitlog_min_offset_bytes", (b,), s.commitlog_min)
+        out.add("rocketstore_commitlog_files", (b,), s.commitlog_files)
+        out.add("rocketstore_commitlog_size_bytes", (b,), s.commitlog_bytes)
+        out.add(
+            "rocketstore_commitlog_files_deleted",
+            (b,),
+            s.commitlog_min // cfg.mapped_file_size_commitlog,
+        )
+        for name, ms in (
+            ("rocketstore_oldest_message_timestamp_seconds", s.oldest_ms),
+            ("rocketstore_newest_message_timestamp_seconds", s.newest_ms),
+            ("rocketstore_last_flush_timestamp_seconds", s.last_flush_ms),
+        ):
+            if ms is not None and ms > 0:
+                out.add(name, (b,), ms / 1000)
+        out.add("rocketstore_disk_used_ratio", (b,), s.disk_used_ratio)
+        out.add("rocketstore_disk_max_used_ratio", (b,), cfg.disk_max_used_space_ratio / 100)
+        out.add("rocketstore_disk_size_bytes", (b,), s.disk_total_bytes)
+        out.add("rocketstore_disk_free_bytes", (b,), s.disk_free_bytes)
+        w = s.writer
+        out.add("rocketstore_writer_locked", (b,), 1 if w.locked else 0)
+        out.add("rocketstore_abort_file", (b,), 1 if w.abort else 0)
+        if w.epoch is not None:
+            out.add("rocketstore_writer_epoch", (b,), w.epoch)
+        out.add("rocketstore_writer_unclean_takeovers", (b,), w.unclean_takeovers)
+
+    def _lag(
+        self,
+        out: _Families,
+        kind: str,
+        who: str,
+        rows: Sequence[QueueLag],
+        stats: dict[str, BrokerStats],
+        per_queue: bool,
+    ) -> None:
+        """Lag and its age per (topic, broker), and per queue when ``per_queue``; ``kind`` is
+        ``consumer`` (a group) or ``query``."""
+        total, latency, queue_family = (
+            (
+                "rocketmq_consumer_lag_messages",
+                "rocketmq_consumer_lag_latency",
+                "rocketstore_consumer_queue_lag_messages",
+            )
+            if kind == "consumer"
+            else (
+                "rocketstore_query_lag_messages",
+                "rocketstore_query_lag_latency",
+                "rocketstore_query_queue_lag_messages",
+            )
+        )
+        now = self.clock_ms()
+        sums: dict[tuple[str, str], int] = {}
+        oldest: dict[tuple[str, str], int] = {}
+        for r in rows:
+            if r.lag is None:
+                continue  # a queue the store no longer has
+            key = (r.topic, r.broker)
+            sums[key] = sums.get(key, 0) + r.lag
+            if per_queue:
+                out.add(queue_family, (who, r.topic, r.broker, str(r.queue_id)), r.lag)
+            s = stats.get(r.broker)
+            if r.lag > 0 and s is not None:
+                start = r.committed if r.committed is not None else r.min_offset or 0
+                start = max(start, r.min_offset or 0)
+                at = self.stats.store_time(s.path, r.topic, r.queue_id, start)
+                if at is not None:
+                    oldest[key] = min(oldest.get(key, at), at)
+        for key, value in sums.items():
+            out.add(total, (who, *key), value)
+            age = max(0, now - oldest[key]) if key in oldest else 0
+            out.add(latency, (who, *key), age)
+
+    def _groups(
+        self,
+        out: _Families,
+        read: Callable[[str, Path], BrokerBounds],
+        stats: dict[str, BrokerStats],
+        per_queue: bool,
+    ) -> None:
+        try:
+            groups = group_lag(
+                self.target.root,
+                self.target.config,
+                brokers=broker_offsets(self.target.root),
+                read_bounds=read,
+            )
+        except (StoreError, OSError):
+            out.add("rocketstore_consumer_offsets_up", (), 0)
+            return
+        out.add("rocketstore_consumer_offsets_up", (), 1)
+        for g in groups:
+            self._lag(out, "consumer", g.group, g.queues, stats, per_queue)
+
+    def _queries(
+        self,
+        out: _Families,
+        read: Callable[[str, Path], BrokerBounds],
+        stats: dict[str, BrokerStats],
+        per_queue: bool,
+    ) -> None:
+        for name, checkpoint in self.target.checkpoints:
+            try:
+                progress = read_committed_offsets(checkpoint)
+                rows = (
+                    consumer_lag(
+                        self.target.root, progress.offsets, self.target.config, read_bounds=read
+                    )
+                    if progress.offsets
+                    else []
+                )
+            except (StoreError, OSError):
+                out.add("rocketstore_query_up", (name,), 0)
+                continue
+            out.add("rocketstore_query_up", (name,), 1)
+            batch = -1 if progress.batch_id is None else progress.batch_id
+            out.add("rocketstore_query_committed_batch", (name,), batch)
+            self._lag(out, "query", name, rows, stats, per_queue)
+
+    def _verify(self, out: _Families) -> None:
+        if self.verify is None:
+            return
+        found = self.verify()
+        if found is None:
+            return
+        out.add("rocketstore_verify_running", (), 1 if found.running else 0)
+        if found.finished is not None:
+            out.add("rocketstore_verify_last_run_timestamp_seconds", (), found.finished)
+        for broker, problems in found.problems.items():
+            out.add("rocketstore_verify_ok", (broker,), 0 if problems else 1)
+            out.add("rocketstore_verify_problems", (broker,), problems)
+
+
+def query_names(checkpoints: Sequence[str | Path]) -> tuple[tuple[str, Path], ...]:
+    """``(query label, directory)`` for checkpoint arguments: ``NAME=DIR`` names the query,
+    a bare ``DIR`` is named by its path as given."""
+    out: list[tuple[str, Path]] = []
+    for item in checkpoints:
+        text = str(item)
+        name, sep, rest = text.partition("=")
+        if sep and name and "/" not in name:
+            out.append((name, Path(rest)))
+        else:
+            out.append((text, Path(text)))
+    return tuple(out)
