@@ -24,7 +24,7 @@ from rocketstore.pipeline.errors import StoreError
 
 
 class PeriodicTask:
-    def __init__(self, interval_ms: int, flush: Callable[[], None], *, name: str) -> None:
+    def __init__(self, interval_ms: int, flush: Callable[[], object], *, name: str) -> None:
         self._interval = interval_ms / 1000
         self._flush = flush
         self._stop = threading.Event()
@@ -44,7 +44,10 @@ class PeriodicTask:
 
     def raise_if_failed(self) -> None:
         if self._error is not None:
-            raise StoreError(f"{self._thread.name} failed: {self._error}") from self._error
+            raise StoreError(
+                f"{self._thread.name} failed and stopped ({self._error!r}); the store takes no "
+                "more puts until it is closed and opened again"
+            ) from self._error
 
     def stop(self) -> None:
         self._stop.set()

@@ -339,7 +339,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "(as a manual clean does), the oldest ones even if not expired while the disk is "
         "over 85 % full, then the ConsumeQueue and index files whose messages are gone, and "
         "advances the queues' min offsets. Never deletes the segment being written. With "
-        "--dry-run nothing is changed and the store is opened read-only.",
+        "--dry-run nothing is changed and the store is opened read-only. A store that was not "
+        "closed cleanly is not recovered first (recovery can need the space a clean frees, "
+        "on a full disk): the files are deleted under its lock, and `rocketstore recover` "
+        "recovers it next.",
         [store, as_json],
     )
     p.add_argument("--dry-run", action="store_true", help="show what would be deleted")

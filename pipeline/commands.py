@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from rocketstore.pipeline import native, queueread, record, topicconfig
 from rocketstore.pipeline.config import StoreConfig
@@ -317,18 +318,30 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    """Delete what retention allows now (or, with --dry-run, show it) and print the report."""
+    """Delete what retention allows now (or, with --dry-run, show it) and print the report.
+
+    A store that was not closed cleanly is cleaned without being opened for writing (which
+    would recover it first, and recovering can need the very space the clean frees): see
+    :mod:`rocketstore.pipeline.unclean`."""
+    from rocketstore.pipeline import unclean
     from rocketstore.pipeline.retention import CleanPlan, RetentionService
 
     config = StoreConfig.effective(args.config)
-    with MessageStore(args.store, config, read_only=args.dry_run, create=False) as store:
-        service = RetentionService(store)
-        report: CleanPlan
-        if args.dry_run:
-            report = service.plan(force_expired=True, max_files=args.max_files)
-        else:
-            with store.writer_lock():
-                report = service.run(force_expired=True, max_files=args.max_files)
+    report: CleanPlan
+    path = Path(args.store)
+    if not args.dry_run and path.is_dir() and not unclean.was_closed_cleanly(path):
+        report = unclean.clean_unrecovered(path, config, max_files=args.max_files)
+        _note(
+            f"{args.store} was not closed cleanly: cleaned without recovering it; "
+            "`rocketstore recover` recovers it next"
+        )
+    else:
+        with MessageStore(args.store, config, read_only=args.dry_run, create=False) as store:
+            if args.dry_run:
+                report = RetentionService(store).plan(force_expired=True, max_files=args.max_files)
+            else:
+                # Checks first that this writer still owns the store (rocketstore.pipeline.fencing).
+                report = store.clean(force_expired=True, max_files=args.max_files)
     if args.json:
         emit(report.to_json())
         return 0

@@ -7,15 +7,18 @@ the client reconnects by itself and reopens the writer's files *without* the loc
 the writer. Meanwhile a writer on another host has taken the lock, recovered and written on; the
 old writer's next put would land at its old end of the log, on top of the new writer's records.
 
-Four measures, on shared storage (``sharedStorage`` resolving to ``shared``), after Kafka's
-leader epochs:
+Four measures, after Kafka's leader epochs, taken by every writer of a *fenced store*: one
+whose ``sharedStorage`` resolves to ``shared``, or one that already has an epochs file, whatever
+the setting (:func:`applies`):
 
 * **Epochs.** Each writer that takes the lock appends an epoch to ``config/rocketstore-epochs``
   (durable before its first put). Before every put and retention round, and before a flush
-  publishes (after it has pushed out the pages written while the writer owned the store), :meth:`Fence.check` takes the lock again on the writer's own descriptor (a no-op while
-  it is held; refused while another writer holds it; ``EBADFD`` or ``ENOTCONN`` when the client
-  lost it) and then reads the file: anything past its own slot means a newer writer took over.
-  Either way the writer is fenced (:class:`~rocketstore.pipeline.errors.FencedError`) and takes no more
+  publishes (after it has pushed out the pages written while the writer owned the store),
+  :meth:`Fence.check` takes the lock again on the writer's own descriptor (a no-op while it is
+  held; refused while another writer holds it; ``EBADFD`` or ``ENOTCONN`` when the client lost
+  it), then reads the file: anything past its own slot means a newer writer took over; then
+  looks at ``abort``: gone, or another inode than this writer's open left, means another
+  writer had the store and closed it. Any of these and the writer is fenced (:class:`~rocketstore.pipeline.errors.FencedError`) and takes no more
   writes.
 * **A dead region after an unclean take-over.** A writer that finds ``abort`` (the previous
   holder did not close) does not append at the end ``X`` that recovery found. It writes an
@@ -32,6 +35,31 @@ leader epochs:
   writer's and not data: recovery walks the log around them, restores the blank, drops
   ConsumeQueue units and index entries that pointed there and rebuilds what they overwrote
   (:func:`rocketstore.pipeline.recovery.recover`); ``verify`` names them.
+
+Takers that record no epoch. The fence is only as good as every taker's trace, so:
+
+* *The epochs file is sticky.* Once a store has one, every writable open records an epoch and
+  checks its fence, also one whose ``sharedStorage`` says ``local`` or whose ``auto`` does not
+  recognise the file system (a FUSE type of no known name, or no ``/proc/self/mountinfo`` to
+  read): the first writer on shared storage made the file, so a writer that cannot tell is
+  on a store that was shared. Refusing such opens instead would also refuse a store copied to
+  a laptop, and deleting the file would lose the dead regions recovery needs. A writer that
+  resolves to local storage on a store that has no epochs file is not fenced (its lock is
+  the kernel's, held while it lives): ``sharedStorage=local`` on a file system several hosts
+  mount is a misconfiguration rocketstore cannot detect.
+* *A stock RocketMQ broker* records no epoch, and its recovery knows no dead region. A
+  writable open keeps ``commitlog/rocketstore-writer-open`` until its clean close
+  (:mod:`rocketstore.pipeline.lock`), which a broker's loading refuses, so a broker can take a
+  turn only after a rocketstore writer (``rocketstore recover``) has recovered the store,
+  restored its dead regions, recorded an epoch and closed it cleanly: a writer that lost the
+  store before is fenced by that epoch. A broker let in by removing the file by hand is seen
+  by ``abort``: its clean stop removes the file this writer's open left (a broker that
+  crashes leaves it, and then only the epochs of later rocketstore writers fence the old one).
+
+Stale reads. The epochs file is read from the file system, never from this host's cache
+(``O_DIRECT`` on FUSE, where the client then asks its servers; a local disk has one cache):
+a taker that read a cached copy would write its slot over a newer writer's, and recovery
+would miss a dead region.
 
 What the store alone cannot close is the time between a check and the write it allows, and
 the pages a writer dirtied while it owned the store (under ASYNC_FLUSH, up to a flush interval's
@@ -73,8 +101,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rocketstore.pipeline import durability, filesystem, record
-from rocketstore.pipeline.errors import FencedError, StoreLockedError
+from rocketstore.pipeline import durability, filesystem, record, visibility
+from rocketstore.pipeline.errors import FencedError, SegmentCreateError, StoreLockedError
 from rocketstore.pipeline.fileio import io_error, pwrite_all
 from rocketstore.pipeline.lock import DirectoryLock
 
@@ -113,11 +141,20 @@ def path_of(store_dir: Path) -> Path:
 
 
 def read_epochs(store_dir: Path) -> list[Epoch]:
-    """The recorded epochs, oldest first, up to the first slot that is not whole."""
+    """The recorded epochs, oldest first, up to the first slot that is not whole; read from the
+    file system itself, never from pages this host cached (see the module)."""
     try:
-        data = path_of(store_dir).read_bytes()
+        fd = os.open(path_of(store_dir), os.O_RDONLY | _direct_flag(store_dir))
     except FileNotFoundError:
         return []
+    try:
+        return parse(_read_all(fd, path_of(store_dir)))
+    finally:
+        os.close(fd)
+
+
+def parse(data: bytes) -> list[Epoch]:
+    """The whole slots at the start of ``data`` (the file's bytes)."""
     epochs: list[Epoch] = []
     for at in range(0, len(data) - SLOT.size + 1, SLOT.size):
         magic, crc, *fields = SLOT.unpack_from(data, at)
@@ -128,6 +165,66 @@ def read_epochs(store_dir: Path) -> list[Epoch]:
             break
         epochs.append(e)
     return epochs
+
+
+def _read_all(fd: int, path: Path) -> bytes:
+    """The whole file behind ``fd``, asked of the file system: through ``O_DIRECT`` where
+    ``fd`` has it (a FUSE client then asks its servers); where the file system refuses a direct
+    read of this length (``EINVAL``), with this host's cached pages of it dropped first."""
+    parts: list[bytes] = []
+    at = 0
+    try:
+        while chunk := os.pread(fd, _STEP, at):
+            parts.append(chunk)
+            at += len(chunk)
+        return b"".join(parts)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+    visibility.drop_cached(path)
+    with open(path, "rb", buffering=0) as f:
+        return f.read()
+
+
+def applies(store_dir: Path, shared: bool) -> bool:
+    """Whether a writable open of the store fences those before it and checks its own fence:
+    on shared storage, and on any store that already has an epochs file, whatever
+    ``sharedStorage`` says (see the module)."""
+    return shared or path_of(store_dir).exists()
+
+
+def no_space_hint(store_dir: Path) -> str:
+    """What to do when a writer cannot take an unclean store over for lack of space."""
+    return (
+        f"; free space first: `rocketstore clean {store_dir}` deletes what retention allows "
+        "without opening the store for writing, then open it again (`rocketstore recover`)"
+    )
+
+
+def take_over(
+    log: CommitLog, store_dir: Path, lock: DirectoryLock, abort_found: bool, now_ms: int
+) -> Fence:
+    """Record this writer's epoch; after an unclean end (``abort`` found: the last holder never
+    closed, and may be alive) the log goes on in a fresh segment first, so that anything the
+    old holder still writes lands in the dead region before it (see the module)."""
+    end = log.max_offset
+    try:
+        start = log.fence_off() if abort_found else end
+    except SegmentCreateError as exc:
+        raise SegmentCreateError(
+            f"{store_dir}: the store was not closed cleanly, and the fresh segment a writer "
+            f"taking it over starts cannot be made ({exc}){no_space_hint(store_dir)}"
+        ) from exc
+    return Fence.take(store_dir, lock, end, start, now_ms)
+
+
+def abort_identity(store_dir: Path) -> int | None:
+    """``abort``'s inode number, None when it is missing (see the module). Not its times: a
+    replicated file system may answer them from any replica, each with its own."""
+    try:
+        return os.stat(store_dir / "abort").st_ino
+    except FileNotFoundError:
+        return None
 
 
 def dead_regions(epochs: list[Epoch]) -> list[tuple[int, int]]:
@@ -145,16 +242,19 @@ class Fence:
         self._next_slot = (epoch.epoch + 1) * SLOT.size
         self._fd: int | None = os.open(path_of(store_dir), os.O_RDONLY | _direct_flag(store_dir))
         self.fenced: FencedError | None = None
+        # ``abort`` as this writer's open left it; a taker that records no epoch changes it.
+        self._abort = abort_identity(store_dir)
 
     @classmethod
     def take(
         cls, store_dir: Path, lock: DirectoryLock, fenced_end: int, start: int, now_ms: int
     ) -> Fence:
         """Record the next epoch (durable on return) and hold it. The caller holds ``lock``."""
-        epochs = read_epochs(store_dir)
-        e = Epoch(len(epochs), fenced_end, start, now_ms, os.getpid())
         path = path_of(store_dir)
         try:
+            # Read from the file system (read_epochs): a slot this host cached before another
+            # host's writer appended would put this epoch over that one's.
+            e = Epoch(len(read_epochs(store_dir)), fenced_end, start, now_ms, os.getpid())
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 pwrite_all(fd, e.pack(), e.epoch * SLOT.size)
@@ -165,7 +265,7 @@ class Fence:
                 os.close(fd)
             durability.fsync_dir(path.parent)
         except OSError as exc:
-            raise io_error(exc, f"recording epoch {e.epoch} in {path}") from exc
+            raise io_error(exc, f"recording the next epoch in {path}") from exc
         return cls(store_dir, lock, e)
 
     def check(self, what: str) -> None:
@@ -208,6 +308,16 @@ class Fence:
                     + f" UTC (in {path_of(self.store_dir)})"
                 )
             return f"a newer epoch is being written to {path_of(self.store_dir)}"
+        try:
+            abort = abort_identity(self.store_dir)
+        except OSError as exc:
+            return f"{self.store_dir / 'abort'} cannot be read ({exc.strerror or exc})"
+        if abort != self._abort:
+            self.lock.release()
+            return (
+                f"{self.store_dir / 'abort'} was removed or replaced since this writer opened "
+                "the store (another writer, a RocketMQ broker perhaps, had it and closed it)"
+            )
         return None
 
     def _read_next(self) -> bool:

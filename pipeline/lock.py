@@ -17,7 +17,17 @@ process's; a second open file description of ours would conflict, but the regist
 first and more clearly), so opens are also registered in a process-wide table.
 
 ``abort`` exists while a writer has the store open; a crash leaves it behind, which tells the
-next open that the last shutdown was not clean.
+next open that the last shutdown was not clean. Beside it, ``commitlog/rocketstore-writer-open``
+(:data:`BROKER_STOP`, empty) exists from the same moment until a clean close, and keeps a stock
+RocketMQ 4.9 broker off the store in the meantime: a broker checks the lock only after it has
+loaded and recovered the directory, but its loading refuses a ``commitlog/`` holding a file
+that is not a whole segment (``MappedFileQueue.doLoad``: "length not matched message store
+config value"), and the broker exits. So a broker cannot recover a store a rocketstore writer
+has open, and cannot take a turn after a rocketstore writer's unclean end until a rocketstore
+writer (``rocketstore recover``) has recovered it, recorded its epoch and closed it cleanly
+(rocketstore.pipeline.fencing: a broker records no epoch). rocketstore lists only segment
+names in ``commitlog/`` and never reads the file. Being empty, it needs no block of a full
+disk.
 
 Thread-safe (the registry is guarded). The lock is released when the holder closes it or when
 its process dies, however it dies. A child forked while the lock is held closes its inherited
@@ -27,6 +37,7 @@ the parent died) and does not hold the store.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -34,8 +45,11 @@ import struct
 import threading
 from pathlib import Path
 
+from rocketstore.pipeline import durability
 from rocketstore.pipeline.errors import StoreLockedError
 from rocketstore.pipeline.fileio import pwrite_all
+
+BROKER_STOP = "rocketstore-writer-open"
 
 # struct flock: l_type, l_whence, l_start, l_len, l_pid (native layout and padding).
 _FLOCK = "hhqqi"
@@ -59,6 +73,7 @@ class DirectoryLock:
         self._fd: int | None = None
         # "ofd" or "posix" while held: which kind of lock this process took.
         self.kind: str | None = None
+        self._made_stop = False  # whether mark_open created BROKER_STOP
 
     def acquire(self) -> None:
         with _registry_lock:
@@ -132,6 +147,30 @@ class DirectoryLock:
         with _registry_lock:
             self._fd = fresh
         os.close(fd)
+
+    def mark_open(self) -> None:
+        """Create ``abort`` and :data:`BROKER_STOP` (each kept if there), both durable before
+        anything else is written: after a crash or a power cut, the next open, and any broker,
+        must know that the store was not closed. Needs the lock held and ``commitlog/``."""
+        stop = self.path.parent / "commitlog" / BROKER_STOP
+        self._made_stop = not stop.exists()
+        for path in (self.path.parent / "abort", stop):
+            path.touch()
+            durability.fsync_dir(path.parent)
+
+    def mark_closed(self) -> None:
+        """Remove :data:`BROKER_STOP` and ``abort``, in that order and each durably: the close
+        was clean. Only a writer that still owns the store and flushed everything may call it."""
+        durability.remove(self.path.parent / "commitlog" / BROKER_STOP)
+        durability.remove(self.path.parent / "abort")
+
+    def release_refused(self) -> None:
+        """Release after an open that was refused: :data:`BROKER_STOP` goes if that open made
+        it (``abort`` stays, as it stays after a crash: a refusal may come after a write)."""
+        if self._made_stop and self._fd is not None:
+            with contextlib.suppress(OSError):
+                durability.remove(self.path.parent / "commitlog" / BROKER_STOP)
+        self.release()
 
     def release(self) -> None:
         with _registry_lock:

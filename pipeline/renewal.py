@@ -44,7 +44,7 @@ import os
 import struct
 from pathlib import Path
 
-from rocketstore.pipeline import durability, failpoints, visibility
+from rocketstore.pipeline import durability, failpoints, fencing, visibility
 from rocketstore.pipeline.config import CQ_UNIT_SIZE
 from rocketstore.pipeline.errors import RenewalError
 from rocketstore.pipeline.fileio import pwrite_all
@@ -212,11 +212,17 @@ def renew_derived(store_dir: Path, cq_file_size: int, progress: FlushProgress | 
     names; returns how many files were renewed. See the module for when and why."""
     renewed = 0
     checkpoint = store_dir / "checkpoint"
-    if checkpoint.is_file():
-        # The name StoreCheckpoint.write uses for a new checkpoint: it truncates a leftover.
-        renew_file(checkpoint, checkpoint.with_name(checkpoint.name + ".tmp"))
-        renewed += 1
-    for path in derived_tails(store_dir, cq_file_size, progress):
-        renew_file(path)
-        renewed += 1
+    try:
+        if checkpoint.is_file():
+            # The name StoreCheckpoint.write uses for a new checkpoint: it truncates a leftover.
+            renew_file(checkpoint, checkpoint.with_name(checkpoint.name + ".tmp"))
+            renewed += 1
+        for path in derived_tails(store_dir, cq_file_size, progress):
+            renew_file(path)
+            renewed += 1
+    except RenewalError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
+            raise RenewalError(f"{exc}{fencing.no_space_hint(store_dir)}") from cause
+        raise
     return renewed

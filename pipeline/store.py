@@ -92,7 +92,12 @@ from rocketstore.pipeline.queueset import QueueSet
 from rocketstore.pipeline.reads import StoreReads
 from rocketstore.pipeline.recovery import RecoveryReport, last_unit_matches, recover
 from rocketstore.pipeline.results import BatchPutResult, PutResult
-from rocketstore.pipeline.retention import RUN_INTERVAL_MS, RetentionService, statvfs_used_ratio
+from rocketstore.pipeline.retention import (
+    RUN_INTERVAL_MS,
+    CleanReport,
+    RetentionService,
+    statvfs_used_ratio,
+)
 from rocketstore.pipeline.segments import SegmentQueue
 
 _log = logging.getLogger(__name__)
@@ -145,7 +150,7 @@ class MessageStore(StoreReads):
             self._open()
         except BaseException:
             if self._lock is not None:
-                self._lock.release()
+                self._lock.release_refused()
             raise
         self._closed = False
         if not read_only:
@@ -163,18 +168,16 @@ class MessageStore(StoreReads):
                 RUN_INTERVAL_MS, self.clean, name=f"rocketstore-clean:{self.path.name}"
             )
             self._cleaner.start()
+        self._tasks = tuple(t for t in (self._flusher, self._cleaner) if t is not None)
 
     # -- opening ----------------------------------------------------------------------------
     def _open(self) -> None:
         cfg = self.config
         self.abort_file_found = (self.path / "abort").exists()
-        if not self.read_only:
+        if self._lock is not None:  # a writer
             for sub in ("commitlog", "consumequeue", "index", "config"):
                 durability.make_dirs(self.path / sub)
-            # Durable before anything is written: after a power cut, the next open must know
-            # the shutdown was not clean.
-            (self.path / "abort").touch()
-            durability.fsync_dir(self.path)
+            self._lock.mark_open()  # abort, and what keeps a broker off meanwhile
             storedir.write_in_place(self.path)
         # A read-only view of a store a writer on another host appends to looks for a file its
         # listing lacks in the directory listed again, for up to visibilityWaitMs
@@ -195,7 +198,8 @@ class MessageStore(StoreReads):
         # the derived files it had mapped: they get new inodes, which its late write-back
         # cannot reach, before anything here reads them (rocketstore.pipeline.renewal).
         renewed = 0
-        if not self.read_only and self.shared and self.abort_file_found:
+        fenced = not self.read_only and fencing.applies(self.path, self.shared)
+        if fenced and self.abort_file_found:
             # A writer on this host whose write-back failed (its host cut off from the
             # servers) left those pages clean in this host's cache with bytes the servers never
             # got: recovery and the renewal must read the files from the servers.
@@ -243,12 +247,12 @@ class MessageStore(StoreReads):
                 ahead=WHOLE if whole else indexfile.RESERVE_AHEAD,
             )
             self.index.load()
-        # On shared storage a writer fences off those before it (rocketstore.pipeline.fencing); every
-        # writable open honours the dead regions earlier take-overs left.
+        # On shared storage, or once any writer fenced the store, a writer fences off those
+        # before it (rocketstore.pipeline.fencing); every writable open honours dead regions.
         self._fence: fencing.Fence | None = None
         self.recovery = self._recover()
         self.recovery.files_renewed = renewed
-        if not self.read_only and self.shared:
+        if fenced:
             self._take_epoch()
         if not self.read_only:
             # Every writer of a directory stamps the directory's store host (rocketstore.pipeline.storehost).
@@ -343,14 +347,11 @@ class MessageStore(StoreReads):
             )
 
     def _take_epoch(self) -> None:
-        """Record this writer's epoch (rocketstore.pipeline.fencing). After an unclean take-over (``abort``
-        found: the last holder never closed, and on shared storage may still be alive) the log
-        goes on in a fresh segment, so that anything the old holder still writes lands in the
-        dead region before it."""
+        """Record this writer's epoch, after fencing off an unclean end (rocketstore.pipeline.fencing)."""
         assert self._lock is not None
-        end = self.commitlog.max_offset
-        start = self.commitlog.fence_off() if self.abort_file_found else end
-        self._fence = fencing.Fence.take(self.path, self._lock, end, start, self.clock_ms())
+        self._fence = fencing.take_over(
+            self.commitlog, self.path, self._lock, self.abort_file_found, self.clock_ms()
+        )
 
     def _check_fence(self, what: str) -> None:
         """Refuse a write of a writer that no longer owns the store (rocketstore.pipeline.fencing)."""
@@ -550,16 +551,16 @@ class MessageStore(StoreReads):
         that must not interleave with them."""
         return self._mutex
 
-    def clean(self) -> None:
+    def clean(self, *, force_expired: bool = False, max_files: int | None = None) -> CleanReport:
         """One retention round (expired files, disk pressure, the disk-full check) under the
-        store's lock. Run by the cleaner thread every 10 s; ``rocketstore clean`` runs
-        :class:`~rocketstore.pipeline.retention.RetentionService` directly for a manual clean."""
-        if self.retention is None:
-            return
+        store's lock, once the fence says this writer still owns the store. Run by the cleaner
+        thread every 10 s, and by ``rocketstore clean`` (``force_expired``: a manual clean; see
+        :meth:`~rocketstore.pipeline.retention.RetentionService.run`)."""
+        self._check_open(write=True)
+        assert self.retention is not None
         with self._mutex:
-            if not self._closed:
-                self._check_fence("retention")
-                self.retention.run()
+            self._check_fence("retention")
+            return self.retention.run(force_expired=force_expired, max_files=max_files)
 
     def close(self) -> None:
         """Stop the background threads, flush everything, close every file, remove ``abort``
@@ -597,8 +598,8 @@ class MessageStore(StoreReads):
                     step(self.index.close)
                 if self._fence is not None:
                     step(self._fence.close)
-                if not self.read_only and clean and self._failure is None:
-                    step(functools.partial(durability.remove, self.path / "abort"))
+                if self._lock is not None and clean and self._failure is None:
+                    step(self._lock.mark_closed)
         finally:
             if self._lock is not None:
                 step(self._lock.release)
@@ -621,8 +622,8 @@ class MessageStore(StoreReads):
         """
         self._check_open(write=True)
         with self._mutex:
-            if self._flusher is not None:
-                self._flusher.raise_if_failed()
+            for task in self._tasks:  # a flush or retention round that failed stops puts
+                task.raise_if_failed()
             if self._fence is not None:  # tested here: the single put's path is short
                 self._check_fence("put of 1 message")
             if self.retention is not None:
@@ -646,8 +647,8 @@ class MessageStore(StoreReads):
     def _put_batch(
         self, batch: pa.Table | pa.RecordBatch | Sequence[Message], now: int | None = None
     ) -> BatchPutResult:
-        if self._flusher is not None:
-            self._flusher.raise_if_failed()
+        for task in self._tasks:
+            task.raise_if_failed()
         self._check_fence("put")
         if self.retention is not None:
             # Refused before anything is encoded or written; the cached verdict of the last

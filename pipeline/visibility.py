@@ -123,9 +123,10 @@ def drop_cached(path: Path, offset: int = 0, length: int = 0) -> None:
 
 def forget_last_files(directory: Path) -> None:
     """Drop this host's cached pages of the last two files of ``directory`` (the ones a
-    writer appends to), where a mapping does not hold them."""
+    writer appends to), where a mapping does not hold them. Only files named by a number
+    count (not ``commitlog/rocketstore-writer-open``, nor a ``*.creating`` leftover)."""
     with contextlib.suppress(OSError):
-        for path in sorted(directory.iterdir())[-2:]:
+        for path in sorted(f for f in directory.iterdir() if f.name.isdigit())[-2:]:
             drop_cached(path)
 
 

@@ -3,10 +3,11 @@ writes and syncs with a real ``EIO``, for tests of what the store does when the 
 
 The server is this file run as a process (mfusepy, on libfuse 3)::
 
-    python tests/faultfuse.py BACKING MOUNT
+    python tests/faultfuse.py BACKING MOUNT [ATTR_TIMEOUT_SECONDS]
 
 It mounts ``MOUNT`` showing the files of ``BACKING``. Every operation is forwarded to the
-backing file; a file system ``write``, ``fsync`` or ``flush`` that a rule matches fails with
+backing file; a file system ``write``, ``fsync``, ``flush`` or ``fsyncdir`` (an ``fsync`` of a
+directory) that a rule matches fails with
 ``EIO`` instead. A rule names the operation, a glob over the path inside the mount
 (``fnmatch``: ``*`` also matches ``/``) and, for writes, a byte range of the file; the first
 ``after`` calls it matches pass, the next ``times`` fail (every later one when ``times`` is
@@ -57,7 +58,7 @@ from pathlib import Path
 from typing import IO, Any
 
 TIMEOUT_S = 60.0
-OPS = ("write", "fsync", "flush")
+OPS = ("write", "fsync", "flush", "fsyncdir")
 
 
 def unavailable() -> str | None:
@@ -105,7 +106,7 @@ class Rule:
         return offset + size > self.start and (self.end is None or offset < self.end)
 
 
-def _serve(backing: Path, mount: Path) -> int:
+def _serve(backing: Path, mount: Path, attr_timeout: float | None = None) -> int:
     import mfusepy
 
     class FaultOps(mfusepy.Operations):  # type: ignore[misc]
@@ -249,6 +250,8 @@ def _serve(backing: Path, mount: Path) -> int:
             return 0
 
         def fsyncdir(self, path: str | None, datasync: int, fh: int) -> int:
+            if self._check("fsyncdir", path) is not None:
+                raise mfusepy.FuseOSError(errno.EIO)
             fd = os.open(self._real(path or "/"), os.O_RDONLY | os.O_DIRECTORY)
             try:
                 os.fsync(fd)
@@ -278,7 +281,12 @@ def _serve(backing: Path, mount: Path) -> int:
         subprocess.run(["umount", "-l", str(mount)], capture_output=True, check=False)
 
     threading.Thread(target=control, name="faultfuse-control", daemon=True).start()
-    mfusepy.FUSE(ops, str(mount), foreground=True, fsname="faultfuse")
+    options: dict[str, Any] = (
+        {}
+        if attr_timeout is None
+        else {"attr_timeout": attr_timeout, "entry_timeout": attr_timeout}
+    )
+    mfusepy.FUSE(ops, str(mount), foreground=True, fsname="faultfuse", **options)
     return 0
 
 
@@ -297,8 +305,11 @@ def _reply(obj: dict[str, Any]) -> None:
 class FaultFS:
     """A running fault file system: ``backing`` shown at ``mount``."""
 
-    def __init__(self, backing: Path, mount: Path, log: Path) -> None:
+    def __init__(
+        self, backing: Path, mount: Path, log: Path, attr_timeout: float | None = None
+    ) -> None:
         self.backing, self.mount, self.log = backing, mount, log
+        self.attr_timeout = attr_timeout
         self._proc: subprocess.Popen[bytes] | None = None
         self._buffer = b""
 
@@ -308,7 +319,8 @@ class FaultFS:
         self.mount.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as err:
             self._proc = subprocess.Popen(
-                [sys.executable, __file__, str(self.backing), str(self.mount)],
+                [sys.executable, __file__, str(self.backing), str(self.mount)]
+                + ([] if self.attr_timeout is None else [str(self.attr_timeout)]),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,
@@ -393,10 +405,13 @@ class FaultFS:
 
 
 @contextlib.contextmanager
-def mounted(work: Path) -> Iterator[FaultFS]:
+def mounted(work: Path, attr_timeout: float | None = None) -> Iterator[FaultFS]:
     """A fault file system on ``work/mnt`` over ``work/backing`` (server log in
-    ``work/faultfuse.log``), always taken down again."""
-    fs = FaultFS(work / "backing", work / "mnt", work / "faultfuse.log")
+    ``work/faultfuse.log``), always taken down again. ``attr_timeout``: how long the kernel
+    may answer from the names and attributes it cached (libfuse's default, 1 s, when None); a change
+    made in ``backing`` stays unseen through the mount that long, as one another host made
+    stays unseen by a network file system's client."""
+    fs = FaultFS(work / "backing", work / "mnt", work / "faultfuse.log", attr_timeout)
     try:
         fs.start()
         yield fs
@@ -405,4 +420,5 @@ def mounted(work: Path) -> Iterator[FaultFS]:
 
 
 if __name__ == "__main__":
-    sys.exit(_serve(Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve()))
+    timeout = float(sys.argv[3]) if len(sys.argv) > 3 else None
+    sys.exit(_serve(Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve(), timeout))

@@ -509,7 +509,7 @@ def write_more(store: MessageStore, model: Model, first: int, count: int = 50) -
 def last_segment_state(store_dir: Path) -> str:
     """The newest CommitLog segment after a kill: ``empty`` (0 bytes: created, not yet sized),
     ``zero-filled`` (sized, nothing written), ``partial`` or ``full``."""
-    files = sorted((store_dir / "commitlog").iterdir())
+    files = sorted(p for p in (store_dir / "commitlog").iterdir() if p.name.isdigit())
     if not files:
         return "none"
     data = files[-1].read_bytes()

@@ -251,3 +251,90 @@ def test_store_files_on_btrfs_are_written_in_place(tmp_path: Path) -> None:
         for path in made:
             assert filesystem.nocow(path), path
         assert not filesystem.nocow(mnt / "s" / "config")
+
+
+# Puts plain messages until the store refuses one, printing "offset n" for each acknowledged,
+# then ends without closing the store (abort left), as a writer that dies does.
+DYING_WRITER = """
+import os, sys
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
+
+store = MessageStore(sys.argv[1], StoreConfig.load(sys.argv[2]), background=False)
+n = 0
+try:
+    while True:
+        body = f"{n:08d}-".encode() + b"x" * 190
+        r = store.put(Message(f"T{n % 3}", body, queue_id=n % 4, keys=[f"k{n}"]))
+        print(r.commit_log_offset, n, flush=True)
+        n += 1
+except Exception as exc:
+    print(f"refused: {exc}", file=sys.stderr, flush=True)
+os._exit(0)
+"""
+
+
+def test_an_unclean_store_on_a_full_tmpfs_is_cleaned_then_recovered(tmp_path: Path) -> None:
+    """A writer on shared storage fills a small tmpfs and dies without closing; the rest of
+    the volume is filled too. A writable open of that store must renew files and start a fresh
+    segment, which needs space: ``recover`` fails, naming the way out and changing nothing.
+    ``clean`` frees space without recovering (the oldest segments, forced above 85 % use);
+    then ``recover`` succeeds, every acknowledged message still in the log reads back, and the
+    store takes writes once the volume has room."""
+    conf = tmp_path / "store.toml"
+    conf.write_text(SMALL + 'sharedStorage = "shared"\n')
+    config = StoreConfig.load(conf)
+    with real_fs("tmpfs", 12) as mnt:
+        store = mnt / "store"
+        done = subprocess.run(
+            [sys.executable, "-c", DYING_WRITER, str(store), str(conf)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0 and "No space left on device" in done.stderr, done.stderr
+        acked = {int(off): int(n) for off, n in (ln.split() for ln in done.stdout.splitlines())}
+        assert (store / "abort").exists()
+        filler = mnt / "filler"
+        with open(filler, "wb", buffering=0) as f, pytest.raises(OSError, match="No space left"):
+            while True:
+                f.write(b"\1" * 4096)
+
+        before = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
+        refused = cli("recover", str(store), "--config", str(conf))
+        assert refused.returncode == 2, refused.stderr
+        assert "No space left on device" in refused.stderr
+        assert f"`rocketstore clean {store}` deletes what retention allows" in refused.stderr
+        assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == before
+
+        cleaned = cli("clean", str(store), "--config", str(conf), "--json")
+        assert cleaned.returncode == 0, cleaned.stderr
+        assert "was not closed cleanly: cleaned without recovering it" in cleaned.stderr
+        report = json.loads(cleaned.stdout)
+        gone = [f for f in report["files"] if f["kind"] == "commitlog"]
+        assert gone and all(f["reason"] == "forced" for f in gone)
+        low = report["commitLogMinOffsetAfter"]
+        assert all(not Path(f["path"]).exists() for f in report["files"])
+
+        fixed = cli("recover", str(store), "--config", str(conf))
+        assert fixed.returncode == 0, fixed.stderr
+        check = cli("verify", str(store), "--config", str(conf))
+        assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+        bodies = stored_bodies(store, config)
+        kept = {off: n for off, n in acked.items() if off >= low}
+        assert kept and len(kept) < len(acked)
+        assert {off: bodies.get(off) for off in kept} == {
+            off: f"{n:08d}-".encode() + b"x" * 190 for off, n in kept.items()
+        }
+
+        # The store itself fills the volume: a clean of the recovered store frees more room.
+        filler.unlink()
+        assert cli("clean", str(store), "--config", str(conf)).returncode == 0
+        lines = tmp_path / "more.jsonl"
+        more = write_input(lines, len(acked), 500)
+        code, out, err = produce(store, conf, lines)
+        assert code == 0, err[-2000:]
+        assert [r["status"] for r in out] == ["PUT_OK"] * len(more)

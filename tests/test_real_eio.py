@@ -29,6 +29,7 @@ import errno
 import mmap
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -38,8 +39,11 @@ from sinkutil import write_input
 from test_put_faults import check_store, recorded, recover_twice_identically
 from test_sink_faults import check_exactly_once, finish, job
 
-from rocketstore.pipeline.errors import ProgressNotRecordedError, StoreFailedError
+from rocketstore.pipeline import store as store_module
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import ProgressNotRecordedError, StoreError, StoreFailedError
 from rocketstore.pipeline.mapped_file import segment_name
+from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.store import MessageStore
 from tests.faultfuse import FaultFS, mounted, unavailable
 
@@ -358,3 +362,41 @@ def test_sink_failing_on_real_eio_restarts_and_lands_every_row_once(
     finish(job(tmp_path, "local[2]", face, root=root))
     fault_fs.stop()
     check_exactly_once(tmp_path, rows, fault_fs.backing / "root")
+
+
+def test_a_retention_round_that_fails_stops_puts(
+    fault_fs: FaultFS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cleaner thread's round deletes a segment and the directory's fsync fails with a real
+    ``EIO``: the thread stops, and the next put says so instead of going on with retention
+    stopped (a disk that then fills up would do so silently)."""
+    monkeypatch.setattr(store_module, "RUN_INTERVAL_MS", 20)
+    not_now = f"{(time.localtime().tm_hour + 12) % 24:02d}"
+    cfg = StoreConfig(
+        mapped_file_size_commitlog=64 * 1024,
+        file_reserved_time=0,
+        delete_when=not_now,
+        shared_storage="local",
+    )
+    used = [0.5]
+    store = MessageStore(fault_fs.mount / "s", cfg, disk_usage=lambda _p: used[0])
+    for _ in range(200):
+        store.put(Message("T", b"x" * 1000))
+    assert len(list((fault_fs.mount / "s" / "commitlog").glob("0*"))) >= 3
+    fault_fs.fail("fsyncdir", "s/commitlog")
+    # Over diskMaxUsedSpaceRatio (75 %), under the 90 % that refuses puts: expired segments go.
+    used[0] = 0.8
+    cleaner = store._cleaner
+    assert cleaner is not None
+    deadline = time.monotonic() + 60
+    while cleaner._thread.is_alive() and time.monotonic() < deadline:
+        cleaner._thread.join(0.05)
+    with pytest.raises(
+        StoreError, match=r"rocketstore-clean:s failed and stopped .*Input/output error"
+    ):
+        store.put(Message("T", b"after"))
+    with pytest.raises(StoreError, match="rocketstore-clean:s failed"):
+        store.put_batch([Message("T", b"after")])
+    assert [e["op"] for e in fault_fs.injected()] == ["fsyncdir"]
+    fault_fs.clear()
+    store.close()

@@ -47,7 +47,7 @@ def writer(tmp_path: Path) -> Iterator[MessageStore]:
 
 
 def segments(store: MessageStore) -> list[str]:
-    return sorted(p.name for p in (store.path / "commitlog").iterdir())
+    return sorted(p.name for p in (store.path / "commitlog").iterdir() if p.name.isdigit())
 
 
 def delete_oldest(store: MessageStore) -> list[str]:
