@@ -1,5 +1,5 @@
 """The benchmark figures as charts: ``python -m bench.charts`` (``make charts``) reads the newest
-results of each part from ``bench/out/`` (or ``--results DIR``) and draws three SVGs into
+results of each part from ``bench/out/`` (or ``--results DIR``) and draws four SVGs into
 ``docs/images/``:
 
 - ``throughput.svg``: the store's put throughput beside its same-run baselines (the raw mmap
@@ -8,7 +8,8 @@ results of each part from ``bench/out/`` (or ``--results DIR``) and draws three 
 - ``latency.svg``: the latency part's percentiles at its steady rate, and along its ramp;
 - ``floors.svg``: the sink and the source beside their floors (what any Python sink or source
   costs before doing anything), and the fixed cost of a micro-batch or query with almost no
-  rows.
+  rows;
+- ``scale.svg``: each operation's cost against the number of queues (:mod:`bench.chart_scale`).
 
 Every chart ends with one caption line per part it draws from: the date of the run, the
 machine's load average over it, how many runs each figure is the median of, and the commit;
@@ -27,6 +28,7 @@ import matplotlib as mpl
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator
 
+from bench.chart_scale import draw_scale
 from bench.chartkit import (
     DEFAULT_IMAGES_DIR,
     FLOOR,
@@ -558,6 +560,7 @@ CHARTS: dict[str, Callable[[Path], Figure]] = {
     "throughput": draw_throughput,
     "latency": draw_latency,
     "floors": draw_floors,
+    "scale": draw_scale,
 }
 
 

@@ -16,6 +16,7 @@ from bench import (
     latency,
     metrics,
     recovery,
+    scale,
     shared,
     soak,
     spark_sink,
@@ -42,10 +43,12 @@ PARTS: dict[str, Callable[[Options], PartResult]] = {
     "soak": soak.run,
     "console": console.run,
     "metrics": metrics.run,
+    "scale": scale.run,
 }
 # Parts that run only when named: the soak takes half an hour; the console and the metrics
-# write a root of ten million messages (about 3 GB).
-ON_REQUEST = ("soak", "console", "metrics")
+# write a root of ten million messages (about 3 GB); the scale part builds stores of up to
+# 40,000 queues (about 20 minutes).
+ON_REQUEST = ("soak", "console", "metrics", "scale")
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[list[str], Options, bool]:
