@@ -116,6 +116,8 @@ class IndexFile:
             self._mf.forget_allocation()
         # Entries below this number have their blocks (and so do the header and the slots).
         self.reserved_upto = 0
+        # Written since the last flush (a file opened may hold what a crash left unsynced).
+        self._dirty = not read_only
 
     @property
     def _entries_at(self) -> int:
@@ -164,6 +166,9 @@ class IndexFile:
         return self.index_count - 1
 
     def write_header(self) -> None:
+        # Every change of the file ends with its header written (or, on the single-put path,
+        # with took_entries): from here the next flush has something to sync.
+        self._dirty = True
         self._mf.reserve(HEADER_SIZE)
         HEADER.pack_into(
             self._mf.buffer,
@@ -228,6 +233,7 @@ class IndexFile:
         with the header as :meth:`put` writes them, ``new_slots`` of them into empty slots."""
         if not n:
             return
+        self._dirty = True
         if self.index_count <= 1:
             self.begin_phy_offset, self.begin_timestamp = phys, store_ts
         self.index_count += n
@@ -361,8 +367,13 @@ class IndexFile:
         return self._slots.copy()
 
     def flush(self) -> None:
+        """Sync the whole file (its slots are written anywhere in it) when something was
+        written since the last flush."""
+        if not self._dirty:
+            return
         self._mf.flushed_position = 0
         self._mf.flush()
+        self._dirty = False
 
     def close(self) -> None:
         self._mf.close()
