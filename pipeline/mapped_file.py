@@ -110,7 +110,7 @@ def limit_note(exc: OSError, directory: Path) -> str:
     return free_space(directory)
 
 
-def _create_full_size(path: Path, size: int, *, allocate_all: bool = False) -> None:
+def _create_full_size(path: Path, size: int, *, allocate_all: bool = False) -> tuple[int, int]:
     """Create a full-size file at ``path`` (as RocketMQ's RandomAccessFile.setLength), sparse
     unless ``allocate_all``, atomically, durably and exclusively: sized (and allocated) under a
     temporary name of its own and fsynced, then put in place by
@@ -119,7 +119,8 @@ def _create_full_size(path: Path, size: int, *, allocate_all: bool = False) -> N
     a crash nor a power cut can leave a segment of the wrong size (which would make the store
     refuse to open), and a full disk leaves no file. A crash leaves at most a ``*.creating``
     file, which loaders ignore and writable opens remove, or an empty file of the segment's
-    name, which they drop as an empty last segment."""
+    name, which they drop as an empty last segment. Returns the file's ``st_dev`` and
+    ``st_ino``: the file this writer created, whatever the name leads to later."""
     if path.exists():
         raise StoreError(f"segment {path} already exists; refusing to overwrite it")
     failpoints.hit("segment-create")
@@ -132,6 +133,7 @@ def _create_full_size(path: Path, size: int, *, allocate_all: bool = False) -> N
         if allocate_all:
             os.posix_fallocate(fd, 0, size)
         durability.fsync(fd, tmp)
+        st = os.fstat(fd)
     except OSError as exc:
         os.close(fd)
         fd = -1
@@ -150,6 +152,7 @@ def _create_full_size(path: Path, size: int, *, allocate_all: bool = False) -> N
         raise SegmentCreateError(
             f"{path}: created by another writer meanwhile; this writer does not write into it"
         ) from None
+    return st.st_dev, st.st_ino
 
 
 def _create_deferred(
@@ -282,7 +285,7 @@ class MappedFile:
                 self.fresh = True
                 self._hold(fd)
             else:
-                _create_full_size(path, size, allocate_all=whole)
+                self._identity = _create_full_size(path, size, allocate_all=whole)
             if whole:
                 self._allocated = size
             if cache is not None:

@@ -1,0 +1,79 @@
+"""A writer paused between its fence check and its write (a VM stun, a stopped process, a
+starved executor) while another writer takes the store over: when it resumes, nothing it
+writes reaches the new writer's files.
+
+The pause is made deterministic here: the first writer's put stops at a chosen write step
+(its failpoint), after the put's fence check passed; there it loses its lock the way a shared
+file system's servers drop it, and another process takes the store over, writes and closes;
+then the put goes on. (tests/test_partition.py stops a real writer with SIGSTOP across a
+take-over on GlusterFS hosts.) Afterwards every message the new writer acknowledged is read
+back in order, nothing of the paused put is, and ``verify`` is clean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+from test_fencing import CONFIG, QUEUES, TOPIC, Taker, bodies, expected, lose_lock, put_a
+
+from rocketstore.pipeline import failpoints
+from rocketstore.pipeline.errors import StoreError
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.verify import verify
+
+# The write steps of a batch put that come after its fence check, in the order they run
+# (blocks are reserved with a file this small's creation, so no "reserve" step is met).
+STEPS = ("segment-create", "commitlog-write", "consumequeue-append", "index-put")
+LATE = 900
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_a_writer_paused_after_its_check_writes_nothing_into_the_takers_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    store = MessageStore(tmp_path, CONFIG, background=False)
+    put_a(store, 0, 50)
+    store.flush()
+    taken: list[Taker] = []
+    real_hit = failpoints.hit
+
+    def pause_here(name: str) -> None:
+        if name == step and not taken:
+            lose_lock(store)
+            taker = Taker(tmp_path, 300)
+            taker.close()
+            taken.append(taker)
+        real_hit(name)
+
+    monkeypatch.setattr(failpoints, "hit", pause_here)
+    # 900 units for one queue: a ConsumeQueue write of 18,000 bytes, which goes through the
+    # file rather than a mapping; a new ConsumeQueue file and a new segment for the others.
+    late = [Message(TOPIC, b"late-%d" % i, queue_id=0, keys=[f"l{i}"]) for i in range(LATE)]
+    late += [Message("Other", b"late-other", queue_id=5)]
+    with contextlib.suppress(StoreError):
+        store.put_batch(late)
+        store.flush()
+    monkeypatch.setattr(failpoints, "hit", real_hit)
+    assert taken, f"the put never reached {step}"
+    with contextlib.suppress(StoreError):
+        store.close()
+    # The paused put's records are the log's if they were whole in it before the take-over
+    # (as after a crash: the taker's recovery keeps them), and then they come before the
+    # taker's; else nothing of the put is there. Either way every message the taker
+    # acknowledged is there, after them, in its order.
+    queue0 = len(range(0, 50, QUEUES))
+    want = expected(50, 300)
+    adopted = [*want[:queue0], *(b"late-%d" % i for i in range(LATE)), *want[queue0:]]
+    got = bodies(tmp_path)
+    assert got in (want, adopted), f"{len(got)} messages: {got[queue0 : queue0 + 3]}"
+    with MessageStore(tmp_path, CONFIG, read_only=True) as ro:
+        problems = [p for p in verify(ro).problems if p.kind != "commitlog-fenced-writer"]
+        assert not problems, [str(p) for p in problems]
+    # The next writer recovers and writes on, after the taker's messages.
+    end0 = queue0 + (LATE if got == adopted else 0) + len(range(0, 300, QUEUES))
+    with MessageStore(tmp_path, CONFIG) as next_writer:
+        assert next_writer.put(Message(TOPIC, b"after", queue_id=0)).queue_offset == end0
+    assert bodies(tmp_path) == [*got[:end0], b"after", *got[end0:]]
