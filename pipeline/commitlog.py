@@ -180,17 +180,18 @@ class CommitLog:
                 return any(mf.buffer[rel : min(mf.size, rel + probe)])
         return False
 
-    def cut(self, end: int) -> int:
-        """Drop everything from ``end`` on: zero the rest of its segment, delete later segments.
-        Returns the number of bytes cleared or removed."""
+    def cut(self, end: int, *, keep_later: bool = False) -> int:
+        """Drop everything from ``end`` on: zero the rest of its segment, delete later segments
+        (with ``keep_later``, leave them as they are: :meth:`fence_off` ends each with a blank
+        at its start). Returns the number of bytes cleared or removed."""
         cleared = 0
         for mf in self.segments.files:
             if mf.base > end:
-                cleared += mf.size
+                cleared += 0 if keep_later else mf.size
             elif mf.base <= end < mf.base + mf.size:
                 cleared += mf.size - (end - mf.base)
                 mf.wrote_position = mf.size
-        self.segments.truncate(end)
+        self.segments.truncate(end, keep_later=keep_later)
         return cleared
 
     # -- reading ----------------------------------------------------------------------------

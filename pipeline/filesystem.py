@@ -47,6 +47,31 @@ _LONG = struct.calcsize("l")
 FS_IOC_GETFLAGS = (2 << 30) | (_LONG << 16) | (ord("f") << 8) | 1
 FS_IOC_SETFLAGS = (1 << 30) | (_LONG << 16) | (ord("f") << 8) | 2
 FS_NOCOW_FL = 0x00800000
+# FS_IOC_GETVERSION is _IOR('v', 1, long): the inode's generation, which a file system that
+# reuses inode numbers (ext4, btrfs, xfs) changes when it reuses one.
+FS_IOC_GETVERSION = (2 << 30) | (_LONG << 16) | (ord("v") << 8) | 1
+
+
+def file_identity(fd: int, st: os.stat_result | None = None) -> tuple[int, int, int]:
+    """What tells an open file from another that later got the same name: ``st_dev``,
+    ``st_ino`` and the inode's generation (0 where the file system does not say: FUSE file
+    systems, whose inode numbers GlusterFS derives from a file's unique id). An inode number
+    alone is not enough: ext4 gives a deleted file's number to the next file it creates."""
+    if st is None:
+        st = os.fstat(fd)
+    try:
+        (generation,) = struct.unpack("i", fcntl.ioctl(fd, FS_IOC_GETVERSION, bytes(4)))
+    except OSError:
+        generation = 0
+    return st.st_dev, st.st_ino, generation & 0xFFFFFFFF
+
+
+def same_file(recorded: tuple[int, int, int], now: tuple[int, int, int]) -> bool:
+    """Whether ``now`` is the file ``recorded`` names (a generation of 0 on either side: not
+    known, the inode number decides)."""
+    if recorded[:2] != now[:2]:
+        return False
+    return not recorded[2] or not now[2] or recorded[2] == now[2]
 
 
 def _unescape(field: str) -> str:

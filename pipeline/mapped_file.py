@@ -48,7 +48,7 @@ import resource
 from collections.abc import Iterator
 from pathlib import Path
 
-from rocketstore.pipeline import durability, failpoints
+from rocketstore.pipeline import durability, failpoints, filesystem
 from rocketstore.pipeline.errors import (
     FileReplacedError,
     NotAStoreError,
@@ -110,7 +110,7 @@ def limit_note(exc: OSError, directory: Path) -> str:
     return free_space(directory)
 
 
-def _create_full_size(path: Path, size: int, *, allocate_all: bool = False) -> tuple[int, int]:
+def _create_full_size(path: Path, size: int, *, allocate_all: bool = False) -> tuple[int, int, int]:
     """Create a full-size file at ``path`` (as RocketMQ's RandomAccessFile.setLength), sparse
     unless ``allocate_all``, atomically, durably and exclusively: sized (and allocated) under a
     temporary name of its own and fsynced, then put in place by
@@ -119,8 +119,9 @@ def _create_full_size(path: Path, size: int, *, allocate_all: bool = False) -> t
     a crash nor a power cut can leave a segment of the wrong size (which would make the store
     refuse to open), and a full disk leaves no file. A crash leaves at most a ``*.creating``
     file, which loaders ignore and writable opens remove, or an empty file of the segment's
-    name, which they drop as an empty last segment. Returns the file's ``st_dev`` and
-    ``st_ino``: the file this writer created, whatever the name leads to later."""
+    name, which they drop as an empty last segment. Returns the file's identity
+    (:func:`rocketstore.pipeline.filesystem.file_identity`): the file this writer created,
+    whatever the name leads to later."""
     if path.exists():
         raise StoreError(f"segment {path} already exists; refusing to overwrite it")
     failpoints.hit("segment-create")
@@ -133,7 +134,7 @@ def _create_full_size(path: Path, size: int, *, allocate_all: bool = False) -> t
         if allocate_all:
             os.posix_fallocate(fd, 0, size)
         durability.fsync(fd, tmp)
-        st = os.fstat(fd)
+        identity = filesystem.file_identity(fd)
     except OSError as exc:
         os.close(fd)
         fd = -1
@@ -152,12 +153,12 @@ def _create_full_size(path: Path, size: int, *, allocate_all: bool = False) -> t
         raise SegmentCreateError(
             f"{path}: created by another writer meanwhile; this writer does not write into it"
         ) from None
-    return st.st_dev, st.st_ino
+    return identity
 
 
 def _create_deferred(
     path: Path, size: int, *, allocate_all: bool = False
-) -> tuple[int, tuple[int, int]]:
+) -> tuple[int, tuple[int, int, int]]:
     """Create a full-size sparse file at ``path`` exclusively (``O_EXCL``: a file another
     writer created first is never taken over), returning its descriptor, open for reading and
     writing, and its ``st_dev``/``st_ino`` identity. Nothing is synced: the caller makes the
@@ -179,7 +180,7 @@ def _create_deferred(
         os.ftruncate(fd, size)
         if allocate_all:
             os.posix_fallocate(fd, 0, size)
-        st = os.fstat(fd)
+        identity = filesystem.file_identity(fd)
     except OSError as exc:
         os.close(fd)
         with contextlib.suppress(OSError):
@@ -188,7 +189,7 @@ def _create_deferred(
             f"{path}: cannot create a file of {size:,} bytes: {exc.strerror or exc} "
             f"({limit_note(exc, path.parent)})"
         ) from exc
-    return fd, (st.st_dev, st.st_ino)
+    return fd, identity
 
 
 def remove_leftovers(directory: Path) -> None:
@@ -273,7 +274,7 @@ class MappedFile:
         self._view: memoryview | None = None
         self._fd = -1
         self._borrowed = False  # _fd is borrowed() for a block, not kept
-        self._identity: tuple[int, int] | None = None
+        self._identity: tuple[int, int, int] | None = None
         # Created by this writer and its directory entry not made durable yet (``deferred``).
         self.fresh = False
         if create:
@@ -300,8 +301,9 @@ class MappedFile:
                 except OSError as exc:
                     raise self._open_error(exc) from exc
             self._check_size(st.st_size)
-            # The file a writer writes is the one it found now, whenever it first opens it.
-            self._identity = (st.st_dev, st.st_ino)
+            # The file a writer writes is the one it found now, whenever it first opens it
+            # (the generation is taken then: a stat does not tell it).
+            self._identity = (st.st_dev, st.st_ino, 0)
 
     def _open_error(self, exc: OSError) -> StoreError:
         if exc.errno == errno.ENOENT:
@@ -336,12 +338,18 @@ class MappedFile:
         try:
             st = os.fstat(fd)
             self._check_size(st.st_size)
-            identity = (st.st_dev, st.st_ino)
-            if self._identity is not None and identity != self._identity and not self.read_only:
+            identity = filesystem.file_identity(fd, st)
+            known = self._identity
+            if (
+                known is not None
+                and not self.read_only
+                and not filesystem.same_file(known, identity)
+            ):
                 raise FileReplacedError(
-                    f"{self.path}: the name now leads to another file (inode {st.st_ino}, "
-                    f"this writer opened inode {self._identity[1]}): another writer took the "
-                    "store over and replaced it; this writer writes no more"
+                    f"{self.path}: the name now leads to another file (inode {st.st_ino} "
+                    f"generation {identity[2]}; this writer opened inode {known[1]} generation "
+                    f"{known[2]}): another writer took the store over and replaced it; this "
+                    "writer writes no more"
                 )
             self._identity = identity
         except BaseException:

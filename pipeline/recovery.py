@@ -401,6 +401,7 @@ def recover(
     cut_at_damage: bool = False,
     rebuild_index: bool = False,
     sync_truncated: Callable[[list[ConsumeQueue]], None] | None = None,
+    taking_over: bool = False,
 ) -> RecoveryReport:
     """Recover (see the module). ``dead`` are the CommitLog's dead regions (rocketstore.pipeline.fencing).
 
@@ -410,7 +411,9 @@ def recover(
     records resumed). ``rebuild_index``: drop the index and dispatch it again from the log,
     whatever it holds (a writer fenced off may have written a page of it late).
     ``sync_truncated`` makes what the ConsumeQueues' cuts zeroed durable (the store's does it
-    with one syncfs for many queues); it runs before anything is dispatched again."""
+    with one syncfs for many queues); it runs before anything is dispatched again.
+    ``taking_over``: the open fences off the writer before it (rocketstore.pipeline.fencing),
+    which ends the log in a segment of its own after every file there is now."""
     started = time.perf_counter()
     report = RecoveryReport(abort_file_found=abnormal)
     queue_list = list(queues.values())
@@ -484,7 +487,9 @@ def recover(
             fencing.restore(log, x, e)
         full_check = True
     if not read_only and log.has_data_after(end):
-        report.bytes_truncated = log.cut(end)
+        # A take-over keeps the segment files after the end: the writer it fences off may
+        # have made them, and could still write into a file of the same name made anew.
+        report.bytes_truncated = log.cut(end, keep_later=taking_over)
     log.set_end(end)
     if not read_only:
         # What was dispatched after the start point may be partial (one queue's units

@@ -457,13 +457,22 @@ class SegmentQueue:
         self.new_dirs = []
         self.unsynced = []
 
-    def truncate(self, offset: int, *, sync: bool = True) -> int:
+    def truncate(self, offset: int, *, sync: bool = True, keep_later: bool = False) -> int:
         """Forget everything at or after ``offset``: later segments are deleted, the one holding
         ``offset`` is zeroed from there on. Returns the number of bytes dropped. The zeroed
         bytes are synced now, or with ``sync`` False by :meth:`sync_truncated` or the next
-        :meth:`flush`, which the caller must run before anything is written past them."""
+        :meth:`flush`, which the caller must run before anything is written past them.
+
+        ``keep_later``: later segments stay, with nothing written (a take-over fences them off:
+        their names must not be created anew while a writer that made them may still write,
+        see rocketstore.pipeline.fencing)."""
         dropped = 0
-        keep = [mf for mf in self.files if mf.base < offset]
+        if keep_later:
+            for mf in self.files:
+                if mf.base >= offset:
+                    dropped += mf.wrote_position
+                    mf.wrote_position = mf.flushed_position = 0
+        keep = [mf for mf in self.files if mf.base < offset or keep_later]
         # The newest first: a crash part-way must leave segments without a gap between them
         # (a gap makes the store refuse to open), and the next open cuts the rest.
         for mf in reversed(self.files[len(keep) :]):
@@ -472,7 +481,7 @@ class SegmentQueue:
             if not self.read_only:
                 durability.remove(mf.path)
         self.files = keep
-        last = self.last
+        last = next((mf for mf in reversed(keep) if mf.base < offset), None)
         if last is not None and last.end > offset:
             pos = offset - last.base
             dropped += last.wrote_position - pos

@@ -250,7 +250,7 @@ class MessageStore(StoreReads):
         # On shared storage, or once any writer fenced the store, a writer fences off those
         # before it (rocketstore.pipeline.fencing); every writable open honours dead regions.
         self._fence: fencing.Fence | None = None
-        self.recovery = self._recover()
+        self.recovery = self._recover(taking_over=fenced and self.abort_file_found)
         self.recovery.files_renewed = renewed
         if fenced:
             self._take_epoch()
@@ -363,7 +363,7 @@ class MessageStore(StoreReads):
             self._failure = self._failure or exc
             raise
 
-    def _recover(self) -> RecoveryReport:
+    def _recover(self, *, taking_over: bool) -> RecoveryReport:
         epochs = fencing.read_epochs(self.path)
         # After an unclean take-over the writer fenced off may have had pages of the
         # ConsumeQueues and the index on their way. The derived files it could reach got new
@@ -385,6 +385,7 @@ class MessageStore(StoreReads):
             full_check=self.full_check,
             cut_at_damage=self.cut_at_damage,
             sync_truncated=functools.partial(self._queueset.sync_truncated, store_path=self.path),
+            taking_over=taking_over,
         )
         return report
 

@@ -13,13 +13,16 @@ back in order, nothing of the paused put is, and ``verify`` is clean.
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import pytest
 from test_fencing import CONFIG, QUEUES, TOPIC, Taker, bodies, expected, lose_lock, put_a
 
 from rocketstore.pipeline import failpoints
-from rocketstore.pipeline.errors import StoreError
+from rocketstore.pipeline.errors import FileReplacedError, StoreError
+from rocketstore.pipeline.mapped_file import MappedFile, segment_name
+from rocketstore.pipeline.mappings import MappingCache
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify
@@ -77,3 +80,28 @@ def test_a_writer_paused_after_its_check_writes_nothing_into_the_takers_files(
     with MessageStore(tmp_path, CONFIG) as next_writer:
         assert next_writer.put(Message(TOPIC, b"after", queue_id=0)).queue_offset == end0
     assert bodies(tmp_path) == [*got[:end0], b"after", *got[end0:]]
+
+
+@pytest.mark.parametrize("made_anew", ["renamed over", "deleted and created"])
+def test_a_file_replaced_under_its_name_is_not_written(tmp_path: Path, made_anew: str) -> None:
+    """A segment whose descriptor was closed (the budget) opens its name again to write: when
+    the name leads to another file (a taker's renewed copy, or a file made anew, which ext4
+    may give the same inode number: its generation tells them apart), the write is refused."""
+    path = tmp_path / segment_name(0)
+    mf = MappedFile(path, 0, 4096, read_only=False, create=True, cache=MappingCache(8),
+                    deferred=True)  # fmt: skip
+    mf.write_at(0, b"a" * 20)
+    assert mf.release()  # the descriptor closed, as the cache does past its budget
+    if made_anew == "renamed over":
+        copy = tmp_path / "copy"
+        copy.write_bytes(path.read_bytes())
+        os.replace(copy, path)
+    else:
+        path.unlink()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        os.ftruncate(fd, 4096)
+        os.close(fd)
+    with pytest.raises(FileReplacedError, match="another writer took the store over"):
+        mf.write_at(20, b"b" * 20)
+    assert b"b" not in path.read_bytes()
+    mf.close()
