@@ -16,11 +16,12 @@ Each write step calls :func:`hit` with its name before it changes anything on di
 
 A test arms a failpoint with :func:`arm` (in-process) or with the environment variable
 ``ROCKETSTORE_FAILPOINTS="name=action[@n],..."`` (read once at import, for writer subprocesses),
-where ``action`` is ``raise`` (:class:`InjectedFault`, an ``OSError``) or ``kill`` (SIGKILL of
-the process, as a crash at that exact point), fired on the ``n``-th hit (default 1), once per
-process. With ``ROCKETSTORE_FAILPOINTS_LOG=FILE`` a failpoint fires once across every process
-that shares FILE (Spark's Python workers, where a retried task may run in a fresh process): each
-firing appends a line to FILE, and a failpoint FILE already names stays quiet.
+where ``action`` is ``raise`` (:class:`InjectedFault`, an ``OSError``), ``kill`` (SIGKILL of
+the process, as a crash at that exact point) or ``stop`` (SIGSTOP of the process, a pause at
+that point until SIGCONT), fired on the ``n``-th hit (default 1), once per process. With
+``ROCKETSTORE_FAILPOINTS_LOG=FILE`` a failpoint fires once across every process that shares
+FILE (Spark's Python workers, where a retried task may run in a fresh process): each firing
+appends a line to FILE, and a failpoint FILE already names stays quiet.
 
 Not a user option: nothing in the sink, the source or the CLI exposes it. Unarmed, a hit costs
 one lookup in an empty dict. Thread-safe enough for tests: arming is not synchronised.
@@ -48,6 +49,9 @@ NAMES = (
 )
 
 
+ACTIONS = ("raise", "kill", "stop")
+
+
 class InjectedFault(OSError):
     """The I/O error an armed failpoint raises."""
 
@@ -63,11 +67,13 @@ _armed: dict[str, _Armed] = {}
 
 
 def arm(name: str, action: str = "raise", nth: int = 1) -> None:
-    """Make the ``nth`` next hit of ``name`` fail with ``action`` (``raise`` or ``kill``)."""
+    """Make the ``nth`` next hit of ``name`` fail with ``action`` (``raise`` or ``kill``), or
+    pause there (``stop``: the process stops itself with SIGSTOP, as a stunned VM or a starved
+    executor would, and goes on where it was when it gets SIGCONT)."""
     if name not in NAMES:
         raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(NAMES)}")
-    if action not in ("raise", "kill"):
-        raise ValueError(f"failpoint action must be 'raise' or 'kill', got {action!r}")
+    if action not in ACTIONS:
+        raise ValueError(f"failpoint action must be one of {', '.join(ACTIONS)}, got {action!r}")
     if nth < 1:
         raise ValueError(f"failpoint hit number must be >= 1, got {nth}")
     _armed[name] = _Armed(action, nth)
@@ -102,6 +108,9 @@ def hit(name: str) -> None:
             out.write(f"{name} {armed.action} pid={os.getpid()}\n")
     if armed.action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if armed.action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
     raise InjectedFault(errno.EIO, f"injected fault at failpoint {name!r}")
 
 

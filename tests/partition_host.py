@@ -2,7 +2,7 @@
 
 ``python -m tests.partition_host write STORE NAME FLUSH``: opens STORE for writing, retrying
 while another writer holds it (as a writer taking a broker over does), prints ``open <seconds
-waited> <derived files given a new inode>`` (rocketstore.pipeline.renewal), then takes
+waited> <derived files given a new inode> <pid>`` (rocketstore.pipeline.renewal), then takes
 commands from standard input, one a line:
 
 * ``put N``: N messages with bodies ``NAME-<seq>`` (keys the same, queue ``seq % 4``), in
@@ -15,6 +15,9 @@ commands from standard input, one a line:
   now: the newest ConsumeQueue file of each queue and the newest IndexFile, as this writer
   has them mapped, are dirtied with the bytes it sees and written back (``msync``); prints
   ``written-back`` and, for each file, ``ok`` or the errno's name.
+* ``pause-at STEP``: the next put stops itself (SIGSTOP) at its write step STEP (a failpoint of
+  rocketstore.pipeline.failpoints), after its fence check, until the test sends SIGCONT: a
+  writer paused between its check and its write; prints ``armed``.
 * ``flush``: flushes the store; prints ``flushed`` or ``fail-flush <error class>: <message>``.
 * ``close``: closes the store; prints ``closed`` or ``fail-close <error class>: <message>``.
 
@@ -30,12 +33,14 @@ from __future__ import annotations
 import ctypes
 import errno
 import mmap
+import os
 import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rocketstore.pipeline import failpoints
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import StoreError, StoreLockedError
 from rocketstore.pipeline.message import Message
@@ -131,7 +136,7 @@ def write(store_dir: str, name: str, flush: str) -> int:
             if time.monotonic() - started > OPEN_DEADLINE_S:
                 raise
             time.sleep(0.05)  # polling the lock: there is nothing to wait on across hosts
-    say(f"open {time.monotonic() - started:.3f} {store.recovery.files_renewed}")
+    say(f"open {time.monotonic() - started:.3f} {store.recovery.files_renewed} {os.getpid()}")
     seq = 0
     stop = threading.Event()
 
@@ -176,6 +181,9 @@ def write(store_dir: str, name: str, flush: str) -> int:
                 pass
             say("done")
             stop.wait()
+        elif cmd[0] == "pause-at":
+            failpoints.arm(cmd[1], "stop")
+            say("armed")
         elif cmd[0] == "write-back":
             say(" ".join(["written-back", *write_back(store)]))
         elif cmd[0] == "flush":

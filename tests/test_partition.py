@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -119,6 +120,7 @@ class Writer(Proc):
         assert opened.startswith("open "), opened
         self.waited_s = float(opened.split()[1])
         self.renewed = int(opened.split()[2])
+        self.pid = int(opened.split()[3])
         self.acked: list[int] = []
 
     def put(self, n: int) -> list[str]:
@@ -302,6 +304,54 @@ def test_busy_writer_cut_off_fails_and_is_fenced(hosts: NetCluster, flush: str) 
     # Under ASYNC_FLUSH what A acknowledged after its last flush was in its own memory only.
     prefix_ok = "A" if flush == "ASYNC_FLUSH" else ""
     check(c, store, {"A": a, "B": b}, prefix_ok)
+
+
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (state T in /proc/PID/stat)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] == "T"
+
+
+@pytest.mark.parametrize(
+    ("step", "flush"),
+    [("commitlog-write", "SYNC_FLUSH"), ("consumequeue-append", "ASYNC_FLUSH")],
+)
+def test_writer_stopped_between_its_check_and_its_write_across_a_take_over(
+    hosts: NetCluster, step: str, flush: str
+) -> None:
+    """A writer stops itself (SIGSTOP) in a put, after the put's fence check and before it
+    writes (``step``), as a stunned VM's would: its host is cut off meanwhile, the bricks give
+    its lock away, another host takes the store over and writes. Healed and resumed (SIGCONT),
+    the stopped put writes nothing of the other writer's: its records land in the dead region,
+    its units and entries in files the take-over replaced; it is refused or, under
+    ASYNC_FLUSH, acknowledged and lost as a crash would lose it."""
+    c = hosts
+    store = c.mount / f"stopped-{flush}"
+    a = Writer(c, "A", store, flush)
+    assert a.put(300) == []
+    a.send(f"pause-at {step}")
+    assert a.line() == "armed"
+    a.send("put 50")
+    _poll("the writer to stop itself", lambda: stopped(a.pid), LINE_TIMEOUT_S)
+    c.partition("A")
+    try:
+        b = Writer(c, "B", store, flush)  # waits for the bricks to give A's lock away
+        assert b.renewed > 0
+        assert b.put(600) == []
+    finally:
+        c.heal("A")
+    reconnected(c, "A")
+    os.kill(a.pid, signal.SIGCONT)
+    acked, failed = a.until("done")
+    a.acked += acked
+    if flush == "SYNC_FLUSH":
+        assert acked == [] and len(failed) == 1, (acked, failed)
+    refused = a.put(10)
+    assert len(refused) == 1 and "FencedError" in refused[0], refused
+    assert b.put(200) == []
+    assert b.close() == "closed"
+    a.close()
+    check(c, store, {"A": a, "B": b}, prefix_ok="A" if flush == "ASYNC_FLUSH" else "")
 
 
 @pytest.mark.parametrize("flush", FLUSHES)
