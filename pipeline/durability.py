@@ -20,6 +20,7 @@ Thread-safety: the functions hold no state.
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 from pathlib import Path
@@ -104,12 +105,22 @@ def _remove(path: Path) -> None:
 def _place_new(tmp: Path, path: Path) -> None:
     """Give the file ``tmp`` (already fsynced) the name ``path``, which must not exist
     (``FileExistsError`` otherwise), and make that durable. Unlike a plain rename it never
-    replaces a file another writer created meanwhile: the name is claimed first with an
-    exclusive create (an empty file, which a crash may leave: loaders drop an empty last
-    segment), then the file is renamed over the claim. Works where hard links do not (many
-    FUSE file systems)."""
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-    replace(tmp, path)
+    replaces a file another writer created meanwhile: the file is linked to its name, which
+    fails when the name exists, then its temporary name is dropped; at no moment does the name
+    lead to anything but the whole file. Where the file system has no hard links (some FUSE
+    file systems), the name is checked and the file renamed over it: exclusive only against a
+    writer that is not racing this one."""
+    try:
+        os.link(tmp, path)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
+            raise
+        if path.exists():
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path)) from exc
+        replace(tmp, path)
+        return
+    os.unlink(tmp)
+    fsync_dir(path.parent)
 
 
 def _syncfs(path: Path) -> None:

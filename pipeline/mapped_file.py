@@ -118,8 +118,7 @@ def _create_full_size(path: Path, size: int, *, allocate_all: bool = False) -> t
     (another writer created it first: the loser never writes into the winner's file). Neither
     a crash nor a power cut can leave a segment of the wrong size (which would make the store
     refuse to open), and a full disk leaves no file. A crash leaves at most a ``*.creating``
-    file, which loaders ignore and writable opens remove, or an empty file of the segment's
-    name, which they drop as an empty last segment. Returns the file's identity
+    file, which loaders ignore and writable opens remove. Returns the file's identity
     (:func:`rocketstore.pipeline.filesystem.file_identity`): the file this writer created,
     whatever the name leads to later."""
     if path.exists():
