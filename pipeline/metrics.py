@@ -50,6 +50,9 @@ from rocketstore.pipeline.storestats import BrokerStats, StoreStats
 
 DEFAULT_PER_QUEUE_LIMIT = 1000
 HOUR_S = 3600
+# (latency family, consumer group or query, topic, broker) -> the CommitLog offset of the first
+# stored message it has not consumed there (None: not found), for StoreCollector._ages.
+_Ages = dict[tuple[str, str, str, str], int | None]
 
 # name -> (kind, help, labels). Counters are named without _total here: prometheus_client adds
 # it to the samples.
@@ -337,8 +340,10 @@ class StoreCollector(Collector):
         for s in stats.values():
             self._broker(out, s, per_queue)
         read = _bounds_reader(stats)
-        self._groups(out, read, stats, per_queue)
-        self._queries(out, read, stats, per_queue)
+        ages: _Ages = {}
+        self._groups(out, read, stats, per_queue, ages)
+        self._queries(out, read, stats, per_queue, ages)
+        self._ages(out, ages, stats)
         self._verify(out)
 
     def _broker(self, out: _Families, s: BrokerStats, per_queue: bool) -> None:
@@ -391,9 +396,10 @@ class StoreCollector(Collector):
         rows: Sequence[QueueLag],
         stats: dict[str, BrokerStats],
         per_queue: bool,
+        ages: _Ages,
     ) -> None:
-        """Lag and its age per (topic, broker), and per queue when ``per_queue``; ``kind`` is
-        ``consumer`` (a group) or ``query``."""
+        """Lag per (topic, broker), and per queue when ``per_queue``; ``kind`` is ``consumer``
+        (a group) or ``query``. Where each lag's oldest message is goes into ``ages``."""
         total, latency, queue_family = (
             (
                 "rocketmq_consumer_lag_messages",
@@ -407,9 +413,8 @@ class StoreCollector(Collector):
                 "rocketstore_query_queue_lag_messages",
             )
         )
-        now = self.clock_ms()
         sums: dict[tuple[str, str], int] = {}
-        oldest: dict[tuple[str, str], int] = {}
+        first: dict[tuple[str, str], int] = {}
         for r in rows:
             if r.lag is None:
                 continue  # a queue the store no longer has
@@ -421,13 +426,28 @@ class StoreCollector(Collector):
             if r.lag > 0 and s is not None:
                 start = r.committed if r.committed is not None else r.min_offset or 0
                 start = max(start, r.min_offset or 0)
-                at = self.stats.store_time(s.path, r.topic, r.queue_id, start)
-                if at is not None:
-                    oldest[key] = min(oldest.get(key, at), at)
+                phys = self.stats.unit_offset(s.path, r.topic, r.queue_id, start)
+                if phys is not None and (key not in first or phys < first[key]):
+                    first[key] = phys
         for key, value in sums.items():
             out.add(total, (who, *key), value)
-            age = max(0, now - oldest[key]) if key in oldest else 0
-            out.add(latency, (who, *key), age)
+            ages[(latency, who, *key)] = first.get(key)
+
+    def _ages(self, out: _Families, ages: _Ages, stats: dict[str, BrokerStats]) -> None:
+        """The lag latencies: the age of the first stored of the messages each consumer has not
+        consumed on a topic and broker, by the CommitLog offset of the first unconsumed
+        message of each of its queues. Each broker's records are read in one go (a segment is
+        opened once); an age that cannot be read (no lag, or its message just deleted by
+        retention) is 0."""
+        wanted: dict[str, set[int]] = {}
+        for (_, _, _, broker), phys in ages.items():
+            if phys is not None:
+                wanted.setdefault(broker, set()).add(phys)
+        times = {b: self.stats.record_times(stats[b].path, offs) for b, offs in wanted.items()}
+        now = self.clock_ms()
+        for (family, who, topic, broker), phys in ages.items():
+            at = None if phys is None else times[broker].get(phys)
+            out.add(family, (who, topic, broker), 0 if at is None else max(0, now - at))
 
     def _groups(
         self,
@@ -435,6 +455,7 @@ class StoreCollector(Collector):
         read: Callable[[str, Path], BrokerBounds],
         stats: dict[str, BrokerStats],
         per_queue: bool,
+        ages: _Ages,
     ) -> None:
         try:
             groups = group_lag(
@@ -448,7 +469,7 @@ class StoreCollector(Collector):
             return
         out.add("rocketstore_consumer_offsets_up", (), 1)
         for g in groups:
-            self._lag(out, "consumer", g.group, g.queues, stats, per_queue)
+            self._lag(out, "consumer", g.group, g.queues, stats, per_queue, ages)
 
     def _queries(
         self,
@@ -456,6 +477,7 @@ class StoreCollector(Collector):
         read: Callable[[str, Path], BrokerBounds],
         stats: dict[str, BrokerStats],
         per_queue: bool,
+        ages: _Ages,
     ) -> None:
         for name, checkpoint in self.target.checkpoints:
             try:
@@ -473,7 +495,7 @@ class StoreCollector(Collector):
             out.add("rocketstore_query_up", (name,), 1)
             batch = -1 if progress.batch_id is None else progress.batch_id
             out.add("rocketstore_query_committed_batch", (name,), batch)
-            self._lag(out, "query", name, rows, stats, per_queue)
+            self._lag(out, "query", name, rows, stats, per_queue, ages)
 
     def _verify(self, out: _Families) -> None:
         if self.verify is None:

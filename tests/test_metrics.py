@@ -200,12 +200,32 @@ def test_min_offsets_follow_retention(tmp_path: Path) -> None:
     for seg in segments[:2]:
         os.utime(seg, (old, old))
     cli_json("clean", str(store), "--json", "--config", str(conf))
+    # Retention took the first ConsumeQueue files too: the min offsets come from a listing.
+    assert not (store / "consumequeue" / "T" / "0" / f"{0:020d}").exists()
     after = stats.broker("store", store)  # the cache sees the first segment change
     assert after.commitlog_min == int(sorted((store / "commitlog").iterdir())[0].name) > 0
     assert after.bounds == _open_bounds(store, SMALL)
     assert all(lo > 0 for lo, _ in after.bounds.values())
     m = scrape(StoreCollector(Target(store, SMALL)))
     assert by(m["rocketstore_commitlog_files_deleted_total"], "broker") == {("store",): 2}
+
+
+def test_unit_offsets_and_record_times_are_the_stores(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    _fill(store, SMALL, 4000)  # four 1 MiB segments: the records below are in three of them
+    wanted = [("T", 0, 0), ("T", 0, 1), ("T", 1, 700), ("T", 2, 1300)]
+    with MessageStore(store, SMALL, read_only=True) as s:
+        found = [s.get_messages(t, q, o, 1).messages[0] for t, q, o in wanted]
+    stats = StoreStats(SMALL)
+    phys = [stats.unit_offset(store, t, q, o) for t, q, o in wanted]
+    assert phys == [m.commit_log_offset for m in found]
+    assert len({p // SMALL.mapped_file_size_commitlog for p in phys if p is not None}) == 3
+    assert stats.unit_offset(store, "T", 0, 1334) is None  # past the queue's end
+    assert stats.unit_offset(store, "nope", 0, 0) is None
+    offsets = [p for p in phys if p is not None]
+    # An offset inside a record, or past the CommitLog's end, has no store time.
+    times = stats.record_times(store, [*offsets, offsets[0] + 1, 10 * 2**20])
+    assert times == {m.commit_log_offset: m.store_timestamp for m in found}
 
 
 def test_a_store_the_progress_file_does_not_describe_is_opened(tmp_path: Path) -> None:
