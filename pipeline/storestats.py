@@ -300,7 +300,7 @@ class StoreStats:
         self._lock = threading.Lock()
         self._mins: dict[Path, _MinOffsets] = {}
         self._opened: dict[Path, tuple[float, Bounds, int]] = {}
-        self._units: OrderedDict[tuple[Path, str, int, int], int] = OrderedDict()
+        self._units: OrderedDict[tuple[str, str, int, int], int] = OrderedDict()
 
     def broker(self, name: str, path: Path) -> BrokerStats:
         """The figures of the broker directory ``path``; :class:`StoreError` or ``OSError``
@@ -387,7 +387,7 @@ class StoreStats:
     def unit_offset(self, path: Path, topic: str, queue_id: int, offset: int) -> int | None:
         """:func:`unit_offset` of a queue of the broker directory ``path``, remembered for the
         :data:`UNITS_KEPT` most recently asked (a unit, once written, does not change)."""
-        key = (path, topic, queue_id, offset)
+        key = (os.fspath(path), topic, queue_id, offset)  # a str compares faster than a Path
         with self._lock:
             found = self._units.get(key)
             if found is not None:
