@@ -214,8 +214,8 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "rocketstore_verify_running": ("gauge", "1 while a verify run is in progress", ()),
     "rocketstore_verify_last_run_timestamp_seconds": (
         "gauge",
-        "When the last verify run ended",
-        (),
+        "When the last verify run of the broker ended",
+        ("broker",),
     ),
     "rocketstore_verify_ok": (
         "gauge",
@@ -504,11 +504,40 @@ class StoreCollector(Collector):
         if found is None:
             return
         out.add("rocketstore_verify_running", (), 1 if found.running else 0)
-        if found.finished is not None:
-            out.add("rocketstore_verify_last_run_timestamp_seconds", (), found.finished)
         for broker, problems in found.problems.items():
-            out.add("rocketstore_verify_ok", (broker,), 0 if problems else 1)
-            out.add("rocketstore_verify_problems", (broker,), problems)
+            _verified(out, broker, problems, found.finished)
+
+
+def _verified(out: _Families, broker: str, problems: int, finished: float | None) -> None:
+    if finished is not None:
+        out.add("rocketstore_verify_last_run_timestamp_seconds", (broker,), finished)
+    out.add("rocketstore_verify_ok", (broker,), 0 if problems else 1)
+    out.add("rocketstore_verify_problems", (broker,), problems)
+
+
+class Fixed(Collector):
+    """Families made beforehand (one scrape's, a verify result), for an encoder."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.families = list(families)
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
+
+
+def write_verify_textfile(path: Path, broker: str, problems: int) -> None:
+    """The result of ``rocketstore verify`` of one store directory (``broker``), ended now, as
+    the families the console exports for its verify runs, in Prometheus' text format: for
+    node_exporter's textfile collector (one file per store directory; the collector merges
+    them). Replaced atomically (``prometheus_client.write_to_textfile``: a temporary file
+    beside it, then a rename), so a scrape never reads half of it."""
+    from prometheus_client import CollectorRegistry, write_to_textfile
+
+    out = _Families(None)
+    _verified(out, broker, problems, time.time())
+    registry = CollectorRegistry()
+    registry.register(Fixed(out))
+    write_to_textfile(str(path), registry)
 
 
 def query_names(checkpoints: Sequence[str | Path]) -> tuple[tuple[str, Path], ...]:
