@@ -37,9 +37,10 @@ from prometheus_client.registry import Collector
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import StoreError
-from rocketstore.pipeline.groups import broker_offsets
+from rocketstore.pipeline.groups import ConsumerOffsets, broker_offsets
 from rocketstore.pipeline.lag import (
     BrokerBounds,
+    CommittedOffsets,
     QueueLag,
     consumer_lag,
     group_lag,
@@ -337,12 +338,18 @@ class StoreCollector(Collector):
             per_queue = queues <= target.per_queue_limit
         out.add("rocketstore_per_queue_series", (), 1 if per_queue else 0)
         out.add("rocketstore_retention_seconds", (), cfg.file_reserved_time * HOUR_S)
+        groups, queries = self._committed()
+        for name in _stale_opens(stats, groups, queries):
+            # A consumer committed past the queue's end as a cached open saw it: the cache
+            # is older than the offsets, so open the store again rather than show a lag < 0.
+            self.stats.forget_open(stats[name].path)
+            stats[name] = self.stats.broker(name, stats[name].path)
         for s in stats.values():
             self._broker(out, s, per_queue)
         read = _bounds_reader(stats)
         ages: _Ages = {}
-        self._groups(out, read, stats, per_queue, ages)
-        self._queries(out, read, stats, per_queue, ages)
+        self._groups(out, read, stats, per_queue, ages, groups)
+        self._queries(out, read, stats, per_queue, ages, queries)
         self._ages(out, ages, stats)
         self._verify(out)
 
@@ -456,13 +463,13 @@ class StoreCollector(Collector):
         stats: dict[str, BrokerStats],
         per_queue: bool,
         ages: _Ages,
+        offsets: dict[str, ConsumerOffsets] | None,
     ) -> None:
         try:
+            if offsets is None:
+                raise StoreError("a consumerOffset.json could not be read")
             groups = group_lag(
-                self.target.root,
-                self.target.config,
-                brokers=broker_offsets(self.target.root),
-                read_bounds=read,
+                self.target.root, self.target.config, brokers=offsets, read_bounds=read
             )
         except (StoreError, OSError):
             out.add("rocketstore_consumer_offsets_up", (), 0)
@@ -478,10 +485,13 @@ class StoreCollector(Collector):
         stats: dict[str, BrokerStats],
         per_queue: bool,
         ages: _Ages,
+        committed: dict[str, CommittedOffsets | None],
     ) -> None:
-        for name, checkpoint in self.target.checkpoints:
+        for name, _ in self.target.checkpoints:
             try:
-                progress = read_committed_offsets(checkpoint)
+                progress = committed[name]
+                if progress is None:
+                    raise StoreError(f"the checkpoint of query {name} could not be read")
                 rows = (
                     consumer_lag(
                         self.target.root, progress.offsets, self.target.config, read_bounds=read
@@ -496,6 +506,24 @@ class StoreCollector(Collector):
             batch = -1 if progress.batch_id is None else progress.batch_id
             out.add("rocketstore_query_committed_batch", (name,), batch)
             self._lag(out, "query", name, rows, stats, per_queue, ages)
+
+    def _committed(
+        self,
+    ) -> tuple[dict[str, ConsumerOffsets] | None, dict[str, CommittedOffsets | None]]:
+        """The groups' offsets by broker and each query's last committed offsets, read once
+        per scrape; ``None`` where they could not be read."""
+        groups: dict[str, ConsumerOffsets] | None
+        try:
+            groups = broker_offsets(self.target.root)
+        except (StoreError, OSError):
+            groups = None
+        queries: dict[str, CommittedOffsets | None] = {}
+        for name, checkpoint in self.target.checkpoints:
+            try:
+                queries[name] = read_committed_offsets(checkpoint)
+            except (StoreError, OSError):
+                queries[name] = None
+        return groups, queries
 
     def _verify(self, out: _Families) -> None:
         if self.verify is None:
@@ -538,6 +566,31 @@ def write_verify_textfile(path: Path, broker: str, problems: int) -> None:
     registry = CollectorRegistry()
     registry.register(Fixed(out))
     write_to_textfile(str(path), registry)
+
+
+def _stale_opens(
+    stats: dict[str, BrokerStats],
+    groups: dict[str, ConsumerOffsets] | None,
+    queries: dict[str, CommittedOffsets | None],
+) -> set[str]:
+    """Brokers whose bounds come from a cached read-only open that a committed offset has
+    passed (a group's or a query's offset above the queue's max offset, or on a queue the
+    open did not see)."""
+    committed: list[tuple[str, str, int, int]] = []
+    for broker, offsets in (groups or {}).items():
+        for by_topic in offsets.table.values():
+            for topic, queues in by_topic.items():
+                committed += [(broker, topic, q, at) for q, at in queues.items()]
+    for progress in queries.values():
+        if progress is not None:
+            committed += [(b, t, q, at) for (t, b, q), at in progress.offsets.items()]
+    return {
+        broker
+        for broker, topic, qid, at in committed
+        if broker in stats
+        and stats[broker].source == "open"
+        and at > stats[broker].bounds.get((topic, qid), (0, 0))[1]
+    }
 
 
 def query_names(checkpoints: Sequence[str | Path]) -> tuple[tuple[str, Path], ...]:

@@ -384,6 +384,11 @@ class StoreStats:
             self._opened[path] = (now, bounds, end)
         return bounds, end
 
+    def forget_open(self, path: Path) -> None:
+        """Drop the cached open of ``path``: the next :meth:`broker` opens it again."""
+        with self._lock:
+            self._opened.pop(path, None)
+
     def unit_offset(self, path: Path, topic: str, queue_id: int, offset: int) -> int | None:
         """:func:`unit_offset` of a queue of the broker directory ``path``, remembered for the
         :data:`UNITS_KEPT` most recently asked (a unit, once written, does not change)."""

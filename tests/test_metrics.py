@@ -245,6 +245,32 @@ def test_a_store_the_progress_file_does_not_describe_is_opened(tmp_path: Path) -
     assert (none.source, none.bounds) == ("open", expected)
 
 
+def test_a_cached_open_that_a_commit_has_passed_is_opened_again(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    _fill(store, SMALL, 30)  # 10 messages in each of queues 0-2 of T
+    (store / "config" / "rocketstore.json").unlink()  # as RocketMQ writes a store: opened
+    collector = StoreCollector(Target(store, SMALL), StoreStats(SMALL, open_ttl=3600))
+    first = scrape(collector)
+    assert by(first["rocketstore_queue_max_offset"], "queue_id")[("0",)] == 10
+    _fill(store, SMALL, 60)  # 20 more in each queue
+    (store / "config" / "rocketstore.json").unlink()
+    offsets = {"offsetTable": {"T@billing": {"0": 25, "1": 5}}}
+    (store / "config" / "consumerOffset.json").write_text(json.dumps(offsets))
+    m = scrape(collector)
+    # Queue 0's commit (25) passed the cached max offset (10): the store is opened again.
+    assert by(m["rocketstore_queue_max_offset"], "queue_id") == {(q,): 30 for q in "012"}
+    assert by(m["rocketstore_consumer_queue_lag_messages"], "queue_id") == {
+        ("0",): 5,
+        ("1",): 25,
+        ("2",): 30,
+    }
+    # A commit within the cached bounds leaves the cache as it is (open_ttl).
+    _fill(store, SMALL, 3)
+    (store / "config" / "rocketstore.json").unlink()
+    m = scrape(collector)
+    assert by(m["rocketstore_queue_max_offset"], "queue_id")[("0",)] == 30
+
+
 def test_per_queue_series_are_left_out_above_the_limit(root: tuple[Path, Path]) -> None:
     store_root, checkpoint = root
     queues = len(ORDERS_PER_QUEUE) + 1
