@@ -20,7 +20,9 @@ thousands of queues, without opening a :class:`~rocketstore.pipeline.store.Messa
 * **A store the progress file does not describe**, because it has none (RocketMQ wrote it)
   or a RocketMQ broker flushed after it was written (its ``checkpoint`` is newer), is opened
   read-only the usual way (:class:`MessageStore`), at most once per
-  :attr:`StoreStats.open_ttl` seconds (30 by default), and its bounds are served from that.
+  :attr:`StoreStats.open_ttl` seconds (30 by default), and its bounds are served from that
+  (:meth:`StoreStats.forget_open` drops it sooner: the metrics do when a consumer committed
+  past it).
 * **Everything else** is a few small reads per broker: the CommitLog segment names and sizes,
   the first record's store time, the epochs file (:mod:`rocketstore.pipeline.fencing`),
   ``abort``, the lock probe (:func:`rocketstore.pipeline.lock.is_locked_elsewhere`), statvfs.
