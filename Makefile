@@ -76,6 +76,10 @@ bench: $(STAMP) ## Run the benchmarks in bench/ (figures in bench/README.md)
 charts: $(STAMP) ## Redraw docs/images/*.svg from the newest bench results in bench/out/
 	$(PY) -m bench.charts
 
+# A 4-minute live run under a real Prometheus (docs/monitoring.md); needs Debian's prometheus.
+dashboard: $(STAMP) ## Draw docs/images/dashboard.png from a live run scraped by Prometheus
+	$(PY) -m bench.dashboard
+
 lint: $(STAMP) ## ruff (lint and format check), mypy, cargo fmt --check and clippy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -101,4 +105,4 @@ clean: ## Remove what `make demo` made, bench output and caches (keeps .venv and
 	fi
 	rm -rf .pytest_cache .mypy_cache .ruff_cache bench/out dist
 
-.PHONY: help venv test demo java wheel bench charts lint format clean
+.PHONY: help venv test demo java wheel bench charts dashboard lint format clean

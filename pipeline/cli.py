@@ -331,6 +331,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "--all", action="store_true", help="list every problem (default: 100 per kind and file)"
     )
     p.add_argument("--progress", action="store_true", help="show progress on stderr")
+    p.add_argument(
+        "--metrics",
+        metavar="FILE",
+        help="also write the result to FILE in Prometheus' text format (replaced atomically), "
+        "for node_exporter's textfile collector: rocketstore_verify_ok, _problems and "
+        "_last_run_timestamp_seconds with broker=the store directory's name",
+    )
     p = command(
         "clean",
         "rocketstore.pipeline.commands:cmd_clean",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rocketstore.pipeline import native, queueread, record, topicconfig
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.errors import NotFoundError, ProgressNotRecordedError
+from rocketstore.pipeline.errors import ConfigError, NotFoundError, ProgressNotRecordedError
 from rocketstore.pipeline.output import emit, plain_cell, preview, print_table
 from rocketstore.pipeline.reads import MAX_TIMESTAMP
 from rocketstore.pipeline.record import MessageExt
@@ -279,9 +279,25 @@ def cmd_recover(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify_metrics_file(value: str) -> Path:
+    """``verify --metrics FILE``, checked before the scan: the extra it needs, its directory."""
+    from rocketstore.pipeline.console.server import check_dependencies
+
+    check_dependencies(
+        ("prometheus_client",),
+        "verify --metrics needs the 'console' extra: pip install 'rocketstore[console]'",
+    )
+    path = Path(value)
+    if not path.parent.is_dir():
+        raise ConfigError(f"option --metrics={value}: no such directory {path.parent}")
+    return path
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     """Scan every record and index structure; print each problem; exit 1 if there is any."""
     from rocketstore.pipeline.verify import verify_read_only
+
+    metrics = _verify_metrics_file(args.metrics) if args.metrics else None
 
     def progress(done: int, total: int) -> None:
         if args.progress and total:
@@ -296,6 +312,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     )
     if args.progress:
         sys.stderr.write("\n")
+    if metrics is not None:
+        from rocketstore.pipeline.metrics import write_verify_textfile
+
+        broker = Path(args.store).resolve().name  # as the exporter names a store directory
+        write_verify_textfile(metrics, broker, len(report.problems) + report.suppressed)
     if args.json:
         emit(report.to_json())
     else:

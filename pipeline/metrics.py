@@ -37,9 +37,10 @@ from prometheus_client.registry import Collector
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import StoreError
-from rocketstore.pipeline.groups import broker_offsets
+from rocketstore.pipeline.groups import ConsumerOffsets, broker_offsets
 from rocketstore.pipeline.lag import (
     BrokerBounds,
+    CommittedOffsets,
     QueueLag,
     consumer_lag,
     group_lag,
@@ -50,6 +51,9 @@ from rocketstore.pipeline.storestats import BrokerStats, StoreStats
 
 DEFAULT_PER_QUEUE_LIMIT = 1000
 HOUR_S = 3600
+# (latency family, consumer group or query, topic, broker) -> the CommitLog offset of the first
+# stored message it has not consumed there (None: not found), for StoreCollector._ages.
+_Ages = dict[tuple[str, str, str, str], int | None]
 
 # name -> (kind, help, labels). Counters are named without _total here: prometheus_client adds
 # it to the samples.
@@ -211,8 +215,8 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "rocketstore_verify_running": ("gauge", "1 while a verify run is in progress", ()),
     "rocketstore_verify_last_run_timestamp_seconds": (
         "gauge",
-        "When the last verify run ended",
-        (),
+        "When the last verify run of the broker ended",
+        ("broker",),
     ),
     "rocketstore_verify_ok": (
         "gauge",
@@ -334,11 +338,19 @@ class StoreCollector(Collector):
             per_queue = queues <= target.per_queue_limit
         out.add("rocketstore_per_queue_series", (), 1 if per_queue else 0)
         out.add("rocketstore_retention_seconds", (), cfg.file_reserved_time * HOUR_S)
+        groups, queries = self._committed()
+        for name in _stale_opens(stats, groups, queries):
+            # A consumer committed past the queue's end as a cached open saw it: the cache
+            # is older than the offsets, so open the store again rather than show a lag < 0.
+            self.stats.forget_open(stats[name].path)
+            stats[name] = self.stats.broker(name, stats[name].path)
         for s in stats.values():
             self._broker(out, s, per_queue)
         read = _bounds_reader(stats)
-        self._groups(out, read, stats, per_queue)
-        self._queries(out, read, stats, per_queue)
+        ages: _Ages = {}
+        self._groups(out, read, stats, per_queue, ages, groups)
+        self._queries(out, read, stats, per_queue, ages, queries)
+        self._ages(out, ages, stats)
         self._verify(out)
 
     def _broker(self, out: _Families, s: BrokerStats, per_queue: bool) -> None:
@@ -391,9 +403,10 @@ class StoreCollector(Collector):
         rows: Sequence[QueueLag],
         stats: dict[str, BrokerStats],
         per_queue: bool,
+        ages: _Ages,
     ) -> None:
-        """Lag and its age per (topic, broker), and per queue when ``per_queue``; ``kind`` is
-        ``consumer`` (a group) or ``query``."""
+        """Lag per (topic, broker), and per queue when ``per_queue``; ``kind`` is ``consumer``
+        (a group) or ``query``. Where each lag's oldest message is goes into ``ages``."""
         total, latency, queue_family = (
             (
                 "rocketmq_consumer_lag_messages",
@@ -407,9 +420,8 @@ class StoreCollector(Collector):
                 "rocketstore_query_queue_lag_messages",
             )
         )
-        now = self.clock_ms()
         sums: dict[tuple[str, str], int] = {}
-        oldest: dict[tuple[str, str], int] = {}
+        first: dict[tuple[str, str], int] = {}
         for r in rows:
             if r.lag is None:
                 continue  # a queue the store no longer has
@@ -421,13 +433,28 @@ class StoreCollector(Collector):
             if r.lag > 0 and s is not None:
                 start = r.committed if r.committed is not None else r.min_offset or 0
                 start = max(start, r.min_offset or 0)
-                at = self.stats.store_time(s.path, r.topic, r.queue_id, start)
-                if at is not None:
-                    oldest[key] = min(oldest.get(key, at), at)
+                phys = self.stats.unit_offset(s.path, r.topic, r.queue_id, start)
+                if phys is not None and (key not in first or phys < first[key]):
+                    first[key] = phys
         for key, value in sums.items():
             out.add(total, (who, *key), value)
-            age = max(0, now - oldest[key]) if key in oldest else 0
-            out.add(latency, (who, *key), age)
+            ages[(latency, who, *key)] = first.get(key)
+
+    def _ages(self, out: _Families, ages: _Ages, stats: dict[str, BrokerStats]) -> None:
+        """The lag latencies: the age of the first stored of the messages each consumer has not
+        consumed on a topic and broker, by the CommitLog offset of the first unconsumed
+        message of each of its queues. Each broker's records are read in one go (a segment is
+        opened once); an age that cannot be read (no lag, or its message just deleted by
+        retention) is 0."""
+        wanted: dict[str, set[int]] = {}
+        for (_, _, _, broker), phys in ages.items():
+            if phys is not None:
+                wanted.setdefault(broker, set()).add(phys)
+        times = {b: self.stats.record_times(stats[b].path, offs) for b, offs in wanted.items()}
+        now = self.clock_ms()
+        for (family, who, topic, broker), phys in ages.items():
+            at = None if phys is None else times[broker].get(phys)
+            out.add(family, (who, topic, broker), 0 if at is None else max(0, now - at))
 
     def _groups(
         self,
@@ -435,20 +462,21 @@ class StoreCollector(Collector):
         read: Callable[[str, Path], BrokerBounds],
         stats: dict[str, BrokerStats],
         per_queue: bool,
+        ages: _Ages,
+        offsets: dict[str, ConsumerOffsets] | None,
     ) -> None:
         try:
+            if offsets is None:
+                raise StoreError("a consumerOffset.json could not be read")
             groups = group_lag(
-                self.target.root,
-                self.target.config,
-                brokers=broker_offsets(self.target.root),
-                read_bounds=read,
+                self.target.root, self.target.config, brokers=offsets, read_bounds=read
             )
         except (StoreError, OSError):
             out.add("rocketstore_consumer_offsets_up", (), 0)
             return
         out.add("rocketstore_consumer_offsets_up", (), 1)
         for g in groups:
-            self._lag(out, "consumer", g.group, g.queues, stats, per_queue)
+            self._lag(out, "consumer", g.group, g.queues, stats, per_queue, ages)
 
     def _queries(
         self,
@@ -456,10 +484,14 @@ class StoreCollector(Collector):
         read: Callable[[str, Path], BrokerBounds],
         stats: dict[str, BrokerStats],
         per_queue: bool,
+        ages: _Ages,
+        committed: dict[str, CommittedOffsets | None],
     ) -> None:
-        for name, checkpoint in self.target.checkpoints:
+        for name, _ in self.target.checkpoints:
             try:
-                progress = read_committed_offsets(checkpoint)
+                progress = committed[name]
+                if progress is None:
+                    raise StoreError(f"the checkpoint of query {name} could not be read")
                 rows = (
                     consumer_lag(
                         self.target.root, progress.offsets, self.target.config, read_bounds=read
@@ -473,7 +505,25 @@ class StoreCollector(Collector):
             out.add("rocketstore_query_up", (name,), 1)
             batch = -1 if progress.batch_id is None else progress.batch_id
             out.add("rocketstore_query_committed_batch", (name,), batch)
-            self._lag(out, "query", name, rows, stats, per_queue)
+            self._lag(out, "query", name, rows, stats, per_queue, ages)
+
+    def _committed(
+        self,
+    ) -> tuple[dict[str, ConsumerOffsets] | None, dict[str, CommittedOffsets | None]]:
+        """The groups' offsets by broker and each query's last committed offsets, read once
+        per scrape; ``None`` where they could not be read."""
+        groups: dict[str, ConsumerOffsets] | None
+        try:
+            groups = broker_offsets(self.target.root)
+        except (StoreError, OSError):
+            groups = None
+        queries: dict[str, CommittedOffsets | None] = {}
+        for name, checkpoint in self.target.checkpoints:
+            try:
+                queries[name] = read_committed_offsets(checkpoint)
+            except (StoreError, OSError):
+                queries[name] = None
+        return groups, queries
 
     def _verify(self, out: _Families) -> None:
         if self.verify is None:
@@ -482,11 +532,65 @@ class StoreCollector(Collector):
         if found is None:
             return
         out.add("rocketstore_verify_running", (), 1 if found.running else 0)
-        if found.finished is not None:
-            out.add("rocketstore_verify_last_run_timestamp_seconds", (), found.finished)
         for broker, problems in found.problems.items():
-            out.add("rocketstore_verify_ok", (broker,), 0 if problems else 1)
-            out.add("rocketstore_verify_problems", (broker,), problems)
+            _verified(out, broker, problems, found.finished)
+
+
+def _verified(out: _Families, broker: str, problems: int, finished: float | None) -> None:
+    if finished is not None:
+        out.add("rocketstore_verify_last_run_timestamp_seconds", (broker,), finished)
+    out.add("rocketstore_verify_ok", (broker,), 0 if problems else 1)
+    out.add("rocketstore_verify_problems", (broker,), problems)
+
+
+class Fixed(Collector):
+    """Families made beforehand (one scrape's, a verify result), for an encoder."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.families = list(families)
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
+
+
+def write_verify_textfile(path: Path, broker: str, problems: int) -> None:
+    """The result of ``rocketstore verify`` of one store directory (``broker``), ended now, as
+    the families the console exports for its verify runs, in Prometheus' text format: for
+    node_exporter's textfile collector (one file per store directory; the collector merges
+    them). Replaced atomically (``prometheus_client.write_to_textfile``: a temporary file
+    beside it, then a rename), so a scrape never reads half of it."""
+    from prometheus_client import CollectorRegistry, write_to_textfile
+
+    out = _Families(None)
+    _verified(out, broker, problems, time.time())
+    registry = CollectorRegistry()
+    registry.register(Fixed(out))
+    write_to_textfile(str(path), registry)
+
+
+def _stale_opens(
+    stats: dict[str, BrokerStats],
+    groups: dict[str, ConsumerOffsets] | None,
+    queries: dict[str, CommittedOffsets | None],
+) -> set[str]:
+    """Brokers whose bounds come from a cached read-only open that a committed offset has
+    passed (a group's or a query's offset above the queue's max offset, or on a queue the
+    open did not see)."""
+    committed: list[tuple[str, str, int, int]] = []
+    for broker, offsets in (groups or {}).items():
+        for by_topic in offsets.table.values():
+            for topic, queues in by_topic.items():
+                committed += [(broker, topic, q, at) for q, at in queues.items()]
+    for progress in queries.values():
+        if progress is not None:
+            committed += [(b, t, q, at) for (t, b, q), at in progress.offsets.items()]
+    return {
+        broker
+        for broker, topic, qid, at in committed
+        if broker in stats
+        and stats[broker].source == "open"
+        and at > stats[broker].bounds.get((topic, qid), (0, 0))[1]
+    }
 
 
 def query_names(checkpoints: Sequence[str | Path]) -> tuple[tuple[str, Path], ...]:

@@ -12,21 +12,25 @@ thousands of queues, without opening a :class:`~rocketstore.pipeline.store.Messa
   (``flushIntervalCommitLog``, 500 ms by default; on shared storage they are exactly what
   readers may read: :mod:`rocketstore.pipeline.visibility`), and once it has closed the
   store they are exact.
-* **Queue min offsets** (which retention moves) cost a directory listing and a read per
-  queue, so they are cached: computed again for every queue when the CommitLog's first
+* **Queue min offsets** (which retention moves) cost a read per queue (of its file at
+  offset 0; a listing when retention deleted that), so they are cached: computed again for every queue when the CommitLog's first
   segment changes (retention deleted one, which is what moves them), for a queue the cache
   has not seen, and otherwise every :attr:`StoreStats.min_offsets_ttl` seconds (60 by
   default) in case a writer rebuilt a queue.
 * **A store the progress file does not describe**, because it has none (RocketMQ wrote it)
   or a RocketMQ broker flushed after it was written (its ``checkpoint`` is newer), is opened
   read-only the usual way (:class:`MessageStore`), at most once per
-  :attr:`StoreStats.open_ttl` seconds (30 by default), and its bounds are served from that.
+  :attr:`StoreStats.open_ttl` seconds (30 by default), and its bounds are served from that
+  (:meth:`StoreStats.forget_open` drops it sooner: the metrics do when a consumer committed
+  past it).
 * **Everything else** is a few small reads per broker: the CommitLog segment names and sizes,
   the first record's store time, the epochs file (:mod:`rocketstore.pipeline.fencing`),
   ``abort``, the lock probe (:func:`rocketstore.pipeline.lock.is_locked_elsewhere`), statvfs.
 
-:func:`store_time_at` reads one message's store time by its queue offset (a ConsumeQueue
-unit, then the record's header), for the age of a consumer's lag.
+:func:`unit_offset` reads where a message of a queue is in the CommitLog (its ConsumeQueue
+unit) and :func:`record_times` the store times of records by those offsets, each CommitLog
+segment opened once per call: the age of a consumer's lag is the store time of the first
+stored of the messages it has not consumed (:mod:`rocketstore.pipeline.metrics`).
 
 Thread-safety: a :class:`StoreStats` may be used from several threads (a lock guards its
 caches); the figures it returns are immutable.
@@ -40,7 +44,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from rocketstore.pipeline import fencing, record
@@ -57,7 +61,7 @@ QueueId = tuple[str, int]  # (topic, queueId) within one broker
 Bounds = dict[QueueId, tuple[int, int]]  # (min offset, max offset)
 MIN_OFFSETS_TTL = 60.0
 OPEN_TTL = 30.0
-STORE_TIMES_KEPT = 200_000
+UNITS_KEPT = 200_000
 # Bytes of a record's header that hold its store timestamp whatever its born host's size.
 _HEADER_READ = record.OFF_BORNHOST + 20 + 8
 
@@ -112,7 +116,7 @@ def _segments(directory: Path) -> list[tuple[int, Path]]:
     return sorted((int(n), directory / n) for n in names if len(n) == 20 and n.isdigit())
 
 
-def _pread(path: Path, size: int, offset: int) -> bytes:
+def _pread(path: str | Path, size: int, offset: int) -> bytes:
     fd = os.open(path, os.O_RDONLY)
     try:
         return os.pread(fd, size, offset)
@@ -120,30 +124,59 @@ def _pread(path: Path, size: int, offset: int) -> bytes:
         os.close(fd)
 
 
-def _record_time(segment: Path, rel: int) -> int | None:
-    """The store time of the record at ``rel`` of a CommitLog segment, ``None`` when no
-    record starts there (a blank, a file cut short)."""
-    with contextlib.suppress(OSError):
-        head = _pread(segment, _HEADER_READ, rel)
-        if len(head) == _HEADER_READ:
-            size, magic = record.SIZE_MAGIC.unpack_from(head, 0)
-            if magic == record.MAGIC and size >= record.FIXED_SIZE_V4:
-                return record.store_timestamp_at(head, 0)
+def _header_time(head: bytes) -> int | None:
+    """The store time of the record whose header ``head`` starts with, ``None`` when it is
+    not a record's header (a blank, a file cut short)."""
+    if len(head) == _HEADER_READ:
+        size, magic = record.SIZE_MAGIC.unpack_from(head, 0)
+        if magic == record.MAGIC and size >= record.FIXED_SIZE_V4:
+            return record.store_timestamp_at(head, 0)
     return None
 
 
-def store_time_at(
-    broker: Path, config: StoreConfig, topic: str, queue_id: int, offset: int
-) -> int | None:
-    """The store time (ms) of message ``offset`` of a queue: its ConsumeQueue unit, then its
-    record's header (two reads). ``None`` when the unit or the record is not there (not
-    written yet, or deleted by retention)."""
+def _record_time(segment: Path, rel: int) -> int | None:
+    """The store time of the record at ``rel`` of a CommitLog segment, ``None`` when no
+    record starts there."""
+    with contextlib.suppress(OSError):
+        return _header_time(_pread(segment, _HEADER_READ, rel))
+    return None
+
+
+def record_times(broker: Path, config: StoreConfig, offsets: Iterable[int]) -> dict[int, int]:
+    """The store times (ms) of the records at the CommitLog ``offsets`` of a broker
+    directory, each segment opened once however many of them it holds. An offset with no
+    record (deleted by retention, not written) is left out."""
+    size = config.mapped_file_size_commitlog
+    by_segment: dict[int, list[int]] = {}
+    for phys in offsets:
+        by_segment.setdefault(phys - phys % size, []).append(phys)
+    out: dict[int, int] = {}
+    directory = os.path.join(broker, "commitlog")
+    for base, wanted in by_segment.items():
+        try:
+            fd = os.open(os.path.join(directory, f"{base:020d}"), os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            for phys in wanted:
+                with contextlib.suppress(OSError):
+                    at = _header_time(os.pread(fd, _HEADER_READ, phys - base))
+                    if at is not None:
+                        out[phys] = at
+        finally:
+            os.close(fd)
+    return out
+
+
+def unit_offset(queue_dir: str, config: StoreConfig, offset: int) -> int | None:
+    """The CommitLog offset of message ``offset`` of the queue whose ConsumeQueue files are in
+    ``queue_dir`` (one read of its unit); ``None`` when the unit is not there (not written yet,
+    deleted by retention) or holds no message."""
     cq_size = config.mapped_file_size_consume_queue
     pos = offset * CQ_UNIT_SIZE
     base = pos - pos % cq_size
-    cq_file = broker / "consumequeue" / topic / str(queue_id) / f"{base:020d}"
     try:
-        raw = _pread(cq_file, CQ_UNIT_SIZE, pos - base)
+        raw = _pread(f"{queue_dir}/{base:020d}", CQ_UNIT_SIZE, pos - base)
     except OSError:
         return None
     if len(raw) < CQ_UNIT_SIZE:
@@ -151,20 +184,28 @@ def store_time_at(
     phys, size, _ = UNIT.unpack(raw)
     if phys < 0 or size <= 0 or size == PRE_BLANK_SIZE:
         return None
-    cl_size = config.mapped_file_size_commitlog
-    segment = broker / "commitlog" / f"{phys - phys % cl_size:020d}"
-    return _record_time(segment, phys % cl_size)
+    return int(phys)
 
 
-def _first_unit_min(queue_dir: Path, commitlog_min: int) -> int | None:
+_FIRST_FILE = f"{0:020d}"
+
+
+def _first_unit_min(queue_dir: str, commitlog_min: int) -> int | None:
     """A queue's min offset when its first unit points at a live record (the usual case: one
-    listing, one read); ``None`` when that does not settle it (after retention, a pre-blank)."""
-    files = _segments(queue_dir)
-    if not files:
-        return 0
-    base, first = files[0]
+    read, of the file at offset 0 when there is one, else of the first a listing finds);
+    ``None`` when that does not settle it (after retention, a pre-blank)."""
+    base, first = 0, f"{queue_dir}/{_FIRST_FILE}"
     try:
         raw = _pread(first, CQ_UNIT_SIZE, 0)
+    except FileNotFoundError:
+        files = _segments(Path(queue_dir))
+        if not files:
+            return 0
+        base = files[0][0]
+        try:
+            raw = _pread(files[0][1], CQ_UNIT_SIZE, 0)
+        except OSError:
+            return None
     except OSError:
         return None
     if len(raw) < CQ_UNIT_SIZE:
@@ -175,13 +216,18 @@ def _first_unit_min(queue_dir: Path, commitlog_min: int) -> int | None:
     return None
 
 
+def queue_dir(broker: Path, topic: str, queue_id: int) -> str:
+    """The directory of a queue's ConsumeQueue files, as a string: a scrape names tens of
+    thousands of them, and joining strings costs a tenth of building paths."""
+    return f"{os.fspath(broker)}/consumequeue/{topic}/{queue_id}"
+
+
 def queue_min_offset(
     broker: Path, config: StoreConfig, topic: str, queue_id: int, length: int, commitlog_min: int
 ) -> int:
     """The min offset a read-only open gives a queue of ``length`` units: the first unit
     whose record the CommitLog still holds (RocketMQ's ``correctMinOffset``)."""
-    directory = broker / "consumequeue" / topic / str(queue_id)
-    found = _first_unit_min(directory, commitlog_min)
+    found = _first_unit_min(queue_dir(broker, topic, queue_id), commitlog_min)
     if found is not None:
         return found
     cq = ConsumeQueue(
@@ -256,7 +302,7 @@ class StoreStats:
         self._lock = threading.Lock()
         self._mins: dict[Path, _MinOffsets] = {}
         self._opened: dict[Path, tuple[float, Bounds, int]] = {}
-        self._times: OrderedDict[tuple[Path, str, int, int], int] = OrderedDict()
+        self._units: OrderedDict[tuple[str, str, int, int], int] = OrderedDict()
 
     def broker(self, name: str, path: Path) -> BrokerStats:
         """The figures of the broker directory ``path``; :class:`StoreError` or ``OSError``
@@ -340,19 +386,28 @@ class StoreStats:
             self._opened[path] = (now, bounds, end)
         return bounds, end
 
-    def store_time(self, path: Path, topic: str, queue_id: int, offset: int) -> int | None:
-        """:func:`store_time_at`, remembered (a message's store time never changes) for the
-        :data:`STORE_TIMES_KEPT` most recently asked."""
-        key = (path, topic, queue_id, offset)
+    def forget_open(self, path: Path) -> None:
+        """Drop the cached open of ``path``: the next :meth:`broker` opens it again."""
         with self._lock:
-            found = self._times.get(key)
+            self._opened.pop(path, None)
+
+    def unit_offset(self, path: Path, topic: str, queue_id: int, offset: int) -> int | None:
+        """:func:`unit_offset` of a queue of the broker directory ``path``, remembered for the
+        :data:`UNITS_KEPT` most recently asked (a unit, once written, does not change)."""
+        key = (os.fspath(path), topic, queue_id, offset)  # a str compares faster than a Path
+        with self._lock:
+            found = self._units.get(key)
             if found is not None:
-                self._times.move_to_end(key)
+                self._units.move_to_end(key)
                 return found
-        value = store_time_at(path, self.config, topic, queue_id, offset)
+        value = unit_offset(queue_dir(path, topic, queue_id), self.config, offset)
         if value is not None:
             with self._lock:
-                self._times[key] = value
-                while len(self._times) > STORE_TIMES_KEPT:
-                    self._times.popitem(last=False)
+                self._units[key] = value
+                while len(self._units) > UNITS_KEPT:
+                    self._units.popitem(last=False)
         return value
+
+    def record_times(self, path: Path, offsets: Iterable[int]) -> dict[int, int]:
+        """:func:`record_times` of the broker directory ``path``."""
+        return record_times(path, self.config, offsets)

@@ -6,23 +6,36 @@ the test's tmp_path, a scrape interval and a rule evaluation interval of 1 s, an
 PromQL through the HTTP API. :class:`Exporter` runs ``rocketstore exporter`` on another free
 loopback port. :func:`fast_rules` is conf/prometheus/rocketstore-rules.yml with its windows
 and ``for`` durations cut to seconds, so a test sees an alert fire and resolve in a minute.
+:func:`assert_promql_is_the_commands` holds PromQL's lag and bounds against ``rocketstore lag``
+and ``rocketstore queues``.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
+from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
+
+from rocketstore.pipeline import cli
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.root import StoreRoot
+from rocketstore.pipeline.store import MessageStore
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "conf" / "prometheus" / "rocketstore-rules.yml"
@@ -30,6 +43,12 @@ START_TIMEOUT = 60.0
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
 SKIP_REASON = "needs Debian's prometheus package (apt-get install prometheus; .ci/run installs it)"
+# What a test module of a real Prometheus marks itself with: skipped without one, and one such
+# module at a time (each starts a server).
+PROMETHEUS_MARKS = [
+    pytest.mark.skipif(PROMETHEUS is None, reason=SKIP_REASON),
+    pytest.mark.xdist_group("prometheus"),
+]
 
 
 def free_port() -> int:
@@ -49,6 +68,43 @@ def fast_rules(durations: dict[str, str]) -> dict[str, Any]:
                 if rule.get("for") == old:
                     rule["for"] = new
     return rules
+
+
+class Writer:
+    """Appends ``batch()`` to each of the first ``brokers`` broker directories of ``root`` every
+    ``interval`` seconds until stopped, each broker's store held open (its background flush
+    publishes, as a long-running writer's does)."""
+
+    def __init__(
+        self,
+        root: Path,
+        brokers: int,
+        config: StoreConfig,
+        interval: float,
+        batch: Callable[[], list[Message]],
+    ) -> None:
+        self.stores = [MessageStore(root / f"broker-{b}", config) for b in range(brokers)]
+        self.interval, self.batch = interval, batch
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.stop_event.wait(self.interval):
+                for store in self.stores:
+                    store.put_batch(self.batch())
+        except BaseException as exc:
+            self.error = exc
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(30)
+        for store in self.stores:
+            store.close()
+        if self.error is not None:
+            raise RuntimeError(f"the writer failed: {self.error}") from self.error
 
 
 class Exporter:
@@ -176,3 +232,65 @@ class Prometheus:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+
+
+def cli_json(*argv: str) -> list[dict[str, Any]]:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli.main(list(argv)) == 0
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def assert_promql_is_the_commands(
+    prom: Prometheus, root: Path, conf: Path, checkpoints: dict[str, Path]
+) -> int:
+    """Compare every per-queue lag and bound with what the commands print; returns the
+    number of queue lags compared."""
+    query_rows: dict[tuple[str, ...], float] = {}
+    for name, checkpoint in checkpoints.items():
+        for r in cli_json(
+            "lag", str(root), "--checkpoint", str(checkpoint), "--json", "--config", str(conf)
+        ):
+            if "batchId" in r:
+                query_rows[(name, r["topic"], r["brokerName"], str(r["queueId"]))] = r["lag"]
+    group_rows = {
+        (r["group"], r["topic"], r["brokerName"], str(r["queueId"])): r["lag"]
+        for r in cli_json("lag", str(root), "--json", "--config", str(conf))
+    }
+
+    def keyed(expr: str, *names: str) -> dict[tuple[str, ...], float]:
+        return {tuple(dict(k)[n] for n in names): v for k, v in prom.query(expr).items()}
+
+    assert (
+        keyed("rocketstore_query_queue_lag_messages", "query", "topic", "broker", "queue_id")
+        == query_rows
+    )
+    assert (
+        keyed(
+            "rocketstore_consumer_queue_lag_messages",
+            "consumer_group",
+            "topic",
+            "broker",
+            "queue_id",
+        )
+        == group_rows
+    )
+    totals: dict[tuple[str, ...], float] = {}
+    for (g, t, _, _), lag in group_rows.items():
+        totals[(g, t)] = totals.get((g, t), 0) + lag
+    assert (
+        keyed(
+            "sum by (consumer_group, topic) (rocketmq_consumer_lag_messages)",
+            "consumer_group",
+            "topic",
+        )
+        == totals
+    )
+    for broker, path in StoreRoot(root).brokers():
+        rows = cli_json("queues", str(path), "--json", "--config", str(conf))
+        low = keyed(f'rocketstore_queue_min_offset{{broker="{broker}"}}', "topic", "queue_id")
+        high = keyed(f'rocketstore_queue_max_offset{{broker="{broker}"}}', "topic", "queue_id")
+        assert {
+            (r["topic"], str(r["queueId"])): (r["minOffset"], r["maxOffset"]) for r in rows
+        } == {k: (low[k], high[k]) for k in high}
+    return len(query_rows) + len(group_rows)

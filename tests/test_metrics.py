@@ -200,12 +200,32 @@ def test_min_offsets_follow_retention(tmp_path: Path) -> None:
     for seg in segments[:2]:
         os.utime(seg, (old, old))
     cli_json("clean", str(store), "--json", "--config", str(conf))
+    # Retention took the first ConsumeQueue files too: the min offsets come from a listing.
+    assert not (store / "consumequeue" / "T" / "0" / f"{0:020d}").exists()
     after = stats.broker("store", store)  # the cache sees the first segment change
     assert after.commitlog_min == int(sorted((store / "commitlog").iterdir())[0].name) > 0
     assert after.bounds == _open_bounds(store, SMALL)
     assert all(lo > 0 for lo, _ in after.bounds.values())
     m = scrape(StoreCollector(Target(store, SMALL)))
     assert by(m["rocketstore_commitlog_files_deleted_total"], "broker") == {("store",): 2}
+
+
+def test_unit_offsets_and_record_times_are_the_stores(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    _fill(store, SMALL, 4000)  # four 1 MiB segments: the records below are in three of them
+    wanted = [("T", 0, 0), ("T", 0, 1), ("T", 1, 700), ("T", 2, 1300)]
+    with MessageStore(store, SMALL, read_only=True) as s:
+        found = [s.get_messages(t, q, o, 1).messages[0] for t, q, o in wanted]
+    stats = StoreStats(SMALL)
+    phys = [stats.unit_offset(store, t, q, o) for t, q, o in wanted]
+    assert phys == [m.commit_log_offset for m in found]
+    assert len({p // SMALL.mapped_file_size_commitlog for p in phys if p is not None}) == 3
+    assert stats.unit_offset(store, "T", 0, 1334) is None  # past the queue's end
+    assert stats.unit_offset(store, "nope", 0, 0) is None
+    offsets = [p for p in phys if p is not None]
+    # An offset inside a record, or past the CommitLog's end, has no store time.
+    times = stats.record_times(store, [*offsets, offsets[0] + 1, 10 * 2**20])
+    assert times == {m.commit_log_offset: m.store_timestamp for m in found}
 
 
 def test_a_store_the_progress_file_does_not_describe_is_opened(tmp_path: Path) -> None:
@@ -223,6 +243,32 @@ def test_a_store_the_progress_file_does_not_describe_is_opened(tmp_path: Path) -
     (store / "config" / "rocketstore.json").unlink()  # as RocketMQ writes a store
     none = StoreStats(SMALL).broker("store", store)
     assert (none.source, none.bounds) == ("open", expected)
+
+
+def test_a_cached_open_that_a_commit_has_passed_is_opened_again(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    _fill(store, SMALL, 30)  # 10 messages in each of queues 0-2 of T
+    (store / "config" / "rocketstore.json").unlink()  # as RocketMQ writes a store: opened
+    collector = StoreCollector(Target(store, SMALL), StoreStats(SMALL, open_ttl=3600))
+    first = scrape(collector)
+    assert by(first["rocketstore_queue_max_offset"], "queue_id")[("0",)] == 10
+    _fill(store, SMALL, 60)  # 20 more in each queue
+    (store / "config" / "rocketstore.json").unlink()
+    offsets = {"offsetTable": {"T@billing": {"0": 25, "1": 5}}}
+    (store / "config" / "consumerOffset.json").write_text(json.dumps(offsets))
+    m = scrape(collector)
+    # Queue 0's commit (25) passed the cached max offset (10): the store is opened again.
+    assert by(m["rocketstore_queue_max_offset"], "queue_id") == {(q,): 30 for q in "012"}
+    assert by(m["rocketstore_consumer_queue_lag_messages"], "queue_id") == {
+        ("0",): 5,
+        ("1",): 25,
+        ("2",): 30,
+    }
+    # A commit within the cached bounds leaves the cache as it is (open_ttl).
+    _fill(store, SMALL, 3)
+    (store / "config" / "rocketstore.json").unlink()
+    m = scrape(collector)
+    assert by(m["rocketstore_queue_max_offset"], "queue_id")[("0",)] == 30
 
 
 def test_per_queue_series_are_left_out_above_the_limit(root: tuple[Path, Path]) -> None:

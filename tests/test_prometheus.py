@@ -13,37 +13,30 @@ fixed time.
 
 from __future__ import annotations
 
-import io
 import json
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
 import pytest
 from consolekit import SMALL, SMALL_TOML, make_root
-from promkit import PROMETHEUS, SKIP_REASON, Exporter, Prometheus, fast_rules
+from promkit import (
+    PROMETHEUS_MARKS,
+    Exporter,
+    Prometheus,
+    Writer,
+    assert_promql_is_the_commands,
+    fast_rules,
+)
 
-from rocketstore.pipeline import cli
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.store import MessageStore
 
-pytestmark = [
-    pytest.mark.skipif(PROMETHEUS is None, reason=SKIP_REASON),
-    pytest.mark.xdist_group("prometheus"),
-]
+pytestmark = PROMETHEUS_MARKS
 FAST = {"10m": "5s", "15m": "5s", "2h": "30s", "1h": "30s", "5m": "3s"}
 LAG_FOR = "3s"
-
-
-def cli_json(*argv: str) -> list[dict[str, Any]]:
-    out = io.StringIO()
-    with redirect_stdout(out):
-        assert cli.main(list(argv)) == 0
-    return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
 def rules() -> dict[str, Any]:
@@ -53,61 +46,6 @@ def rules() -> dict[str, Any]:
             if rule.get("alert", "").endswith("LagGrowing"):
                 rule["for"] = LAG_FOR
     return found
-
-
-def assert_promql_is_the_commands(
-    prom: Prometheus, root: Path, conf: Path, checkpoints: dict[str, Path]
-) -> int:
-    """Compare every per-queue lag and bound with what the commands print; returns the
-    number of queue lags compared."""
-    query_rows: dict[tuple[str, ...], float] = {}
-    for name, checkpoint in checkpoints.items():
-        for r in cli_json(
-            "lag", str(root), "--checkpoint", str(checkpoint), "--json", "--config", str(conf)
-        ):
-            if "batchId" in r:
-                query_rows[(name, r["topic"], r["brokerName"], str(r["queueId"]))] = r["lag"]
-    group_rows = {
-        (r["group"], r["topic"], r["brokerName"], str(r["queueId"])): r["lag"]
-        for r in cli_json("lag", str(root), "--json", "--config", str(conf))
-    }
-
-    def keyed(expr: str, *names: str) -> dict[tuple[str, ...], float]:
-        return {tuple(dict(k)[n] for n in names): v for k, v in prom.query(expr).items()}
-
-    assert (
-        keyed("rocketstore_query_queue_lag_messages", "query", "topic", "broker", "queue_id")
-        == query_rows
-    )
-    assert (
-        keyed(
-            "rocketstore_consumer_queue_lag_messages",
-            "consumer_group",
-            "topic",
-            "broker",
-            "queue_id",
-        )
-        == group_rows
-    )
-    totals: dict[tuple[str, ...], float] = {}
-    for (g, t, _, _), lag in group_rows.items():
-        totals[(g, t)] = totals.get((g, t), 0) + lag
-    assert (
-        keyed(
-            "sum by (consumer_group, topic) (rocketmq_consumer_lag_messages)",
-            "consumer_group",
-            "topic",
-        )
-        == totals
-    )
-    for broker, path in StoreRoot(root).brokers():
-        rows = cli_json("queues", str(path), "--json", "--config", str(conf))
-        low = keyed(f'rocketstore_queue_min_offset{{broker="{broker}"}}', "topic", "queue_id")
-        high = keyed(f'rocketstore_queue_max_offset{{broker="{broker}"}}', "topic", "queue_id")
-        assert {
-            (r["topic"], str(r["queueId"])): (r["minOffset"], r["maxOffset"]) for r in rows
-        } == {k: (low[k], high[k]) for k in high}
-    return len(query_rows) + len(group_rows)
 
 
 @pytest.fixture
@@ -140,40 +78,6 @@ def test_promql_lag_and_bounds_equal_the_commands(served: tuple[Path, Path, Prom
     assert_promql_is_the_commands(prom, root, root.parent / "small.toml", {"reader": checkpoint})
 
 
-class Writer:
-    """Appends ``batch`` messages to every queue of ``topic`` on each broker of ``root`` every
-    0.2 s until stopped, each broker's store held open (its background flush publishes)."""
-
-    def __init__(self, root: Path, topic: str, brokers: int, queues: int, batch: int = 5) -> None:
-        self.stores = [MessageStore(root / f"broker-{b}", SMALL) for b in range(brokers)]
-        self.topic, self.queues, self.batch = topic, queues, batch
-        self.stop_event = threading.Event()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            while not self.stop_event.wait(0.2):
-                for store in self.stores:
-                    store.put_batch(
-                        [
-                            Message(self.topic, b"event", queue_id=q)
-                            for q in range(self.queues)
-                            for _ in range(self.batch)
-                        ]
-                    )
-        except BaseException as exc:
-            self.error = exc
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.thread.join(30)
-        for store in self.stores:
-            store.close()
-        assert self.error is None, self.error
-
-
 @pytest.mark.slow
 def test_alert_fires_for_a_stopped_query_and_resolves_when_it_catches_up(
     spark: Any, tmp_path: Path
@@ -182,7 +86,13 @@ def test_alert_fires_for_a_stopped_query_and_resolves_when_it_catches_up(
     StoreRoot(root).ensure_topic("events", TopicMeta(2, 2))
     conf = tmp_path / "small.toml"
     conf.write_text(SMALL_TOML)
-    writer = Writer(root, "events", 2, 2)
+    writer = Writer(
+        root,
+        2,
+        SMALL,
+        0.2,
+        lambda: [Message("events", b"event", queue_id=q) for q in range(2) for _ in range(5)],
+    )
     (root / "broker-0" / "config").mkdir(exist_ok=True)
     (root / "broker-0" / "config" / "consumerOffset.json").write_text(
         json.dumps({"offsetTable": {"events@billing": {"0": 3, "1": 0}}})

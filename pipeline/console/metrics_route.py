@@ -15,29 +15,17 @@ thread pool; the collector serialises scrapes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
-from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from rocketstore.pipeline.console import params
-from rocketstore.pipeline.metrics import FAMILIES, StoreCollector
+from rocketstore.pipeline.metrics import FAMILIES, Fixed, StoreCollector
 
 MAX_NAMES = len(FAMILIES)
 PER_QUEUE = {"auto": None, "0": False, "1": True}
-
-
-class _Scraped(Collector):
-    """The families one scrape produced, for the encoder."""
-
-    def __init__(self, families: list[Metric]) -> None:
-        self.families = families
-
-    def collect(self) -> Iterable[Metric]:
-        return self.families
 
 
 def _names(values: list[str]) -> frozenset[str] | None:
@@ -70,6 +58,6 @@ def metrics_handler(collector: StoreCollector) -> Callable[[Request], Response]:
             return PlainTextResponse(f"{exc}\n", status_code=400)
         families = collector.scrape(names, per_queue)
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(encoder(_Scraped(families)), headers={"content-type": content_type})
+        return Response(encoder(Fixed(families)), headers={"content-type": content_type})
 
     return metrics
