@@ -149,8 +149,10 @@ BOTH_SIDES = sorted(
 
 def shared_writer_that_lost_its_lock(store_dir: Path) -> MessageStore:
     """Writer A: 20 messages of :data:`TURN_TOPIC` acknowledged and flushed (which names the
-    topic in ``config/topics.json`` for the broker), then its lock lost."""
-    store = MessageStore(store_dir, SHARED_SMALL)
+    topic in ``config/topics.json`` for the broker), then its lock lost. No background rounds:
+    a retention round while the broker holds the lock would fence A for that first, and the
+    tests want to see what A's own next put finds."""
+    store = MessageStore(store_dir, SHARED_SMALL, background=False)
     for i in range(20):
         store.put(Message(TURN_TOPIC, f"A-{i}".encode(), keys=[f"a{i}"], queue_id=i % 2))
     store.flush()
