@@ -132,20 +132,36 @@ class ConsumeQueue:
             seg = self._load(self._recorded)
         return seg
 
-    def _new_segments(self) -> SegmentQueue:
+    def _segment_queue(self, *, read_only: bool) -> SegmentQueue:
         cache, ahead, wait_ms = self._segment_args
-        self._segments = SegmentQueue(
+        return SegmentQueue(
             self.directory,
             self.file_size,
-            read_only=self.read_only,
+            read_only=read_only,
             cache=cache,
             ahead=ahead,
             visibility_wait_ms=wait_ms,
             deferred=True,
         )
-        if cache is not None:
-            cache.work.queues_loaded += 1
+
+    def _new_segments(self) -> SegmentQueue:
+        self._segments = self._segment_queue(read_only=self.read_only)
+        if self._segments.cache is not None:
+            self._segments.cache.work.queues_loaded += 1
         return self._segments
+
+    def listing(self) -> SegmentQueue:
+        """The queue's files as its directory lists them now, read-only, without loading the
+        queue (no end is looked for, nothing is checked, :attr:`loaded` stays as it was): for
+        a scan that reads every unit itself. The caller closes it. Write positions are the
+        files' sizes; only :attr:`SegmentQueue.files` is meant to be used."""
+        seg = self._segment_queue(read_only=True)
+        if seg.visibility_wait_ms is not None:
+            visibility.forget_last_files(self.directory)
+        seg.load()
+        if seg.cache is not None:
+            seg.cache.work.queues_listed += 1
+        return seg
 
     def defer(self, length: int | None) -> None:
         """Load the queue when first used, taking ``length`` (the last flush's record) as its

@@ -56,7 +56,7 @@ from rocketstore.pipeline.errors import (
     SegmentGoneError,
     StoreError,
 )
-from rocketstore.pipeline.fileio import io_error
+from rocketstore.pipeline.fileio import data_end, io_error
 from rocketstore.pipeline.mappings import MappingCache
 
 NAME_DIGITS = 20
@@ -459,6 +459,17 @@ class MappedFile:
                     out[done:] = bytes(n - done)
                     return
                 done += got
+        finally:
+            if once:
+                os.close(fd)
+
+    def data_end(self) -> int:
+        """Bytes from the start of the file past which it holds only holes, so reads as zeros
+        (:func:`rocketstore.pipeline.fileio.data_end`; the file's size where the file system
+        cannot tell): a scan of a sparse file need not read further."""
+        fd, once = self._io_descriptor()
+        try:
+            return data_end(fd, self.size)
         finally:
             if once:
                 os.close(fd)

@@ -70,6 +70,7 @@ class WorkCounts:
     synced: int = 0  # msync / fsync / fdatasync calls on segment files
     synced_all: int = 0  # syncfs calls (one makes every dirty file of the file system durable)
     queues_loaded: int = 0  # ConsumeQueues whose directory was listed and files looked at
+    queues_listed: int = 0  # ConsumeQueue directories listed without loading the queue
 
     def reset(self) -> None:
         for field in dataclasses.fields(self):

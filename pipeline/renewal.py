@@ -47,14 +47,13 @@ from pathlib import Path
 from rocketstore.pipeline import durability, failpoints, fencing, visibility
 from rocketstore.pipeline.config import CQ_UNIT_SIZE
 from rocketstore.pipeline.errors import RenewalError
-from rocketstore.pipeline.fileio import pwrite_all
+from rocketstore.pipeline.fileio import PAGE, data_extents, pwrite_all
 from rocketstore.pipeline.index_service import NAME_LENGTH
 from rocketstore.pipeline.mapped_file import TMP_SUFFIX
 from rocketstore.pipeline.progress import FlushProgress
 from rocketstore.pipeline.segments import list_segments
 
-_STEP = 1 << 20  # bytes read at a time; a multiple of _PAGE
-_PAGE = 4096
+_STEP = 1 << 20  # bytes read at a time; a multiple of PAGE
 _ZEROS = bytes(_STEP)
 # An IndexFile header's beginPhyOffset (rocketstore.pipeline.indexfile): bytes 16..24.
 _BEGIN_PHY = struct.Struct(">q")
@@ -78,7 +77,7 @@ def renew_file(path: Path, tmp: Path | None = None) -> None:
             dst = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 os.ftruncate(dst, size)
-                for start, end in _data_extents(src, size):
+                for start, end in data_extents(src, size):
                     for at in range(start, end, _STEP):
                         chunk = _read_exactly(src, min(_STEP, end - at), at, path)
                         if chunk != _ZEROS[: len(chunk)]:
@@ -102,13 +101,13 @@ def renew_file(path: Path, tmp: Path | None = None) -> None:
 
 
 def _write_pages(fd: int, chunk: bytes, at: int) -> None:
-    """Write the pages of ``chunk`` (at file offset ``at``, a multiple of :data:`_PAGE`) that
+    """Write the pages of ``chunk`` (at file offset ``at``, a multiple of :data:`PAGE`) that
     are not all zeros, a run of them at a time: the copy gets a block only where the original
     holds data, so it takes no more space than the original did."""
     view = memoryview(chunk)
     run: int | None = None
-    for p in range(0, len(view), _PAGE):
-        page = view[p : p + _PAGE]
+    for p in range(0, len(view), PAGE):
+        page = view[p : p + PAGE]
         zero = page == _ZEROS[: len(page)]
         if not zero and run is None:
             run = p
@@ -117,35 +116,6 @@ def _write_pages(fd: int, chunk: bytes, at: int) -> None:
             run = None
     if run is not None:
         pwrite_all(fd, view[run:], at + run)
-
-
-def _data_extents(fd: int, size: int) -> list[tuple[int, int]]:
-    """The ranges of the file that may hold data, by ``SEEK_DATA``/``SEEK_HOLE``: an IndexFile
-    of RocketMQ's size is 400 MiB, mostly holes until it fills, and only its data is worth
-    reading. A file system that cannot tell (``EINVAL``, ``EOPNOTSUPP``) gets the whole file
-    read; one that answers as if there were no holes gives the same."""
-    extents: list[tuple[int, int]] = []
-    at = 0
-    while at < size:
-        try:
-            start = os.lseek(fd, at, os.SEEK_DATA)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:
-                break  # nothing but a hole from ``at`` to the end
-            if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
-                return [(0, size)]
-            raise
-        if start >= size:
-            break
-        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
-        if start < at or end <= start:
-            # An answer that does not move on: GlusterFS's FUSE client answered SEEK_DATA and
-            # SEEK_HOLE both with the offset asked, over and over. Read the whole file.
-            return [(0, size)]
-        start -= start % _PAGE  # whole pages, for _write_pages
-        extents.append((start, end))
-        at = end
-    return extents
 
 
 def _read_exactly(fd: int, n: int, at: int, path: Path) -> bytes:

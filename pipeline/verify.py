@@ -220,6 +220,7 @@ def _run(scan: Scan, queues: QueueChecker, index: IndexChecker) -> VerifyReport:
     report = scan.report
     report.segments = len(scan.files)
     report.commitlog_bytes = scan.cl_total
+    queues.list_files()
     queues.load()
     index.load()
     walked_from = scan.done

@@ -150,8 +150,7 @@ class Scan:
         index_files = store.index.files if store.index is not None else []
         for f in index_files:
             self.total += HEADER_SIZE + SLOT_SIZE * f.slot_num + ENTRY_SIZE * f.index_num
-        for cq in store.queues.values():
-            self.total += cq.file_size * len(cq.segments.files)
+        # The ConsumeQueue files are added when they are listed (QueueChecker.list_files).
 
     def problem(self, kind: str, path: str | Path, offset: int, detail: str) -> None:
         """Report a problem; past ``max_per_kind`` of its kind in its file, only count it."""

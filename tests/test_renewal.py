@@ -22,7 +22,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from rocketstore.pipeline import durability, renewal
+from rocketstore.pipeline import durability, fileio, renewal
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import FencedError, RenewalError
 from rocketstore.pipeline.mapped_file import TMP_SUFFIX, MappedFile
@@ -317,11 +317,11 @@ def test_data_extents_skip_the_holes_of_a_large_sparse_file(tmp_path: Path) -> N
         f.truncate(size)
     fd = os.open(path, os.O_RDWR)
     try:
-        assert renewal._data_extents(fd, size) in ([], [(0, size)])
+        assert fileio.data_extents(fd, size) in ([], [(0, size)])
         os.pwrite(fd, b"h" * 10, 0)
         os.pwrite(fd, b"e" * 10, 300 << 20)
         os.fsync(fd)
-        extents = renewal._data_extents(fd, size)
+        extents = fileio.data_extents(fd, size)
     finally:
         os.close(fd)
     if extents == [(0, size)]:
@@ -355,7 +355,7 @@ def test_seek_answers_that_do_not_move_on_read_the_whole_file(
     monkeypatch.setattr(renewal.os, "lseek", stuck)
     fd = os.open(path, os.O_RDONLY)
     try:
-        assert renewal._data_extents(fd, len(data)) == [(0, len(data))]
+        assert fileio.data_extents(fd, len(data)) == [(0, len(data))]
     finally:
         os.close(fd)
     renewal.renew_file(path)
