@@ -81,7 +81,7 @@ def _open(args: argparse.Namespace) -> MessageStore:
 
 def _check_queue(store: MessageStore, topic: str, queue_id: int) -> None:
     """Raise :class:`NotFoundError` unless the store has queue ``queue_id`` of ``topic``."""
-    queues = [i.queue_id for i in store.queue_infos(topic)]
+    queues = [q for _, q in store.queue_ids(topic)]
     if not queues:
         raise NotFoundError(f"{store.path}: no topic {topic!r} in this store")
     if queue_id not in queues:
@@ -138,9 +138,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
     """The topic table a broker would load (config/topics.json, else its .bak) beside the
     queues on disk; a note for each topic on disk that a broker would not serve in full."""
     with _open(args) as store:
-        disk = topicconfig.queue_counts(
-            (i.topic, i.queue_id) for i in store.queue_infos(args.topic)
-        )
+        disk = topicconfig.queue_counts(store.queue_ids(args.topic))
         found = topicconfig.read_topics(store.path / "config")
     config_file = store.path / "config" / topicconfig.FILE_NAME
     if found is None:

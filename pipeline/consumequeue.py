@@ -44,6 +44,8 @@ PRE_BLANK_SIZE = 0x7FFFFFFF
 # Bytes of blocks reserved past what a write needs (3,276 units): a batch over a thousand queues
 # reserves 64 MiB at most, where whole files would take RocketMQ's 5.7 MiB each.
 RESERVE_AHEAD = 64 * 1024
+# Bytes from a file's start read at once by ConsumeQueue.peek_bounds (else two reads).
+PEEK_BYTES = 4096
 
 Units = npt.NDArray[np.void]
 # Units a scan for a queue's end reads first, and at most at once (it reads 4 times more each
@@ -118,6 +120,11 @@ class ConsumeQueue:
         if d is None:
             d = self._directory = self._root.joinpath(self.topic, str(self.queue_id))
         return d
+
+    def _file_name(self, base: int) -> str:
+        """The path of the queue's file at ``base``, as a string (cheaper to make than a
+        :class:`Path`, for a look at one file)."""
+        return os.path.join(self._root, self.topic, str(self.queue_id), segment_name(base))
 
     # -- loading ----------------------------------------------------------------------------
     @property
@@ -295,9 +302,8 @@ class ConsumeQueue:
         pos = length * CQ_UNIT_SIZE
         if self._segments is not None:
             return self.max_offset > length
-        path = self.directory / segment_name(pos - pos % self.file_size)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(self._file_name(pos - pos % self.file_size), os.O_RDONLY)
         except FileNotFoundError:
             return False
         try:
@@ -308,6 +314,61 @@ class ConsumeQueue:
             return False
         offset, size, _ = UNIT.unpack(raw)
         return bool(offset >= 0 and size > 0)
+
+    def peek_bounds(self, min_commitlog_offset: int) -> tuple[int, int, int] | None:
+        """``(min offset, max offset, max physic offset)`` of a read-only queue not loaded yet,
+        as loading it would find them, from the length the last flush recorded and one read of
+        its only file (two for a long file), without loading it; None when that does not
+        settle them (the caller loads the queue). A tool that shows the bounds of 40,000
+        queues so costs 40,000 small reads, not 40,000 loads.
+
+        Settled: a queue whose recorded length fits its first file (``00000000000000000000``,
+        then its only file with units), whose unit before that length is valid and the one at
+        it not (as :meth:`_end_at` checks), and whose first unit points at a record the
+        CommitLog still holds (as :meth:`correct_min_offset` checks); not on shared storage,
+        where a read-only view looks at its files as the visibility rule says."""
+        length = self._recorded
+        if (
+            self._segments is not None
+            or not self.read_only
+            or self._segment_args[2] is not None
+            or length is None
+            or not 0 < length < self.units_per_file
+        ):
+            return None
+        try:
+            fd = os.open(self._file_name(0), os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            if os.fstat(fd).st_size != self.file_size:
+                return None  # loading it says what is wrong
+            end = (length + 1) * CQ_UNIT_SIZE
+            if end <= PEEK_BYTES:
+                raw = os.pread(fd, end, 0)
+                first, pair = raw[:CQ_UNIT_SIZE], raw[-2 * CQ_UNIT_SIZE :]
+            else:
+                first = os.pread(fd, CQ_UNIT_SIZE, 0)
+                pair = os.pread(fd, 2 * CQ_UNIT_SIZE, end - 2 * CQ_UNIT_SIZE)
+        finally:
+            os.close(fd)
+        if len(first) < CQ_UNIT_SIZE or len(pair) < 2 * CQ_UNIT_SIZE:
+            return None
+        last_offset, last_size, _ = UNIT.unpack_from(pair, 0)
+        next_offset, next_size, _ = UNIT.unpack_from(pair, CQ_UNIT_SIZE)
+        offset, size, _ = UNIT.unpack(first)
+        if (
+            last_offset < 0
+            or last_size <= 0
+            or (next_offset >= 0 and next_size > 0)
+            or offset < min_commitlog_offset
+            or not 0 < size != PRE_BLANK_SIZE
+        ):
+            return None
+        cache = self._segment_args[0]
+        if cache is not None:
+            cache.work.queues_peeked += 1
+        return 0, length, last_offset + last_size
 
     def correct_min_offset(self, min_commitlog_offset: int) -> None:
         """Skip leading units whose messages the CommitLog no longer holds (RocketMQ's

@@ -14,7 +14,7 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from rocketstore.pipeline.config import StoreConfig
@@ -158,14 +158,15 @@ def _brokers(root: str | os.PathLike[str]) -> list[tuple[str, Path]]:
     return brokers
 
 
-def store_bounds(config: StoreConfig) -> BoundsReader:
+def store_bounds(config: StoreConfig, topics: Collection[str] | None = None) -> BoundsReader:
     """Reads a broker's bounds by opening it read-only (no lock, nothing written), as
-    ``rocketstore queues`` does."""
+    ``rocketstore queues`` does; only of ``topics``, when given."""
 
     def read(name: str, path: Path) -> BrokerBounds:
         with MessageStore(path, config, read_only=True) as store:
             return {
-                (i.topic, i.queue_id): (i.min_offset, i.max_offset) for i in store.queue_infos()
+                (i.topic, i.queue_id): (i.min_offset, i.max_offset)
+                for i in store.queue_infos(topics=topics)
             }
 
     return read
@@ -206,7 +207,7 @@ def consumer_lag(
     or their bounds read by ``read_bounds`` (:mod:`rocketstore.pipeline.storestats`'s).
     """
     wanted = set(topics) if topics else {t for t, _, _ in committed}
-    bounds, _ = _bounds(root, read_bounds or store_bounds(config), wanted)
+    bounds, _ = _bounds(root, read_bounds or store_bounds(config, wanted), wanted)
     keys = set(bounds) | {k for k in committed if k[0] in wanted}
     rows = []
     for key in sorted(keys, key=_order):
@@ -262,7 +263,7 @@ def group_lag(
     names = [group] if group is not None else groups_of(brokers, topics)
     committed = {name: group_offsets(brokers, name, topics) for name in names}
     wanted = {t for offsets in committed.values() for t, _, _ in offsets}
-    bounds, stores = _bounds(root, read_bounds or store_bounds(config), wanted)
+    bounds, stores = _bounds(root, read_bounds or store_bounds(config, wanted), wanted)
     out = []
     for name in names:
         offsets = committed[name]

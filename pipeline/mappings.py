@@ -71,6 +71,7 @@ class WorkCounts:
     synced_all: int = 0  # syncfs calls (one makes every dirty file of the file system durable)
     queues_loaded: int = 0  # ConsumeQueues whose directory was listed and files looked at
     queues_listed: int = 0  # ConsumeQueue directories listed without loading the queue
+    queues_peeked: int = 0  # queues whose bounds were read from one file without loading it
 
     def reset(self) -> None:
         for field in dataclasses.fields(self):

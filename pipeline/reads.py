@@ -11,6 +11,7 @@ returned as a message.
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -159,14 +160,30 @@ class StoreReads:
     def topics(self) -> list[str]:
         return sorted({t for t, _ in self.queues})
 
-    def queue_infos(self, topic: str | None = None) -> list[QueueInfo]:
+    def queue_ids(self, topic: str | None = None) -> list[tuple[str, int]]:
+        """``(topic, queueId)`` of every queue (of ``topic``), sorted: what the directories
+        say, with no queue's files read."""
         with self._mutex:
             self._check_open()
-            return [
-                QueueInfo(t, q, cq.min_offset, cq.max_offset, cq.max_physic_offset)
-                for (t, q), cq in sorted(self.queues.items())
-                if topic is None or t == topic
-            ]
+            return sorted(k for k in self.queues if topic is None or k[0] == topic)
+
+    def queue_infos(
+        self, topic: str | None = None, *, topics: Collection[str] | None = None
+    ) -> list[QueueInfo]:
+        """The bounds of every queue (of ``topic``, or of ``topics``), sorted. A read-only
+        store's queue that is not loaded yet is not loaded for it when its file settles its
+        bounds at once (:meth:`ConsumeQueue.peek_bounds`)."""
+        with self._mutex:
+            self._check_open()
+            out = []
+            for (t, q), cq in sorted(self.queues.items()):
+                if (topic is not None and t != topic) or (topics is not None and t not in topics):
+                    continue
+                peeked = None if cq.loaded else cq.peek_bounds(self.commitlog.min_offset)
+                if peeked is None:
+                    peeked = (cq.min_offset, cq.max_offset, cq.max_physic_offset)
+                out.append(QueueInfo(t, q, *peeked))
+            return out
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         with self._mutex:
