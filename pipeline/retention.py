@@ -35,6 +35,13 @@ queue's last file (RocketMQ's ``deleteExpiredFileByOffset``); then every queue's
 moved to its first unit still pointing at live data (``correctMinOffset``). A pull below it gets
 ``OFFSET_TOO_SMALL`` with ``nextBeginOffset`` the new min offset.
 
+Unlike RocketMQ, a round does not visit every queue of a store of tens of thousands: a queue the
+store has not loaded whose recorded length fits its first file has nothing to delete, and moves
+its min offset itself when it loads, so it is left alone (nor is it in the report's ``queues``).
+The others are looked at in order, at most :attr:`RetentionPolicy.max_queues_per_run` (4096) a
+round and at most :attr:`RetentionPolicy.max_derived_files_per_run` files deleted; the next
+round of the same service goes on where this one stopped.
+
 **IndexFiles** (reason ``"below-min-offset"``) whose ``endPhyOffset`` is below the CommitLog min
 offset, oldest first, never the last (the one being written).
 
@@ -194,6 +201,7 @@ class RetentionPolicy:
     clean_file_forcibly_enable: bool = True  # cleanFileForciblyEnable
     max_files_per_run: int = DELETE_FILES_BATCH_MAX  # CommitLog segments per run
     max_derived_files_per_run: int = 1000  # ConsumeQueue + index files per run
+    max_queues_per_run: int = 4096  # ConsumeQueues looked at per run
 
     def __post_init__(self) -> None:
         if self.file_reserved_time < 0:
@@ -204,8 +212,10 @@ class RetentionPolicy:
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise ConfigError(f"{name}={value}: must be a fraction in (0, 1]")
-        if self.max_files_per_run < 1 or self.max_derived_files_per_run < 1:
-            raise ConfigError("max_files_per_run and max_derived_files_per_run must be >= 1")
+        if min(self.max_files_per_run, self.max_derived_files_per_run, self.max_queues_per_run) < 1:
+            raise ConfigError(
+                "max_files_per_run, max_derived_files_per_run and max_queues_per_run must be >= 1"
+            )
 
     @classmethod
     def from_config(cls, config: StoreConfig, **overrides: Any) -> RetentionPolicy:
@@ -385,6 +395,9 @@ class RetentionService:
         # CommitLog min offset the ConsumeQueues and index were last cleaned for; -1 makes the
         # first run check them all (after a crash between the CommitLog and them).
         self._derived_clean_for = -1
+        # The queues still to look at for the min offset ``_pending_for`` (see _clean_derived).
+        self._pending: list[tuple[str, int]] = []
+        self._pending_for = -1
         self.refresh()
 
     # -- disk state (lock-free readers) -----------------------------------------------------
@@ -575,21 +588,55 @@ class RetentionService:
                     forcibly = False
         return files[done if not rnd.execute else 0].base if files else 0
 
+    def _queues_to_clean(self) -> list[tuple[str, int]]:
+        """The queues a new CommitLog min offset may change, in order: those loaded (their
+        min offset is in memory), and those not loaded whose files may be more than one (the
+        length the last flush recorded does not fit the first, or is not known). A queue not
+        loaded that fits its first file has no file to delete (the last never goes), and
+        takes the CommitLog's min offset into account when it loads; nothing of it is read."""
+        return sorted(
+            key
+            for key, cq in self.store.queues.items()
+            if cq.loaded or cq.recorded is None or cq.recorded > cq.units_per_file
+        )
+
     def _clean_derived(self, rnd: _Round, min_phy: int) -> None:
-        """Delete (or plan) ConsumeQueue and index files below ``min_phy``, move queue mins."""
+        """Delete (or plan) ConsumeQueue and index files below ``min_phy``, move queue mins.
+
+        A run looks at :attr:`RetentionPolicy.max_queues_per_run` queues at most (of
+        :meth:`_queues_to_clean`) and deletes :attr:`RetentionPolicy.max_derived_files_per_run`
+        files at most; the next run goes on where it stopped, so a run's cost follows what it
+        deletes, not how many queues the store has."""
         if min_phy == self._derived_clean_for:
             return
         budget = self.policy.max_derived_files_per_run
+        if rnd.execute:
+            if self._pending_for != min_phy:
+                self._pending, self._pending_for = self._queues_to_clean(), min_phy
+            keys = self._pending
+        else:
+            keys = self._queues_to_clean()
         complete = True
-        for (topic, queue_id), cq in sorted(self.store.queues.items()):
+        looked = 0
+        for topic, queue_id in keys:
+            if budget <= 0 or looked >= self.policy.max_queues_per_run:
+                complete = False
+                break
+            cq = self.store.queues.get((topic, queue_id))
+            if cq is None:
+                looked += 1
+                continue
             files = cq.segments.files
             done = 0
-            while budget > 0:
+            while True:
                 k = 0 if rnd.execute else done
                 if k >= len(files) - 1:
                     break
                 mf = files[k]
                 if mf.wrote_position < mf.size or _last_unit_offset(mf) >= min_phy:
+                    break
+                if budget <= 0:
+                    complete = False
                     break
                 stat = _stat(mf.path)
                 if rnd.execute and not cq.segments.delete_first():
@@ -599,18 +646,20 @@ class RetentionService:
                 rnd.files.append(_derived(mf.path, KIND_CONSUMEQUEUE, stat))
                 done += 1
                 budget -= 1
-            else:
-                complete = False
-            if not files:
-                continue
-            old = cq.min_offset
-            if rnd.execute:
-                cq.correct_min_offset(min_phy)
-                new = cq.min_offset
-            else:
-                new = cq.corrected_min_logic_offset(min_phy, done) // CQ_UNIT_SIZE
-            if new != old:
-                rnd.queues.append(QueueMinOffset(topic, queue_id, old, new))
+            if files:
+                old = cq.min_offset
+                if rnd.execute:
+                    cq.correct_min_offset(min_phy)
+                    new = cq.min_offset
+                else:
+                    new = cq.corrected_min_logic_offset(min_phy, done) // CQ_UNIT_SIZE
+                if new != old:
+                    rnd.queues.append(QueueMinOffset(topic, queue_id, old, new))
+            if not complete:
+                break  # this queue has more to delete: the next run starts with it
+            looked += 1
+        if rnd.execute:
+            del self._pending[:looked]
         index = self.store.index
         if index is not None:
             done = 0
@@ -632,6 +681,7 @@ class RetentionService:
         rnd.complete = rnd.complete and complete
         if rnd.execute and complete:
             self._derived_clean_for = min_phy
+            self._pending, self._pending_for = [], -1
 
 
 def _derived(path: Path, kind: str, stat: tuple[int, int, int]) -> FileDeletion:
