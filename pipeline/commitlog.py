@@ -265,6 +265,31 @@ class CommitLog:
             return -1
         return record.store_timestamp_at(mf.buffer, rel)
 
+    def store_timestamps(
+        self, phys: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.int64]:
+        """:meth:`store_timestamp` of many records at once (-1 where one is not there): a
+        gather from each segment's bytes, for a page that shows the times of 40,000 queues'
+        first and last messages."""
+        phys = np.asarray(phys, dtype=np.int64)
+        sizes = np.asarray(sizes, dtype=np.int64)
+        out = np.full(len(phys), -1, dtype=np.int64)
+        ok = (phys >= self.min_offset) & (phys < self.max_offset) & (sizes >= record.FIXED_SIZE_V4)
+        for mf in self.segments.files:
+            rows = np.flatnonzero(ok & (phys >= mf.base) & (phys < mf.base + mf.size))
+            rel = phys[rows] - mf.base
+            inside = rel + sizes[rows] <= mf.wrote_position
+            rows, rel = rows[inside], rel[inside]
+            if not len(rows):
+                continue
+            data = np.frombuffer(mf.buffer, dtype=np.uint8)
+            flags = data[(rel + record.OFF_SYSFLAG)[:, None] + np.arange(4)].view(">i4")[:, 0]
+            born = np.where(flags & record.BORNHOST_V6_FLAG, 20, 8)
+            at = rel + record.OFF_BORNHOST + born
+            out[rows] = data[at[:, None] + np.arange(8)].view(">i8")[:, 0]
+            del data
+        return out
+
     def walks(
         self, start: int, *, check_crc: bool, until: int | None = None
     ) -> Iterator[native.Walk]:

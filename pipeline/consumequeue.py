@@ -26,6 +26,7 @@ import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -44,7 +45,7 @@ PRE_BLANK_SIZE = 0x7FFFFFFF
 # Bytes of blocks reserved past what a write needs (3,276 units): a batch over a thousand queues
 # reserves 64 MiB at most, where whole files would take RocketMQ's 5.7 MiB each.
 RESERVE_AHEAD = 64 * 1024
-# Bytes from a file's start read at once by ConsumeQueue.peek_bounds (else two reads).
+# Bytes from a file's start read at once by ConsumeQueue.peek (else two reads).
 PEEK_BYTES = 4096
 
 Units = npt.NDArray[np.void]
@@ -56,6 +57,17 @@ _SCAN_MOST = 64 * 1024
 
 def _valid(unit: tuple[int, int, int]) -> bool:
     return unit[0] >= 0 and unit[1] > 0
+
+
+class Peek(NamedTuple):
+    """A queue's bounds (queue offsets) and its first and last units, ``(commitLogOffset,
+    size)`` each (None for an empty queue); the first is the unit at ``min_offset``."""
+
+    min_offset: int
+    max_offset: int
+    first: tuple[int, int] | None
+    last: tuple[int, int] | None
+    files: int  # the queue's files (of its directory's listing; 1 when read at once)
 
 
 def make_units(offsets: npt.ArrayLike, sizes: npt.ArrayLike, tags_codes: npt.ArrayLike) -> Units:
@@ -124,7 +136,7 @@ class ConsumeQueue:
     def _file_name(self, base: int) -> str:
         """The path of the queue's file at ``base``, as a string (cheaper to make than a
         :class:`Path`, for a look at one file)."""
-        return os.path.join(self._root, self.topic, str(self.queue_id), segment_name(base))
+        return f"{self._root}/{self.topic}/{self.queue_id}/{segment_name(base)}"
 
     # -- loading ----------------------------------------------------------------------------
     @property
@@ -315,12 +327,12 @@ class ConsumeQueue:
         offset, size, _ = UNIT.unpack(raw)
         return bool(offset >= 0 and size > 0)
 
-    def peek_bounds(self, min_commitlog_offset: int) -> tuple[int, int, int] | None:
-        """``(min offset, max offset, max physic offset)`` of a read-only queue not loaded yet,
-        as loading it would find them, from the length the last flush recorded and one read of
-        its only file (two for a long file), without loading it; None when that does not
-        settle them (the caller loads the queue). A tool that shows the bounds of 40,000
-        queues so costs 40,000 small reads, not 40,000 loads.
+    def peek(self, min_commitlog_offset: int) -> Peek | None:
+        """The bounds and first and last units of a read-only queue not loaded yet, as loading
+        it would find them, from the length the last flush recorded and one read of its only
+        file (two for a long file), without loading it; None when that does not settle them
+        (the caller loads the queue). A tool that shows the bounds of 40,000 queues so costs
+        40,000 small reads, not 40,000 loads.
 
         Settled: a queue whose recorded length fits its first file (``00000000000000000000``,
         then its only file with units), whose unit before that length is valid and the one at
@@ -368,7 +380,21 @@ class ConsumeQueue:
         cache = self._segment_args[0]
         if cache is not None:
             cache.work.queues_peeked += 1
-        return 0, length, last_offset + last_size
+        return Peek(0, length, (offset, size), (last_offset, last_size), 1)
+
+    def ends(self, min_commitlog_offset: int) -> Peek:
+        """The queue's bounds and first and last units: :meth:`peek`, or else the queue's own
+        (loading it)."""
+        peeked = None if self.loaded else self.peek(min_commitlog_offset)
+        if peeked is not None:
+            return peeked
+        lo, hi = self.min_offset, self.max_offset
+        units = self.read(lo, 1), self.read(hi - 1, 1) if hi > lo else None
+        first, last = (
+            (int(u["offset"][0]), int(u["size"][0])) if u is not None and len(u) else None
+            for u in units
+        )
+        return Peek(lo, hi, first, last, len(self.segments.files))
 
     def correct_min_offset(self, min_commitlog_offset: int) -> None:
         """Skip leading units whose messages the CommitLog no longer holds (RocketMQ's

@@ -27,7 +27,7 @@ from rocketstore.pipeline.errors import (
     OffsetOutOfRangeError,
 )
 from rocketstore.pipeline.index_service import IndexService
-from rocketstore.pipeline.results import GetResult, QueueInfo
+from rocketstore.pipeline.results import GetResult, QueueEnds, QueueInfo
 from rocketstore.pipeline.subscription import Subscription
 
 MAX_TIMESTAMP = 2**63 - 1
@@ -172,17 +172,24 @@ class StoreReads:
     ) -> list[QueueInfo]:
         """The bounds of every queue (of ``topic``, or of ``topics``), sorted. A read-only
         store's queue that is not loaded yet is not loaded for it when its file settles its
-        bounds at once (:meth:`ConsumeQueue.peek_bounds`)."""
+        bounds at once (:meth:`ConsumeQueue.peek`)."""
+        return [e.info for e in self.queue_ends(topic, topics=topics)]
+
+    def queue_ends(
+        self, topic: str | None = None, *, topics: Collection[str] | None = None
+    ) -> list[QueueEnds]:
+        """:meth:`queue_infos` with each queue's first and last units (read with its bounds:
+        :meth:`ConsumeQueue.ends`)."""
         with self._mutex:
             self._check_open()
             out = []
             for (t, q), cq in sorted(self.queues.items()):
                 if (topic is not None and t != topic) or (topics is not None and t not in topics):
                     continue
-                peeked = None if cq.loaded else cq.peek_bounds(self.commitlog.min_offset)
-                if peeked is None:
-                    peeked = (cq.min_offset, cq.max_offset, cq.max_physic_offset)
-                out.append(QueueInfo(t, q, *peeked))
+                e = cq.ends(self.commitlog.min_offset)
+                end = e.last[0] + e.last[1] if e.last is not None else cq.max_physic_offset
+                info = QueueInfo(t, q, e.min_offset, e.max_offset, end)
+                out.append(QueueEnds(info, e.first, e.last, e.files))
             return out
 
     def min_offset(self, topic: str, queue_id: int) -> int:

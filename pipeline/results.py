@@ -78,6 +78,18 @@ class QueueInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class QueueEnds:
+    """A queue's bounds and its first and last units, ``(commitLogOffset, size)`` each (None
+    for an empty queue): the first unit is the one at the min offset; ``files``: how many
+    ConsumeQueue files it has."""
+
+    info: QueueInfo
+    first: tuple[int, int] | None
+    last: tuple[int, int] | None
+    files: int
+
+
+@dataclasses.dataclass(frozen=True)
 class GetResult:
     """Outcome of :meth:`MessageStore.get_messages` (``status`` as RocketMQ's GetMessageStatus)."""
 

@@ -20,6 +20,11 @@ from rocketstore.pipeline.mapped_file import MappedFile
 from rocketstore.pipeline.store import MessageStore
 
 QUEUES_PER_TOPIC = 4
+# ConsumeQueue files of RocketMQ's size (300,000 units), small CommitLog segments and IndexFiles
+# so that a store is built and scanned in a second or two.
+QUICK = StoreConfig(
+    mapped_file_size_commitlog=256 << 10, max_hash_slot_num=1000, max_index_num=20_000
+)
 
 
 def table(topics: int, per_queue: int, start: int = 0) -> pa.Table:

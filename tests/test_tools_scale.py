@@ -2,7 +2,7 @@
 follows what it shows, counted (queues loaded, queue files read), not timed.
 
 * ``queues`` reads one file per queue, a page or less of it, and loads none
-  (:meth:`ConsumeQueue.peek_bounds`): the bounds are those a load finds, also where the
+  (:meth:`ConsumeQueue.peek`): the bounds are those a load finds, also where the
   recorded lengths are behind the files (a writer appended since its last flush) or retention
   deleted the records of a queue's first units (then the queue is loaded);
 * ``topics`` reads no queue's files at all (the directories say which queues there are);
@@ -15,17 +15,14 @@ import json
 from pathlib import Path
 
 import pytest
-from manyqueues import build, table
+from manyqueues import QUICK, build, table
 
 from rocketstore.pipeline.cli import main
-from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.consumequeue import ConsumeQueue
+from rocketstore.pipeline.consumequeue import ConsumeQueue, Peek
 from rocketstore.pipeline.results import QueueInfo
 from rocketstore.pipeline.store import MessageStore
 
-CONFIG = StoreConfig(
-    mapped_file_size_commitlog=256 << 10, max_hash_slot_num=1000, max_index_num=20_000
-)
+CONFIG = QUICK
 TOPICS = 500  # 2,000 queues
 PER_QUEUE = 3
 
@@ -62,18 +59,18 @@ class Looks:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.loads = 0
         self.peeks: list[str] = []
-        load, peek = ConsumeQueue._load, ConsumeQueue.peek_bounds
+        load, peek = ConsumeQueue._load, ConsumeQueue.peek
 
         def counted_load(cq: ConsumeQueue, length: int | None) -> object:
             self.loads += 1
             return load(cq, length)
 
-        def counted_peek(cq: ConsumeQueue, min_offset: int) -> tuple[int, int, int] | None:
+        def counted_peek(cq: ConsumeQueue, min_offset: int) -> Peek | None:
             self.peeks.append(cq.topic)
             return peek(cq, min_offset)
 
         monkeypatch.setattr(ConsumeQueue, "_load", counted_load)
-        monkeypatch.setattr(ConsumeQueue, "peek_bounds", counted_peek)
+        monkeypatch.setattr(ConsumeQueue, "peek", counted_peek)
 
 
 def test_queue_bounds_read_one_file_each_and_load_no_queue(store: Path) -> None:
@@ -90,7 +87,7 @@ def test_queue_bounds_read_one_file_each_and_load_no_queue(store: Path) -> None:
 def test_bounds_past_the_recorded_lengths_are_found_by_loading(tmp_path: Path) -> None:
     """A writer appended after its last flush: the recorded lengths are behind, the unit at
     each of them is valid, so the queues it wrote are loaded (by the open's recovery, or
-    :meth:`ConsumeQueue.peek_bounds` declines) and their real ends found."""
+    :meth:`ConsumeQueue.peek` declines) and their real ends found."""
     path = build(tmp_path / "store", 50, PER_QUEUE, CONFIG)
     with MessageStore(path, CONFIG, background=False) as writer:
         writer.put_batch(table(10, 2, start=10_000))  # topics T00000..T00009 only

@@ -18,20 +18,16 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from manyqueues import FileReads, build
+from manyqueues import QUICK, FileReads, build
 
 from rocketstore.pipeline import fileio
 from rocketstore.pipeline import verify as verify_module
-from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.consumequeue import PRE_BLANK_SIZE, UNIT_DTYPE
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify
 from rocketstore.pipeline.verify_units import first_look
 
-# ConsumeQueue files of RocketMQ's size (300,000 units), the rest small so a scan is quick.
-CONFIG = StoreConfig(
-    mapped_file_size_commitlog=1 << 20, max_hash_slot_num=1000, max_index_num=20_000
-)
+CONFIG = QUICK
 PER_QUEUE = 3
 PAGE = 4096
 

@@ -2,7 +2,8 @@
 
 Routes (every one read-only but ``POST /health/verify``, which starts a read-only verify)::
 
-    GET  /                      overview: brokers, topics, disk, the last hour's write rate
+    GET  /?page=N               overview: brokers, topics (500 a page), disk, the last hour's
+                                write rate
     GET  /topic/{topic}         a topic's queues and messages per minute
     GET  /messages?topic=...    browse a queue (broker, queue, offset or time), or look up
                                 by key, msgid, or CommitLog offset (broker, phys)
@@ -49,6 +50,7 @@ from rocketstore.pipeline.metrics import StoreCollector, Target
 # The real folder: an editable install links each file, and StaticFiles refuses links.
 HERE = Path(__file__).resolve().parent
 MAX_CHART_BARS = 48
+TOPICS_PAGE = 500  # topics a page of the overview lists
 _FORM = ("broker", "queue", "offset", "time", "key", "msgid", "phys")  # echoed back into the form
 
 
@@ -147,16 +149,25 @@ def create_app(console: views.Console, token: str | None = None) -> Starlette:
         )
 
     def overview(request: Request) -> Response:
+        number = params.integer(request.query_params.get("page"), "page", low=1, default=1)
+
         def gather() -> dict[str, Any]:
             data = views.overview(console)
             chart = charts.rate_chart(
                 "messages written per minute, last hour", data.edges, data.rate
             )
+            # A root of 10,000 topics is shown TOPICS_PAGE topics a page (past the last: it).
+            pages = max(1, -(-len(data.topics) // TOPICS_PAGE))
+            page_at = min(number, pages)
             return {
                 "data": data,
                 "chart": Markup(chart),
-                "hour_sample": views.HOUR_SAMPLE,
-                "size_sample": views.SIZE_SAMPLE,
+                "hour_sample": data.hour_sample,
+                "size_sample": data.size_sample,
+                "shown": data.topics[(page_at - 1) * TOPICS_PAGE : page_at * TOPICS_PAGE],
+                "page": page_at,
+                "pages": pages,
+                "first_shown": (page_at - 1) * TOPICS_PAGE + 1,
             }
 
         return streamed("overview.html", gather)

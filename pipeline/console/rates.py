@@ -155,3 +155,42 @@ def counts(
     between = done[hi] - 1 - done[lo]
     before = np.where(inner, done[lo] + between * share, before)
     return np.diff(before)
+
+
+def ends_counts(
+    low: npt.NDArray[np.int64],
+    offsets: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]],
+    times: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]],
+    totals: npt.NDArray[np.int64],
+    edges: npt.NDArray[np.int64],
+) -> npt.NDArray[np.float64]:
+    """:func:`counts` summed over many queues, each sampled at two units only (its first and
+    last), all at once: queue ``i`` holds ``totals[i]`` units from queue offset ``low[i]``;
+    its two units are at ``offsets[0][i]`` and ``offsets[1][i]`` (the same offset for a queue
+    of one unit) and were stored at ``times[0][i]`` and ``times[1][i]`` (-1: retention
+    deleted the record; the unit is left out, as :func:`sample_queue` leaves it out)."""
+    first = times[0] >= 0
+    second = (times[1] >= 0) & (offsets[1] != offsets[0])
+    points = first.astype(np.int64) + second
+    # With one unit left, it is the first of the sample.
+    t0 = np.where(first, times[0], times[1]).astype(np.float64)
+    o0 = np.where(first, offsets[0], offsets[1])
+    t1 = np.maximum(t0, times[1].astype(np.float64))  # the running maximum of counts()
+    d0 = (o0 - low + 1).astype(np.float64)
+    d1 = (offsets[1] - low + 1).astype(np.float64)
+    at = edges.astype(np.float64)[None, :]
+    # Units of the sample stored before each edge.
+    k = ((points[:, None] >= 1) & (t0[:, None] < at)).astype(np.int64) + (
+        (points[:, None] >= 2) & (t1[:, None] < at)
+    )
+    sampled = points < totals
+    done = np.where(points == 2, d1, d0)[:, None]
+    before = np.where(k >= points[:, None], done, 0.0)
+    inner = (points[:, None] == 2) & (k == 1)
+    span = np.where(inner, t1[:, None] - t0[:, None], 1.0)
+    share = d0[:, None] + (d1 - 1 - d0)[:, None] * (at - t0[:, None]) / span
+    before = np.where(inner, share, before)
+    before = np.where(sampled[:, None], before, k.astype(np.float64))
+    before[points == 0] = 0.0
+    out: npt.NDArray[np.float64] = np.diff(before, axis=1).sum(axis=0)
+    return out
