@@ -282,7 +282,8 @@ HEADER = ("topic", "brokerName", "queueId", "committedOffset", "maxOffset", "lag
 
 @dataclasses.dataclass
 class _Section:
-    """What one kind of consumer prints: a table (or its rows as JSON objects), then totals."""
+    """What one kind of consumer prints: a table (or, with --json, its rows as JSON objects:
+    only the one printed is made), then totals."""
 
     header: tuple[str, ...]
     table: list[list[object]]
@@ -319,11 +320,13 @@ def cmd_lag(args: argparse.Namespace) -> int:
         sections.append(
             _Section(
                 HEADER,
-                [_cells(r) for r in rows],
+                [] if args.json else [_cells(r) for r in rows],
                 [
                     {**dict(zip(HEADER, _cells(r), strict=True)), "batchId": progress.batch_id}
                     for r in rows
-                ],
+                ]
+                if args.json
+                else [],
                 [f"{batch}; total lag {total} message(s) in {len(rows)} queue(s)"],
             )
         )
@@ -341,12 +344,14 @@ def cmd_lag(args: argparse.Namespace) -> int:
         sections.append(
             _Section(
                 ("group", *HEADER),
-                [[g.group, *_cells(r)] for g in groups for r in g.queues],
+                [] if args.json else [[g.group, *_cells(r)] for g in groups for r in g.queues],
                 [
                     {"group": g.group, **dict(zip(HEADER, _cells(r), strict=True))}
                     for g in groups
                     for r in g.queues
-                ],
+                ]
+                if args.json
+                else [],
                 [
                     f"group {g.group}: total lag {g.total} message(s) in {len(g.queues)} queue(s)"
                     for g in groups
