@@ -48,19 +48,15 @@ def format_table(
     A column whose values are all numbers (or ``None``) is right-aligned, any other column
     left-aligned; trailing blanks are cut.
     """
-    cells = [list(header)] + [[cell(v) for v in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    numeric = [
-        bool(rows) and all(_is_number(r[i]) or r[i] is None for r in rows)
-        for i in range(len(header))
-    ]
-    lines = []
-    for r in cells:
-        parts = [
-            c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric, strict=True)
-        ]
-        lines.append((indent + "  ".join(parts)).rstrip())
-    return "\n".join(lines)
+    # Column by column: a table of 40,000 queues is 240,000 cells.
+    values = list(zip(*rows, strict=True)) if rows else [() for _ in header]
+    columns = []
+    for name, column in zip(header, values, strict=True):
+        texts = [name, *map(cell, column)]
+        width = max(map(len, texts))
+        numeric = bool(rows) and all(_is_number(v) or v is None for v in column)
+        columns.append([t.rjust(width) if numeric else t.ljust(width) for t in texts])
+    return "\n".join((indent + "  ".join(parts)).rstrip() for parts in zip(*columns, strict=True))
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:

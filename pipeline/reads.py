@@ -173,7 +173,16 @@ class StoreReads:
         """The bounds of every queue (of ``topic``, or of ``topics``), sorted. A read-only
         store's queue that is not loaded yet is not loaded for it when its file settles its
         bounds at once (:meth:`ConsumeQueue.peek`)."""
-        return [e.info for e in self.queue_ends(topic, topics=topics)]
+        with self._mutex:
+            self._check_open()
+            out = []
+            for (t, q), cq in self._selected(topic, topics):
+                e = None if cq.loaded else cq.peek(self.commitlog.min_offset)
+                if e is None or e.last is None:
+                    out.append(QueueInfo(t, q, cq.min_offset, cq.max_offset, cq.max_physic_offset))
+                else:
+                    out.append(QueueInfo(t, q, e.min_offset, e.max_offset, sum(e.last)))
+            return out
 
     def queue_ends(
         self, topic: str | None = None, *, topics: Collection[str] | None = None
@@ -183,14 +192,21 @@ class StoreReads:
         with self._mutex:
             self._check_open()
             out = []
-            for (t, q), cq in sorted(self.queues.items()):
-                if (topic is not None and t != topic) or (topics is not None and t not in topics):
-                    continue
+            for (t, q), cq in self._selected(topic, topics):
                 e = cq.ends(self.commitlog.min_offset)
-                end = e.last[0] + e.last[1] if e.last is not None else cq.max_physic_offset
+                end = sum(e.last) if e.last is not None else cq.max_physic_offset
                 info = QueueInfo(t, q, e.min_offset, e.max_offset, end)
                 out.append(QueueEnds(info, e.first, e.last, e.files))
             return out
+
+    def _selected(
+        self, topic: str | None, topics: Collection[str] | None
+    ) -> list[tuple[tuple[str, int], ConsumeQueue]]:
+        return [
+            (key, cq)
+            for key, cq in sorted(self.queues.items())
+            if (topic is None or key[0] == topic) and (topics is None or key[0] in topics)
+        ]
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         with self._mutex:
