@@ -22,8 +22,10 @@ commands from standard input, one a line:
 * ``close``: closes the store; prints ``closed`` or ``fail-close <error class>: <message>``.
 
 ``python -m tests.partition_host config FILE`` writes those settings as a store.toml for the
-command line. ``python -m tests.partition_host read STORE``: opens STORE read-only and prints ``msg <queue>
-<offset> <body>`` for every message of every queue, then ``count <n>``.
+command line. ``python -m tests.partition_host read STORE``: opens STORE read-only and prints
+``msg <queue> <offset> <body>`` for every message of every queue, then ``count <n>``.
+``python -m tests.partition_host view STORE``: the same view, held open for commands
+(:func:`view`).
 
 Output is flushed line by line, so the test sees each acknowledgement as it happens.
 """
@@ -194,20 +196,60 @@ def write(store_dir: str, name: str, flush: str) -> int:
     return 0
 
 
-def read(store_dir: str) -> int:
+def say_messages(store: MessageStore) -> None:
+    """``msg <queue> <offset> <body>`` for every message of the view, then ``count <n>``."""
     n = 0
-    with MessageStore(Path(store_dir), config("ASYNC_FLUSH"), read_only=True) as store:
-        for q in range(QUEUES):
-            if (TOPIC, q) not in store.queues:
-                continue
-            offset = store.min_offset(TOPIC, q)
-            while offset < store.max_offset(TOPIC, q):
-                got = store.get_messages(TOPIC, q, offset, 256)
-                for m in got.messages:
-                    say(f"msg {q} {m.queue_offset} {m.body.decode()}")
-                    n += 1
-                offset = got.next_begin_offset
+    for q in range(QUEUES):
+        if (TOPIC, q) not in store.queues:
+            continue
+        offset = store.min_offset(TOPIC, q)
+        while offset < store.max_offset(TOPIC, q):
+            got = store.get_messages(TOPIC, q, offset, 256)
+            for m in got.messages:
+                say(f"msg {q} {m.queue_offset} {m.body.decode()}")
+                n += 1
+            offset = got.next_begin_offset
     say(f"count {n}")
+
+
+def read(store_dir: str) -> int:
+    with MessageStore(Path(store_dir), config("ASYNC_FLUSH"), read_only=True) as store:
+        say_messages(store)
+    return 0
+
+
+def held_tails(store: MessageStore) -> list[str]:
+    """Per queue, ``<queue>:<n>``: how many non-zero units the file the view holds for the
+    queue's end (the inode it opened, whatever the name leads to now) has past the view's
+    end, among the next 64."""
+    out = []
+    for q in range(QUEUES):
+        cq = store.queues.get((TOPIC, q))
+        if cq is None or not cq.loaded or not cq.segments.files:
+            continue
+        mf = cq.segments.files[-1]
+        at = cq.max_offset * 20 - mf.base
+        raw = mf.read(at, min(64 * 20, mf.size - at)) if at < mf.size else b""
+        units = [raw[i : i + 20] for i in range(0, len(raw), 20)]
+        out.append(f"{q}:{sum(1 for u in units if any(u))}")
+    return out
+
+
+def view(store_dir: str) -> int:
+    """A read-only view held open: ``read`` prints its messages (as ``read`` does),
+    ``tails`` what the files it holds have past its end (:func:`held_tails`), ``close``."""
+    store = MessageStore(Path(store_dir), config("ASYNC_FLUSH"), read_only=True)
+    say("open")
+    for line in sys.stdin:
+        cmd = line.split()
+        if cmd == ["read"]:
+            say_messages(store)
+        elif cmd == ["tails"]:
+            say(" ".join(["tails", *held_tails(store)]))
+        elif cmd == ["close"]:
+            store.close()
+            say("closed")
+            return 0
     return 0
 
 
@@ -230,4 +272,6 @@ if __name__ == "__main__":
         sys.exit(write_settings(sys.argv[2]))
     if sys.argv[1] == "write":
         sys.exit(write(sys.argv[2], sys.argv[3], sys.argv[4]))
+    if sys.argv[1] == "view":
+        sys.exit(view(sys.argv[2]))
     sys.exit(read(sys.argv[2]))

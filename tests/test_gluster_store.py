@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +177,9 @@ def test_readers_on_the_other_mount_never_see_damage(gluster_volume: Any, geomet
                         keyed_src = [x for t in read_key(kr, ctx) for x in t.column("body")]
                         assert [x.as_py() for x in keyed_src] in ([], [body(last)]), last
             except (OSError, StoreError, AssertionError) as exc:
-                errors.append(repr(exc)[:300])
+                # Whole, with where it came from: a false error must be diagnosable from the
+                # one run that shows it.
+                errors.append("".join(traceback.format_exception(exc)))
             with reads.open("ab") as f:
                 f.write(b".")
             if finished and len(seen_ro) == len(seen_src) == 100_000:
@@ -186,7 +189,9 @@ def test_readers_on_the_other_mount_never_see_damage(gluster_volume: Any, geomet
             writer.kill()
         _, err = writer.communicate()
     assert writer.returncode == 0, err.decode()[-2000:]
-    assert errors == [], (len(errors), errors[:5], opens, plans)
+    assert errors == [], f"{len(errors)} error(s) in {opens} opens, {plans} plans:\n" + "\n".join(
+        errors[:5]
+    )
     assert seen_ro == seen_src == set(range(100_000))
     assert opens >= 10 and plans >= 10 * QUEUES, (opens, plans)
 

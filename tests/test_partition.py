@@ -354,6 +354,65 @@ def test_writer_stopped_between_its_check_and_its_write_across_a_take_over(
     check(c, store, {"A": a, "B": b}, prefix_ok="A" if flush == "ASYNC_FLUSH" else "")
 
 
+def view_messages(v: Proc) -> list[str]:
+    v.send("read")
+    rows = []
+    while not (got := v.line()).startswith("count "):
+        rows.append(got)
+    assert int(got.split()[1]) == len(rows)
+    return rows
+
+
+def test_a_view_held_across_a_take_over_delivers_nothing_of_the_writer_fenced_off(
+    hosts: NetCluster,
+) -> None:
+    """A read-only view on a third host (V) holds the ConsumeQueue files it opened across a
+    take-over, which gives those files new inodes, while the writer cut off writes on and
+    pushes its pages out after the heal. Whether those late pages reach the inodes V still
+    holds is printed (the files are alive on the bricks as long as V has them open); either
+    way V's view delivers exactly what it delivered before (it ends at the point published
+    when it opened, below any dead region a later take-over makes), and a view opened anew
+    reads the new writer's messages."""
+    c = hosts
+    store = c.mount / "held-view"
+    a = Writer(c, "A", store, "ASYNC_FLUSH")
+    assert a.put(300) == []
+    a.send("flush")
+    assert a.line() == "flushed"
+    v = Proc(c, "V", "view", str(store))
+    assert v.line() == "open"
+    before = view_messages(v)
+    assert len(before) == 300
+    a.send("stream")
+    for _ in range(100):
+        got = a.line()
+        assert got.startswith("ack "), got
+        a.acked.append(int(got.split()[1]))
+    c.partition("A")
+    try:
+        streamed, _ = a.until("done")
+        a.acked += streamed
+        b = Writer(c, "B", store, "ASYNC_FLUSH")
+        assert b.renewed > 0
+        assert b.put(300) == []
+    finally:
+        c.heal("A")
+    a.send("stop")
+    reconnected(c, "A")
+    a.send("write-back")
+    written = a.line().split()
+    v.send("tails")
+    tails = v.line()
+    print(f"A's write-back after the heal: {written[1:]}; V's held files past its end: {tails}")
+    assert view_messages(v) == before
+    v.send("close")
+    assert v.line() == "closed"
+    assert b.put(100) == []
+    assert b.close() == "closed"
+    a.close()
+    check(c, store, {"A": a, "B": b}, prefix_ok="A")
+
+
 @pytest.mark.parametrize("flush", FLUSHES)
 def test_writer_cut_off_from_one_brick_then_two(hosts: NetCluster, flush: str) -> None:
     """One brick of three away: writes go on. Two: no quorum, the put fails and the writer
