@@ -117,10 +117,13 @@ class StoreRoot:
         if not self.path.is_dir():
             return []
         found: list[tuple[int, str, Path]] = []
-        for child in self.path.iterdir():
-            m = _BROKER_RE.match(child.name)
-            if m and child.is_dir():
-                found.append((int(m.group(1)), child.name, child))
+        # One listing, its entries' types from the directory itself: the source plans with
+        # this at every trigger, and a root may hold dozens of brokers.
+        with os.scandir(self.path) as entries:
+            for entry in entries:
+                m = _BROKER_RE.match(entry.name)
+                if m and entry.is_dir():
+                    found.append((int(m.group(1)), entry.name, Path(entry.path)))
         return [(name, path) for _, name, path in sorted(found)]
 
     def broker_path(self, index: int) -> Path:

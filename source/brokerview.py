@@ -296,16 +296,29 @@ class BrokerView:
         found; the answer is the same as without it."""
         return self._bounds(topic, [queue_id], tails)[queue_id]
 
-    def all_bounds(self, topic: str, tails: Tails | None = None) -> dict[int, QueueBounds]:
-        """:meth:`queue_bounds` of every queue of ``topic`` on this broker."""
-        return self._bounds(topic, self.queue_ids(topic), tails)
+    def all_bounds(
+        self,
+        topic: str,
+        tails: Tails | None = None,
+        published: visibility.Published | None = None,
+    ) -> dict[int, QueueBounds]:
+        """:meth:`queue_bounds` of every queue of ``topic`` on this broker. On shared storage,
+        ``published`` is the published point when the caller has just read it (else it is
+        read here)."""
+        return self._bounds(topic, self.queue_ids(topic), tails, published)
 
     def _bounds(
-        self, topic: str, queue_ids: list[int], tails: Tails | None
+        self,
+        topic: str,
+        queue_ids: list[int],
+        tails: Tails | None,
+        published: visibility.Published | None = None,
     ) -> dict[int, QueueBounds]:
         # One listing of the CommitLog for all the queues: it is the same for each.
         def call() -> dict[int, QueueBounds]:
-            point = visibility.published(self.path) if self.shared else None
+            point = None
+            if self.shared:
+                point = published if published is not None else visibility.published(self.path)
             with _files() as files:
                 log = _CommitLog(self.path / "commitlog", files)
                 return {

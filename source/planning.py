@@ -28,6 +28,7 @@ from typing import TypeVar
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import ConfigError, NotFoundError
 from rocketstore.pipeline.groups import broker_offsets, require_group
+from rocketstore.source.brokercache import BoundsCache, PlanWork
 from rocketstore.source.brokerview import BrokerView, QueueBounds, Tails
 from rocketstore.source.errors import DataLossError
 from rocketstore.source.offsets import (
@@ -282,12 +283,29 @@ class Planner:
         # the latest offsets every few milliseconds while idle, and a queue with nothing new
         # then costs two unit reads.
         self._tails: dict[str, Tails] = {}
+        # Each broker's bounds, kept until its files change (rocketstore.source.brokercache):
+        # a plan reads the brokers a writer touched since the last one, not all of them.
+        self._cache = BoundsCache()
+        self._views: dict[str, BrokerView] = {}
+
+    @property
+    def work(self) -> PlanWork:
+        """Brokers checked and read by this planner's plans so far."""
+        return self._cache.work
 
     # -- what is there --------------------------------------------------------------------------
 
     def brokers(self) -> list[BrokerView]:
+        """The root's broker directories now; a broker's view (and the file system type it
+        looked up) is kept from one call to the next."""
         setting = (self.options.config or StoreConfig()).shared_storage
-        return [BrokerView(name, path, setting) for name, path in self.options.root.brokers()]
+        views: list[BrokerView] = []
+        for name, path in self.options.root.brokers():
+            view = self._views.get(name)
+            if view is None or view.path != path:
+                view = self._views[name] = BrokerView(name, path, setting)
+            views.append(view)
+        return views
 
     def broker_paths(self) -> dict[str, Path]:
         return dict(self.options.root.brokers())
@@ -295,11 +313,12 @@ class Planner:
     def bounds(self) -> dict[QueueKey, QueueBounds]:
         """Readable offsets of every queue of the query's topics on every broker, now."""
         out: dict[QueueKey, QueueBounds] = {}
-        for broker in self.brokers():
-            for topic in self.options.topics:
-                for qid, b in broker.all_bounds(
-                    topic, self._tails.setdefault(broker.name, {})
-                ).items():
+        views = self.brokers()
+        self._cache.keep_only({v.name for v in views})
+        for broker in views:
+            tails = self._tails.setdefault(broker.name, {})
+            for topic, queues in self._cache.bounds(broker, self.options.topics, tails).items():
+                for qid, b in queues.items():
                     out[(topic, broker.name, qid)] = b
         return out
 
