@@ -171,6 +171,20 @@ def store_bounds(config: StoreConfig) -> BoundsReader:
     return read
 
 
+def read_once(read: BoundsReader) -> BoundsReader:
+    """``read``, each broker directory read at most once: for a caller that shows several
+    consumers of one root at one time (a checkpoint and every group: each broker is opened
+    once, not once per section). Not thread-safe."""
+    seen: dict[Path, BrokerBounds] = {}
+
+    def once(name: str, path: Path) -> BrokerBounds:
+        if path not in seen:
+            seen[path] = read(name, path)
+        return seen[path]
+
+    return once
+
+
 def _bounds(
     root: str | os.PathLike[str], read: BoundsReader, topics: set[str]
 ) -> tuple[dict[QueueKey, tuple[int, int]], set[str]]:
@@ -296,10 +310,12 @@ def _cells(row: QueueLag) -> list[object]:
 def cmd_lag(args: argparse.Namespace) -> int:
     """``rocketstore lag ROOT [--checkpoint DIR] [--group NAME] [--topic T]``: the Spark
     query's queues and total, then every consumer group's (or ``--group``'s) queues and a total
-    per group (:func:`group_lag`). An error when there is nothing to show."""
+    per group (:func:`group_lag`); each broker is opened once for both. An error when there
+    is nothing to show."""
     config = StoreConfig.effective(args.config)
     topics = [args.topic] if args.topic else None
     _brokers(args.root)
+    read = read_once(store_bounds(config))
     sections: list[_Section] = []
     if args.checkpoint is not None:
         progress = read_committed_offsets(args.checkpoint)
@@ -308,7 +324,7 @@ def cmd_lag(args: argparse.Namespace) -> int:
                 f"{args.checkpoint}: the query has not committed a batch yet; name the topic it "
                 "reads with --topic to see the whole backlog"
             )
-        rows = consumer_lag(args.root, progress.offsets, config, topics)
+        rows = consumer_lag(args.root, progress.offsets, config, topics, read_bounds=read)
         batch = (
             "no batch committed yet"
             if progress.batch_id is None
@@ -335,7 +351,9 @@ def cmd_lag(args: argparse.Namespace) -> int:
                 "missing or empty)",
                 file=sys.stderr,
             )
-    groups = group_lag(args.root, config, group=args.group, topics=topics, brokers=brokers)
+    groups = group_lag(
+        args.root, config, group=args.group, topics=topics, brokers=brokers, read_bounds=read
+    )
     if groups:
         sections.append(
             _Section(

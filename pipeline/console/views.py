@@ -35,7 +35,14 @@ from rocketstore.pipeline import bodyformat, record
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.console import rates
 from rocketstore.pipeline.errors import NotFoundError, OffsetOutOfRangeError, StoreError
-from rocketstore.pipeline.lag import QueueLag, consumer_lag, group_lag, read_committed_offsets
+from rocketstore.pipeline.lag import (
+    QueueLag,
+    consumer_lag,
+    group_lag,
+    read_committed_offsets,
+    read_once,
+    store_bounds,
+)
 from rocketstore.pipeline.metrics import DEFAULT_PER_QUEUE_LIMIT
 from rocketstore.pipeline.reads import MAX_TIMESTAMP
 from rocketstore.pipeline.retention import statvfs_used_ratio
@@ -528,6 +535,8 @@ def consumers(console: Console) -> tuple[list[Consumer], str | None]:
     --checkpoint DIR`` computes them (the same functions); and a note when the groups' offset
     files could not be read."""
     out: list[Consumer] = []
+    # Every consumer of the page against the same bounds, each broker opened once.
+    read = read_once(store_bounds(console.config))
     for checkpoint in console.checkpoints:
         try:
             progress = read_committed_offsets(checkpoint)
@@ -537,11 +546,11 @@ def consumers(console: Console) -> tuple[list[Consumer], str | None]:
         if progress.batch_id is None:
             out.append(Consumer("query", str(checkpoint), [], "no batch committed yet"))
             continue
-        rows = consumer_lag(console.root, progress.offsets, console.config)
+        rows = consumer_lag(console.root, progress.offsets, console.config, read_bounds=read)
         out.append(Consumer("query", str(checkpoint), rows, f"batch {progress.batch_id} committed"))
     note = None
     try:
-        for g in group_lag(console.root, console.config):
+        for g in group_lag(console.root, console.config, read_bounds=read):
             out.append(Consumer("group", g.group, g.queues, "config/consumerOffset.json"))
     except (StoreError, OSError) as exc:
         note = str(exc)
