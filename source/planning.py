@@ -287,6 +287,7 @@ class Planner:
         # a plan reads the brokers a writer touched since the last one, not all of them.
         self._cache = BoundsCache()
         self._views: dict[str, BrokerView] = {}
+        self._root = options.root  # one, so that it keeps its brokers' paths
 
     @property
     def work(self) -> PlanWork:
@@ -300,18 +301,19 @@ class Planner:
         looked up) is kept from one call to the next."""
         setting = (self.options.config or StoreConfig()).shared_storage
         views: list[BrokerView] = []
-        for name, path in self.options.root.brokers():
+        for name, path in self._root.brokers():
             view = self._views.get(name)
-            if view is None or view.path != path:
+            if view is None or (view.path is not path and view.path != path):
                 view = self._views[name] = BrokerView(name, path, setting)
             views.append(view)
         return views
 
-    def broker_paths(self) -> dict[str, Path]:
-        return dict(self.options.root.brokers())
-
     def bounds(self) -> dict[QueueKey, QueueBounds]:
         """Readable offsets of every queue of the query's topics on every broker, now."""
+        return self._look()[0]
+
+    def _look(self) -> tuple[dict[QueueKey, QueueBounds], dict[str, Path]]:
+        """:meth:`bounds`, and the broker directories they were read from."""
         out: dict[QueueKey, QueueBounds] = {}
         views = self.brokers()
         self._cache.keep_only({v.name for v in views})
@@ -320,7 +322,7 @@ class Planner:
             for topic, queues in self._cache.bounds(broker, self.options.topics, tails).items():
                 for qid, b in queues.items():
                     out[(topic, broker.name, qid)] = b
-        return out
+        return out, {v.name: v.path for v in views}
 
     def latest(self) -> Offsets:
         return {q: b.max for q, b in self.bounds().items()}
@@ -422,8 +424,7 @@ class Planner:
         """The partitions of the micro-batch ``(start, end]``; a queue missing from ``start``
         (new since) reads from its earliest offset. Checks for data loss again: a batch
         replayed after a restart may find its first messages deleted."""
-        bounds = self.bounds()
-        paths = self.broker_paths()
+        bounds, paths = self._look()
         out: list[QueueRange] = []
         losses: list[Loss] = []
         for q in sorted(end, key=sort_key):
