@@ -14,7 +14,7 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from rocketstore.pipeline.config import StoreConfig
@@ -158,23 +158,35 @@ def _brokers(root: str | os.PathLike[str]) -> list[tuple[str, Path]]:
     return brokers
 
 
-def store_bounds(config: StoreConfig) -> BoundsReader:
+def store_bounds(config: StoreConfig, topics: Collection[str] | None = None) -> BoundsReader:
     """Reads a broker's bounds by opening it read-only (no lock, nothing written), as
-    ``rocketstore queues`` does."""
+    ``rocketstore queues`` does; only of ``topics``, when given."""
 
     def read(name: str, path: Path) -> BrokerBounds:
         with MessageStore(path, config, read_only=True) as store:
             return {
-                (i.topic, i.queue_id): (i.min_offset, i.max_offset) for i in store.queue_infos()
+                (i.topic, i.queue_id): (i.min_offset, i.max_offset)
+                for i in store.queue_infos()
+                if topics is None or i.topic in topics
             }
 
     return read
 
 
+def group_topics(
+    brokers: dict[str, ConsumerOffsets], group: str | None, topics: Sequence[str] | None
+) -> set[str]:
+    """The topics :func:`group_lag` shows for these arguments (none for a group that
+    committed nothing: it raises there)."""
+    names = [group] if group is not None else groups_of(brokers, topics)
+    return {t for name in names for t, _, _ in group_offsets(brokers, name, topics)}
+
+
 def read_once(read: BoundsReader) -> BoundsReader:
     """``read``, each broker directory read at most once: for a caller that shows several
     consumers of one root at one time (a checkpoint and every group: each broker is opened
-    once, not once per section). Not thread-safe."""
+    once, not once per section), with a ``read`` of every topic they show. Not
+    thread-safe."""
     seen: dict[Path, BrokerBounds] = {}
 
     def once(name: str, path: Path) -> BrokerBounds:
@@ -315,8 +327,7 @@ def cmd_lag(args: argparse.Namespace) -> int:
     config = StoreConfig.effective(args.config)
     topics = [args.topic] if args.topic else None
     _brokers(args.root)
-    read = read_once(store_bounds(config))
-    sections: list[_Section] = []
+    progress = None
     if args.checkpoint is not None:
         progress = read_committed_offsets(args.checkpoint)
         if topics is None and not progress.offsets:
@@ -324,6 +335,13 @@ def cmd_lag(args: argparse.Namespace) -> int:
                 f"{args.checkpoint}: the query has not committed a batch yet; name the topic it "
                 "reads with --topic to see the whole backlog"
             )
+    brokers = broker_offsets(args.root)
+    # Every broker read once for both sections, its queues of the topics they show only.
+    shown = set(topics) if topics else {t for t, _, _ in progress.offsets} if progress else set()
+    shown |= group_topics(brokers, args.group, topics)
+    read = read_once(store_bounds(config, shown))
+    sections: list[_Section] = []
+    if progress is not None:
         rows = consumer_lag(args.root, progress.offsets, config, topics, read_bounds=read)
         batch = (
             "no batch committed yet"
@@ -342,7 +360,6 @@ def cmd_lag(args: argparse.Namespace) -> int:
                 [f"{batch}; total lag {total} message(s) in {len(rows)} queue(s)"],
             )
         )
-    brokers = broker_offsets(args.root)
     for name, offsets in brokers.items():
         if offsets.from_bak:
             # What a broker loads while its own rewrite has the file deleted (or left empty).

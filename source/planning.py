@@ -9,7 +9,8 @@
 
 Contract with Spark (see :mod:`rocketstore.source.format`): every method runs in the driver's
 long-lived Python process; the planner keeps only what may be lost without harm (the time of
-the last trigger, for ``maxTriggerDelay``, and the ``availableNow`` target), because progress
+the last trigger, for ``maxTriggerDelay``, the ``availableNow`` target, and each broker's
+bounds until its files change: :mod:`rocketstore.source.brokercache`), because progress
 lives in the query's checkpoint as the offsets these methods return. Not thread-safe (Spark
 calls it from one thread). No Spark imports.
 """

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from conftest import SMALL_CONFIG
 
-from rocketstore.pipeline import cli
+from rocketstore.pipeline import cli, lag
+from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.store import MessageStore
 
@@ -144,8 +145,18 @@ def test_a_checkpoint_and_the_groups_open_each_broker_once(
             super().__init__(path, *args, **kwargs)
 
     monkeypatch.setattr("rocketstore.pipeline.lag.MessageStore", Counted)
+    asked: list[object] = []
+    real_bounds = lag.store_bounds
+
+    def recorded(config: StoreConfig, topics: Any = None) -> lag.BoundsReader:
+        asked.append(topics)
+        return real_bounds(config, topics)
+
+    monkeypatch.setattr(lag, "store_bounds", recorded)
     rows = lag_json(capsys, root, "--checkpoint", ck, "--config", config)
     assert sorted(opened) == ["broker-0", "broker-1"]
+    # The queues of the topics shown: the query's and the groups'.
+    assert asked == [{"orders", "other"}]
     query = [r for r in rows if "group" not in r]
     groups = {
         (r["group"], r["topic"], r["brokerName"], r["queueId"]): r["lag"]
@@ -161,6 +172,9 @@ def test_a_checkpoint_and_the_groups_open_each_broker_once(
         ("billing", "orders", "broker-1", 0): 3,
         ("billing", "orders", "broker-1", 1): 6,
     }
+    opened.clear()
+    lag_json(capsys, root, "--checkpoint", ck, "--config", config, "--topic", "orders")
+    assert sorted(opened) == ["broker-0", "broker-1"] and asked[-1] == {"orders"}
 
 
 def test_queues_the_checkpoint_does_not_name_count_from_their_min_offset(
