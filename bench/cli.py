@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench import (
+    brokers,
     common,
     console,
     core,
@@ -44,6 +45,7 @@ PARTS: dict[str, Callable[[Options], PartResult]] = {
     "console": console.run,
     "metrics": metrics.run,
     "scale": scale.run,
+    "brokers": brokers.run,
 }
 # Parts that run only when named: the soak takes half an hour; the console and the metrics
 # write a root of ten million messages (about 3 GB); the scale part builds stores of up to

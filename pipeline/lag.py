@@ -172,6 +172,30 @@ def store_bounds(config: StoreConfig, topics: Collection[str] | None = None) -> 
     return read
 
 
+def group_topics(
+    brokers: dict[str, ConsumerOffsets], group: str | None, topics: Sequence[str] | None
+) -> set[str]:
+    """The topics :func:`group_lag` shows for these arguments (none for a group that
+    committed nothing: it raises there)."""
+    names = [group] if group is not None else groups_of(brokers, topics)
+    return {t for name in names for t, _, _ in group_offsets(brokers, name, topics)}
+
+
+def read_once(read: BoundsReader) -> BoundsReader:
+    """``read``, each broker directory read at most once: for a caller that shows several
+    consumers of one root at one time (a checkpoint and every group: each broker is opened
+    once, not once per section), with a ``read`` of every topic they show. Not
+    thread-safe."""
+    seen: dict[Path, BrokerBounds] = {}
+
+    def once(name: str, path: Path) -> BrokerBounds:
+        if path not in seen:
+            seen[path] = read(name, path)
+        return seen[path]
+
+    return once
+
+
 def _bounds(
     root: str | os.PathLike[str], read: BoundsReader, topics: set[str]
 ) -> tuple[dict[QueueKey, tuple[int, int]], set[str]]:
@@ -298,11 +322,12 @@ def _cells(row: QueueLag) -> list[object]:
 def cmd_lag(args: argparse.Namespace) -> int:
     """``rocketstore lag ROOT [--checkpoint DIR] [--group NAME] [--topic T]``: the Spark
     query's queues and total, then every consumer group's (or ``--group``'s) queues and a total
-    per group (:func:`group_lag`). An error when there is nothing to show."""
+    per group (:func:`group_lag`); each broker is opened once for both. An error when there
+    is nothing to show."""
     config = StoreConfig.effective(args.config)
     topics = [args.topic] if args.topic else None
     _brokers(args.root)
-    sections: list[_Section] = []
+    progress = None
     if args.checkpoint is not None:
         progress = read_committed_offsets(args.checkpoint)
         if topics is None and not progress.offsets:
@@ -310,7 +335,14 @@ def cmd_lag(args: argparse.Namespace) -> int:
                 f"{args.checkpoint}: the query has not committed a batch yet; name the topic it "
                 "reads with --topic to see the whole backlog"
             )
-        rows = consumer_lag(args.root, progress.offsets, config, topics)
+    brokers = broker_offsets(args.root)
+    # Every broker read once for both sections, its queues of the topics they show only.
+    shown = set(topics) if topics else {t for t, _, _ in progress.offsets} if progress else set()
+    shown |= group_topics(brokers, args.group, topics)
+    read = read_once(store_bounds(config, shown))
+    sections: list[_Section] = []
+    if progress is not None:
+        rows = consumer_lag(args.root, progress.offsets, config, topics, read_bounds=read)
         batch = (
             "no batch committed yet"
             if progress.batch_id is None
@@ -330,7 +362,6 @@ def cmd_lag(args: argparse.Namespace) -> int:
                 [f"{batch}; total lag {total} message(s) in {len(rows)} queue(s)"],
             )
         )
-    brokers = broker_offsets(args.root)
     for name, offsets in brokers.items():
         if offsets.from_bak:
             # What a broker loads while its own rewrite has the file deleted (or left empty).
@@ -339,7 +370,9 @@ def cmd_lag(args: argparse.Namespace) -> int:
                 "missing or empty)",
                 file=sys.stderr,
             )
-    groups = group_lag(args.root, config, group=args.group, topics=topics, brokers=brokers)
+    groups = group_lag(
+        args.root, config, group=args.group, topics=topics, brokers=brokers, read_bounds=read
+    )
     if groups:
         sections.append(
             _Section(

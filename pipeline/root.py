@@ -99,6 +99,9 @@ class StoreRoot:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        # Each broker directory's path as first listed: a planner lists the root at every
+        # trigger, and building a Path costs more than the listing's share of it.
+        self._broker_paths: dict[str, Path] = {}
 
     def __repr__(self) -> str:
         return f"StoreRoot({str(self.path)!r})"
@@ -117,10 +120,16 @@ class StoreRoot:
         if not self.path.is_dir():
             return []
         found: list[tuple[int, str, Path]] = []
-        for child in self.path.iterdir():
-            m = _BROKER_RE.match(child.name)
-            if m and child.is_dir():
-                found.append((int(m.group(1)), child.name, child))
+        # One listing, its entries' types from the directory itself: the source plans with
+        # this at every trigger, and a root may hold dozens of brokers.
+        with os.scandir(self.path) as entries:
+            for entry in entries:
+                m = _BROKER_RE.match(entry.name)
+                if m and entry.is_dir():
+                    path = self._broker_paths.get(entry.name)
+                    if path is None:
+                        path = self._broker_paths[entry.name] = self.path / entry.name
+                    found.append((int(m.group(1)), entry.name, path))
         return [(name, path) for _, name, path in sorted(found)]
 
     def broker_path(self, index: int) -> Path:

@@ -5,18 +5,24 @@ Per micro-batch (``__call__`` runs on the driver; the ``mapInArrow`` step on exe
 1. route, in Spark SQL: each row gets its message queue (RocketMQ's hash selector over the
    sharding key, with Java's own ``String.hashCode``) and a row number fixed by its input
    partition and position (``monotonically_increasing_id``), so a replay numbers rows the same;
-2. shuffle: ``repartition(brokers, key)`` with, for each broker, a key value that Spark's hash
-   partitioner sends to the partition of the same number, so broker ``b``'s rows all land in
-   task ``b`` (one writer per broker), sorted there by row number in the JVM. A micro-batch
-   that Spark plans as one partition (a small file, a one-partition source) skips the
-   shuffle: its one task is then the only writer of every broker and appends to them one
-   after another, which saves a stage per batch;
-3. append: task ``b`` takes broker ``b``'s lock and puts its rows as they come, Spark's next
-   Arrow batch received in a thread of its own while the native put of the current one runs
-   (:func:`rocketstore.sink.writer.append_shuffled`), and flushes once at the end; a re-run skips what an
-   earlier attempt of the same batch already stored (see :mod:`rocketstore.sink.append`). Either way
-   broker ``b``'s rows are written in the same order with the same UNIQ_KEYs (slot ``b``),
-   so a replay finds what landed whichever way it runs.
+2. shuffle: ``repartition(tasks, key)`` with, for each broker, a key value that Spark's hash
+   partitioner sends to partition ``b % tasks``, so broker ``b``'s rows all land in one task
+   (one writer per broker), sorted there by broker, then row number, in the JVM. ``tasks``
+   is the ``writerTasks`` option, by default the brokers or Spark's default parallelism
+   (the cores it runs tasks on), whichever is fewer: a task costs tens of milliseconds
+   whether it has rows or not, so 64 brokers on ``local[2]`` are two tasks of 32 brokers,
+   not 64 tasks of which most wait for a core and many get no rows. A micro-batch that Spark
+   plans as one partition (a small file, a one-partition source) skips the shuffle: its one
+   task is then the only writer of every broker and appends to them one after another,
+   which saves a stage per batch;
+3. append: a task takes each of its brokers' locks in turn and puts that broker's rows as
+   they come, Spark's next Arrow batch received in a thread of its own while the native put
+   of the current one runs (:func:`rocketstore.sink.writer.append_shuffled`), and flushes
+   it once at the end; a broker none of the batch's rows route to is not opened. A re-run
+   skips what an earlier attempt of the same batch already stored (see
+   :mod:`rocketstore.sink.append`). Either way broker ``b``'s rows are written in the same
+   order with the same UNIQ_KEYs (slot ``b``), so a replay finds what landed whichever way
+   it runs, with whatever ``writerTasks``.
 
 Exactly once: given a deterministic, replayable input (Spark's file sources, Kafka, the
 rocketstore source, ``rate``), every row is stored once across task retries and driver
@@ -69,7 +75,7 @@ class CommitLogSink:
 
     ``CommitLogSink(path, topic="orders", brokers=4)``; keyword options are the sink's options
     (``queues``, ``sharding_key``, ``body_format``, ``config``, ``lock_timeout_ms``,
-    ``sink_id``) and store settings by their RocketMQ names (``flushDiskType="SYNC_FLUSH"``).
+    ``sink_id``, ``writer_tasks``) and store settings by their RocketMQ names (``flushDiskType="SYNC_FLUSH"``).
     Options are checked here, so a bad one fails before the query starts.
 
     ``last`` holds the summary of the latest batch; ``history`` all of them.
@@ -121,7 +127,8 @@ class CommitLogSink:
         self._record(batch_id, stats, plan, shuffle)
 
     def _shuffled(self, df: DataFrame, plan: Plan, arrow_schema: pa.Schema) -> DataFrame:
-        """``df`` numbered, routed and shuffled into one partition per broker.
+        """``df`` numbered, routed and shuffled into ``writerTasks`` partitions, each broker's
+        rows in one of them.
 
         Routing runs in the JVM here (Java's ``String.hashCode`` through ``java_method``): the
         shuffle needs each row's broker, and the rows then cross into Python once, in the task
@@ -129,20 +136,23 @@ class CommitLogSink:
         its rows itself (:func:`rocketstore.sink.plan.route_batches`), by the same rules, with the same
         numbers (``monotonically_increasing_id`` of partition 0 counts from 0).
         """
-        keys = self._keys_for(df.sparkSession, plan.brokers)
+        tasks = writer_tasks(df.sparkSession, plan.brokers, self.settings.writer_tasks)
+        keys = self._keys_for(df.sparkSession, tasks)
         mq = queue_expression(arrow_schema, plan.layout, "`__rs_row`")
         broker = F.floor(F.col("__rs_mq") / F.lit(plan.queues)).cast("int")
-        pk = F.try_element_at(F.array(*[F.lit(k) for k in keys]), broker + F.lit(1))
+        task = F.pmod(broker, F.lit(tasks))
+        pk = F.try_element_at(F.array(*[F.lit(k) for k in keys]), task + F.lit(1))
         # Each select is a round trip to the JVM and an analysis of the plan, a fixed cost of
         # every micro-batch: two, and the partition key is an expression of the shuffle.
         numbered = df.select("*", F.monotonically_increasing_id().alias("__rs_row"))
         routed = numbered.select("*", F.expr(mq).alias("__rs_mq"))
-        # Sorted in the JVM, so that the task can append its rows in replay order as they come.
-        return routed.repartition(plan.brokers, pk).sortWithinPartitions("__rs_row")
+        # Sorted in the JVM, so that the task can append each broker's rows in replay order as
+        # they come, one broker after another.
+        return routed.repartition(tasks, pk).sortWithinPartitions(broker, "__rs_row")
 
     def partitioned(self, df: DataFrame) -> DataFrame:
-        """``df`` as the append step receives it: numbered, routed and shuffled into one
-        partition per broker (for the benchmark's floor; ``__call__`` does the same)."""
+        """``df`` as the append step receives it: numbered, routed and shuffled into
+        ``writerTasks`` partitions (for the benchmark's floor; ``__call__`` does the same)."""
         arrow_schema = to_arrow_schema(df.schema, timezone="UTC")
         plan = prepare(self.settings, arrow_schema)
         return self._shuffled(df, plan, arrow_schema) if not _one_partition(df) else df
@@ -183,6 +193,23 @@ def _one_partition(df: DataFrame) -> bool:
     if jdf is None:
         return False
     return bool(jdf.rdd().getNumPartitions() == 1)
+
+
+def writer_tasks(spark: SparkSession, brokers: int, wanted: int | None) -> int:
+    """How many tasks append a shuffled micro-batch: ``wanted`` (the ``writerTasks`` option),
+    else Spark's default parallelism (``spark.default.parallelism``, or the cores of the
+    executors: ``local[2]`` has 2), at most one per broker. Over Spark Connect, where the
+    session has no SparkContext to ask, the configured default parallelism or else one task
+    per broker."""
+    if wanted is not None:
+        return max(1, min(brokers, wanted))
+    context = getattr(spark, "sparkContext", None)
+    if context is not None:
+        slots = int(context.defaultParallelism)
+    else:
+        configured = spark.conf.get("spark.default.parallelism", None)
+        slots = int(configured) if configured else brokers
+    return max(1, min(brokers, slots))
 
 
 def partition_keys(spark: SparkSession, n: int) -> list[int]:

@@ -58,9 +58,14 @@ def _plan(options: Mapping[str, Any], schema: StructType, overwrite: bool) -> Pl
             "mode overwrite: a rocketstore topic is an append-only log; use mode append "
             "(retention removes old messages)"
         )
-    return prepare(
-        SinkSettings.from_options(dict(options)), to_arrow_schema(schema, timezone="UTC")
-    )
+    settings = SinkSettings.from_options(dict(options))
+    if settings.writer_tasks is not None:
+        raise ConfigError(
+            "option writerTasks: the rocketstore data source writes with the DataFrame's own "
+            "partitions (repartition it to choose how many); writerTasks is an option of the "
+            "foreachBatch sink, CommitLogSink"
+        )
+    return prepare(settings, to_arrow_schema(schema, timezone="UTC"))
 
 
 def _write(

@@ -33,10 +33,12 @@ SINK_OPTIONS = {
     "locktimeoutms": "how long a task waits for a broker's lock (default 600000)",
     "sinkid": "identity of the writer for replay detection (default: the query id)",
     "chunkrows": "rows appended per batch put (default 1000000)",
+    "writertasks": "tasks that append a foreachBatch micro-batch (default: the brokers or "
+    "Spark's default parallelism, whichever is fewer)",
 }
 _SPARK_NOISE = {"checkpointlocation", "queryname", "mode"}
 # How docs/sink.md spells the options this module reads in lower case.
-_NAMES = {"locktimeoutms": "lockTimeoutMs", "chunkrows": "chunkRows"}
+_NAMES = {"locktimeoutms": "lockTimeoutMs", "chunkrows": "chunkRows", "writertasks": "writerTasks"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +55,7 @@ class SinkSettings:
     lock_timeout_ms: int = 600_000
     sink_id: str | None = None
     chunk_rows: int = 1_000_000
+    writer_tasks: int | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> SinkSettings:
@@ -85,6 +88,7 @@ class SinkSettings:
             lock_timeout_ms=_positive(sink_values, "locktimeoutms") or 600_000,
             sink_id=sink_values.get("sinkid"),
             chunk_rows=_positive(sink_values, "chunkrows") or 1_000_000,
+            writer_tasks=_positive(sink_values, "writertasks"),
         )
 
     def topic_meta(self, existing: TopicMeta | None, schemas: tuple[str, ...]) -> TopicMeta:

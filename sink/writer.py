@@ -119,28 +119,32 @@ def append_shuffled(
     attempt: int,
 ) -> list[AppendStats]:
     """One task of a shuffled ``foreachBatch`` micro-batch: routed rows (schema
-    :data:`rocketstore.sink.rows.ROUTED`) that all belong to one broker and come in ``__rs_row`` order,
-    since the shuffle sorts them in the JVM. They are appended as they come, Spark's next
-    Arrow batch received (and shaped) in a thread of its own while the current one is put
-    (:func:`rocketstore.sink.prefetch.prefetched`, :func:`rocketstore.sink.append.append_stream`); the slot is the
-    broker, as in :func:`append_routed`, so either path finds what the other stored."""
-    parts = prefetched(_one_broker(batches, queues))
-    head = next(parts, None)
-    if head is None:
-        return []  # a broker none of this batch's rows route to
-    broker, first = head
-    stats = append_stream(
-        StoreRoot(settings.root).broker_path(broker),
-        broker_config(settings.store_config, broker),
-        itertools.chain([first], (table for _, table in parts)),
-        sink_fp=sink_fp,
-        batch_id=batch_id,
-        slot=broker,
-        lock_timeout_ms=settings.lock_timeout_ms,
-        chunk_rows=settings.chunk_rows,
-        attempt=attempt,
-    )
-    return [stats] if stats is not None else []
+    :data:`rocketstore.sink.rows.ROUTED`) of the brokers the shuffle sent to this task, broker
+    after broker in ascending order, each broker's rows in ``__rs_row`` order, as the shuffle
+    sorts them in the JVM (:mod:`rocketstore.sink.foreach`). Each broker's rows are appended
+    as they come, Spark's next Arrow batch received (and shaped) in a thread of its own while
+    the current one is put (:func:`rocketstore.sink.prefetch.prefetched`,
+    :func:`rocketstore.sink.append.append_stream`); the slot is the broker, as in
+    :func:`append_routed`, so either path finds what the other stored. Only brokers with rows
+    are opened."""
+    root = StoreRoot(settings.root)
+    done: list[AppendStats] = []
+    parts = prefetched(_by_broker(batches, queues))
+    for broker, group in itertools.groupby(parts, key=lambda part: part[0]):
+        stats = append_stream(
+            root.broker_path(broker),
+            broker_config(settings.store_config, broker),
+            (table for _, table in group),
+            sink_fp=sink_fp,
+            batch_id=batch_id,
+            slot=broker,
+            lock_timeout_ms=settings.lock_timeout_ms,
+            chunk_rows=settings.chunk_rows,
+            attempt=attempt,
+        )
+        if stats is not None:
+            done.append(stats)
+    return done
 
 
 def append_partition(
@@ -237,10 +241,11 @@ def _as_messages(routed: pa.Table, queues: int) -> pa.Table:
     return message_table(routed, mq % queues)
 
 
-def _one_broker(batches: Iterable[pa.RecordBatch], queues: int) -> Iterator[tuple[int, pa.Table]]:
+def _by_broker(batches: Iterable[pa.RecordBatch], queues: int) -> Iterator[tuple[int, pa.Table]]:
     """The routed batches as message columns, with their broker, gathered into parts of at
-    least :data:`STREAM_ROWS` rows; refuses rows of a second broker or out of ``__rs_row``
-    order, which would break the replay order (see rocketstore.sink.append)."""
+    least :data:`STREAM_ROWS` rows of one broker; refuses brokers out of ascending order or a
+    broker's rows out of ``__rs_row`` order, which would break the replay order (see
+    rocketstore.sink.append)."""
     broker: int | None = None
     last = -1
     held: list[pa.RecordBatch] = []
@@ -252,25 +257,34 @@ def _one_broker(batches: Iterable[pa.RecordBatch], queues: int) -> Iterator[tupl
         rows = batch.column("__rs_row").to_numpy()
         mq = batch.column("__rs_mq").to_numpy().astype(np.int64)
         brokers = mq // queues
-        if broker is None:
-            broker = int(brokers[0])
-        if int(rows[0]) <= last or bool(np.any(rows[1:] <= rows[:-1])):
+        if (broker is not None and int(brokers[0]) < broker) or bool(
+            np.any(brokers[1:] < brokers[:-1])
+        ):
             raise StoreError(
-                f"{broker_name(broker)}: the shuffled rows of a micro-batch came out of row "
-                "order; the sink cannot append them in replay order"
+                f"{broker_name(int(brokers[0]))}: the shuffled rows of a micro-batch came with "
+                "their brokers out of order; the sink cannot append them in replay order"
             )
-        if bool(np.any(brokers != broker)):
-            raise StoreError(
-                f"{broker_name(broker)}: one task of a shuffled micro-batch got rows of more "
-                "than one broker"
-            )
-        last = int(rows[-1])
-        held.append(batch)
-        held_mq.append(mq)
-        count += batch.num_rows
-        if count >= STREAM_ROWS:
-            yield broker, _gathered(held, held_mq, queues)
-            held, held_mq, count = [], [], 0
+        cuts = [0, *(np.flatnonzero(brokers[1:] != brokers[:-1]) + 1).tolist(), len(brokers)]
+        for lo, hi in itertools.pairwise(cuts):
+            if int(brokers[lo]) != broker:
+                if held:
+                    assert broker is not None
+                    yield broker, _gathered(held, held_mq, queues)
+                    held, held_mq, count = [], [], 0
+                broker, last = int(brokers[lo]), -1
+            run = rows[lo:hi]
+            if int(run[0]) <= last or bool(np.any(run[1:] <= run[:-1])):
+                raise StoreError(
+                    f"{broker_name(broker)}: the shuffled rows of a micro-batch came out of row "
+                    "order; the sink cannot append them in replay order"
+                )
+            last = int(run[-1])
+            held.append(batch.slice(lo, hi - lo))
+            held_mq.append(mq[lo:hi])
+            count += hi - lo
+            if count >= STREAM_ROWS:
+                yield broker, _gathered(held, held_mq, queues)
+                held, held_mq, count = [], [], 0
     if held:
         assert broker is not None
         yield broker, _gathered(held, held_mq, queues)

@@ -218,14 +218,15 @@ class _Queue:
         """One past the last valid unit: the first invalid unit of the last file that has any
         (a file created but not written yet holds none). ``hint``, the end a call before found,
         is checked first: when the units on either side of it still say so it is the end, else
-        the search runs (from the hint when the queue only grew within its last file)."""
+        the search runs (from the hint, in steps that double, when the queue only grew within
+        its last file: a few units more cost a few reads, not a search of the whole file)."""
         if hint is not None and self.segments:
             first = self.segments[-1][0] // CQ_UNIT_SIZE
             last = first + self.per_file
             if first < hint <= last and self.valid(hint - 1):
                 if hint == last or not self.valid(hint):
                     return hint
-                return _first_true(hint + 1, last, lambda i: not self.valid(i))
+                return _first_true_from(hint + 1, last, lambda i: not self.valid(i))
         for idx in range(len(self.segments) - 1, -1, -1):
             first = self.segments[idx][0] // CQ_UNIT_SIZE
 
@@ -236,6 +237,20 @@ class _Queue:
             if count > 0 or idx == 0:
                 return first + count
         return 0
+
+
+def _first_true_from(lo: int, hi: int, pred: Callable[[int], bool]) -> int:
+    """:func:`_first_true`, for an answer expected close to ``lo``: ``lo``, ``lo + 1``,
+    ``lo + 3``, ``lo + 7``, ... are looked at until ``pred`` holds, then the search runs
+    within the last step."""
+    step = 1
+    while lo < hi:
+        probe = min(lo + step - 1, hi - 1)
+        if pred(probe):
+            return _first_true(lo, probe, pred) if probe > lo else probe
+        lo = probe + 1
+        step *= 2
+    return hi
 
 
 def _first_true(lo: int, hi: int, pred: Callable[[int], bool]) -> int:
@@ -281,16 +296,29 @@ class BrokerView:
         found; the answer is the same as without it."""
         return self._bounds(topic, [queue_id], tails)[queue_id]
 
-    def all_bounds(self, topic: str, tails: Tails | None = None) -> dict[int, QueueBounds]:
-        """:meth:`queue_bounds` of every queue of ``topic`` on this broker."""
-        return self._bounds(topic, self.queue_ids(topic), tails)
+    def all_bounds(
+        self,
+        topic: str,
+        tails: Tails | None = None,
+        published: visibility.Published | None = None,
+    ) -> dict[int, QueueBounds]:
+        """:meth:`queue_bounds` of every queue of ``topic`` on this broker. On shared storage,
+        ``published`` is the published point when the caller has just read it (else it is
+        read here)."""
+        return self._bounds(topic, self.queue_ids(topic), tails, published)
 
     def _bounds(
-        self, topic: str, queue_ids: list[int], tails: Tails | None
+        self,
+        topic: str,
+        queue_ids: list[int],
+        tails: Tails | None,
+        published: visibility.Published | None = None,
     ) -> dict[int, QueueBounds]:
         # One listing of the CommitLog for all the queues: it is the same for each.
         def call() -> dict[int, QueueBounds]:
-            point = visibility.published(self.path) if self.shared else None
+            point = None
+            if self.shared:
+                point = published if published is not None else visibility.published(self.path)
             with _files() as files:
                 log = _CommitLog(self.path / "commitlog", files)
                 return {

@@ -9,7 +9,8 @@
 
 Contract with Spark (see :mod:`rocketstore.source.format`): every method runs in the driver's
 long-lived Python process; the planner keeps only what may be lost without harm (the time of
-the last trigger, for ``maxTriggerDelay``, and the ``availableNow`` target), because progress
+the last trigger, for ``maxTriggerDelay``, the ``availableNow`` target, and each broker's
+bounds until its files change: :mod:`rocketstore.source.brokercache`), because progress
 lives in the query's checkpoint as the offsets these methods return. Not thread-safe (Spark
 calls it from one thread). No Spark imports.
 """
@@ -28,6 +29,7 @@ from typing import TypeVar
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import ConfigError, NotFoundError
 from rocketstore.pipeline.groups import broker_offsets, require_group
+from rocketstore.source.brokercache import BoundsCache, PlanWork
 from rocketstore.source.brokerview import BrokerView, QueueBounds, Tails
 from rocketstore.source.errors import DataLossError
 from rocketstore.source.offsets import (
@@ -282,26 +284,46 @@ class Planner:
         # the latest offsets every few milliseconds while idle, and a queue with nothing new
         # then costs two unit reads.
         self._tails: dict[str, Tails] = {}
+        # Each broker's bounds, kept until its files change (rocketstore.source.brokercache):
+        # a plan reads the brokers a writer touched since the last one, not all of them.
+        self._cache = BoundsCache()
+        self._views: dict[str, BrokerView] = {}
+        self._root = options.root  # one, so that it keeps its brokers' paths
+
+    @property
+    def work(self) -> PlanWork:
+        """Brokers checked and read by this planner's plans so far."""
+        return self._cache.work
 
     # -- what is there --------------------------------------------------------------------------
 
     def brokers(self) -> list[BrokerView]:
+        """The root's broker directories now; a broker's view (and the file system type it
+        looked up) is kept from one call to the next."""
         setting = (self.options.config or StoreConfig()).shared_storage
-        return [BrokerView(name, path, setting) for name, path in self.options.root.brokers()]
-
-    def broker_paths(self) -> dict[str, Path]:
-        return dict(self.options.root.brokers())
+        views: list[BrokerView] = []
+        for name, path in self._root.brokers():
+            view = self._views.get(name)
+            if view is None or (view.path is not path and view.path != path):
+                view = self._views[name] = BrokerView(name, path, setting)
+            views.append(view)
+        return views
 
     def bounds(self) -> dict[QueueKey, QueueBounds]:
         """Readable offsets of every queue of the query's topics on every broker, now."""
+        return self._look()[0]
+
+    def _look(self) -> tuple[dict[QueueKey, QueueBounds], dict[str, Path]]:
+        """:meth:`bounds`, and the broker directories they were read from."""
         out: dict[QueueKey, QueueBounds] = {}
-        for broker in self.brokers():
-            for topic in self.options.topics:
-                for qid, b in broker.all_bounds(
-                    topic, self._tails.setdefault(broker.name, {})
-                ).items():
+        views = self.brokers()
+        self._cache.keep_only({v.name for v in views})
+        for broker in views:
+            tails = self._tails.setdefault(broker.name, {})
+            for topic, queues in self._cache.bounds(broker, self.options.topics, tails).items():
+                for qid, b in queues.items():
                     out[(topic, broker.name, qid)] = b
-        return out
+        return out, {v.name: v.path for v in views}
 
     def latest(self) -> Offsets:
         return {q: b.max for q, b in self.bounds().items()}
@@ -403,8 +425,7 @@ class Planner:
         """The partitions of the micro-batch ``(start, end]``; a queue missing from ``start``
         (new since) reads from its earliest offset. Checks for data loss again: a batch
         replayed after a restart may find its first messages deleted."""
-        bounds = self.bounds()
-        paths = self.broker_paths()
+        bounds, paths = self._look()
         out: list[QueueRange] = []
         losses: list[Loss] = []
         for q in sorted(end, key=sort_key):

@@ -137,3 +137,21 @@ def test_startup_benchmark_quick(
         _positive(data[name]["seconds"])
     for name in ("help", "queues"):  # the child reports its own peak RSS
         _positive(data[name]["max_rss_kib"])
+
+
+def test_brokers_benchmark_planning_reads_the_brokers_that_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``brokers`` part's planning figures (its Spark figures need a session: run
+    ``python -m bench brokers --quick``): the brokers each plan read, per case."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from bench import brokers
+
+    brokers.build_root(tmp_path / "root", 6, 20)
+    got = brokers.planning(tmp_path / "root", 6, 3)
+    assert {c: got[c]["brokers_read_per_plan"] for c in brokers.CHANGED} == {
+        "none": 0,
+        "one": 1,
+        "all": 6,
+    }
+    assert all(len(got[c]["seconds"]) == 3 for c in brokers.CHANGED)

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from conftest import SMALL_CONFIG
 
-from rocketstore.pipeline import cli
+from rocketstore.pipeline import cli, lag
+from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.store import MessageStore
 
@@ -120,6 +121,60 @@ def test_last_committed_batch_is_read_and_other_sources_skipped(
     ]
     assert lines[1].split() == ["orders", "broker-0", "0", "4", "5", "1"]
     assert lines[-1] == "batch 1 committed; total lag 8 message(s) in 4 queue(s)"
+
+
+def test_a_checkpoint_and_the_groups_open_each_broker_once(
+    capsys: pytest.CaptureFixture[str],
+    root: Path,
+    config: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both sections (the query's, then every group's) are computed from one read of each
+    broker: a root of many brokers costs one read-only open per broker, not one per section."""
+    ck = tmp_path / "ck"
+    write_batch(ck, 0, {"orders": {"broker-0": {"0": 4}, "broker-1": {"1": 2}}}, commit=True)
+    (root / "broker-1" / "config" / "consumerOffset.json").write_text(
+        '{"offsetTable":{"orders@billing":{0:1},"other@audit":{0:0}}}'
+    )
+    opened: list[str] = []
+
+    class Counted(MessageStore):
+        def __init__(self, path: Path, *args: Any, **kwargs: Any) -> None:
+            opened.append(Path(path).name)
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr("rocketstore.pipeline.lag.MessageStore", Counted)
+    asked: list[object] = []
+    real_bounds = lag.store_bounds
+
+    def recorded(config: StoreConfig, topics: Any = None) -> lag.BoundsReader:
+        asked.append(topics)
+        return real_bounds(config, topics)
+
+    monkeypatch.setattr(lag, "store_bounds", recorded)
+    rows = lag_json(capsys, root, "--checkpoint", ck, "--config", config)
+    assert sorted(opened) == ["broker-0", "broker-1"]
+    # The queues of the topics shown: the query's and the groups'.
+    assert asked == [{"orders", "other"}]
+    query = [r for r in rows if "group" not in r]
+    groups = {
+        (r["group"], r["topic"], r["brokerName"], r["queueId"]): r["lag"]
+        for r in rows
+        if "group" in r
+    }
+    assert sum(r["lag"] for r in query) == (5 - 4) + (3 - 0) + (4 - 0) + (6 - 2)
+    assert groups == {
+        ("audit", "other", "broker-0", 0): 2,
+        ("audit", "other", "broker-1", 0): 0,  # committed 0 where the topic has no queue
+        ("billing", "orders", "broker-0", 0): 5,
+        ("billing", "orders", "broker-0", 1): 3,
+        ("billing", "orders", "broker-1", 0): 3,
+        ("billing", "orders", "broker-1", 1): 6,
+    }
+    opened.clear()
+    lag_json(capsys, root, "--checkpoint", ck, "--config", config, "--topic", "orders")
+    assert sorted(opened) == ["broker-0", "broker-1"] and asked[-1] == {"orders"}
 
 
 def test_queues_the_checkpoint_does_not_name_count_from_their_min_offset(

@@ -8,7 +8,8 @@ import pytest
 
 from rocketstore.pipeline.config import SYNC_FLUSH, StoreConfig
 from rocketstore.pipeline.errors import ConfigError
-from rocketstore.sink.foreach import _option_name
+from rocketstore.sink.foreach import _option_name, writer_tasks
+from rocketstore.sink.format import batch_writer, stream_writer
 from rocketstore.sink.settings import SinkSettings
 
 
@@ -50,6 +51,7 @@ def test_config_file_then_single_options_override(tmp_path: Path) -> None:
         ({"path": "/r", "topic": "a b"}, "option topic='a b'"),
         ({"path": "/r", "flushDiskTyp": "SYNC_FLUSH"}, "unknown store setting 'flushdisktyp'"),
         ({"path": "/r", "config": "/nonexistent.toml"}, "cannot read store configuration"),
+        ({"path": "/r", "writerTasks": "0"}, "option writerTasks='0'"),
     ],
 )
 def test_bad_options_name_the_option(options: dict[str, str], message: str) -> None:
@@ -57,8 +59,58 @@ def test_bad_options_name_the_option(options: dict[str, str], message: str) -> N
         SinkSettings.from_options(options)
 
 
+class _Context:
+    defaultParallelism = 2  # local[2]
+
+
+class _Conf:
+    def __init__(self, value: str | None) -> None:
+        self.value = value
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        assert key == "spark.default.parallelism"
+        return self.value if self.value is not None else default
+
+
+class _Classic:
+    sparkContext = _Context()
+
+
+class _Connect:
+    """A Spark Connect session: no SparkContext, a conf to ask."""
+
+    def __init__(self, parallelism: str | None) -> None:
+        self.conf = _Conf(parallelism)
+
+
+@pytest.mark.parametrize(
+    ("session", "brokers", "wanted", "tasks"),
+    [
+        (_Classic(), 64, None, 2),  # the session's cores, not one task per broker
+        (_Classic(), 1, None, 1),
+        (_Classic(), 64, 8, 8),
+        (_Classic(), 4, 8, 4),  # never more than one task per broker
+        (_Connect("16"), 64, None, 16),
+        (_Connect(None), 64, None, 64),
+    ],
+)
+def test_writer_tasks(session: object, brokers: int, wanted: int | None, tasks: int) -> None:
+    assert writer_tasks(session, brokers, wanted) == tasks  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("make", [batch_writer, stream_writer])
+def test_the_data_source_writer_refuses_writer_tasks(make: object) -> None:
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    schema = StructType([StructField("body", BinaryType())])
+    options = {"path": "/r", "topic": "orders", "writerTasks": "2"}
+    with pytest.raises(ConfigError, match="option writerTasks: the rocketstore data source"):
+        make(options, schema, False)  # type: ignore[operator]
+
+
 def test_python_keyword_names_map_to_option_names() -> None:
     assert _option_name("sharding_key") == "shardingKey"
+    assert _option_name("writer_tasks") == "writerTasks"
     assert _option_name("lock_timeout_ms") == "lockTimeoutMs"
     assert _option_name("flushDiskType") == "flushDiskType"
 

@@ -7,6 +7,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 from pyspark.errors import StreamingQueryException
@@ -16,7 +18,7 @@ from sinkutil import CONFIG, STORE_OPTIONS, read_back, write_input
 
 from rocketstore.pipeline.bodyformat import BodySchema, decode_bodies
 from rocketstore.pipeline.javahash import java_hash
-from rocketstore.pipeline.root import StoreRoot
+from rocketstore.pipeline.root import StoreRoot, select_queues
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify
 from rocketstore.sink.foreach import CommitLogSink, partition_keys
@@ -349,3 +351,60 @@ def test_empty_batches_and_brokers_without_rows(spark: SparkSession, tmp_path: P
         b"m%d" % i for i in range(5)
     ]
     assert len({(s["broker"], s["queueId"]) for s in stored}) == 1
+
+
+def keys_of_brokers(brokers: set[int], n: int, total_brokers: int, queues: int) -> list[str]:
+    """``n`` keys that RocketMQ's hash selector sends to ``brokers``, taking the brokers in
+    turn."""
+    candidates = [f"customer-{i}" for i in range(50 * n + 1000)]
+    mq = select_queues(pa.array(candidates), np.arange(len(candidates)), total_brokers * queues)
+    found: dict[int, list[str]] = {b: [] for b in brokers}
+    for key, b in zip(candidates, (mq // queues).tolist(), strict=True):
+        if b in found:
+            found[b].append(key)
+    ordered = sorted(brokers)
+    return [found[ordered[k % len(ordered)]][k // len(ordered)] for k in range(n)]
+
+
+def test_sixty_four_brokers_on_two_cores(spark: SparkSession, tmp_path: Path) -> None:
+    """brokers=64 on local[2]: a micro-batch is shuffled into two tasks (the session's default
+    parallelism), not 64 that wait for a core and mostly get no rows; a batch whose rows route
+    to three brokers opens those three only, its replay stores nothing more, and a batch over
+    every broker lands whole and reads back through the source."""
+    root = tmp_path / "store"
+    sink = CommitLogSink(
+        str(root), topic="orders", brokers=64, queues=2, sink_id="many", **STORE_OPTIONS
+    )
+    schema = "keys string, body binary"
+    few_keys = keys_of_brokers({5, 17, 40}, 60, 64, 2)
+    few = spark.createDataFrame(
+        [(k, b"few %d" % i) for i, k in enumerate(few_keys)], schema
+    ).repartition(2)
+    assert sink.partitioned(few).rdd.getNumPartitions() == 2
+    assert (
+        CommitLogSink(str(root), topic="orders", writer_tasks=5)
+        .partitioned(few)
+        .rdd.getNumPartitions()
+        == 5
+    )
+    sink(few, 0)
+    assert sink.last is not None and sink.last.shuffled
+    assert sink.last.brokers == {"broker-5": 20, "broker-17": 20, "broker-40": 20}
+    assert sorted(p.name for p in root.glob("broker-*")) == ["broker-17", "broker-40", "broker-5"]
+    sink(few, 0)  # the same batch again, as after a restart
+    assert (sink.last.appended, sink.last.skipped) == (0, 60)
+
+    every_keys = keys_of_brokers(set(range(64)), 128, 64, 2)
+    every = spark.createDataFrame(
+        [(k, b"every %d" % i) for i, k in enumerate(every_keys)], schema
+    ).repartition(2)
+    sink(every, 1)
+    assert sink.last.appended == 128 and len(sink.last.brokers) == 64
+    read = spark.read.format("rocketstore").option("path", str(root)).option("topic", "orders")
+    got = read.load().select(F.col("keys")[0].alias("keys"), F.col("body"))
+    expected = spark.createDataFrame(
+        [(k, b"few %d" % i) for i, k in enumerate(few_keys)]
+        + [(k, b"every %d" % i) for i, k in enumerate(every_keys)],
+        schema,
+    )
+    assert_df_equality(got, expected, ignore_row_order=True, ignore_nullable=True)

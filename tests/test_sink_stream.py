@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -170,15 +171,57 @@ def test_a_shuffled_task_appends_its_broker_in_row_order(tmp_path: Path) -> None
     [
         [routed(3, 0, 4, [0, 2, 1])],  # out of order within a batch
         [routed(2, 0, 4, [5, 6]), routed(2, 0, 4, [3, 4])],  # across batches
-        [routed(2, 0, 4), routed(2, 1, 4, [2, 3])],  # a second broker
+        [routed(2, 1, 4), routed(2, 0, 4, [2, 3])],  # brokers out of order across batches
+        [routed_rows([0, 1, 2], [4, 0, 5])],  # brokers out of order within a batch
+        [routed(2, 0, 4), routed(2, 1, 4, [3, 4]), routed(2, 1, 4, [4, 5])],  # within a broker
     ],
 )
 def test_a_shuffled_task_refuses_what_breaks_the_replay_order(
     tmp_path: Path, batches: list[pa.RecordBatch]
 ) -> None:
     settings = SinkSettings.from_options({"path": str(tmp_path), "topic": "orders"})
-    with pytest.raises(StoreError, match=r"row order|more than one broker"):
+    with pytest.raises(StoreError, match=r"row order|brokers out of order"):
         append_shuffled(settings, 4, batches, batch_id=3, sink_fp=FP, attempt=0)
+
+
+def small_settings(root: Path) -> SinkSettings:
+    settings = SinkSettings.from_options({"path": str(root), "topic": "orders"})
+    return dataclasses.replace(settings, store_config=CONFIG)
+
+
+@pytest.mark.parametrize("cut", [1, 5, 9, 40])
+def test_a_shuffled_task_appends_each_of_its_brokers_as_one_task_of_its_own_would(
+    tmp_path: Path, cut: int
+) -> None:
+    """With fewer writer tasks than brokers a task gets several brokers' rows, broker after
+    broker (a broker's run may start or end inside an Arrow batch): each broker gets what the
+    task of its own would have put there, with the same UNIQ_KEYs, and only those brokers are
+    opened."""
+    ids = list(range(30))
+    mq = [4 * b + i % 4 for b, n in ((1, 12), (2, 5), (5, 13)) for i in range(n)]
+    whole = routed_rows(ids, mq)
+    batches = [whole.slice(0, cut), whole.slice(cut)]
+    settings = small_settings(tmp_path / "shared")
+    got = append_shuffled(settings, 4, batches, batch_id=3, sink_fp=FP, attempt=0)
+    assert [(s.broker, s.slot, s.appended) for s in got] == [
+        ("broker-1", 1, 12),
+        ("broker-2", 2, 5),
+        ("broker-5", 5, 13),
+    ]
+    assert sorted(p.name for p in (tmp_path / "shared").iterdir()) == [
+        "broker-1",
+        "broker-2",
+        "broker-5",
+    ]
+    for broker in (1, 2, 5):
+        alone = [i for i in ids if mq[i] // 4 == broker]
+        own = small_settings(tmp_path / f"own-{broker}")
+        append_shuffled(
+            own, 4, [routed_rows(alone, [mq[i] for i in alone])], batch_id=3, sink_fp=FP, attempt=0
+        )
+        name = f"broker-{broker}"
+        assert uniq_of(tmp_path / "shared" / name) == uniq_of(tmp_path / f"own-{broker}" / name)
+        assert len(uniq_of(tmp_path / "shared" / name)) == len(alone)
 
 
 def test_prefetched_keeps_order_and_stays_within_its_depth() -> None:

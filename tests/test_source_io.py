@@ -237,3 +237,40 @@ def test_bounds_from_kept_tails_equal_a_fresh_look(
             assert view.queue_bounds("t", 0, tails) == fresh
     finally:
         show_units(files, SMALL_UNITS)
+
+
+@pytest.mark.parametrize("grown", [1, 2, 3, 100, 1000])
+def test_a_queue_that_grew_by_a_few_units_costs_a_few_unit_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, grown: int
+) -> None:
+    """The tail kept from the plan before is where the search for the new end starts, in
+    steps that double: reads grow with the log of what was added, not of the file's size."""
+    config = StoreConfig(mapped_file_size_consume_queue=200_000 * CQ_UNIT_SIZE)
+    path = tmp_path / "broker-0"
+
+    def put(first: int, n: int) -> None:
+        with MessageStore(path, config) as store:
+            store.put_batch(
+                pa.table(
+                    {"topic": ["t"] * n, "body": [b"m%d" % i for i in range(first, first + n)]}
+                )
+            )
+
+    put(0, 50)
+    view = BrokerView("broker-0", path)
+    tails: brokerview.Tails = {}
+    view.queue_bounds("t", 0, tails)
+    put(50, grown)
+    units = []
+    real = brokerview._Queue.unit
+
+    def counted(self: brokerview._Queue, i: int) -> tuple[int, int, int]:
+        units.append(i)
+        return real(self, i)
+
+    monkeypatch.setattr(brokerview._Queue, "unit", counted)
+    assert view.queue_bounds("t", 0, tails).max == 50 + grown
+    # The units either side of the old end, a read per doubling to pass the new end and as
+    # many to find it within the last step, the new last unit (its record's check) and the
+    # first (retention's). The whole file's search costs 22 whatever was added.
+    assert len(units) <= 2 * (grown.bit_length() + 1) + 2

@@ -35,7 +35,17 @@ from rocketstore.pipeline import bodyformat, record
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.console import rates
 from rocketstore.pipeline.errors import NotFoundError, OffsetOutOfRangeError, StoreError
-from rocketstore.pipeline.lag import QueueLag, consumer_lag, group_lag, read_committed_offsets
+from rocketstore.pipeline.groups import broker_offsets
+from rocketstore.pipeline.lag import (
+    CommittedOffsets,
+    QueueLag,
+    consumer_lag,
+    group_lag,
+    group_topics,
+    read_committed_offsets,
+    read_once,
+    store_bounds,
+)
 from rocketstore.pipeline.metrics import DEFAULT_PER_QUEUE_LIMIT
 from rocketstore.pipeline.reads import MAX_TIMESTAMP
 from rocketstore.pipeline.results import QueueEnds
@@ -622,26 +632,42 @@ class Consumer:
 
 def consumers(console: Console) -> tuple[list[Consumer], str | None]:
     """Each checkpoint's query, then each consumer group, as ``rocketstore lag ROOT
-    --checkpoint DIR`` computes them (the same functions); and a note when the groups' offset
-    files could not be read."""
-    out: list[Consumer] = []
+    --checkpoint DIR`` computes them (the same functions, every broker read once for all of
+    them); and a note when the groups' offset files could not be read."""
+    found: list[Consumer | CommittedOffsets] = []
     for checkpoint in console.checkpoints:
         try:
             progress = read_committed_offsets(checkpoint)
         except (StoreError, OSError) as exc:
-            out.append(Consumer("query", str(checkpoint), [], "unreadable", str(exc)))
+            found.append(Consumer("query", str(checkpoint), [], "unreadable", str(exc)))
             continue
         if progress.batch_id is None:
-            out.append(Consumer("query", str(checkpoint), [], "no batch committed yet"))
+            found.append(Consumer("query", str(checkpoint), [], "no batch committed yet"))
             continue
-        rows = consumer_lag(console.root, progress.offsets, console.config)
-        out.append(Consumer("query", str(checkpoint), rows, f"batch {progress.batch_id} committed"))
+        found.append(progress)
     note = None
+    brokers = None
     try:
-        for g in group_lag(console.root, console.config):
-            out.append(Consumer("group", g.group, g.queues, "config/consumerOffset.json"))
+        brokers = broker_offsets(console.root)
     except (StoreError, OSError) as exc:
         note = str(exc)
+    shown = {t for p in found if isinstance(p, CommittedOffsets) for t, _, _ in p.offsets}
+    if brokers is not None:
+        shown |= group_topics(brokers, None, None)
+    read = read_once(store_bounds(console.config, shown))
+    out: list[Consumer] = []
+    for checkpoint, item in zip(console.checkpoints, found, strict=True):
+        if isinstance(item, Consumer):
+            out.append(item)
+            continue
+        rows = consumer_lag(console.root, item.offsets, console.config, read_bounds=read)
+        out.append(Consumer("query", str(checkpoint), rows, f"batch {item.batch_id} committed"))
+    if brokers is not None:
+        try:
+            for g in group_lag(console.root, console.config, brokers=brokers, read_bounds=read):
+                out.append(Consumer("group", g.group, g.queues, "config/consumerOffset.json"))
+        except (StoreError, OSError) as exc:
+            note = str(exc)
     return out, note
 
 

@@ -1,0 +1,244 @@
+"""Each broker's queue bounds kept between plans, re-read only for brokers whose files changed.
+
+A streaming query plans every trigger (``latestOffset``, then ``partitions``), and an idle query
+triggers again and again: reading every queue of every broker each time costs a few listings,
+``stat`` calls and unit reads per queue, so a root of 64 brokers costs tens of milliseconds a
+plan, however few brokers a writer touched. :class:`BoundsCache` keeps what the last read of a
+broker found, with a :class:`Stamp` of the broker's files taken before that read, and reads
+the broker again only when the stamp no longer holds.
+
+The stamp rests on the progress file ``config/rocketstore.json``
+(:mod:`rocketstore.pipeline.progress`), which a writer replaces (a new inode, by a rename)
+after every flush that stored a record, naming the CommitLog's flushed end, the last record
+before it and every queue's length then. A broker's bounds are kept only when that file
+describes them exactly: every queue of the query has the length the file records, every queue
+the file records for the query's topics was found, and (on one host) no record follows the
+flushed end. A stamp holds while
+
+* the progress file is the same file (``st_ino``, ``st_size``, ``st_mtime_ns``,
+  ``st_ctime_ns``): a writer that flushed since replaced it;
+* the first CommitLog segment is still there: retention deletes it first, which moves the
+  queues' earliest offsets;
+* on one host (not shared storage), the last record still ends at the flushed end and
+  nothing follows it: a writer that appended since without flushing yet, or one that a crash
+  and a recovery cut back, changed those bytes. One host shares one page cache, so a fresh read
+  would see such an append at once, and so does this check.
+
+On shared storage (:mod:`rocketstore.pipeline.visibility`) readers offer nothing past the
+published point, which is the progress file's content: an unchanged file with a writer on
+another host appending after it is what a fresh read would offer too, so the third check does
+not apply there. A broker this host has not caught up with yet (a queue below its published
+length: pages or listings it still caches) is not kept, so the next plan looks again.
+
+So a kept value is never ahead of what a fresh read would give, and it is dropped as soon as
+the progress file changes. A broker without a progress file (written by RocketMQ itself), or
+whose writer is appending (records past the flushed end), is read at every plan, as before.
+What a check costs: on one host two ``stat`` calls and one small read (the last record's
+header and the 8 bytes after it), on shared storage a listing of ``config/`` (it refreshes a
+FUSE client's entry of the renamed file) and two ``stat`` calls; :class:`PlanWork` counts
+checks and reads. A replaced file always has a new inode (the new one is created while the
+old one still exists); only two rewrites between plans could bring an inode number back, and
+with it an equal size and time, and on one host the check of the log's tail still sees the
+records they flushed.
+
+Driver side (the source's planner); not thread-safe (Spark plans from one thread).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Collection, Sequence
+from pathlib import Path
+
+from rocketstore.pipeline import record, visibility
+from rocketstore.pipeline.mapped_file import segment_name
+from rocketstore.pipeline.progress import FILE_NAME as PROGRESS_FILE
+from rocketstore.pipeline.progress import FlushProgress
+from rocketstore.pipeline.segments import list_segments
+from rocketstore.source.brokerview import BrokerView, QueueBounds, Tails
+
+_HEAD = record.SIZE_MAGIC  # a record's TOTALSIZE and MAGIC (signed, as MAGIC is)
+FileId = tuple[int, int, int, int]  # st_ino, st_size, st_mtime_ns, st_ctime_ns
+TopicBounds = dict[str, dict[int, QueueBounds]]  # topic -> queue id -> bounds
+
+
+@dataclasses.dataclass
+class PlanWork:
+    """What planning did to the brokers' files since the planner was made."""
+
+    checked: int = 0  # brokers whose kept bounds were checked against their files (a stamp)
+    read: int = 0  # brokers whose queues were read (listings, units, tail records)
+
+    def snapshot(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stamp:
+    """What a broker's files were when its bounds were read (see the module docstring). Paths
+    are kept as strings: a check is a few system calls, and building paths would cost more."""
+
+    progress_path: str
+    progress: FileId
+    first_segment: str
+    # The last flushed record: the segment file it is in, where, and its size; then where the
+    # next record would start (the same file, or the next one when the record filled it).
+    record_file: str
+    record_pos: int
+    record_size: int
+    next_file: str
+    next_pos: int
+
+
+def _file_id(path: str) -> FileId | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _pread(path: str, n: int, offset: int) -> bytes:
+    """``n`` bytes of ``path`` at ``offset`` (fewer past its end; none when it is not there)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return b""
+    try:
+        return os.pread(fd, n, offset)
+    finally:
+        os.close(fd)
+
+
+# The last record and the bytes after it in one read, when it is no bigger than this.
+_ONE_READ = 4096
+
+
+def _ends_at_flushed(stamp: Stamp) -> bool:
+    """Whether the last flushed record is still there, of its size, and nothing follows it
+    (zeros, or no segment file for it yet)."""
+    n = _HEAD.size
+    if stamp.next_file == stamp.record_file and stamp.record_size <= _ONE_READ:
+        raw = _pread(stamp.record_file, stamp.record_size + n, stamp.record_pos)
+        head, after = raw[:n], raw[stamp.record_size :]
+    else:
+        head = _pread(stamp.record_file, n, stamp.record_pos)
+        after = _pread(stamp.next_file, n, stamp.next_pos)
+    if len(head) < n or _HEAD.unpack(head) != (stamp.record_size, record.MAGIC):
+        return False
+    return not any(after)
+
+
+def _progress_file(view: BrokerView) -> str:
+    config = os.path.join(view.path, "config")
+    if view.shared:
+        # A FUSE client answers a look-up of the renamed file from its cached entry until the
+        # directory is listed (rocketstore.pipeline.visibility.published).
+        with contextlib.suppress(OSError):
+            os.listdir(config)
+    return os.path.join(config, PROGRESS_FILE)
+
+
+def take_stamp(view: BrokerView) -> tuple[Stamp, FlushProgress] | None:
+    """The stamp of ``view``'s files now, with the progress file it rests on; None when the
+    broker has no usable progress file, or (on one host) a writer has appended past its
+    flushed end."""
+    path = _progress_file(view)
+    before = _file_id(path)
+    if before is None:
+        return None
+    progress = FlushProgress.read(Path(path).parent)
+    if progress is None:
+        return None
+    last, end = progress.last_record_offset, progress.flushed_offset
+    segments = list_segments(view.path / "commitlog")
+    if not segments or not 0 <= last < end:
+        return None
+    size = segments[0][1].stat().st_size
+    if size <= 0:
+        return None
+    log = str(view.path / "commitlog")
+    stamp = Stamp(
+        path,
+        before,
+        str(segments[0][1]),
+        os.path.join(log, segment_name(last - last % size)),
+        last % size,
+        end - last,
+        os.path.join(log, segment_name(end - end % size)),
+        end % size,
+    )
+    if not view.shared and not _ends_at_flushed(stamp):
+        return None
+    return stamp, progress
+
+
+def holds(view: BrokerView, stamp: Stamp) -> bool:
+    """Whether ``stamp`` still describes ``view``'s files (see the module docstring)."""
+    if view.shared:
+        with contextlib.suppress(OSError):
+            os.listdir(os.path.dirname(stamp.progress_path))
+    if _file_id(stamp.progress_path) != stamp.progress:
+        return False
+    if _file_id(stamp.first_segment) is None:
+        return False
+    return view.shared or _ends_at_flushed(stamp)
+
+
+def described(bounds: TopicBounds, progress: FlushProgress) -> bool:
+    """Whether ``bounds`` are exactly what ``progress`` records for their topics: every queue
+    read has the recorded length, and every queue recorded with units was read."""
+    recorded: dict[str, dict[int, int]] = {topic: {} for topic in bounds}
+    for name, length in progress.queues.items():
+        topic, _, qid = name.rpartition("/")
+        if topic in recorded and qid.isdigit():
+            recorded[topic][int(qid)] = length
+    for topic, queues in bounds.items():
+        lengths = recorded[topic]
+        if any(qid not in queues for qid, length in lengths.items() if length > 0):
+            return False
+        if any(b.max != lengths.get(qid, 0) for qid, b in queues.items()):
+            return False
+    return True
+
+
+@dataclasses.dataclass
+class _Kept:
+    stamp: Stamp
+    bounds: TopicBounds
+
+
+class BoundsCache:
+    """Per broker, the bounds the last read found and the stamp they rest on."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, _Kept] = {}
+        self.work = PlanWork()
+
+    def bounds(self, view: BrokerView, topics: Sequence[str], tails: Tails) -> TopicBounds:
+        """Every queue's bounds of ``topics`` on ``view``'s broker: the kept ones while their
+        stamp holds, else read afresh (:meth:`BrokerView.all_bounds`, with ``tails``)."""
+        kept = self._kept.get(view.name)
+        if kept is not None:
+            self.work.checked += 1
+            if kept.bounds.keys() >= set(topics) and holds(view, kept.stamp):
+                return {t: kept.bounds[t] for t in topics}
+        self._kept.pop(view.name, None)
+        # Taken before the read: what the read finds is at least as new as the stamp, so a
+        # stamp that still holds later vouches for it.
+        taken = take_stamp(view)
+        self.work.read += 1
+        point = None
+        if taken is not None and view.shared:
+            point = visibility.Published(taken[1].flushed_offset, taken[1].queues)
+        found = {t: view.all_bounds(t, tails, point) for t in topics}
+        if taken is not None and described(found, taken[1]):
+            self._kept[view.name] = _Kept(taken[0], found)
+        return found
+
+    def keep_only(self, names: Collection[str]) -> None:
+        """Drop what is kept of brokers not in ``names`` (gone from the root)."""
+        for name in [n for n in self._kept if n not in names]:
+            del self._kept[name]
