@@ -169,7 +169,34 @@ LATENCY = payload(
     load_avg_end=[2.0, 2.0, 2.0],
 )
 
+
+
+def scale_point(queues: int, put: float, verify: float, rocketmq: float | None) -> dict[str, Any]:
+    return {
+        "queues": queues,
+        "messages": 400_000,
+        "put_close_s": spread(put, put * 0.9, put * 1.1),
+        "open_s": spread(0.01 * queues / 40, 0.005, 0.02 * queues / 40),
+        "verify_s": spread(verify, verify, verify),
+        "floor_create_s": spread(put / 4, put / 5, put / 3),
+        "rocketmq_load_s": None if rocketmq is None else spread(rocketmq, rocketmq, rocketmq),
+    }
+
+
+SCALE = payload(
+    "scale",
+    "2026-11-27T13:10:00+00:00",
+    counts=[40, 4000, 40000],
+    by_queues={
+        "40": scale_point(40, 0.5, 1.7, 0.37),
+        "4000": scale_point(4000, 2.9, 2.0, 0.5),
+        # RocketMQ's load failed here: no point of its at 40,000
+        "40000": scale_point(40000, 34.0, 6.0, None),
+    },
+)
+
 ALL = {
+    "scale": SCALE,
     "store": STORE,
     "core": CORE,
     "sink": SINK,
@@ -266,6 +293,17 @@ def test_latency_bars_and_ramp_carry_the_results(tmp_path: Path) -> None:
     assert list(artists["latency.ramp.gen_to_seen_ms.p99"].get_ydata()) == pytest.approx(
         [1120, 1200, 16000]
     )
+
+
+def test_scale_lines_carry_the_results(tmp_path: Path) -> None:
+    artists = by_gid(charts.draw_scale(write_results(tmp_path / "out", ALL)))
+    put = next(a for gid, a in artists.items() if gid.endswith(".put_close_s"))
+    assert list(put.get_xdata()) == [40, 4000, 40000]
+    assert list(put.get_ydata()) == pytest.approx([0.5, 2.9, 34.0])
+    rocketmq = next(a for gid, a in artists.items() if gid.endswith(".rocketmq_load_s"))
+    assert list(rocketmq.get_xdata()) == [40, 4000], "a failed load draws no point"
+    verify = next(a for gid, a in artists.items() if gid.endswith(".verify_s"))
+    assert list(verify.get_ydata()) == pytest.approx([1.7, 2.0, 6.0])
 
 
 def svg_text(path: Path) -> str:
