@@ -337,13 +337,12 @@ class MappedFile:
         try:
             st = os.fstat(fd)
             self._check_size(st.st_size)
+            if self.read_only:
+                # A view reads whatever file the name leads to: no identity to check.
+                return fd
             identity = filesystem.file_identity(fd, st)
             known = self._identity
-            if (
-                known is not None
-                and not self.read_only
-                and not filesystem.same_file(known, identity)
-            ):
+            if known is not None and not filesystem.same_file(known, identity):
                 raise FileReplacedError(
                     f"{self.path}: the name now leads to another file (inode {st.st_ino} "
                     f"generation {identity[2]}; this writer opened inode {known[1]} generation "

@@ -247,7 +247,8 @@ class QueueLoader:
             self.queues.append(q)
             self.queue_of[(q.tid, q.cq.queue_id)] = q
             self.scan.report.queues += 1
-            self.scan.tick(self.scan.done + q.cq.file_size * len(q.files))
+            self.scan.done += q.cq.file_size * len(q.files)
+        self.scan.tick(self.scan.done)  # once a batch: a store of 40,000 queues is 40,000
 
     def _record(self, cq: ConsumeQueue, files: list[MappedFile]) -> QueueRecord:
         """A queue's record, with the units each of its files holds (see
