@@ -91,6 +91,7 @@ def open_store(path: Path, read_only: bool) -> dict[str, Any]:
         "work": work,
         "recovery_ms": report["durationMs"],
         "records_redispatched": report["recordsRedispatched"],
+        "abort_found": report["abortFileFound"],
     }
 
 
