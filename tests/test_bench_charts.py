@@ -170,7 +170,6 @@ LATENCY = payload(
 )
 
 
-
 def scale_point(queues: int, put: float, verify: float, rocketmq: float | None) -> dict[str, Any]:
     return {
         "queues": queues,
