@@ -44,6 +44,7 @@ from rocketstore.pipeline.console.auth import Guard
 from rocketstore.pipeline.console.headers import SecurityHeaders
 from rocketstore.pipeline.console.health import Health
 from rocketstore.pipeline.console.metrics_route import metrics_handler
+from rocketstore.pipeline.console.overview import overview as gather_overview
 from rocketstore.pipeline.errors import InvalidMessageError, NotFoundError, StoreError
 from rocketstore.pipeline.metrics import StoreCollector, Target
 
@@ -152,7 +153,7 @@ def create_app(console: views.Console, token: str | None = None) -> Starlette:
         number = params.integer(request.query_params.get("page"), "page", low=1, default=1)
 
         def gather() -> dict[str, Any]:
-            data = views.overview(console)
+            data = gather_overview(console)
             chart = charts.rate_chart(
                 "messages written per minute, last hour", data.edges, data.rate
             )
