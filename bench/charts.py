@@ -8,7 +8,7 @@ results of each part from ``bench/out/`` (or ``--results DIR``) and draws four S
 - ``latency.svg``: the latency part's percentiles at its steady rate, and along its ramp;
 - ``floors.svg``: the sink and the source beside their floors (what any Python sink or source
   costs before doing anything), and the fixed cost of a micro-batch or query with almost no
-  rows;
+  rows (:mod:`bench.chart_floors`);
 - ``scale.svg``: each operation's cost against the number of queues (:mod:`bench.chart_scale`).
 
 Every chart ends with one caption line per part it draws from: the date of the run, the
@@ -25,16 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib as mpl
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator
 
+from bench.chart_floors import draw_floors
 from bench.chart_scale import draw_scale
 from bench.chartkit import (
     DEFAULT_IMAGES_DIR,
-    FLOOR,
-    FLOOR_SOURCE,
     PARQUET,
-    PARQUET_SOURCE,
     RAW,
     ROCKETMQ,
     ROCKETMQ_REFERENCE,
@@ -43,6 +42,7 @@ from bench.chartkit import (
     SVG_SALT,
     Bar,
     MissingResults,
+    PartResults,
     add_captions,
     fmt_count,
     fmt_size,
@@ -52,7 +52,6 @@ from bench.chartkit import (
     load_part,
     new_figure,
     ratio_label,
-    ratio_spread,
     spread_bar,
 )
 from bench.common import DEFAULT_OUT_DIR, MB, median
@@ -69,7 +68,21 @@ def draw_throughput(results: Path) -> Figure:
     fig, (mbs, msgs, sinks, sources) = new_figure(
         "rocketstore throughput beside same-run baselines", "ab;cd", 10
     )
+    _put_bandwidth(mbs, store)
+    _put_rates(msgs, store, core)
+    _sink_speed(sinks, sink)
+    _source_speed(sources, source)
+    add_captions(
+        fig,
+        [store, core, sink, source],
+        "Hatched: the RocketMQ 4.9.4 store (DefaultMessageStore, ASYNC_FLUSH, with dispatch) "
+        "as measured earlier on this machine, a reference mark, not from the runs above.",
+    )
+    return fig
 
+
+def _put_bandwidth(ax: Axes, store: PartResults) -> None:
+    """The store's batch puts (small and large bodies) in MB/s beside the raw mmap write."""
     groups = []
     for key in ("put_small", "put_large"):
         put = store[key]
@@ -94,13 +107,17 @@ def draw_throughput(results: Path) -> Figure:
                 ],
             )
         )
-    grouped_bars(mbs, groups, "MB/s", "bandwidth")
-    mbs.set_title("Store: batch put against a raw write, one core", fontsize=11)
+    grouped_bars(ax, groups, "MB/s", "bandwidth")
+    ax.set_title("Store: batch put against a raw write, one core", fontsize=11)
 
+
+def _put_rates(ax: Axes, store: PartResults, core: PartResults) -> None:
+    """Batch and single puts in messages/s beside RocketMQ's store (reference marks) and one
+    ``os.write`` per message."""
     small = store["put_small"]
     single = core["single"]
     grouped_bars(
-        msgs,
+        ax,
         [
             (
                 f"batch put, {fmt_count(int(small['messages']))} x {fmt_size(int(small['body_bytes']))}",
@@ -146,13 +163,16 @@ def draw_throughput(results: Path) -> Figure:
         "messages/s",
         "throughput",
     )
-    msgs.set_title("Store: puts against RocketMQ's store and raw writes, one core", fontsize=11)
+    ax.set_title("Store: puts against RocketMQ's store and raw writes, one core", fontsize=11)
 
+
+def _sink_speed(ax: Axes, sink: PartResults) -> None:
+    """The Spark sink's two faces in rows/s beside Spark's parquet sink."""
     rows = int(sink["rows"])
     speed = {k: [rows / w for w in v] for k, v in sink["wall_s"].items()}
     parquet = median(speed["parquet"])
     grouped_bars(
-        sinks,
+        ax,
         [
             (
                 "foreachBatch",
@@ -191,13 +211,16 @@ def draw_throughput(results: Path) -> Figure:
         "rows/s",
         "throughput",
     )
-    sinks.set_title(
+    ax.set_title(
         f"Spark sink: {fmt_count(rows)} rows x 100 B, local[2], against parquet", fontsize=11
     )
 
+
+def _source_speed(ax: Axes, source: PartResults) -> None:
+    """The Spark source in rows/s beside Spark's parquet source."""
     n = int(source["messages"])
     grouped_bars(
-        sources,
+        ax,
         [
             (
                 'readStream.format("rocketstore")',
@@ -225,17 +248,10 @@ def draw_throughput(results: Path) -> Figure:
         "rows/s",
         "throughput",
     )
-    sources.set_title(
+    ax.set_title(
         f"Spark source: {fmt_count(n)} rows x {source['body_bytes']} B into noop, against parquet",
         fontsize=11,
     )
-    add_captions(
-        fig,
-        [store, core, sink, source],
-        "Hatched: the RocketMQ 4.9.4 store (DefaultMessageStore, ASYNC_FLUSH, with dispatch) "
-        "as measured earlier on this machine, a reference mark, not from the runs above.",
-    )
-    return fig
 
 
 # -- latency.svg -------------------------------------------------------------------------------
@@ -324,232 +340,6 @@ def draw_latency(results: Path) -> Figure:
         f"Steady bars: median of the {len(steady)} steady measurement(s), whiskers min .. max; "
         "the ramp has one measurement per rate (at the steady rate, their median). born: the store's stamp when the sink's put "
         "began; gen: the rate source's stamp; seen: when the reading query has the batch.",
-    )
-    return fig
-
-
-# -- floors.svg --------------------------------------------------------------------------------
-
-
-# The sink's two faces, each with its floor: (group label, the sink's kind, its floor's kind).
-SINK_FACES = (
-    ("foreachBatch", "rocketstore", "floor-fb"),
-    ("data source\nwriter", "rocketstore-ds", "floor-ds"),
-)
-
-
-def _against_floors(
-    values: dict[str, list[float]], what: str, note: Callable[[float, float], str]
-) -> list[tuple[str, list[Bar]]]:
-    """One group per face of the sink: its bar (noted with ``note(sink, floor)`` of the
-    medians) beside its floor's."""
-    return [
-        (
-            face,
-            [
-                list_bar(
-                    values[name],
-                    label="rocketstore sink",
-                    gid=f"floors.{what}.{name}",
-                    note=note(median(values[name]), median(values[floor])),
-                ),
-                list_bar(
-                    values[floor],
-                    label="its floor (same plan, counts)",
-                    color=FLOOR,
-                    gid=f"floors.{what}.{floor}",
-                ),
-            ],
-        )
-        for face, name, floor in SINK_FACES
-    ]
-
-
-def draw_floors(results: Path) -> Figure:
-    sink = load_part(results, "sink")
-    batch = load_part(results, "sink-batch")
-    source = load_part(results, "source")
-    fig, (sink_ax, sink_cpu_ax, source_ax, source_cpu_ax, fixed_ax) = new_figure(
-        "What the sink and the source cost beyond Spark's own floor", "ace;bde", 10
-    )
-
-    rows = int(sink["rows"])
-    speed = {k: [rows / w for w in v] for k, v in sink["wall_s"].items()}
-    grouped_bars(
-        sink_ax,
-        _against_floors(speed, "sink", lambda sink, floor: f"{sink / floor:.2f} x floor"),
-        "rows/s",
-        "throughput",
-    )
-    sink_ax.set_title(f"Sink: {fmt_count(rows)} rows x 100 B, wall clock", fontsize=11)
-
-    per_m = 1_000_000 / rows
-    cpu = {k: [c * per_m for c in v] for k, v in sink["cpu_s"].items()}
-    grouped_bars(
-        sink_cpu_ax,
-        [
-            *_against_floors(
-                cpu, "sink_cpu", lambda sink, floor: f"+{sink - floor:.2f} over floor"
-            ),
-            (
-                "native put,\none thread",
-                [
-                    list_bar(
-                        [c * per_m for c in sink["native_put_cpu_s"]],
-                        label="the put every sink runs",
-                        color=RAW,
-                        gid="floors.sink_cpu.native_put",
-                    )
-                ],
-            ),
-        ],
-        "",
-        "CPU s per million rows",
-    )
-    sink_cpu_ax.set_title("Sink: CPU of every process, lower is better", fontsize=11)
-
-    grouped_bars(
-        source_ax,
-        [
-            (
-                "streaming",
-                [
-                    spread_bar(
-                        source["source_rows_per_s"],
-                        label="rocketstore source",
-                        gid="floors.source.source",
-                        note=ratio_label(source.data.get("source_over_floor"), "floor"),
-                    ),
-                    spread_bar(
-                        source["replay_stream_rows_per_s"],
-                        label="floor: replay of decoded batches",
-                        color=FLOOR,
-                        gid="floors.source.replay_stream",
-                    ),
-                ],
-            ),
-            (
-                "batch read",
-                [
-                    spread_bar(
-                        source["replay_rows_per_s"],
-                        label="floor: replay of decoded batches",
-                        color=FLOOR,
-                        gid="floors.source.replay",
-                    ),
-                ],
-            ),
-        ],
-        "rows/s",
-        "throughput",
-    )
-    n = int(source["messages"])
-    source_ax.set_title(f"Source: {fmt_count(n)} rows into noop, wall clock", fontsize=11)
-
-    def source_cpu(kind: str) -> list[float]:
-        return [float(run[f"{kind}_cpu_s"]) * 1_000_000 / n for run in source["runs"]]
-
-    grouped_bars(
-        source_cpu_ax,
-        [
-            (
-                "streaming",
-                [
-                    list_bar(
-                        source_cpu("source"),
-                        label="rocketstore source",
-                        gid="floors.source_cpu.source",
-                    ),
-                    list_bar(
-                        source_cpu("replay_stream"),
-                        label="floor: replay of decoded batches",
-                        color=FLOOR,
-                        gid="floors.source_cpu.replay_stream",
-                    ),
-                ],
-            ),
-            (
-                "batch read",
-                [
-                    list_bar(
-                        source_cpu("replay"),
-                        label="floor: replay of decoded batches",
-                        color=FLOOR,
-                        gid="floors.source_cpu.replay",
-                    ),
-                ],
-            ),
-        ],
-        "",
-        "CPU s per million rows",
-    )
-    source_cpu_ax.set_title("Source: CPU of every process, lower is better", fontsize=11)
-
-    per_batch: dict[str, list[float]] = batch["ms_per_batch"]
-    empty, parquet_batch = median(per_batch["empty"]), median(per_batch["parquet"])
-    grouped_bars(
-        fixed_ax,
-        [
-            (
-                "sink, 100-row\nmicro-batch",
-                [
-                    list_bar(
-                        per_batch["empty"],
-                        label="rocketstore sink, empty store",
-                        gid="floors.batch.empty",
-                        note=f"{empty / parquet_batch:.2f} x parquet",
-                    ),
-                    list_bar(
-                        per_batch["large"],
-                        label=f"rocketstore sink, store of {fmt_count(int(batch['large']))} messages",
-                        color="#08519c",
-                        gid="floors.batch.large",
-                        note=f"{median(per_batch['large']) / empty:.2f} x empty",
-                    ),
-                    list_bar(
-                        per_batch["parquet"],
-                        label="parquet sink",
-                        color=PARQUET,
-                        gid="floors.batch.parquet",
-                    ),
-                ],
-            ),
-            (
-                "query reading\nnothing",
-                [
-                    spread_bar(
-                        source["source_empty_s"],
-                        1000,
-                        label="rocketstore source, from the latest offsets",
-                        color=FLOOR_SOURCE,
-                        gid="floors.empty.source",
-                        note=ratio_label(
-                            ratio_spread(source["source_empty_s"], source["parquet_empty_s"]),
-                            "parquet",
-                        ),
-                    ),
-                    spread_bar(
-                        source["parquet_empty_s"],
-                        1000,
-                        label="parquet source, empty folder",
-                        color=PARQUET_SOURCE,
-                        gid="floors.empty.parquet",
-                    ),
-                ],
-            ),
-        ],
-        "ms",
-        "fixed cost",
-        horizontal=True,
-    )
-    fixed_ax.set_title("Fixed cost, with (almost) no rows", fontsize=11)
-    add_captions(
-        fig,
-        [sink, batch, source],
-        "A floor runs Spark's same plan into a Python sink or source that only counts (or "
-        "replays batches decoded beforehand). sink-batch: Spark's triggerExecution per "
-        "micro-batch, the median over micro-batches and runs; the query reading nothing "
-        "starts from the latest offsets (parquet: an empty folder), start to end.",
     )
     return fig
 

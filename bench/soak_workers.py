@@ -31,6 +31,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
@@ -402,6 +403,124 @@ class _SparkState(_ReaderState):
     ended: str | None = None  # why the query ended
 
 
+class _SparkQuery:
+    """The soak's Spark query: its starts and restarts, and what its listener counted. Every
+    field is read and written under ``counted`` (the listener's events come on a py4j thread,
+    the supervisor runs on one of its own)."""
+
+    def __init__(self, root: str, checkpoint: str, settings: Settings) -> None:
+        self.root, self.checkpoint, self.settings = root, checkpoint, settings
+        self.state = _SparkState()
+        self.counted = threading.Condition()
+        self.queries: list[Any] = []  # the query now running is the last
+        self.draining = False
+
+    def progressed(self, p: Any) -> None:
+        """A progress event: a trigger ran, and its rows are counted."""
+        with self.counted:
+            self.state.triggered = True
+            if p.numInputRows:
+                self.state.read += int(p.numInputRows)
+                self.state.batches += 1
+                self.state.batch_ms.append(float(p.durationMs.get("triggerExecution", 0)))
+            self.counted.notify_all()
+
+    def idled(self) -> None:
+        with self.counted:
+            self.state.triggered = True
+            self.counted.notify_all()
+
+    def terminated(self, exception: Any) -> None:
+        with self.counted:
+            self.state.ended = str(exception) if exception else "stopped"
+            if self.state.triggered and exception:
+                self.state.errors.append(f"the query ended: {exception}")
+            self.counted.notify_all()
+
+    def launch(self, spark: Any) -> bool:
+        """Start the query, up to :data:`SPARK_STARTS` times, until a trigger runs."""
+        state = self.state
+        for _ in range(SPARK_STARTS):
+            with self.counted:
+                state.triggered, state.ended = False, None
+            query = (
+                spark.readStream.format("rocketstore")
+                .option("path", self.root)
+                .option("topic", TOPIC)
+                .option("startingOffsets", "earliest")
+                .load()
+                .writeStream.format("noop")
+                .option("checkpointLocation", self.checkpoint)
+                .trigger(processingTime=f"{self.settings.spark_trigger_s} seconds")
+                .start()
+            )
+            self.queries.append(query)
+            with self.counted:
+                self.counted.wait_for(
+                    lambda: state.triggered or state.ended is not None, START_LIMIT_S
+                )
+                if state.triggered:
+                    return True
+                state.start_failures.append(state.ended or f"no trigger in {START_LIMIT_S:.0f} s")
+            query.stop()
+        with self.counted:
+            state.errors.append(f"the query did not start: {state.start_failures}")
+        return False
+
+    def supervise(self, spark: Any) -> None:
+        """Start the query again each time it fails, until the drain or the last restart."""
+        for restart in range(SPARK_RESTARTS + 1):
+            with self.counted:
+                self.counted.wait_for(lambda: self.draining or self.state.ended is not None)
+                if self.draining:
+                    return
+                if restart == SPARK_RESTARTS:
+                    break
+            try:
+                if not self.launch(spark):
+                    break
+            except Exception:
+                with self.counted:
+                    self.state.errors.append(_failure())
+                break
+        with self.counted:
+            self.state.stopped = True
+
+    def drain(self, target: int) -> None:
+        """Stop restarting, and wait until ``target`` messages were read (or the query
+        stopped for good, or :data:`DRAIN_LIMIT_S` passed: an error)."""
+        state = self.state
+        with self.counted:
+            self.draining = True
+            self.counted.notify_all()
+            self.counted.wait_for(lambda: state.read >= target or state.stopped, DRAIN_LIMIT_S)
+            if state.read < target:
+                state.errors.append(
+                    f"drain: read {state.read} of {target} messages in {DRAIN_LIMIT_S:.0f} s"
+                )
+
+
+def _listener(q: _SparkQuery) -> Any:
+    """A listener handing the query's events to ``q`` (pyspark is imported here, in the Spark
+    worker's process alone)."""
+    from pyspark.sql.streaming.listener import StreamingQueryListener
+
+    class Progress(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            q.progressed(event.progress)
+
+        def onQueryIdle(self, event: Any) -> None:
+            q.idled()
+
+        def onQueryTerminated(self, event: Any) -> None:
+            q.terminated(event.exception)
+
+    return Progress()
+
+
 def spark_main(conn: Connection, root: str, checkpoint: str, settings: Settings) -> None:
     """The real streaming source in a ``local[2]`` Spark session:
     ``readStream.format("rocketstore")`` from the earliest offsets into the ``noop`` sink with
@@ -410,96 +529,17 @@ def spark_main(conn: Connection, root: str, checkpoint: str, settings: Settings)
     once the query's first trigger ran (an idle or a progress event). A query that fails is
     an error, and is started again from its checkpoint (as a deployment restarts a failed
     query; ``local[2]`` runs no task twice), up to :data:`SPARK_RESTARTS` times."""
-    import threading
-
-    from pyspark.sql.streaming.listener import StreamingQueryListener
-
     from bench.session import local_session
 
-    state = _SparkState()
-    counted = threading.Condition()
-    queries: list[Any] = []  # the query now running is the last
-    draining = False
-
-    class Progress(StreamingQueryListener):
-        def onQueryStarted(self, event: Any) -> None:
-            pass
-
-        def onQueryProgress(self, event: Any) -> None:
-            p = event.progress
-            with counted:
-                state.triggered = True
-                if p.numInputRows:
-                    state.read += int(p.numInputRows)
-                    state.batches += 1
-                    state.batch_ms.append(float(p.durationMs.get("triggerExecution", 0)))
-                counted.notify_all()
-
-        def onQueryIdle(self, event: Any) -> None:
-            with counted:
-                state.triggered = True
-                counted.notify_all()
-
-        def onQueryTerminated(self, event: Any) -> None:
-            with counted:
-                state.ended = str(event.exception) if event.exception else "stopped"
-                if state.triggered and event.exception:
-                    state.errors.append(f"the query ended: {event.exception}")
-                counted.notify_all()
-
-    def launch(spark: Any) -> bool:
-        """Start the query, up to :data:`SPARK_STARTS` times, until a trigger runs."""
-        for _ in range(SPARK_STARTS):
-            with counted:
-                state.triggered, state.ended = False, None
-            query = (
-                spark.readStream.format("rocketstore")
-                .option("path", root)
-                .option("topic", TOPIC)
-                .option("startingOffsets", "earliest")
-                .load()
-                .writeStream.format("noop")
-                .option("checkpointLocation", checkpoint)
-                .trigger(processingTime=f"{settings.spark_trigger_s} seconds")
-                .start()
-            )
-            queries.append(query)
-            with counted:
-                counted.wait_for(lambda: state.triggered or state.ended is not None, START_LIMIT_S)
-                if state.triggered:
-                    return True
-                state.start_failures.append(state.ended or f"no trigger in {START_LIMIT_S:.0f} s")
-            query.stop()
-        with counted:
-            state.errors.append(f"the query did not start: {state.start_failures}")
-        return False
-
-    def supervise(spark: Any) -> None:
-        """Start the query again each time it fails, until the drain or the last restart."""
-        for restart in range(SPARK_RESTARTS + 1):
-            with counted:
-                counted.wait_for(lambda: draining or state.ended is not None)
-                if draining:
-                    return
-                if restart == SPARK_RESTARTS:
-                    break
-            try:
-                if not launch(spark):
-                    break
-            except Exception:
-                with counted:
-                    state.errors.append(_failure())
-                break
-        with counted:
-            state.stopped = True
-
+    q = _SparkQuery(root, checkpoint, settings)
+    state = q.state
     spark: Any = None
     supervisor: threading.Thread | None = None
     try:
         spark, _ = local_session("rocketstore-soak")
-        spark.streams.addListener(Progress())
-        if launch(spark):
-            supervisor = threading.Thread(target=supervise, args=(spark,), daemon=True)
+        spark.streams.addListener(_listener(q))
+        if q.launch(spark):
+            supervisor = threading.Thread(target=q.supervise, args=(spark,), daemon=True)
             supervisor.start()
         else:
             state.stopped = True
@@ -511,27 +551,19 @@ def spark_main(conn: Connection, root: str, checkpoint: str, settings: Settings)
         request, value = conn.recv()
         if request == "drain":
             break
-        with counted:
+        with q.counted:
             conn.send(("stats", state.report()))
-    target = int(value)
-    with counted:
-        draining = True
-        counted.notify_all()
-        counted.wait_for(lambda: state.read >= target or state.stopped, DRAIN_LIMIT_S)
-        if state.read < target:
-            state.errors.append(
-                f"drain: read {state.read} of {target} messages in {DRAIN_LIMIT_S:.0f} s"
-            )
+    q.drain(int(value))
     if supervisor is not None:
         supervisor.join()
     try:
-        if queries:
-            queries[-1].stop()
+        if q.queries:
+            q.queries[-1].stop()
         if spark is not None:
             spark.stop()
     except Exception:
         state.errors.append(_failure())
-    with counted:
+    with q.counted:
         conn.send(("stats", state.report()))
 
 

@@ -309,22 +309,44 @@ def run(options: Options) -> PartResult:
 def _result(
     n: int, log_bytes: int, build_s: float, runs: list[dict[str, Any]], notes: list[str]
 ) -> PartResult:
-    def col(key: str) -> list[float]:
-        return [float(r[key]) for r in runs]
+    loads = _col(runs, "load_avg_before") + _col(runs, "load_avg_after")
+    notes.append(
+        f"load average {min(loads):.1f} .. {max(loads):.1f} over the runs (2 vCPUs): compare "
+        "the ratios, measured side by side, rather than the absolute figures"
+    )
+    return PartResult("source", _rows(n, runs), _data(n, log_bytes, build_s, runs), notes)
 
-    rate = {k: col(f"{k}_rows_per_s") for k in KINDS}
-    per_cpu = {k: col(f"{k}_rows_per_cpu_s") for k in KINDS}
+
+def _col(runs: list[dict[str, Any]], key: str) -> list[float]:
+    """One figure of every run."""
+    return [float(r[key]) for r in runs]
+
+
+def _per_kind(runs: list[dict[str, Any]], figure: str) -> dict[str, list[float]]:
+    """A figure (``rows_per_s``, ``rows_per_cpu_s``) of every run, per kind of read."""
+    return {k: _col(runs, f"{k}_{figure}") for k in KINDS}
+
+
+def _spread_row(name: str, unit: str, values: list[float], **extra: Any) -> Row:
+    return Row(name, unit, median(values), min(values), max(values), **extra)
+
+
+def _rows(n: int, runs: list[dict[str, Any]]) -> list[Row]:
+    """The table: the source against parquet (its target) and against its floor (its
+    target), the other kinds of read, CPU, the full row, and the queries reading nothing."""
+
+    def col(key: str) -> list[float]:
+        return _col(runs, key)
+
+    rate = _per_kind(runs, "rows_per_s")
+    per_cpu = _per_kind(runs, "rows_per_cpu_s")
     ratio = median(col("source_over_parquet"))
     floor_ratio = median(col("source_over_floor"))
     floor = f"streaming replay {median(rate['replay_stream']):,.0f} rows/s"
     baseline = f"parquet source {median(rate['parquet']):,.0f} rows/s"
     cpu_baseline = f"parquet source {median(per_cpu['parquet']):,.0f} rows/CPU-s"
-
-    def spread_row(name: str, unit: str, values: list[float], **extra: Any) -> Row:
-        return Row(name, unit, median(values), min(values), max(values), **extra)
-
-    rows = [
-        spread_row(
+    return [
+        _spread_row(
             f"source -> noop, availableNow, {n:,} x {BODY_BYTES} B, default row",
             "rows/s",
             rate["source"],
@@ -333,7 +355,7 @@ def _result(
             target=f">= {TARGET_RATIO:g} x parquet",
             met=ratio >= TARGET_RATIO,
         ),
-        spread_row(
+        _spread_row(
             "source against its floor (the streaming replay)",
             "rows/s",
             rate["source"],
@@ -342,21 +364,21 @@ def _result(
             target=f">= {FLOOR_TARGET:g} x its floor",
             met=floor_ratio >= FLOOR_TARGET,
         ),
-        spread_row("parquet file source -> noop, availableNow", "rows/s", rate["parquet"]),
-        spread_row(
+        _spread_row("parquet file source -> noop, availableNow", "rows/s", rate["parquet"]),
+        _spread_row(
             "replay: Python data source, pre-decoded batches -> noop",
             "rows/s",
             rate["replay"],
             baseline=baseline,
             ratio=median(col("replay_over_parquet")),
         ),
-        spread_row(
+        _spread_row(
             "replay_stream: the same as a streaming query (the source's floor)",
             "rows/s",
             rate["replay_stream"],
             baseline=baseline,
         ),
-        spread_row(
+        _spread_row(
             "source per CPU-second, against its floor's",
             "rows/CPU-s",
             per_cpu["source"],
@@ -364,7 +386,7 @@ def _result(
             ratio=median(col("source_over_floor_cpu")),
         ),
         *(
-            spread_row(
+            _spread_row(
                 f"{kind}, per CPU-second of every process",
                 "rows/CPU-s",
                 per_cpu[kind],
@@ -373,22 +395,25 @@ def _result(
             )
             for kind in ("source", "replay")
         ),
-        spread_row(
+        _spread_row(
             "source -> noop, includeAll (the full row, the old default)",
             "rows/s",
             [n / v for v in col("source_all_s")],
             baseline=f"default row {median(rate['source']):,.0f} rows/s",
             ratio=median(col("source_all_over_source")),
         ),
-        spread_row("source query reading nothing (latest)", "s", col("source_empty_s")),
-        spread_row("parquet query reading nothing (empty dir)", "s", col("parquet_empty_s")),
+        _spread_row("source query reading nothing (latest)", "s", col("source_empty_s")),
+        _spread_row("parquet query reading nothing (empty dir)", "s", col("parquet_empty_s")),
     ]
-    loads = col("load_avg_before") + col("load_avg_after")
-    notes.append(
-        f"load average {min(loads):.1f} .. {max(loads):.1f} over the runs (2 vCPUs): compare "
-        "the ratios, measured side by side, rather than the absolute figures"
-    )
-    data = {
+
+
+def _data(n: int, log_bytes: int, build_s: float, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the JSON file keeps: the setup, every run, and each figure's spread."""
+
+    def col(key: str) -> list[float]:
+        return _col(runs, key)
+
+    return {
         "messages": n,
         "brokers": BROKERS,
         "queues_per_broker": QUEUES,
@@ -396,8 +421,8 @@ def _result(
         "commitlog_bytes": log_bytes,
         "build_s": build_s,
         "runs": runs,
-        **{f"{k}_rows_per_s": spread(v) for k, v in rate.items()},
-        **{f"{k}_rows_per_cpu_s": spread(v) for k, v in per_cpu.items()},
+        **{f"{k}_rows_per_s": spread(v) for k, v in _per_kind(runs, "rows_per_s").items()},
+        **{f"{k}_rows_per_cpu_s": spread(v) for k, v in _per_kind(runs, "rows_per_cpu_s").items()},
         "source_over_parquet": spread(col("source_over_parquet")),
         "replay_over_parquet": spread(col("replay_over_parquet")),
         "source_over_parquet_cpu": spread(col("source_over_parquet_cpu")),
@@ -408,4 +433,3 @@ def _result(
         "source_empty_s": spread(col("source_empty_s")),
         "parquet_empty_s": spread(col("parquet_empty_s")),
     }
-    return PartResult("source", rows, data, notes)

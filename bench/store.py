@@ -521,110 +521,129 @@ def _rows(
     memory: dict[str, Any],
     wide: dict[str, Any],
 ) -> list[Row]:
-    rows: list[Row] = []
+    return [
+        *_put_rows(sizes, small, large),
+        *_query_rows(query),
+        _memory_row(sizes, memory),
+        *_spread_rows(wide),
+        *_arrow_rows(sizes, memory),
+    ]
+
+
+def _spread_row(
+    name: str, unit: str, v: dict[str, float], scale: float | None = None, **kw: Any
+) -> Row:
+    """A row of a spread's median, min and max (divided by ``scale`` when given)."""
+    if scale is None:
+        return Row(name, unit, v["median"], v["min"], v["max"], **kw)
+    return Row(name, unit, v["median"] / scale, v["min"] / scale, v["max"] / scale, **kw)
+
+
+def _put_rows(sizes: Sizes, small: dict[str, Any], large: dict[str, Any]) -> list[Row]:
+    """The small puts' throughput (against its target) and per CPU-second; both sizes'
+    bandwidth against the raw mmap write (the large one against its target)."""
     s_label = f"put {_count(sizes.small_count)} x {_size(sizes.small_body)}"
     msgs = small["store_msgs_per_s"]
-    rows.append(
-        Row(
+    rows = [
+        _spread_row(
             f"{s_label}: throughput",
             "msgs/s",
-            msgs["median"],
-            msgs["min"],
-            msgs["max"],
+            msgs,
             target=f">= {TARGET_SMALL_MSGS_PER_S:,} msgs/s",
             met=msgs["median"] >= TARGET_SMALL_MSGS_PER_S,
-        )
-    )
-    per_cpu = small["store_msgs_per_cpu_s"]
-    rows.append(
-        Row(
-            f"{s_label}: per CPU-second",
-            "msgs/CPU-s",
-            per_cpu["median"],
-            per_cpu["min"],
-            per_cpu["max"],
-        )
-    )
+        ),
+        _spread_row(f"{s_label}: per CPU-second", "msgs/CPU-s", small["store_msgs_per_cpu_s"]),
+    ]
     for label, m, target in (
         (s_label, small, None),
         (f"put {_count(sizes.large_count)} x {_size(sizes.large_body)}", large, TARGET_LARGE_RATIO),
     ):
-        bw = m["store_mb_per_s"]
         rows.append(
-            Row(
+            _spread_row(
                 f"{label}: bandwidth ({m['encoded_bytes'] / MB:,.0f} MB)",
                 "MB/s",
-                bw["median"],
-                bw["min"],
-                bw["max"],
+                m["store_mb_per_s"],
                 baseline=f"raw mmap {m['raw_mb_per_s']['median']:,.0f} MB/s",
                 ratio=m["store_over_raw"]["median"],
                 target="" if target is None else f"ratio >= {target}",
                 met=None if target is None else m["store_over_raw"]["median"] >= target,
             )
         )
+    return rows
+
+
+def _query_rows(query: dict[str, Any]) -> list[Row]:
+    """``query_by_key``'s percentiles; p50 against ``get_message``'s and its target."""
     q_label = f"query_by_key ({_count(query['index_entries'])} index entries)"
     get_p50 = query["get_message_p50_ms"]["median"]
+    rows = []
     for p in ("p50", "p90", "p99"):
         v = query[f"{p}_ms"]
         rows.append(
-            Row(
+            _spread_row(
                 f"{q_label}: {p}",
                 "ms",
-                v["median"],
-                v["min"],
-                v["max"],
+                v,
                 baseline=f"get_message p50 {get_p50:.3g} ms" if p == "p50" else "",
                 ratio=query["p50_over_get_p50"]["median"] if p == "p50" else None,
                 target=f"< {TARGET_QUERY_P50_MS:g} ms" if p == "p50" else "",
                 met=v["median"] < TARGET_QUERY_P50_MS if p == "p50" else None,
             )
         )
-    enc = memory["encoded_bytes"]
-    m_label = f"put {_count(sizes.memory_count)} x 100 B"
-    growth = memory["rss_anon_growth"]
+    return rows
+
+
+def _memory_label(sizes: Sizes) -> str:
+    return f"put {_count(sizes.memory_count)} x 100 B"
+
+
+def _memory_row(sizes: Sizes, memory: dict[str, Any]) -> Row:
+    """The put's peak RssAnon growth against the bytes it encoded, and its target."""
     ratio = memory["rss_anon_growth_over_encoded"]["median"]
-    rows.append(
-        Row(
-            f"{m_label}: peak RssAnon growth",
-            "MB",
-            growth["median"] / MB,
-            growth["min"] / MB,
-            growth["max"] / MB,
-            baseline=f"encoded {enc / MB:,.0f} MB",
-            ratio=ratio,
-            target=f"ratio <= {TARGET_MEMORY_RATIO:g}",
-            met=ratio <= TARGET_MEMORY_RATIO,
-        )
+    return _spread_row(
+        f"{_memory_label(sizes)}: peak RssAnon growth",
+        "MB",
+        memory["rss_anon_growth"],
+        MB,
+        baseline=f"encoded {memory['encoded_bytes'] / MB:,.0f} MB",
+        ratio=ratio,
+        target=f"ratio <= {TARGET_MEMORY_RATIO:g}",
+        met=ratio <= TARGET_MEMORY_RATIO,
     )
+
+
+def _spread_rows(wide: dict[str, Any]) -> list[Row]:
+    """The first and the next batch over :data:`WIDE_QUEUES` queues against
+    :data:`NARROW_QUEUES`."""
+    rows = []
     for which, what in (("first", "first batch"), ("next", "next batch")):
-        w = wide[f"{which}_wide_msgs_per_s"]
         narrow = wide[f"{which}_narrow_msgs_per_s"]["median"]
         rows.append(
-            Row(
+            _spread_row(
                 f"put {_count(wide['messages'])} x 100 B over {WIDE_QUEUES:,} queues: {what}",
                 "msgs/s",
-                w["median"],
-                w["min"],
-                w["max"],
+                wide[f"{which}_wide_msgs_per_s"],
                 baseline=f"over {NARROW_QUEUES} queues {narrow:,.0f} msgs/s",
                 ratio=wide[f"{which}_wide_over_narrow"]["median"],
             )
         )
-    if "arrow_pool_growth" in memory:
-        a = memory["arrow_pool_growth"]
-        rows.append(
-            Row(
-                f"{m_label}: peak Arrow pool growth",
-                "MB",
-                a["median"] / MB,
-                a["min"] / MB,
-                a["max"] / MB,
-                baseline=f"encoded {enc / MB:,.0f} MB",
-                ratio=memory["arrow_pool_growth_over_encoded"]["median"],
-            )
-        )
     return rows
+
+
+def _arrow_rows(sizes: Sizes, memory: dict[str, Any]) -> list[Row]:
+    """The Arrow pool's peak growth, when the runs measured it."""
+    if "arrow_pool_growth" not in memory:
+        return []
+    return [
+        _spread_row(
+            f"{_memory_label(sizes)}: peak Arrow pool growth",
+            "MB",
+            memory["arrow_pool_growth"],
+            MB,
+            baseline=f"encoded {memory['encoded_bytes'] / MB:,.0f} MB",
+            ratio=memory["arrow_pool_growth_over_encoded"]["median"],
+        )
+    ]
 
 
 def run(options: Options) -> PartResult:

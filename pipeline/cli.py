@@ -35,19 +35,20 @@ Contract:
 * Exit status: see :data:`EPILOG`. Errors are one line ``rocketstore: error: ...`` on stderr.
 
 Start-up: this module imports nothing heavy. A command's implementation (and with it numpy,
-pyarrow and the store) is imported only once the arguments are parsed, so ``--help`` and usage
-errors answer at once.
+pyarrow and the store) is imported only once the arguments are parsed (by its function in
+:mod:`.cli_handlers`), so ``--help`` and usage errors answer at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
 
+from rocketstore.pipeline import cli_handlers as run
+from rocketstore.pipeline.cli_handlers import Handler
 from rocketstore.pipeline.counts import count_type
 from rocketstore.pipeline.errors import NotFoundError, StoreError
 
@@ -82,7 +83,8 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    """The top-level parser, and each command's own parser by name."""
+    """The top-level parser, and each command's own parser by name. Each command's parser
+    sets ``load_handler``: the :mod:`.cli_handlers` function that imports its implementation."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Read and write a message store directory in Apache RocketMQ 4.9's "
@@ -93,63 +95,61 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     parser.add_argument(
         "--version", action="version", version=f"{PROG} {_version()}", help="print the version"
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    commands: dict[str, argparse.ArgumentParser] = {}
-
-    conf = argparse.ArgumentParser(add_help=False)
-    conf.add_argument(
-        "--config",
-        metavar="FILE",
-        help="store settings: a .toml file or a broker.conf properties file, RocketMQ names "
-        "(default: conf/store.toml when it exists, under $ROCKETSTORE_CONF_DIR or the current "
-        "directory, else RocketMQ's defaults); must match the geometry the store was written "
-        "with",
+    c = _Commands(parser)
+    _reading_commands(c)
+    _query_commands(c)
+    _writing_commands(c)
+    _repair_commands(c)
+    _lag_command(c)
+    _serving_commands(c)
+    c.add(
+        "config",
+        run.config,
+        "Print the effective store settings",
+        "Every setting by its RocketMQ name, then the keys of a broker.conf that are not "
+        "store settings (ignored).",
+        [c.conf, c.as_json],
     )
-    store = argparse.ArgumentParser(add_help=False, parents=[conf])
-    store.add_argument("store", metavar="STORE", help="the broker store directory")
-    as_json = argparse.ArgumentParser(add_help=False)
-    as_json.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
-    queue_args = argparse.ArgumentParser(add_help=False)
-    queue_args.add_argument("--topic", required=True, help="topic")
-    queue_args.add_argument("--queue", required=True, type=count_type(0), help="queue id")
+    return parser, c.parsers
 
-    def served(p: argparse.ArgumentParser, port: int) -> None:
-        """The options of a command that serves HTTP (console, exporter)."""
-        p.add_argument(
-            "--port",
-            type=count_type(0),
-            default=port,
-            help=f"TCP port (default {port}; 0: any free port, printed on start)",
-        )
-        p.add_argument(
-            "--bind",
-            metavar="ADDR",
-            default="127.0.0.1",
-            help="address to listen on (default 127.0.0.1); any other needs a token",
-        )
-        p.add_argument(
-            "--token-file",
+
+class _Commands:
+    """The subcommands being declared: their parsers by name, and the argument groups they
+    share (argparse parents): ``conf`` (--config), ``store`` (STORE and --config),
+    ``as_json`` (--json) and ``queue`` (--topic and --queue, both required)."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+        self.parsers: dict[str, argparse.ArgumentParser] = {}
+        self.conf = argparse.ArgumentParser(add_help=False)
+        self.conf.add_argument(
+            "--config",
             metavar="FILE",
-            help="read the token from FILE's first line (at least 16 characters) instead of "
-            "generating one; with it, loopback requests need the token too",
+            help="store settings: a .toml file or a broker.conf properties file, RocketMQ "
+            "names (default: conf/store.toml when it exists, under $ROCKETSTORE_CONF_DIR or "
+            "the current directory, else RocketMQ's defaults); must match the geometry the "
+            "store was written with",
         )
-        p.add_argument(
-            "--per-queue-limit",
-            type=count_type(0),
-            default=1000,
-            metavar="N",
-            help="/metrics leaves per-queue series out when the root has more than N queues "
-            "(default 1000)",
+        self.store = argparse.ArgumentParser(add_help=False, parents=[self.conf])
+        self.store.add_argument("store", metavar="STORE", help="the broker store directory")
+        self.as_json = argparse.ArgumentParser(add_help=False)
+        self.as_json.add_argument(
+            "--json", action="store_true", help="print JSON lines instead of a table"
         )
+        self.queue = argparse.ArgumentParser(add_help=False)
+        self.queue.add_argument("--topic", required=True, help="topic")
+        self.queue.add_argument("--queue", required=True, type=count_type(0), help="queue id")
 
-    def command(
+    def add(
+        self,
         name: str,
-        handler: str,
+        load_handler: Callable[[], Handler],
         summary: str,
         details: str,
         parents: list[argparse.ArgumentParser],
     ) -> argparse.ArgumentParser:
-        p = sub.add_parser(
+        """Declare command ``name``, run by what ``load_handler`` returns."""
+        p = self.sub.add_parser(
             name,
             help=summary,
             description=f"{summary}. {details}",
@@ -157,60 +157,97 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
             formatter_class=_HelpFormatter,
             parents=parents,
         )
-        # "module:function", imported only when the command runs: --help and usage errors
-        # must not pay for importing the store (numpy, pyarrow).
-        p.set_defaults(handler=handler)
-        commands[name] = p
+        # Imported only when the command runs: --help and usage errors must not pay for
+        # importing the store (numpy, pyarrow).
+        p.set_defaults(load_handler=load_handler)
+        self.parsers[name] = p
         return p
 
-    p = command(
+
+def _served(p: argparse.ArgumentParser, port: int) -> None:
+    """The options of a command that serves HTTP (console, exporter)."""
+    p.add_argument(
+        "--port",
+        type=count_type(0),
+        default=port,
+        help=f"TCP port (default {port}; 0: any free port, printed on start)",
+    )
+    p.add_argument(
+        "--bind",
+        metavar="ADDR",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1); any other needs a token",
+    )
+    p.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="read the token from FILE's first line (at least 16 characters) instead of "
+        "generating one; with it, loopback requests need the token too",
+    )
+    p.add_argument(
+        "--per-queue-limit",
+        type=count_type(0),
+        default=1000,
+        metavar="N",
+        help="/metrics leaves per-queue series out when the root has more than N queues "
+        "(default 1000)",
+    )
+
+
+def _reading_commands(c: _Commands) -> None:
+    """The commands that read a store's queues: dump, queues, topics, get."""
+    p = c.add(
         "dump",
-        "rocketstore.pipeline.commands:cmd_dump",
+        run.dump,
         "Print every message reachable through the ConsumeQueues",
         "One JSON object per line (MessageExt fields, body in base64), topics sorted, queues "
         "ascending, queue offsets ascending.",
-        [store],
+        [c.store],
     )
     p.add_argument("--topic", help="only this topic")
-    p = command(
+    p = c.add(
         "queues",
-        "rocketstore.pipeline.commands:cmd_queues",
+        run.queues,
         "Print each queue's bounds",
         "Per topic and queue: topic, queueId, minOffset, maxOffset, maxPhysicOffset.",
-        [store, as_json],
+        [c.store, c.as_json],
     )
     p.add_argument("--topic", help="only this topic")
-    p = command(
+    p = c.add(
         "topics",
-        "rocketstore.pipeline.commands:cmd_topics",
+        run.topics,
         "Print the topics a stock RocketMQ broker would serve from the store",
         "Per topic named in config/topics.json (the topic table a broker loads at start-up; "
         "it serves no other topic) or with ConsumeQueues on disk: readQueueNums, "
         "writeQueueNums, perm (R read, W write, X inherit), order, and diskQueues (1 + the "
         "highest queue id on disk). A note on stderr names each topic on disk a broker would "
         "not serve in full.",
-        [store, as_json],
+        [c.store, c.as_json],
     )
     p.add_argument("--topic", help="only this topic")
-    p = command(
+    p = c.add(
         "get",
-        "rocketstore.pipeline.commands:cmd_get",
+        run.get,
         "Print messages of one queue from a queue offset",
         "First the status (RocketMQ's GetMessageStatus), nextBeginOffset (where to continue) "
         "and the queue's minOffset/maxOffset, then the messages. With --json, one object "
         "holding those fields and a 'messages' list.",
-        [store, queue_args, as_json],
+        [c.store, c.queue, c.as_json],
     )
     p.add_argument("--offset", required=True, type=int, help="queue offset to start at")
     p.add_argument("--max", type=count_type(1), default=32, help="most messages (default 32)")
     p.add_argument("--tags", metavar="EXPR", help="tag filter, e.g. 'TagA || TagB' (default *)")
-    p = command(
+
+
+def _query_commands(c: _Commands) -> None:
+    """The commands that look messages up: by key, store time, CommitLog offset, msgId."""
+    p = c.add(
         "query-key",
-        "rocketstore.pipeline.commands:cmd_query_key",
+        run.query_key,
         "Print messages of a topic by key",
         "Messages whose KEYS contain the key, or whose UNIQ_KEY is it, newest first "
         "(at most maxMsgsNumBatch).",
-        [store, as_json],
+        [c.store, c.as_json],
     )
     p.add_argument("--topic", required=True, help="topic")
     p.add_argument("--key", required=True, help="a KEYS token or a UNIQ_KEY")
@@ -228,13 +265,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         help="latest store timestamp, ms since the epoch (default: no limit)",
     )
     p.add_argument("--max", type=count_type(1), help="most messages (default maxMsgsNumBatch)")
-    p = command(
+    p = c.add(
         "query-time",
-        "rocketstore.pipeline.commands:cmd_query_time",
+        run.query_time,
         "Print the queue offset of a store time",
         "The offset of the message stored at that time, else the nearest one, clamped to "
         "the queue (RocketMQ's getOffsetInQueueByTime).",
-        [store, queue_args, as_json],
+        [c.store, c.queue, c.as_json],
     )
     p.add_argument(
         "--timestamp",
@@ -243,27 +280,31 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         metavar="MS",
         help="store timestamp, ms since the epoch",
     )
-    p = command(
+    p = c.add(
         "query-offset",
-        "rocketstore.pipeline.commands:cmd_query_offset",
+        run.query_offset,
         "Print the message at a CommitLog offset",
         "Every field of the message; the full body with --json (base64).",
-        [store, as_json],
+        [c.store, c.as_json],
     )
     p.add_argument(
         "offset", metavar="OFFSET", type=count_type(0), help="CommitLog (physical) offset"
     )
-    p = command(
+    p = c.add(
         "query-msgid",
-        "rocketstore.pipeline.commands:cmd_query_msgid",
+        run.query_msgid,
         "Print the message an offset msgId names",
         "Every field of the message; the full body with --json (base64).",
-        [store, as_json],
+        [c.store, c.as_json],
     )
     p.add_argument("msgid", metavar="MSGID", help="offset msgId (32 or 56 hex characters)")
-    p = command(
+
+
+def _writing_commands(c: _Commands) -> None:
+    """The command that writes a store: produce."""
+    p = c.add(
         "produce",
-        "rocketstore.pipeline.produce:cmd_produce",
+        run.produce,
         "Store messages read as JSON lines",
         'Input lines: {"topic", "body" (text) or "bodyBase64", optional "queueId", '
         '"keys" (string or list), "tags", "properties" (object), "flag"}; blank lines '
@@ -276,7 +317,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         '"NOT_STORED" as the log holds them ("UNKNOWN" if it cannot be read back), and '
         "the exit status is 2. "
         "Opens the store for writing (creating it if absent).",
-        [store],
+        [c.store],
     )
     p.add_argument(
         "input",
@@ -297,9 +338,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         default=100,
         help="or this long after a batch's first line (default 100)",
     )
-    p = command(
+
+
+def _repair_commands(c: _Commands) -> None:
+    """The commands that check and repair a store: recover, verify, clean."""
+    p = c.add(
         "recover",
-        "rocketstore.pipeline.commands:cmd_recover",
+        run.recover,
         "Run recovery now and print what it did",
         "Opens the store for writing, which finds the end of the CommitLog (checking magic, "
         "size and CRC), cuts what follows it, drops ConsumeQueue units and index entries "
@@ -309,7 +354,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "run again: the second run has nothing to do. Fails at once if a writer holds the "
         "store, and, changing nothing, if valid records follow the end it found (damage "
         "inside the log: `rocketstore verify` lists it).",
-        [store, as_json],
+        [c.store, c.as_json],
     )
     p.add_argument(
         "--cut-at-damage",
@@ -317,15 +362,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         help="when valid records follow damage inside the log, cut at the damage anyway, "
         "dropping them (copy the store first)",
     )
-    p = command(
+    p = c.add(
         "verify",
-        "rocketstore.pipeline.commands:cmd_verify",
+        run.verify,
         "Check every record, ConsumeQueue unit and index entry",
         "Walks the whole CommitLog (magic, sizes, physical offsets, body CRCs), going on past "
         "a damaged record; checks every ConsumeQueue unit against its record and every index "
         "entry against its record's keys. Prints each problem with its file and offset; exit "
         "status 1 if there is any. Read-only: safe while a writer runs.",
-        [store, as_json],
+        [c.store, c.as_json],
     )
     p.add_argument(
         "--all", action="store_true", help="list every problem (default: 100 per kind and file)"
@@ -338,9 +383,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "for node_exporter's textfile collector: rocketstore_verify_ok, _problems and "
         "_last_run_timestamp_seconds with broker=the store directory's name",
     )
-    p = command(
+    p = c.add(
         "clean",
-        "rocketstore.pipeline.commands:cmd_clean",
+        run.clean,
         "Delete expired and surplus files now, as retention would",
         "Deletes CommitLog segments older than fileReservedTime hours whatever the hour "
         "(as a manual clean does), the oldest ones even if not expired while the disk is "
@@ -350,7 +395,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "closed cleanly is not recovered first (recovery can need the space a clean frees, "
         "on a full disk): the files are deleted under its lock, and `rocketstore recover` "
         "recovers it next.",
-        [store, as_json],
+        [c.store, c.as_json],
     )
     p.add_argument("--dry-run", action="store_true", help="show what would be deleted")
     p.add_argument(
@@ -359,9 +404,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         default=None,
         help="most CommitLog segments to delete (default: the policy's per-round limit)",
     )
-    p = command(
+
+
+def _lag_command(c: _Commands) -> None:
+    """The command that reports consumers' lag: lag."""
+    p = c.add(
         "lag",
-        "rocketstore.pipeline.lag:cmd_lag",
+        run.lag,
         "Print how far a Spark query and RocketMQ consumer groups are behind, per queue",
         "With --checkpoint, the offsets of the last committed micro-batch of a query that "
         "reads the store with format('rocketstore') (offsets/N of the highest N with a "
@@ -375,7 +424,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "directories) or one RocketMQ store directory; it is opened read-only. A broker writes "
         "consumerOffset.json every 5 s and when it stops, so a running broker's groups may be "
         "that far behind what it holds in memory.",
-        [conf, as_json],
+        [c.conf, c.as_json],
     )
     p.add_argument(
         "root",
@@ -396,9 +445,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "--topic",
         help="only this topic (default: the topics the checkpoint and the groups name)",
     )
-    p = command(
+
+
+def _serving_commands(c: _Commands) -> None:
+    """The commands that serve a store root over HTTP: the console and the exporter."""
+    p = c.add(
         "console",
-        "rocketstore.pipeline.console.server:cmd_console",
+        run.console,
         "Serve a read-only web console of a store root",
         "Pages: the overview (brokers, topics, disk use, the last hour's write rate), each "
         "topic's queues and messages per minute, messages (browse a queue from an offset or a "
@@ -409,7 +462,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "says otherwise; any other address needs a token (--token-file, else one is "
         "generated and printed) that every request carries. Needs the 'console' extra: "
         "pip install 'rocketstore[console]'. Ctrl-C stops it.",
-        [conf],
+        [c.conf],
     )
     p.add_argument(
         "root",
@@ -422,10 +475,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         action="append",
         help="a reading Spark query's checkpointLocation whose lag to show (repeatable)",
     )
-    served(p, 8080)
-    p = command(
+    _served(p, 8080)
+    p = c.add(
         "exporter",
-        "rocketstore.pipeline.console.server:cmd_exporter",
+        run.exporter,
         "Serve a store root's metrics for Prometheus",
         "GET /metrics answers in Prometheus' text format (see docs/monitoring.md for the "
         "metrics): messages and bytes stored, queue bounds, the lag of every consumer group of "
@@ -436,7 +489,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "Listens on 127.0.0.1 unless --bind says otherwise; any other address needs a token "
         "(--token-file, else one is generated and printed). Needs the 'console' extra. "
         "Ctrl-C stops it.",
-        [conf],
+        [c.conf],
     )
     p.add_argument(
         "root",
@@ -450,16 +503,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         help="a reading Spark query's checkpointLocation whose lag to export, as query NAME "
         "(default: the path as given) (repeatable)",
     )
-    served(p, 9560)
-    command(
-        "config",
-        "rocketstore.pipeline.commands:cmd_config",
-        "Print the effective store settings",
-        "Every setting by its RocketMQ name, then the keys of a broker.conf that are not "
-        "store settings (ignored).",
-        [conf, as_json],
-    )
-    return parser, commands
+    _served(p, 9560)
 
 
 def _version() -> str:
@@ -473,7 +517,7 @@ def _version() -> str:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """The parsed command line (``handler`` names the command's function); argparse's
+    """The parsed command line (``load_handler`` returns the command's function); argparse's
     ``SystemExit`` after ``--help`` or a usage error, which it has printed."""
     parser, commands = build_parser()
     if argv and argv[0] in commands:
@@ -489,8 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:  # --help, or a usage error argparse has already reported
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
-    module, _, name = str(args.handler).partition(":")
-    handler: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), name)
+    handler: Handler = args.load_handler()
     try:
         return handler(args)
     except BrokenPipeError:

@@ -3,11 +3,14 @@ a closed output pipe, and what start-up imports."""
 
 from __future__ import annotations
 
+import argparse
+import inspect
 import json
 import os
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -107,6 +110,18 @@ def orders(positionals: list[str], options: list[list[str]]) -> list[list[str]]:
 def test_every_command_is_covered() -> None:
     _, commands = cli.build_parser()
     assert set(commands) == set(ARGS)
+
+
+@pytest.mark.parametrize("command", sorted(ARGS))
+def test_every_command_loads_its_function_of_the_parsed_arguments(command: str) -> None:
+    """What a command's parser names is imported only when the command runs: here each one
+    is, and is the command's ``cmd_`` function, taking the arguments and returning a status."""
+    _, commands = cli.build_parser()
+    handler = commands[command].get_default("load_handler")()
+    assert handler.__name__ == "cmd_" + command.replace("-", "_")
+    (param,) = inspect.signature(handler).parameters.values()
+    hints = typing.get_type_hints(handler)
+    assert (hints[param.name], hints["return"]) == (argparse.Namespace, int)
 
 
 @pytest.mark.parametrize("command", sorted(ARGS))

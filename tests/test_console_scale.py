@@ -1,6 +1,6 @@
 """The console's overview of a broker of thousands of queues: bounded work, counted.
 
-A broker of more than :data:`views.WIDE_QUEUES` queues is drawn from each queue's first and
+A broker of more than :data:`overview.WIDE_QUEUES` queues is drawn from each queue's first and
 last units, which its bounds are read with: no queue is loaded, no other unit read, and the
 store times of those units are read all at once. The counts stay exact, the time spans too (a
 queue's first and last messages are its oldest and newest), and the last hour's rate adds up
@@ -24,7 +24,7 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "Using `httpx` with `starlette.testclient`")
     from starlette.testclient import TestClient
 
-from rocketstore.pipeline.console import rates, views
+from rocketstore.pipeline.console import overview, rates, views
 from rocketstore.pipeline.console.app import TOPICS_PAGE, create_app
 from rocketstore.pipeline.consumequeue import ConsumeQueue
 from rocketstore.pipeline.store import MessageStore
@@ -66,7 +66,7 @@ def test_overview_of_many_queues_reads_their_ends_only(
 
     monkeypatch.setattr(ConsumeQueue, "_load", counted_load)
     monkeypatch.setattr(ConsumeQueue, "read", counted_read)
-    data = views.overview(views.Console(store, CONFIG))
+    data = overview.overview(views.Console(store, CONFIG))
     assert looked == {"load": 0, "read": 0}
     (broker,) = data.brokers
     times = store_times(store)
@@ -76,7 +76,7 @@ def test_overview_of_many_queues_reads_their_ends_only(
     assert all(t.oldest is not None and t.sampled for t in data.topics)
     # Every message was written a moment ago: the hour holds them all.
     assert data.rate_sampled and data.rate[0][1].sum() == pytest.approx(len(times))
-    assert (data.size_sample, data.hour_sample) == (views.WIDE_SAMPLE, views.WIDE_SAMPLE)
+    assert (data.size_sample, data.hour_sample) == (overview.WIDE_SAMPLE, overview.WIDE_SAMPLE)
 
 
 def test_overview_lists_the_topics_a_page_at_a_time(store: Path) -> None:
