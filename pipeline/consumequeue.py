@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -32,16 +31,12 @@ import numpy as np
 import numpy.typing as npt
 
 from rocketstore.pipeline import failpoints, visibility
-from rocketstore.pipeline.config import CQ_UNIT_SIZE
 from rocketstore.pipeline.errors import OffsetOutOfRangeError, StoreError
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE, PRE_BLANK_SIZE, UNIT, UNIT_DTYPE
 from rocketstore.pipeline.mapped_file import MappedFile, segment_name
 from rocketstore.pipeline.mappings import MappingCache
 from rocketstore.pipeline.segments import SegmentQueue
 
-UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
-UNIT = struct.Struct(">qiq")  # the same 20 bytes, for one unit
-assert UNIT_DTYPE.itemsize == CQ_UNIT_SIZE
-PRE_BLANK_SIZE = 0x7FFFFFFF
 # Bytes of blocks reserved past what a write needs (3,276 units): a batch over a thousand queues
 # reserves 64 MiB at most, where whole files would take RocketMQ's 5.7 MiB each.
 RESERVE_AHEAD = 64 * 1024

@@ -105,13 +105,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import (
     ConfigError,
     DiskFullError,
     ReadOnlyStoreError,
     StoreClosedError,
 )
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.mapped_file import MappedFile
 
 if TYPE_CHECKING:

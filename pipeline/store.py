@@ -70,7 +70,7 @@ from rocketstore.pipeline.appender import Appender
 from rocketstore.pipeline.background import PeriodicTask
 from rocketstore.pipeline.checkpoint import StoreCheckpoint
 from rocketstore.pipeline.commitlog import CommitLog
-from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.consumequeue import ConsumeQueue
 from rocketstore.pipeline.errors import (
     CorruptRecordError,
@@ -82,6 +82,7 @@ from rocketstore.pipeline.errors import (
 )
 from rocketstore.pipeline.geometry import check_geometry
 from rocketstore.pipeline.index_service import IndexService
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.lock import DirectoryLock
 from rocketstore.pipeline.mapped_file import WHOLE, free_space
 from rocketstore.pipeline.mappings import MappingCache, WorkCounts

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rocketstore.pipeline import native, record
-from rocketstore.pipeline.indexfile import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
+from rocketstore.pipeline.layout import index_file_size
 from rocketstore.pipeline.lock import is_locked_elsewhere
 from rocketstore.pipeline.progress import FlushProgress
 from rocketstore.pipeline.store import MessageStore
@@ -149,7 +149,7 @@ class Scan:
         self.total = self.cl_total
         index_files = store.index.files if store.index is not None else []
         for f in index_files:
-            self.total += HEADER_SIZE + SLOT_SIZE * f.slot_num + ENTRY_SIZE * f.index_num
+            self.total += index_file_size(f.slot_num, f.index_num)
         # The ConsumeQueue files are added when they are listed (QueueChecker.list_files).
 
     def problem(self, kind: str, path: str | Path, offset: int, detail: str) -> None:
