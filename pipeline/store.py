@@ -80,7 +80,7 @@ from rocketstore.pipeline.errors import (
     StoreClosedError,
     StoreFailedError,
 )
-from rocketstore.pipeline.geometry import check_geometry
+from rocketstore.pipeline.filesizes import check_file_sizes
 from rocketstore.pipeline.index_service import IndexService
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.lock import DirectoryLock
@@ -147,7 +147,7 @@ class MessageStore(StoreReads):
             if not read_only:
                 # Before _open writes anything (the abort file above all): a refused open must
                 # leave the store as it was.
-                check_geometry(self.path, self.config)
+                check_file_sizes(self.path, self.config)
             self._open()
         except BaseException:
             if self._lock is not None:
