@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rocketstore.pipeline.counts import count_type
+from rocketstore.pipeline.wholenumbers import count_type
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

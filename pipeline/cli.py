@@ -48,8 +48,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from rocketstore.pipeline.counts import count_type
 from rocketstore.pipeline.errors import NotFoundError, StoreError
+from rocketstore.pipeline.wholenumbers import count_type
 
 PROG = "rocketstore"
 EXIT_OK = 0
