@@ -88,7 +88,7 @@ from rocketstore.pipeline.mapped_file import WHOLE, free_space
 from rocketstore.pipeline.mappings import MappingCache, WorkCounts
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.progress import FlushProgress
-from rocketstore.pipeline.publish import MAX_NOTES, Recorder
+from rocketstore.pipeline.publish import MAX_NOTES, FlushPointRecorder
 from rocketstore.pipeline.queueset import QueueSet
 from rocketstore.pipeline.reads import StoreReads
 from rocketstore.pipeline.recovery import RecoveryReport, last_unit_matches, recover
@@ -287,7 +287,7 @@ class MessageStore(StoreReads):
             ),
             stop_writes=self._stop_writes,
         )
-        self._recorder = Recorder(
+        self._recorder = FlushPointRecorder(
             self.path,
             commitlog=self.commitlog,
             queues=self.queues,
