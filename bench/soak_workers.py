@@ -422,7 +422,7 @@ def spark_main(conn: Connection, root: str, checkpoint: str, settings: Settings)
     queries: list[Any] = []  # the query now running is the last
     draining = False
 
-    class Progress(StreamingQueryListener):
+    class ReadCounter(StreamingQueryListener):
         def onQueryStarted(self, event: Any) -> None:
             pass
 
@@ -498,7 +498,7 @@ def spark_main(conn: Connection, root: str, checkpoint: str, settings: Settings)
     supervisor: threading.Thread | None = None
     try:
         spark, _ = local_session("rocketstore-soak")
-        spark.streams.addListener(Progress())
+        spark.streams.addListener(ReadCounter())
         if launch(spark):
             supervisor = threading.Thread(target=supervise, args=(spark,), daemon=True)
             supervisor.start()

@@ -35,7 +35,8 @@ from rocketstore.pipeline.verify_report import Problem, VerifyReport
 
 I64 = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
-Progress = Callable[[int, int], None]
+# Told (bytes scanned so far, bytes to scan) as a scan advances.
+ProgressCallback = Callable[[int, int], None]
 # Records of one native walk: the walk, how many of its records are valid, their topic ids.
 Piece = tuple[native.Walk, int, I64]
 
@@ -113,7 +114,7 @@ class Scan:
     what they must agree on, so that each of them owns only its own files' state."""
 
     def __init__(
-        self, store: MessageStore, progress: Progress | None, max_per_kind: int | None
+        self, store: MessageStore, progress: ProgressCallback | None, max_per_kind: int | None
     ) -> None:
         self.store = store
         self.max_per_kind = max_per_kind
