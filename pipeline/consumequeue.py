@@ -33,7 +33,7 @@ import numpy.typing as npt
 from rocketstore.pipeline import failpoints, visibility
 from rocketstore.pipeline.errors import OffsetOutOfRangeError, StoreError
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE, PRE_BLANK_SIZE, UNIT, UNIT_DTYPE
-from rocketstore.pipeline.mapped_file import MappedFile, segment_name
+from rocketstore.pipeline.mappedfile import MappedFile, segment_name
 from rocketstore.pipeline.mappings import MappingCache
 from rocketstore.pipeline.segments import SegmentQueue
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import NotAStoreError
-from rocketstore.pipeline.index_service import NAME_LENGTH as INDEX_NAME_LENGTH
-from rocketstore.pipeline.mapped_file import parse_segment_name
+from rocketstore.pipeline.indexservice import NAME_LENGTH as INDEX_NAME_LENGTH
+from rocketstore.pipeline.mappedfile import parse_segment_name
 
 
 def _entries(directory: Path, *, dirs: bool = False) -> Iterator[os.DirEntry[str]]:

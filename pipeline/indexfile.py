@@ -31,7 +31,7 @@ entries the header does not count; a lost machine may leave any mix of old and n
 Recovery keeps the entries ``putKey`` replayed from the start would have written and recomputes
 the slots (:meth:`IndexFile.mend`), and the CommitLog gives the rest again.
 
-Blocks (see :mod:`rocketstore.pipeline.mapped_file`): slots are written anywhere in their table, so a file
+Blocks (see :mod:`rocketstore.pipeline.mappedfile`): slots are written anywhere in their table, so a file
 this process writes has the header and the whole slot table reserved first, and entries a
 window at a time ahead of the count (:data:`ENTRY_AHEAD`). A file loaded from disk is trusted
 to have no block at all until it is reserved again: RocketMQ leaves its slot tables sparse.
@@ -56,7 +56,7 @@ from rocketstore.pipeline.layout import (
     INDEX_SLOT_SIZE,
     index_file_size,
 )
-from rocketstore.pipeline.mapped_file import MappedFile
+from rocketstore.pipeline.mappedfile import MappedFile
 from rocketstore.pipeline.mappings import MappingCache
 
 INT_MAX = 0x7FFFFFFF

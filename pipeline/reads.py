@@ -26,7 +26,7 @@ from rocketstore.pipeline.errors import (
     InvalidMessageError,
     OffsetOutOfRangeError,
 )
-from rocketstore.pipeline.index_service import IndexService
+from rocketstore.pipeline.indexservice import IndexService
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE, UNIT_DTYPE
 from rocketstore.pipeline.results import GetResult, QueueEnds, QueueInfo
 from rocketstore.pipeline.subscription import Subscription

@@ -113,12 +113,12 @@ from rocketstore.pipeline.errors import (
     StoreClosedError,
 )
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
-from rocketstore.pipeline.mapped_file import MappedFile
+from rocketstore.pipeline.mappedfile import MappedFile
 
 if TYPE_CHECKING:
     from rocketstore.pipeline.commitlog import CommitLog
     from rocketstore.pipeline.consumequeue import ConsumeQueue
-    from rocketstore.pipeline.index_service import IndexService
+    from rocketstore.pipeline.indexservice import IndexService
 
 
 class RetainedStore(Protocol):

@@ -42,7 +42,7 @@ from rocketstore.pipeline.errors import (
     SegmentGoneError,
     StoreError,
 )
-from rocketstore.pipeline.mapped_file import (
+from rocketstore.pipeline.mappedfile import (
     NAME_DIGITS,
     RESERVE_AHEAD,
     TMP_SUFFIX,

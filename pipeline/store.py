@@ -58,7 +58,7 @@ from rocketstore.pipeline import (
     fencing,
     filesystem,
     indexfile,
-    mapped_file,
+    mappedfile,
     mappings,
     record,
     renewal,
@@ -81,10 +81,10 @@ from rocketstore.pipeline.errors import (
     StoreFailedError,
 )
 from rocketstore.pipeline.filesizes import check_file_sizes
-from rocketstore.pipeline.index_service import IndexService
+from rocketstore.pipeline.indexservice import IndexService
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.lock import DirectoryLock
-from rocketstore.pipeline.mapped_file import WHOLE, free_space
+from rocketstore.pipeline.mappedfile import WHOLE, free_space
 from rocketstore.pipeline.mappings import MappingCache, WorkCounts
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.progress import FlushProgress
@@ -217,7 +217,7 @@ class MessageStore(StoreReads):
                 cfg.mapped_file_size_commitlog,
                 read_only=self.read_only,
                 cache=self.mappings,
-                ahead=WHOLE if whole else mapped_file.RESERVE_AHEAD,
+                ahead=WHOLE if whole else mappedfile.RESERVE_AHEAD,
                 visibility_wait_ms=self._listing_wait,
             )
         )

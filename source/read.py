@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 from rocketstore.pipeline import bodyformat, native, record, visibility
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import ConfigError, CorruptRecordError, StoreError
-from rocketstore.pipeline.index_service import IndexService
+from rocketstore.pipeline.indexservice import IndexService
 from rocketstore.pipeline.layout import (
     CQ_UNIT_SIZE,
     DEFAULT_INDEX_RATIO,
@@ -51,7 +51,7 @@ from rocketstore.pipeline.layout import (
     PRE_BLANK_SIZE,
     UNIT_DTYPE,
 )
-from rocketstore.pipeline.mapped_file import segment_name
+from rocketstore.pipeline.mappedfile import segment_name
 from rocketstore.pipeline.root import StoreRoot
 from rocketstore.pipeline.segments import SegmentListing, list_segments
 from rocketstore.pipeline.subscription import Subscription

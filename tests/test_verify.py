@@ -33,7 +33,7 @@ from rocketstore.pipeline.layout import (
     INDEX_SLOT_SIZE,
     UNIT_DTYPE,
 )
-from rocketstore.pipeline.mapped_file import segment_name
+from rocketstore.pipeline.mappedfile import segment_name
 from rocketstore.pipeline.message import Message, messages_to_table
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import MAX_PROBLEMS_PER_KIND, Problem, VerifyReport, verify

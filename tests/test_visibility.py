@@ -25,9 +25,9 @@ from rocketstore.pipeline.errors import (
     NotVisibleError,
     OffsetOutOfRangeError,
 )
-from rocketstore.pipeline.index_service import IndexService
+from rocketstore.pipeline.indexservice import IndexService
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
-from rocketstore.pipeline.mapped_file import segment_name
+from rocketstore.pipeline.mappedfile import segment_name
 from rocketstore.pipeline.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.segments import SegmentQueue, list_segments
 from rocketstore.pipeline.store import MessageStore

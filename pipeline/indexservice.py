@@ -26,7 +26,7 @@ from rocketstore.pipeline import durability
 from rocketstore.pipeline.errors import SegmentGoneError, StoreError
 from rocketstore.pipeline.indexfile import RESERVE_AHEAD, IndexFile
 from rocketstore.pipeline.javahash import index_key_hash
-from rocketstore.pipeline.mapped_file import listed_size, remove_leftovers
+from rocketstore.pipeline.mappedfile import listed_size, remove_leftovers
 from rocketstore.pipeline.mappings import MappingCache
 
 NAME_LENGTH = 17
