@@ -30,9 +30,10 @@ from rocketstore.pipeline.commitlog import CommitLog
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.consumequeue import ConsumeQueue
 from rocketstore.pipeline.errors import SegmentCreateError
+from rocketstore.pipeline.filecreation import limit_note
 from rocketstore.pipeline.indexservice import IndexService
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
-from rocketstore.pipeline.mappedfile import MappedFile, limit_note
+from rocketstore.pipeline.mappedfile import MappedFile
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.results import BatchPutResult, PutResult
 

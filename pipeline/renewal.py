@@ -46,10 +46,10 @@ from pathlib import Path
 
 from rocketstore.pipeline import durability, failpoints, fencing, visibility
 from rocketstore.pipeline.errors import RenewalError
+from rocketstore.pipeline.filecreation import TMP_SUFFIX
 from rocketstore.pipeline.fileio import PAGE, data_extents, pwrite_all
 from rocketstore.pipeline.indexservice import NAME_LENGTH
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE, INDEX_BEGIN_PHY_OFFSET_AT
-from rocketstore.pipeline.mappedfile import TMP_SUFFIX
 from rocketstore.pipeline.progress import FlushProgress
 from rocketstore.pipeline.segments import list_segments
 

@@ -80,11 +80,12 @@ from rocketstore.pipeline.errors import (
     StoreClosedError,
     StoreFailedError,
 )
+from rocketstore.pipeline.filecreation import free_space
 from rocketstore.pipeline.filesizes import check_file_sizes
 from rocketstore.pipeline.indexservice import IndexService
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.lock import DirectoryLock
-from rocketstore.pipeline.mappedfile import WHOLE, free_space
+from rocketstore.pipeline.mappedfile import WHOLE
 from rocketstore.pipeline.mappings import MappingCache, WorkCounts
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.progress import FlushProgress
