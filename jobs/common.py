@@ -202,6 +202,45 @@ def session(
 
 # -- running a job ----------------------------------------------------------------------------------
 
+QUERY_EXIT_STATUS = "Exit status: 0 finished, 1 the query failed, 2 bad options."
+
+
+def job_parser(
+    prog: str, doc: str | None, epilog: str = QUERY_EXIT_STATUS, *, query: bool = True
+) -> argparse.ArgumentParser:
+    """The parser a job starts from: its name, the first paragraph of its module docstring
+    (``doc``) as the description, ``epilog`` (the exit statuses) and, for a job that runs one
+    streaming query (``query``), the options every such job takes: ``--remote`` and the
+    store's (:func:`add_session_options`, :func:`add_store_options`)."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=doc.split("\n\n")[0] if doc else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=epilog,
+    )
+    if query:
+        add_session_options(parser)
+        add_store_options(parser)
+    return parser
+
+
+def run_job(
+    prog: str,
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    spark: SparkSession | None,
+    run: Callable[[SparkSession, argparse.Namespace], int],
+) -> int:
+    """A query job's ``main``: parse ``argv``, then ``run(session, args)`` in ``spark`` or in a
+    session made for the job (on the ``--remote`` server when one is named, see
+    :func:`session`), stopped at the end; returns the exit status as :func:`run_main` does."""
+
+    def body(args: argparse.Namespace) -> int:
+        with session(prog, spark, remote=remote_url(args)) as built:
+            return run(built, args)
+
+    return run_main(prog, parser, argv, body)
+
 
 def run_main(
     prog: str,

@@ -296,12 +296,12 @@ def export_lag(paths: Paths, config: Any) -> int | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Exit status: 0 done and every order accounted for exactly once; 1 otherwise; "
+    parser = common.job_parser(
+        PROG,
+        __doc__,
+        "Exit status: 0 done and every order accounted for exactly once; 1 otherwise; "
         "2 bad options.",
+        query=False,
     )
     parser.add_argument(
         "--dir",
