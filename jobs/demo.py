@@ -56,6 +56,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from rocketstore.jobs.sinkgate import SinkGate
+
 PROG = "demo"
 ORDER_TYPES = ("NEW", "PAID", "SHIPPED", "CANCELLED")
 ORDER_TYPE_WEIGHTS = (0.4, 0.3, 0.2, 0.1)
@@ -214,7 +216,7 @@ class Pipeline:
         self.paths = paths
         self.argv = argv
         self.queries: dict[str, StreamingQuery] = {}
-        self.sinks: dict[str, common.SinkGate | None] = {}
+        self.sinks: dict[str, SinkGate | None] = {}
         self.started_at: dict[str, float] = {}
 
     def start_ready(self) -> None:
@@ -238,7 +240,7 @@ class Pipeline:
             args = export.build_parser().parse_args(self.argv["export-stats"])
             self._started("export-stats", export.start(self.spark, args), None)
 
-    def _started(self, name: str, query: StreamingQuery, sink: common.SinkGate | None) -> None:
+    def _started(self, name: str, query: StreamingQuery, sink: SinkGate | None) -> None:
         self.queries[name] = query
         self.sinks[name] = sink
         self.started_at[name] = time.monotonic()

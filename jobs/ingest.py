@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from rocketstore.jobs.sinkgate import SinkGate
+
 PROG = "ingest"
 SOURCES = ("json", "csv", "parquet", "rate")
 
@@ -150,7 +152,7 @@ def to_messages(df: DataFrame, key_columns: list[str], tag_column: str | None) -
     return df
 
 
-def start(spark: SparkSession, args: argparse.Namespace) -> tuple[StreamingQuery, common.SinkGate]:
+def start(spark: SparkSession, args: argparse.Namespace) -> tuple[StreamingQuery, SinkGate]:
     """Start the ingest query; returns it and the gate of its sink (whose ``history`` holds
     each micro-batch's summary)."""
     df = to_messages(input_stream(spark, args), args.key_column, args.tag_column)

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from rocketstore.jobs.sinkgate import SinkGate
+
 PROG = "process"
 OUTPUT_MODES = ("append", "update", "complete")
 
@@ -95,9 +97,7 @@ def transform(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
         raise common.JobError(f"--sql: {str(exc).splitlines()[0]}") from None
 
 
-def start(
-    spark: SparkSession, args: argparse.Namespace
-) -> tuple[StreamingQuery, common.SinkGate | None]:
+def start(spark: SparkSession, args: argparse.Namespace) -> tuple[StreamingQuery, SinkGate | None]:
     """Start the processing query; returns it and the gate of its store sink (``None`` when
     the result goes to files or the console)."""
     result = transform(spark, args)
