@@ -254,7 +254,7 @@ def _messages(spark: Any, rate: int) -> Any:
     )
 
 
-class _Progress:
+class _BatchReports:
     """Both queries' progress reports, kept by batch id."""
 
     def __init__(self) -> None:
@@ -332,7 +332,7 @@ def measure(spark: Any, work: Path, window: Window, drain_s: int, label: str) ->
     sink = CommitLogSink(str(root), topic=TOPIC, brokers=BROKERS, queues=QUEUES)
     recorder = Recorder(window)
     gates = {"writer": Gate(sink), "reader": Gate(recorder)}
-    progress = _Progress()
+    progress = _BatchReports()
     load_before = os.getloadavg()
     reader = (
         spark.readStream.format("rocketstore")
@@ -398,7 +398,7 @@ def measure(spark: Any, work: Path, window: Window, drain_s: int, label: str) ->
 def _figures(
     window: Window,
     recorder: Recorder,
-    progress: _Progress,
+    progress: _BatchReports,
     backlog: list[tuple[int, int]],
     sink: Any,
     load_before: tuple[float, float, float],

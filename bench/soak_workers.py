@@ -505,7 +505,7 @@ def _listener(q: _SparkQuery) -> Any:
     worker's process alone)."""
     from pyspark.sql.streaming.listener import StreamingQueryListener
 
-    class Progress(StreamingQueryListener):
+    class ReadCounter(StreamingQueryListener):
         def onQueryStarted(self, event: Any) -> None:
             pass
 
@@ -518,7 +518,7 @@ def _listener(q: _SparkQuery) -> Any:
         def onQueryTerminated(self, event: Any) -> None:
             q.terminated(event.exception)
 
-    return Progress()
+    return ReadCounter()
 
 
 def spark_main(conn: Connection, root: str, checkpoint: str, settings: Settings) -> None:

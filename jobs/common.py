@@ -26,13 +26,13 @@ import contextlib
 import os
 import re
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rocketstore.pipeline.counts import count_type
+from rocketstore.jobs.sinkgate import SinkGate, StopRequested
+from rocketstore.pipeline.wholenumbers import count_type
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -201,6 +201,45 @@ def session(
 
 
 # -- running a job ----------------------------------------------------------------------------------
+
+QUERY_EXIT_STATUS = "Exit status: 0 finished, 1 the query failed, 2 bad options."
+
+
+def job_parser(
+    prog: str, doc: str | None, epilog: str = QUERY_EXIT_STATUS, *, query: bool = True
+) -> argparse.ArgumentParser:
+    """The parser a job starts from: its name, the first paragraph of its module docstring
+    (``doc``) as the description, ``epilog`` (the exit statuses) and, for a job that runs one
+    streaming query (``query``), the options every such job takes: ``--remote`` and the
+    store's (:func:`add_session_options`, :func:`add_store_options`)."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=doc.split("\n\n")[0] if doc else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=epilog,
+    )
+    if query:
+        add_session_options(parser)
+        add_store_options(parser)
+    return parser
+
+
+def run_job(
+    prog: str,
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    spark: SparkSession | None,
+    run: Callable[[SparkSession, argparse.Namespace], int],
+) -> int:
+    """A query job's ``main``: parse ``argv``, then ``run(session, args)`` in ``spark`` or in a
+    session made for the job (on the ``--remote`` server when one is named, see
+    :func:`session`), stopped at the end; returns the exit status as :func:`run_main` does."""
+
+    def body(args: argparse.Namespace) -> int:
+        with session(prog, spark, remote=remote_url(args)) as built:
+            return run(built, args)
+
+    return run_main(prog, parser, argv, body)
 
 
 def run_main(
@@ -474,64 +513,6 @@ def commit_log_sink(
             options[key] = value
     sink = CommitLogSink(args.store, topic=topic, bodyFormat=body_format, **options)
     return SinkGate(sink, remote=remote)
-
-
-class StopRequested(RuntimeError):
-    """Raised into a micro-batch that reached a closed :class:`SinkGate`."""
-
-    MARK = "rocketstore-job-stop-requested"
-
-
-class SinkGate:
-    """The ``foreachBatch`` function the jobs give Spark: it hands each micro-batch to
-    ``sink`` (a ``CommitLogSink``), until :meth:`close`.
-
-    Why a gate: Spark has no "stop after this micro-batch", and stopping a query while its sink
-    appends leaves part of the batch in the store until a restart completes it. Thread-safe:
-    Spark calls it on its callback thread, the job closes it from the main thread.
-
-    Over Spark Connect (``remote``) the client pickles the function and the server runs the
-    copy: a gate pickles as its bare sink, since closing it could not reach that copy.
-    """
-
-    def __init__(self, sink: Any, *, remote: bool = False) -> None:
-        self.sink = sink
-        self.remote = remote
-        self._cond = threading.Condition()
-        self._busy = False
-        self._closed = False
-
-    def __reduce__(self) -> tuple[Any, tuple[Any]]:
-        return _itself, (self.sink,)
-
-    @property
-    def history(self) -> Any:
-        """The sink's per-batch summaries (``BatchSummary``); empty when ``remote``, where the
-        server's copy of the sink keeps them."""
-        return self.sink.history
-
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
-        with self._cond:
-            if self._closed:
-                raise StopRequested(f"{StopRequested.MARK}: the job is stopping (batch {batch_id})")
-            self._busy = True
-        try:
-            self.sink(df, batch_id)
-        finally:
-            with self._cond:
-                self._busy = False
-                self._cond.notify_all()
-
-    def close(self, timeout: float) -> bool:
-        """Let no micro-batch start appending from now on, and wait up to ``timeout`` seconds
-        for the one appending; returns whether none is appending any more."""
-        with self._cond:
-            self._closed = True
-            return self._cond.wait_for(lambda: not self._busy, timeout)
-
-
-def _itself(obj: Any) -> Any:
-    return obj
 
 
 # -- writing files or the console ---------------------------------------------------------------------

@@ -38,7 +38,6 @@ import json
 import os
 import random
 import shlex
-import shutil
 import sys
 import threading
 import time
@@ -50,11 +49,14 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rocketstore.jobs import common, export, ingest, process
+from rocketstore.jobs.demo_files import Paths
 from rocketstore.jobs.demo_summary import RunFacts, batch_stats, say, summary
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+
+    from rocketstore.jobs.sinkgate import SinkGate
 
 PROG = "demo"
 ORDER_TYPES = ("NEW", "PAID", "SHIPPED", "CANCELLED")
@@ -64,7 +66,6 @@ ORDER_DDL = (
     "orderId STRING, customer STRING, orderType STRING, amount DOUBLE, currency STRING, "
     "items INT, eventTime TIMESTAMP"
 )
-MARKER = ".rocketstore-demo"
 WARMING = ("ingest", "process", "export-orders")
 WARM_UP_LIMIT = 120.0
 STEADY_BACKLOG_S = 10
@@ -153,46 +154,6 @@ class OrderGenerator(threading.Thread):
 # -- the four jobs ---------------------------------------------------------------------------------
 
 
-class Paths:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.incoming = root / "incoming"
-        self.store = root / "store"
-        self.checkpoints = root / "checkpoints"
-        self.export_orders = root / "export" / "orders"
-        self.export_stats = root / "export" / "order-stats"
-
-        self.marker = root / MARKER
-
-    def made(self) -> list[Path]:
-        """Everything a run creates under the root (besides the marker)."""
-        return [self.incoming, self.store, self.checkpoints, self.root / "export"]
-
-    def prepare(self) -> None:
-        """Make the root ready for a run, removing what an earlier run made there and nothing
-        else; raises :class:`~rocketstore.jobs.common.JobError` when a name the demo uses is taken by
-        something the demo did not make (no marker)."""
-        present = [p for p in self.made() if p.exists() or p.is_symlink()]
-        if present and not self.marker.is_file():
-            raise common.JobError(
-                f"--dir {self.root}: {', '.join(p.name for p in present)} not made by a demo run "
-                f"(no {MARKER} file there); choose another --dir, or move them away"
-            )
-        for old in present:
-            if old.is_dir() and not old.is_symlink():
-                shutil.rmtree(old)
-            else:
-                old.unlink()
-        self.root.mkdir(parents=True, exist_ok=True)
-        # Written before anything else, so a run that dies half way is still known as the
-        # demo's; `make clean` deletes the names listed here.
-        names = "".join(f"{p.name}\n" for p in self.made())
-        self.marker.write_text(
-            f"# made by `make demo` (jobs/demo.py); removed by `make clean`\n{names}"
-        )
-        self.incoming.mkdir()
-
-
 def job_argv(paths: Paths, store_config: str) -> dict[str, list[str]]:
     """The command line of each job, as ``spark-submit jobs/<name>.py`` would take it."""
     store = ["--store", str(paths.store), "--store-config", store_config]
@@ -255,7 +216,7 @@ class Pipeline:
         self.paths = paths
         self.argv = argv
         self.queries: dict[str, StreamingQuery] = {}
-        self.sinks: dict[str, common.SinkGate | None] = {}
+        self.sinks: dict[str, SinkGate | None] = {}
         self.started_at: dict[str, float] = {}
 
     def start_ready(self) -> None:
@@ -279,7 +240,7 @@ class Pipeline:
             args = export.build_parser().parse_args(self.argv["export-stats"])
             self._started("export-stats", export.start(self.spark, args), None)
 
-    def _started(self, name: str, query: StreamingQuery, sink: common.SinkGate | None) -> None:
+    def _started(self, name: str, query: StreamingQuery, sink: SinkGate | None) -> None:
         self.queries[name] = query
         self.sinks[name] = sink
         self.started_at[name] = time.monotonic()
@@ -337,12 +298,12 @@ def export_lag(paths: Paths, config: Any) -> int | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Exit status: 0 done and every order accounted for exactly once; 1 otherwise; "
+    parser = common.job_parser(
+        PROG,
+        __doc__,
+        "Exit status: 0 done and every order accounted for exactly once; 1 otherwise; "
         "2 bad options.",
+        query=False,
     )
     parser.add_argument(
         "--dir",
@@ -418,10 +379,25 @@ def run(spark: SparkSession, args: argparse.Namespace) -> int:
             generator.stop()
         pipeline.stop_all()
     say(f"[{elapsed:4.0f}s] done\n")
+    ingest_sink = pipeline.sinks.get("ingest")
     facts = RunFacts(
-        generator.orders, generator.files, lag_at_stop, warm_at, store_config, ORDER_TYPES
+        generator.orders,
+        generator.files,
+        lag_at_stop,
+        warm_at,
+        store_config,
+        ORDER_TYPES,
+        appended_bytes=sum(b.bytes for b in ingest_sink.history) if ingest_sink is not None else 0,
+        throughput=tuple(
+            (label, *batch_stats(pipeline.queries.get(name)))
+            for name, label in (
+                ("ingest", "ingest -> store"),
+                ("process", "store -> windows"),
+                ("export-orders", "store -> parquet"),
+            )
+        ),
     )
-    return summary(spark, pipeline, paths, config, args, facts)
+    return summary(spark, paths, config, args, facts)
 
 
 def _watch(

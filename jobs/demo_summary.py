@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 from rocketstore.pipeline.output import format_table
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
-    from rocketstore.jobs.demo import Paths, Pipeline
+    from rocketstore.jobs.demo_files import Paths
 
 
 def say(text: str = "") -> None:
@@ -99,28 +99,33 @@ class RunFacts:
     warm_at: float | None  # epoch seconds
     store_config: str
     order_types: tuple[str, ...]  # what the generator draws from: one window row each
+    appended_bytes: int  # CommitLog bytes the ingest appended
+    # (query label, micro-batches with input, messages, seconds running them) per query
+    throughput: tuple[tuple[str, int, int, float], ...]
 
 
-def summary(
-    spark: SparkSession,
-    pipeline: Pipeline,
-    paths: Paths,
-    config: Any,
-    args: argparse.Namespace,
-    facts: RunFacts,
-) -> int:
-    from pyspark.sql import functions as F
-
-    from rocketstore.pipeline.lag import consumer_lag, read_committed_offsets
-
-    ok = True
+def summary(spark: SparkSession, paths: Paths, config: Any, args: argparse.Namespace,
+            facts: RunFacts) -> int:  # fmt: skip
+    """Print the summary of a run; 0 when every order is in the store once and in the export
+    once, else 1."""
     say("== Summary " + "=" * 68)
     say(
         f"{facts.orders:,} orders generated in {facts.files} files over {facts.files} s "
         f"(a warm-up, then {args.seconds} s)"
     )
+    stored = _messages(paths, config)
+    exported = spark.read.parquet(str(paths.export_orders))
+    ok = _exactly_once(exported, stored, facts)
+    _throughput(stored, facts)
+    _latency(exported, facts)
+    _lag(paths, config, facts)
+    _windows(spark, paths, facts)
+    _where(paths, facts)
+    return 0 if ok else 1
 
-    # Messages per topic and queue, from the store itself.
+
+def _messages(paths: Paths, config: Any) -> int:
+    """Messages per topic and queue, from the store itself; returns how many ``orders`` holds."""
     queues = store_queues(paths, config)
     say(f"\nMessages per topic and queue ({paths.store}):")
     say(table(("topic", "broker", "queue", "messages", "maxOffset"),
@@ -129,43 +134,41 @@ def summary(
     for t, _, _, lo, hi in queues:
         per_topic[t] = per_topic.get(t, 0) + hi - lo
     say("  " + ", ".join(f"{t}: {n:,} messages" for t, n in sorted(per_topic.items())))
+    return per_topic.get("orders", 0)
 
-    # Exactly once, end to end.
-    exported = spark.read.parquet(str(paths.export_orders))
+
+def _exactly_once(exported: DataFrame, stored: int, facts: RunFacts) -> bool:
+    """Whether every generated order is in the store once and in the export once (says so)."""
+    from pyspark.sql import functions as F
+
     counts = exported.agg(
         F.count("*").alias("rows"), F.countDistinct("orderId").alias("orders")
     ).first()
     rows, distinct = (int(counts["rows"]), int(counts["orders"])) if counts else (0, 0)
-    stored = per_topic.get("orders", 0)
     if stored == facts.orders and rows == distinct == facts.orders:
         say(f"  every order is in the store once and in the export once ({rows:,})")
-    else:
-        ok = False
-        say(
-            f"  MISMATCH: {facts.orders:,} generated, {stored:,} stored, {rows:,} exported "
-            f"rows holding {distinct:,} distinct orders"
-        )
-
-    # Throughput.
-    say("\nThroughput:")
-    ingest_sink = pipeline.sinks.get("ingest")
-    history = ingest_sink.history if ingest_sink is not None else []
-    appended_bytes = sum(b.bytes for b in history)
-    throughput = []
-    for name, label in (
-        ("ingest", "ingest -> store"),
-        ("process", "store -> windows"),
-        ("export-orders", "store -> parquet"),
-    ):
-        batches, n, busy = batch_stats(pipeline.queries.get(name))
-        throughput.append((label, batches, n, rate(n, busy)))
-    say(table(("query", "micro-batches", "messages", "while running"), throughput))
+        return True
     say(
-        f"  the store took {stored:,} orders ({appended_bytes / 1e6:,.1f} MB of CommitLog) in "
-        f"{facts.files} s: {rate(stored, facts.files)} sustained, at the generator's pace"
+        f"  MISMATCH: {facts.orders:,} generated, {stored:,} stored, {rows:,} exported "
+        f"rows holding {distinct:,} distinct orders"
+    )
+    return False
+
+
+def _throughput(stored: int, facts: RunFacts) -> None:
+    say("\nThroughput:")
+    rows = [(label, batches, n, rate(n, busy)) for label, batches, n, busy in facts.throughput]
+    say(table(("query", "micro-batches", "messages", "while running"), rows))
+    say(
+        f"  the store took {stored:,} orders ({facts.appended_bytes / 1e6:,.1f} MB of CommitLog) "
+        f"in {facts.files} s: {rate(stored, facts.files)} sustained, at the generator's pace"
     )
 
-    # Latency from each order's event time.
+
+def _latency(exported: DataFrame, facts: RunFacts) -> None:
+    """End-to-end latency percentiles from each order's event time."""
+    from pyspark.sql import functions as F
+
     say("\nEnd-to-end latency from an order's event time, ms:")
     stamped = exported.select(
         F.col("eventTime"),
@@ -190,7 +193,11 @@ def summary(
             "\n  warm-up: until every query had run a micro-batch and worked off the backlog"
         )
 
-    # Consumer lag of the export, as `rocketstore lag` shows it.
+
+def _lag(paths: Paths, config: Any, facts: RunFacts) -> None:
+    """Consumer lag of the export, as ``rocketstore lag`` shows it."""
+    from rocketstore.pipeline.lag import consumer_lag, read_committed_offsets
+
     say("\nConsumer lag of the orders export (its checkpoint against the store):")
     progress = read_committed_offsets(paths.checkpoints / "export-orders")
     lags = consumer_lag(paths.store, progress.offsets, config, ["orders"])
@@ -202,24 +209,28 @@ def summary(
     at_stop = "-" if facts.lag_at_stop is None else f"{facts.lag_at_stop:,}"
     say(f"  lag when the generator stopped: {at_stop} messages; after draining: {total:,}")
 
-    # The windows the processing query closed.
+
+def _windows(spark: SparkSession, paths: Paths, facts: RunFacts) -> None:
+    """The windows the processing query closed."""
+    from pyspark.sql import functions as F
+
     # A micro-batch that closed no window leaves an empty file, which has no schema to infer.
     stats_files = [str(f) for f in paths.export_stats.glob("part-*.json") if f.stat().st_size]
-    if stats_files:
-        stats = spark.read.json(stats_files)
-        windows = stats.select("windowStart").distinct().count()
-        say(
-            f"\n10-second windows closed by the watermark: {windows} (topic order-stats); the last:"
-        )
-        last = stats.orderBy(F.col("windowStart").desc(), "orderType").limit(len(facts.order_types))
-        say(table(
-            ("windowStart", "orderType", "orders", "revenue", "customers"),
-            [(r["windowStart"], r["orderType"], int(r["orders"]), float(r["revenue"]),
-              int(r["customers"])) for r in last.collect()],
-        ))  # fmt: skip
-    else:
+    if not stats_files:
         say("\nNo window was closed by the watermark yet (run longer with --seconds).")
+        return
+    stats = spark.read.json(stats_files)
+    windows = stats.select("windowStart").distinct().count()
+    say(f"\n10-second windows closed by the watermark: {windows} (topic order-stats); the last:")
+    last = stats.orderBy(F.col("windowStart").desc(), "orderType").limit(len(facts.order_types))
+    say(table(
+        ("windowStart", "orderType", "orders", "revenue", "customers"),
+        [(r["windowStart"], r["orderType"], int(r["orders"]), float(r["revenue"]),
+          int(r["customers"])) for r in last.collect()],
+    ))  # fmt: skip
 
+
+def _where(paths: Paths, facts: RunFacts) -> None:
     say("\nWhere things are:")
     say(table(("what", "path"), [
         ("incoming order files", paths.incoming),
@@ -236,4 +247,3 @@ def summary(
         f"--config {cfg}")  # fmt: skip
     say(f"    rocketstore lag {paths.store} --checkpoint {paths.checkpoints}/export-orders "
         f"--config {cfg}")  # fmt: skip
-    return 0 if ok else 1

@@ -39,14 +39,7 @@ PROG = "export"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Exit status: 0 finished, 1 the query failed, 2 bad options.",
-    )
-    common.add_session_options(parser)
-    common.add_store_options(parser)
+    parser = common.job_parser(PROG, __doc__)
     parser.add_argument(
         "--checkpoint", required=True, metavar="DIR", help="the query's checkpoint directory"
     )
@@ -104,17 +97,18 @@ def main(argv: list[str] | None = None, spark: SparkSession | None = None) -> in
     """Run the export job with ``argv`` (default ``sys.argv[1:]``) on ``spark`` (default: a new
     session, stopped at the end); returns the exit status."""
 
-    def body(args: argparse.Namespace) -> int:
-        with common.session(PROG, spark, remote=common.remote_url(args)) as session:
-            query = start(session, args)
-            target = args.output or "the console"
-            common.log(PROG, f"started: {args.store} topic {args.topic} -> {target}")
-            common.wait(query, args.timeout)
-            read, _ = common.rows_in_and_out(query)
-            common.log(PROG, f"done: {read} message(s) exported")
-        return 0
+    return common.run_job(PROG, build_parser(), argv, spark, run)
 
-    return common.run_main(PROG, build_parser(), argv, body)
+
+def run(spark: SparkSession, args: argparse.Namespace) -> int:
+    """Run the export query until it ends (see the module); returns the exit status."""
+    query = start(spark, args)
+    target = args.output or "the console"
+    common.log(PROG, f"started: {args.store} topic {args.topic} -> {target}")
+    common.wait(query, args.timeout)
+    read, _ = common.rows_in_and_out(query)
+    common.log(PROG, f"done: {read} message(s) exported")
+    return 0
 
 
 if __name__ == "__main__":

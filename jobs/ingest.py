@@ -32,19 +32,14 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from rocketstore.jobs.sinkgate import SinkGate
+
 PROG = "ingest"
 SOURCES = ("json", "csv", "parquet", "rate")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Exit status: 0 finished, 1 the query failed, 2 bad options.",
-    )
-    common.add_session_options(parser)
-    common.add_store_options(parser)
+    parser = common.job_parser(PROG, __doc__)
     parser.add_argument("--topic", required=True, help="topic the rows are stored in")
     parser.add_argument(
         "--checkpoint", required=True, metavar="DIR", help="the query's checkpoint directory"
@@ -157,7 +152,7 @@ def to_messages(df: DataFrame, key_columns: list[str], tag_column: str | None) -
     return df
 
 
-def start(spark: SparkSession, args: argparse.Namespace) -> tuple[StreamingQuery, common.SinkGate]:
+def start(spark: SparkSession, args: argparse.Namespace) -> tuple[StreamingQuery, SinkGate]:
     """Start the ingest query; returns it and the gate of its sink (whose ``history`` holds
     each micro-batch's summary)."""
     df = to_messages(input_stream(spark, args), args.key_column, args.tag_column)
@@ -171,27 +166,28 @@ def main(argv: list[str] | None = None, spark: SparkSession | None = None) -> in
     """Run the ingest job with ``argv`` (default ``sys.argv[1:]``) on ``spark`` (default: a new
     session, stopped at the end); returns the exit status."""
 
-    def body(args: argparse.Namespace) -> int:
-        with common.session(PROG, spark, remote=common.remote_url(args)) as session:
-            query, sink = start(session, args)
-            common.log(PROG, f"started: {args.source} -> {args.store} topic {args.topic}")
-            common.wait(query, args.timeout, sink)
-            if sink.remote:
-                # The server's copy of the sink kept the per-batch counts.
-                read, _ = common.rows_in_and_out(query)
-                common.log(PROG, f"done: {read} row(s) read and stored (over Spark Connect)")
-                return 0
-            rows = sum(b.appended for b in sink.history)
-            skipped = sum(b.skipped for b in sink.history)
-            size = sum(b.bytes for b in sink.history)
-            common.log(
-                PROG,
-                f"done: {len(sink.history)} micro-batch(es), {rows} message(s) appended "
-                f"({size} bytes), {skipped} already stored by an earlier attempt",
-            )
-        return 0
+    return common.run_job(PROG, build_parser(), argv, spark, run)
 
-    return common.run_main(PROG, build_parser(), argv, body)
+
+def run(spark: SparkSession, args: argparse.Namespace) -> int:
+    """Run the ingest query until it ends (see the module); returns the exit status."""
+    query, sink = start(spark, args)
+    common.log(PROG, f"started: {args.source} -> {args.store} topic {args.topic}")
+    common.wait(query, args.timeout, sink)
+    if sink.remote:
+        # The server's copy of the sink kept the per-batch counts.
+        read, _ = common.rows_in_and_out(query)
+        common.log(PROG, f"done: {read} row(s) read and stored (over Spark Connect)")
+        return 0
+    rows = sum(b.appended for b in sink.history)
+    skipped = sum(b.skipped for b in sink.history)
+    size = sum(b.bytes for b in sink.history)
+    common.log(
+        PROG,
+        f"done: {len(sink.history)} micro-batch(es), {rows} message(s) appended "
+        f"({size} bytes), {skipped} already stored by an earlier attempt",
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -37,19 +37,16 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from rocketstore.jobs.sinkgate import SinkGate
+
 PROG = "process"
 OUTPUT_MODES = ("append", "update", "complete")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Exit status: 0 finished, 1 the query failed, 2 bad options or SQL.",
+    parser = common.job_parser(
+        PROG, __doc__, "Exit status: 0 finished, 1 the query failed, 2 bad options or SQL."
     )
-    common.add_session_options(parser)
-    common.add_store_options(parser)
     parser.add_argument(
         "--checkpoint", required=True, metavar="DIR", help="the query's checkpoint directory"
     )
@@ -100,9 +97,7 @@ def transform(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
         raise common.JobError(f"--sql: {str(exc).splitlines()[0]}") from None
 
 
-def start(
-    spark: SparkSession, args: argparse.Namespace
-) -> tuple[StreamingQuery, common.SinkGate | None]:
+def start(spark: SparkSession, args: argparse.Namespace) -> tuple[StreamingQuery, SinkGate | None]:
     """Start the processing query; returns it and the gate of its store sink (``None`` when
     the result goes to files or the console)."""
     result = transform(spark, args)
@@ -130,17 +125,18 @@ def main(argv: list[str] | None = None, spark: SparkSession | None = None) -> in
     """Run the process job with ``argv`` (default ``sys.argv[1:]``) on ``spark`` (default: a new
     session, stopped at the end); returns the exit status."""
 
-    def body(args: argparse.Namespace) -> int:
-        with common.session(PROG, spark, remote=common.remote_url(args)) as session:
-            query, sink = start(session, args)
-            target = args.output_topic or args.output or "the console"
-            common.log(PROG, f"started: {args.store} topic {args.topic} -> {target}")
-            common.wait(query, args.timeout, sink)
-            read, written = common.rows_in_and_out(query)
-            common.log(PROG, f"done: {read} message(s) read, {written} row(s) written")
-        return 0
+    return common.run_job(PROG, build_parser(), argv, spark, run)
 
-    return common.run_main(PROG, build_parser(), argv, body)
+
+def run(spark: SparkSession, args: argparse.Namespace) -> int:
+    """Run the process query until it ends (see the module); returns the exit status."""
+    query, sink = start(spark, args)
+    target = args.output_topic or args.output or "the console"
+    common.log(PROG, f"started: {args.store} topic {args.topic} -> {target}")
+    common.wait(query, args.timeout, sink)
+    read, written = common.rows_in_and_out(query)
+    common.log(PROG, f"done: {read} message(s) read, {written} row(s) written")
+    return 0
 
 
 if __name__ == "__main__":

@@ -25,13 +25,15 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from rocketstore.pipeline import dispatch, encode, failpoints, native, record
+from rocketstore.pipeline import dispatch, encode, failpoints, native, record, storehost
 from rocketstore.pipeline.commitlog import CommitLog
-from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.consumequeue import ConsumeQueue
 from rocketstore.pipeline.errors import SegmentCreateError
-from rocketstore.pipeline.index_service import IndexService
-from rocketstore.pipeline.mapped_file import MappedFile, limit_note
+from rocketstore.pipeline.filecreation import limit_note
+from rocketstore.pipeline.indexservice import IndexService
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE
+from rocketstore.pipeline.mappedfile import MappedFile
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.results import BatchPutResult, PutResult
 
@@ -65,7 +67,8 @@ class Appender:
         self.index = index
         self.config = config
         self.sync_flush = config.sync_flush
-        self.store_host_field = record.encode_host(config.store_host)[0]
+        self.store_host = storehost.store_host(config)
+        self.store_host_field = record.encode_host(self.store_host)[0]
         self.store_host_hex = self.store_host_field.hex().upper()
         # Each queue's next offset; a put takes its offsets only once it succeeded. A queue
         # not in it yet starts where its ConsumeQueue ends (asked when first put to, so that
@@ -195,7 +198,7 @@ class Appender:
         """Validate, encode and store a batch (see :mod:`rocketstore.pipeline.message` for the
         columns); on :class:`~rocketstore.pipeline.errors.InvalidMessageError` nothing is
         written."""
-        b = encode.prepare(batch, self.config, self._uniq, now)
+        b = encode.prepare(batch, self.config, self._uniq, now, self.store_host)
         if b.n == 0:
             return BatchPutResult(
                 np.zeros(0, np.int64),

@@ -49,8 +49,8 @@ from collections.abc import Callable, Sequence
 
 from rocketstore.pipeline import cli_handlers as run
 from rocketstore.pipeline.cli_handlers import Handler
-from rocketstore.pipeline.counts import count_type
 from rocketstore.pipeline.errors import NotFoundError, StoreError
+from rocketstore.pipeline.wholenumbers import count_type
 
 PROG = "rocketstore"
 EXIT_OK = 0

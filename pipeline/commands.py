@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from rocketstore.pipeline import native, queueread, record, topicconfig
+from rocketstore.pipeline import native, queueread, record, storehost, topicconfig
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import ConfigError, NotFoundError, ProgressNotRecordedError
 from rocketstore.pipeline.output import emit, plain_cell, preview, print_table
@@ -399,7 +399,7 @@ def cmd_config(args: argparse.Namespace) -> int:
         # What unset means depends on the directory (rocketstore.pipeline.storehost): say it here.
         sys.stdout.write(
             "store host (brokerIP1:listenPort) where unset: the one the directory's newest "
-            f"record carries; in a new directory {config.store_host} (a store root's broker-N: "
+            f"record carries; in a new directory {storehost.store_host(config)} (a store root's broker-N: "
             "the port + 10 N)\n"
         )
     if config.ignored_keys:

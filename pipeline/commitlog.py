@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from rocketstore.pipeline import durability, native, record
 from rocketstore.pipeline.errors import CorruptRecordError, OffsetOutOfRangeError, StoreError
-from rocketstore.pipeline.mapped_file import MappedFile
+from rocketstore.pipeline.mappedfile import MappedFile
 from rocketstore.pipeline.segments import SegmentQueue
 
 

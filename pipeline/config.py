@@ -29,6 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from rocketstore.pipeline.errors import ConfigError
+from rocketstore.pipeline.layout import (
+    CQ_UNIT_SIZE,
+    DEFAULT_CQ_UNITS_PER_FILE,
+    DEFAULT_MAX_HASH_SLOT_NUM,
+    DEFAULT_MAX_INDEX_NUM,
+    INDEX_ENTRY_SIZE,
+    INDEX_HEADER_SIZE,
+    INDEX_SLOT_SIZE,
+    index_file_size,
+)
 
 ASYNC_FLUSH = "ASYNC_FLUSH"
 CONF_DIR_ENV = "ROCKETSTORE_CONF_DIR"
@@ -37,7 +47,6 @@ BUILT_IN = "built-in defaults"
 SYNC_FLUSH = "SYNC_FLUSH"
 # sharedStorage: decide from the file system's type, or say so.
 SHARED_STORAGE_CHOICES = ("auto", "shared", "local")
-CQ_UNIT_SIZE = 20
 
 # RocketMQ name -> (attribute, type). The order is the order `rocketstore config` prints.
 _FIELDS: dict[str, tuple[str, type]] = {
@@ -67,9 +76,9 @@ class StoreConfig:
     """Settings of one broker store directory. Defaults are RocketMQ 4.9.x's."""
 
     mapped_file_size_commitlog: int = 1024 * 1024 * 1024
-    mapped_file_size_consume_queue: int = 300_000 * CQ_UNIT_SIZE
-    max_hash_slot_num: int = 5_000_000
-    max_index_num: int = 5_000_000 * 4
+    mapped_file_size_consume_queue: int = DEFAULT_CQ_UNITS_PER_FILE * CQ_UNIT_SIZE
+    max_hash_slot_num: int = DEFAULT_MAX_HASH_SLOT_NUM
+    max_index_num: int = DEFAULT_MAX_INDEX_NUM
     message_index_enable: bool = True
     flush_disk_type: str = ASYNC_FLUSH
     flush_interval_commitlog: int = 500
@@ -120,9 +129,10 @@ class StoreConfig:
         need(self.max_hash_slot_num >= 1, "maxHashSlotNum", "must be >= 1")
         need(self.max_index_num >= 2, "maxIndexNum", "must be >= 2 (entry 0 is never used)")
         need(
-            40 + 4 * self.max_hash_slot_num + 20 * self.max_index_num <= 2**31 - 1,
+            self.index_file_size <= 2**31 - 1,
             "maxIndexNum",
-            "index file (40 + 4*maxHashSlotNum + 20*maxIndexNum bytes) must fit in a Java int",
+            f"index file ({INDEX_HEADER_SIZE} + {INDEX_SLOT_SIZE}*maxHashSlotNum + "
+            f"{INDEX_ENTRY_SIZE}*maxIndexNum bytes) must fit in a Java int",
         )
         need(
             self.flush_disk_type in (ASYNC_FLUSH, SYNC_FLUSH),
@@ -172,21 +182,8 @@ class StoreConfig:
 
     # -- derived values ---------------------------------------------------------------------
     @property
-    def store_host(self) -> str:
-        """``ip:port`` written into every record's STOREHOST (and so into msgIds) by a writer
-        of a directory with no record yet: brokerIP1 (unset: this host's address as a stock
-        broker takes it) and listenPort (unset: 10911) plus :attr:`listen_port_offset`. A store
-        opened for writing first fixes both for its directory, which may carry another
-        (:func:`rocketstore.pipeline.storehost.for_directory`)."""
-        from rocketstore.pipeline import (
-            storehost,  # not at import time: it needs the native record layer
-        )
-
-        return format_host(*storehost.default_store_host(self))
-
-    @property
     def index_file_size(self) -> int:
-        return 40 + 4 * self.max_hash_slot_num + 20 * self.max_index_num
+        return index_file_size(self.max_hash_slot_num, self.max_index_num)
 
     @property
     def sync_flush(self) -> bool:

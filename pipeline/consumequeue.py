@@ -22,8 +22,6 @@ dispatcher re-creates any unit missing after a crash from the CommitLog.
 from __future__ import annotations
 
 import contextlib
-import os
-import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -32,31 +30,19 @@ import numpy as np
 import numpy.typing as npt
 
 from rocketstore.pipeline import failpoints, visibility
-from rocketstore.pipeline.config import CQ_UNIT_SIZE
 from rocketstore.pipeline.errors import OffsetOutOfRangeError, StoreError
-from rocketstore.pipeline.mapped_file import MappedFile, segment_name
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE, PRE_BLANK_SIZE, UNIT, UNIT_DTYPE
+from rocketstore.pipeline.mappedfile import MappedFile, segment_name
 from rocketstore.pipeline.mappings import MappingCache
+from rocketstore.pipeline.queueend import end_at, ends_in_file, scan_end, unit_in_file, valid_below
+from rocketstore.pipeline.queuetime import offset_by_time
 from rocketstore.pipeline.segments import SegmentQueue
 
-UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
-UNIT = struct.Struct(">qiq")  # the same 20 bytes, for one unit
-assert UNIT_DTYPE.itemsize == CQ_UNIT_SIZE
-PRE_BLANK_SIZE = 0x7FFFFFFF
 # Bytes of blocks reserved past what a write needs (3,276 units): a batch over a thousand queues
 # reserves 64 MiB at most, where whole files would take RocketMQ's 5.7 MiB each.
 RESERVE_AHEAD = 64 * 1024
-# Bytes from a file's start read at once by ConsumeQueue.peek (else two reads).
-PEEK_BYTES = 4096
 
 Units = npt.NDArray[np.void]
-# Units a scan for a queue's end reads first, and at most at once (it reads 4 times more each
-# time): a queue of a few units costs one small read, a full file a few large ones.
-_SCAN_FIRST = 256
-_SCAN_MOST = 64 * 1024
-
-
-def _valid(unit: tuple[int, int, int]) -> bool:
-    return unit[0] >= 0 and unit[1] > 0
 
 
 class Peek(NamedTuple):
@@ -214,8 +200,12 @@ class ConsumeQueue:
         # Most queues have one file: finding the end and the checks below read a few of its
         # units through one descriptor.
         with seg.files[-1].borrowed() if seg.files else contextlib.nullcontext():
-            if length is None or not self._end_at(length):
-                self._scan_end(self._valid_below(length))
+            end = None if length is None else end_at(seg, length, self.file_size)
+            if end is None:
+                known = valid_below(seg, length)  # may list the directory again
+                end = scan_end(seg.files, self.units_per_file, known)
+            if end is not None:
+                self.max_physic_offset = end
             self.min_logic_offset = seg.min_offset
             if self._on_load is not None:
                 try:
@@ -227,105 +217,13 @@ class ConsumeQueue:
                     raise
         return seg
 
-    def _scan_end(self, known: int = 0) -> None:
-        """Find the end by reading units: the first invalid unit of the last file whose first
-        unit is valid (trailing files that have none, pre-allocated or emptied by a crash, do
-        not hold the end). Units below ``known`` are known to be valid (what the last flush
-        recorded): the scan starts there. It reads forward in growing chunks and stops at the
-        first invalid unit, so it costs what the queue holds past ``known``, not its files'
-        capacity."""
-        files = self.segments.files
-        i = len(files) - 1
-        while i > 0 and not _valid(UNIT.unpack(files[i].read(0, CQ_UNIT_SIZE))):
-            i -= 1
-        for j in range(i + 1, len(files)):
-            files[j].wrote_position = files[j].flushed_position = 0
-        if not files:
-            return
-        mf = files[i]
-        per_file = self.units_per_file
-        k = min(per_file, max(0, known - mf.base // CQ_UNIT_SIZE))
-        count, chunk = per_file, _SCAN_FIRST
-        while k < per_file:
-            n = min(chunk, per_file - k)
-            units = np.empty(n, dtype=UNIT_DTYPE)
-            mf.read_into(k * CQ_UNIT_SIZE, units.view(np.uint8).data)
-            invalid = np.flatnonzero((units["offset"] < 0) | (units["size"] <= 0))
-            if len(invalid):
-                count = k + int(invalid[0])
-                break
-            k, chunk = k + n, min(chunk * 4, _SCAN_MOST)
-        mf.wrote_position = mf.flushed_position = count * CQ_UNIT_SIZE
-        if count > 0:
-            offset, size, _ = UNIT.unpack(mf.read((count - 1) * CQ_UNIT_SIZE, CQ_UNIT_SIZE))
-            self.max_physic_offset = offset + size
-
-    def _end_at(self, length: int) -> bool:
-        """Take ``length`` as the end if the units around it say so; False sets no position.
-
-        A read-only view on shared storage whose listing does not reach ``length`` lists the
-        directory again for the file holding it (:meth:`SegmentQueue.find`); one that stays
-        unlisted leaves the queue to end where this host's files do."""
-        seg = self.segments
-        files = seg.files
-        pos = length * CQ_UNIT_SIZE
-        if pos <= 0 or (files and pos <= files[0].base):
-            return False
-        try:
-            mf = seg.find(pos - CQ_UNIT_SIZE)
-        except OffsetOutOfRangeError:
-            return False
-        files = seg.files
-        at = (mf.base - files[0].base) // self.file_size
-        rel = pos - mf.base
-        if rel < self.file_size:
-            # The last unit and the one after it, in one read.
-            pair = mf.read(rel - CQ_UNIT_SIZE, 2 * CQ_UNIT_SIZE)
-            last = UNIT.unpack_from(pair, 0)
-            following: tuple[int, int, int] | None = UNIT.unpack_from(pair, CQ_UNIT_SIZE)
-        else:
-            last = UNIT.unpack(mf.read(rel - CQ_UNIT_SIZE, CQ_UNIT_SIZE))
-            after = files[at + 1] if at + 1 < len(files) else None
-            following = UNIT.unpack(after.read(0, CQ_UNIT_SIZE)) if after is not None else None
-        if last[0] < 0 or last[1] <= 0:
-            return False
-        if following is not None and following[0] >= 0 and following[1] > 0:
-            return False
-        for i, f in enumerate(files):
-            f.wrote_position = f.flushed_position = f.size if i < at else rel if i == at else 0
-        self.max_physic_offset = last[0] + last[1]
-        return True
-
-    def _valid_below(self, length: int | None) -> int:
-        """``length`` when the unit before it is valid (the queue holds at least what the last
-        flush recorded: a scan for its end may start there), else 0."""
-        if not length:
-            return 0
-        pos = (length - 1) * CQ_UNIT_SIZE
-        try:
-            mf = self.segments.find(pos)
-        except OffsetOutOfRangeError:
-            return 0
-        return length if _valid(UNIT.unpack(mf.read(pos - mf.base, CQ_UNIT_SIZE))) else 0
-
     def units_past(self, length: int) -> bool:
         """Whether a valid unit lies at queue offset ``length`` (written after the flush that
         recorded ``length``), read with one ``pread`` and without loading the queue."""
         pos = length * CQ_UNIT_SIZE
         if self._segments is not None:
             return self.max_offset > length
-        try:
-            fd = os.open(self._file_name(pos - pos % self.file_size), os.O_RDONLY)
-        except FileNotFoundError:
-            return False
-        try:
-            raw = os.pread(fd, CQ_UNIT_SIZE, pos % self.file_size)
-        finally:
-            os.close(fd)
-        if len(raw) < CQ_UNIT_SIZE:
-            return False
-        offset, size, _ = UNIT.unpack(raw)
-        return bool(offset >= 0 and size > 0)
+        return unit_in_file(self._file_name(pos - pos % self.file_size), pos % self.file_size)
 
     def peek(self, min_commitlog_offset: int) -> Peek | None:
         """The bounds and first and last units of a read-only queue not loaded yet, as loading
@@ -336,7 +234,7 @@ class ConsumeQueue:
 
         Settled: a queue whose recorded length fits its first file (``00000000000000000000``,
         then its only file with units), whose unit before that length is valid and the one at
-        it not (as :meth:`_end_at` checks), and whose first unit points at a record the
+        it not (as :func:`~rocketstore.pipeline.queueend.end_at` checks), and whose first unit points at a record the
         CommitLog still holds (as :meth:`correct_min_offset` checks); not on shared storage,
         where a read-only view looks at its files as the visibility rule says."""
         length = self._recorded
@@ -348,39 +246,14 @@ class ConsumeQueue:
             or not 0 < length < self.units_per_file
         ):
             return None
-        try:
-            fd = os.open(self._file_name(0), os.O_RDONLY)
-        except OSError:
-            return None
-        try:
-            if os.fstat(fd).st_size != self.file_size:
-                return None  # loading it says what is wrong
-            end = (length + 1) * CQ_UNIT_SIZE
-            if end <= PEEK_BYTES:
-                raw = os.pread(fd, end, 0)
-                first, pair = raw[:CQ_UNIT_SIZE], raw[-2 * CQ_UNIT_SIZE :]
-            else:
-                first = os.pread(fd, CQ_UNIT_SIZE, 0)
-                pair = os.pread(fd, 2 * CQ_UNIT_SIZE, end - 2 * CQ_UNIT_SIZE)
-        finally:
-            os.close(fd)
-        if len(first) < CQ_UNIT_SIZE or len(pair) < 2 * CQ_UNIT_SIZE:
-            return None
-        last_offset, last_size, _ = UNIT.unpack_from(pair, 0)
-        next_offset, next_size, _ = UNIT.unpack_from(pair, CQ_UNIT_SIZE)
-        offset, size, _ = UNIT.unpack(first)
-        if (
-            last_offset < 0
-            or last_size <= 0
-            or (next_offset >= 0 and next_size > 0)
-            or offset < min_commitlog_offset
-            or not 0 < size != PRE_BLANK_SIZE
-        ):
+        units = ends_in_file(self._file_name(0), self.file_size, length, min_commitlog_offset)
+        if units is None:
             return None
         cache = self._segment_args[0]
         if cache is not None:
             cache.work.queues_peeked += 1
-        return Peek(0, length, (offset, size), (last_offset, last_size), 1)
+        first, last = units
+        return Peek(0, length, first, last, 1)
 
     def ends(self, min_commitlog_offset: int) -> Peek:
         """The queue's bounds and first and last units: :meth:`peek`, or else the queue's own
@@ -509,57 +382,14 @@ class ConsumeQueue:
         of its last unit, which is when RocketMQ last wrote it, give or take dispatch latency.
         ``store_time(commitLogOffset, size)`` returns a message's store timestamp.
         """
-        files = self.segments.files
-        if not files or self.max_offset <= self.min_offset:
-            return 0
-        chosen = None
-        for mf in files:
-            if mf.wrote_position == 0:
-                continue
-            last_unit = np.frombuffer(
-                mf.buffer, dtype=UNIT_DTYPE, count=1, offset=mf.wrote_position - CQ_UNIT_SIZE
-            )[0]
-            chosen = mf
-            if store_time(int(last_unit["offset"]), int(last_unit["size"])) >= timestamp:
-                break
-        if chosen is None:
-            return 0
-        base_unit = chosen.base // CQ_UNIT_SIZE
-        low = max(self.min_offset - base_unit, 0)
-        high = chosen.wrote_position // CQ_UNIT_SIZE - 1
-        units = np.frombuffer(chosen.buffer, dtype=UNIT_DTYPE, count=high + 1)
-        left_off = right_off = target = -1
-        left_val = right_val = -1
-        while high >= low:
-            mid = (low + high) // 2
-            phy = int(units[mid]["offset"])
-            if phy < min_physic_offset:
-                low = mid + 1
-                left_off = mid
-                continue
-            t = store_time(phy, int(units[mid]["size"]))
-            if t < 0:
-                return 0
-            if t == timestamp:
-                target = mid
-                break
-            if t > timestamp:
-                high = mid - 1
-                right_off, right_val = mid, t
-            else:
-                low = mid + 1
-                left_off, left_val = mid, t
-        if target != -1:
-            found = target
-        elif left_val == -1:
-            found = right_off
-        elif right_val == -1:
-            found = left_off
-        else:
-            found = (
-                right_off if abs(timestamp - left_val) > abs(timestamp - right_val) else left_off
-            )
-        return base_unit + found
+        return offset_by_time(
+            self.segments.files,
+            self.min_offset,
+            self.max_offset,
+            timestamp,
+            min_physic_offset,
+            store_time,
+        )
 
     # -- writing ----------------------------------------------------------------------------
     def append(self, start: int, units: Units) -> None:

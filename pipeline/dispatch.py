@@ -24,11 +24,11 @@ import numpy.typing as npt
 
 from rocketstore.pipeline import native, record
 from rocketstore.pipeline.commitlog import CommitLog
-from rocketstore.pipeline.config import CQ_UNIT_SIZE
 from rocketstore.pipeline.consumequeue import ConsumeQueue, make_units
 from rocketstore.pipeline.encode import PreparedBatch
 from rocketstore.pipeline.errors import CorruptRecordError
-from rocketstore.pipeline.index_service import IndexService
+from rocketstore.pipeline.indexservice import IndexService
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 
 INDEX_SLICE = 1 << 18  # index entries per IndexService.put of a batch
 

@@ -223,8 +223,11 @@ def prepare(
     config: StoreConfig,
     uniq: UniqKeyGenerator,
     now_ms: int,
+    store_host: str,
 ) -> PreparedBatch:
     """Validate a batch and derive everything needed to store it. Nothing is written.
+    ``store_host`` (``ip:port``) is stamped as every record's STOREHOST and is the born host of
+    rows without one (:func:`rocketstore.pipeline.storehost.store_host`).
 
     Raises :class:`InvalidMessageError` (or :class:`MessageTooLargeError`) naming the column,
     the reason, how many rows fail and the first of them.
@@ -313,13 +316,13 @@ def prepare(
     )
 
     # hosts
-    store_field, store_v6 = record.encode_host(config.store_host)
+    store_field, store_v6 = record.encode_host(store_host)
     born_col = _column(table, "bornHost")
     born_codes: npt.NDArray[np.int32] | None = None  # None: every message's is born_hosts[0]
     if born_col is None or born_col.null_count == n:
         born_hosts = [store_field]
     else:
-        filled = pc.fill_null(born_col, config.store_host)
+        filled = pc.fill_null(born_col, store_host)
         enc = pc.dictionary_encode(filled)
         born_hosts = []
         for text in enc.dictionary.to_pylist():

@@ -108,7 +108,7 @@ from rocketstore.pipeline.lock import DirectoryLock
 
 if TYPE_CHECKING:
     from rocketstore.pipeline.commitlog import CommitLog
-    from rocketstore.pipeline.mapped_file import MappedFile
+    from rocketstore.pipeline.mappedfile import MappedFile
 
 FILE_NAME = "rocketstore-epochs"
 MAGIC = b"RSEP"

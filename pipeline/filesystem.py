@@ -4,7 +4,7 @@ Two properties matter. First, whether *reading* a hole of a sparse file through 
 mapping needs a new block. On ext4, xfs, btrfs or a FUSE mount a read fault on a hole maps a
 page of zeros; on tmpfs (and the other memory-backed file systems) it allocates a page, so on a
 full tmpfs a reader that merely looks past the data of a sparse file dies of SIGBUS. On such a
-file system every store file is created with all its blocks (:mod:`rocketstore.pipeline.mapped_file`), so it
+file system every store file is created with all its blocks (:mod:`rocketstore.pipeline.mappedfile`), so it
 has no hole for anyone to read, and a full disk is an error when the file is created.
 
 Second, whether a block reserved with ``posix_fallocate`` can still need space when written. On

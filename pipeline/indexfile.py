@@ -31,7 +31,7 @@ entries the header does not count; a lost machine may leave any mix of old and n
 Recovery keeps the entries ``putKey`` replayed from the start would have written and recomputes
 the slots (:meth:`IndexFile.mend`), and the CommitLog gives the rest again.
 
-Blocks (see :mod:`rocketstore.pipeline.mapped_file`): slots are written anywhere in their table, so a file
+Blocks (see :mod:`rocketstore.pipeline.mappedfile`): slots are written anywhere in their table, so a file
 this process writes has the header and the whole slot table reserved first, and entries a
 window at a time ahead of the count (:data:`ENTRY_AHEAD`). A file loaded from disk is trusted
 to have no block at all until it is reserved again: RocketMQ leaves its slot tables sparse.
@@ -39,7 +39,6 @@ to have no block at all until it is reserved again: RocketMQ leaves its slot tab
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,21 +46,22 @@ import numpy as np
 import numpy.typing as npt
 
 from rocketstore.pipeline import failpoints, native
-from rocketstore.pipeline.mapped_file import MappedFile
+from rocketstore.pipeline.layout import (
+    INDEX_ENTRY,
+    INDEX_ENTRY_DTYPE,
+    INDEX_ENTRY_SIZE,
+    INDEX_HEADER,
+    INDEX_HEADER_SIZE,
+    INDEX_SLOT,
+    INDEX_SLOT_SIZE,
+    index_file_size,
+)
+from rocketstore.pipeline.mappedfile import MappedFile
 from rocketstore.pipeline.mappings import MappingCache
 
-HEADER = struct.Struct(">qqqqii")
-HEADER_SIZE = HEADER.size  # 40
-SLOT_SIZE = 4
-ENTRY_DTYPE = np.dtype(
-    [("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"), ("prev_index", ">i4")]
-)
-ENTRY_SIZE = ENTRY_DTYPE.itemsize  # 20
-SLOT = struct.Struct(">i")
-ENTRY = struct.Struct(">iqii")  # ENTRY_DTYPE's fields, for reading one entry
 INT_MAX = 0x7FFFFFFF
 ENTRY_AHEAD = 1 << 16  # entries reserved past the ones a write needs
-RESERVE_AHEAD = ENTRY_AHEAD * ENTRY_SIZE  # 1.25 MiB
+RESERVE_AHEAD = ENTRY_AHEAD * INDEX_ENTRY_SIZE  # 1.25 MiB
 
 
 class IndexFile:
@@ -81,7 +81,7 @@ class IndexFile:
         self.path = path
         self.slot_num = slot_num
         self.index_num = index_num
-        size = HEADER_SIZE + SLOT_SIZE * slot_num + ENTRY_SIZE * index_num
+        size = index_file_size(slot_num, index_num)
         self._mf = MappedFile(
             path,
             0,
@@ -93,8 +93,8 @@ class IndexFile:
         )
         # Read without mapping: a store lists its index files at open, and maps one only when
         # a look-up or a put needs its slots and entries.
-        fields: tuple[int, int, int, int, int, int] = HEADER.unpack_from(
-            self._mf.read(0, HEADER_SIZE), 0
+        fields: tuple[int, int, int, int, int, int] = INDEX_HEADER.unpack_from(
+            self._mf.read(0, INDEX_HEADER_SIZE), 0
         )
         self.begin_timestamp: int = fields[0]
         self.end_timestamp: int = fields[1]
@@ -121,7 +121,7 @@ class IndexFile:
 
     @property
     def _entries_at(self) -> int:
-        return HEADER_SIZE + SLOT_SIZE * self.slot_num
+        return INDEX_HEADER_SIZE + INDEX_SLOT_SIZE * self.slot_num
 
     def reserve(self, entries: int) -> None:
         """Reserve the blocks of the header, every slot and the entries up to the ``entries``-th
@@ -130,8 +130,8 @@ class IndexFile:
         upto = min(self.index_count + entries, self.index_num)
         if upto <= self.reserved_upto:
             return  # the common case, on every single put
-        self._mf.reserve(self._entries_at + ENTRY_SIZE * upto)
-        self.reserved_upto = (self._mf.allocated - self._entries_at) // ENTRY_SIZE
+        self._mf.reserve(self._entries_at + INDEX_ENTRY_SIZE * upto)
+        self.reserved_upto = (self._mf.allocated - self._entries_at) // INDEX_ENTRY_SIZE
 
     def start(self, prev_end_phy: int, prev_end_ts: int) -> None:
         """Begin an unstarted file where the previous one ended, and write its header."""
@@ -146,15 +146,17 @@ class IndexFile:
     # Views made per use, not kept: a kept view would pin the mapping (see rocketstore.pipeline.mappings).
     @property
     def _slots(self) -> npt.NDArray[np.int32]:
-        return np.frombuffer(self._mf.buffer, dtype=">i4", count=self.slot_num, offset=HEADER_SIZE)
+        return np.frombuffer(
+            self._mf.buffer, dtype=">i4", count=self.slot_num, offset=INDEX_HEADER_SIZE
+        )
 
     @property
     def _entries(self) -> npt.NDArray[np.void]:
         return np.frombuffer(
             self._mf.buffer,
-            dtype=ENTRY_DTYPE,
+            dtype=INDEX_ENTRY_DTYPE,
             count=self.index_num,
-            offset=HEADER_SIZE + SLOT_SIZE * self.slot_num,
+            offset=INDEX_HEADER_SIZE + INDEX_SLOT_SIZE * self.slot_num,
         )
 
     @property
@@ -169,8 +171,8 @@ class IndexFile:
         # Every change of the file ends with its header written (or, on the single-put path,
         # with took_entries): from here the next flush has something to sync.
         self._dirty = True
-        self._mf.reserve(HEADER_SIZE)
-        HEADER.pack_into(
+        self._mf.reserve(INDEX_HEADER_SIZE)
+        INDEX_HEADER.pack_into(
             self._mf.buffer,
             0,
             self.begin_timestamp,
@@ -200,9 +202,9 @@ class IndexFile:
         phys = np.ascontiguousarray(phy_offsets[:take], dtype=np.int64)
         times = np.ascontiguousarray(store_timestamps[:take], dtype=np.int64)
         buf = self._mf.buffer
-        slots_end = HEADER_SIZE + SLOT_SIZE * self.slot_num
+        slots_end = INDEX_HEADER_SIZE + INDEX_SLOT_SIZE * self.slot_num
         new_slots = native.index_put(
-            buf[HEADER_SIZE:slots_end],
+            buf[INDEX_HEADER_SIZE:slots_end],
             buf[slots_end:],
             self.index_count,
             self.begin_timestamp,
@@ -253,7 +255,7 @@ class IndexFile:
         if keep >= count:
             return 0
         # Slots are rewritten below, and RocketMQ leaves the slot table sparse.
-        self._mf.reserve(self._entries_at + ENTRY_SIZE * count)
+        self._mf.reserve(self._entries_at + INDEX_ENTRY_SIZE * count)
         dropped = self._entries[keep:count]
         # A slot's chain runs through its entries in ascending number, so the oldest dropped
         # entry of each slot points (prevIndex) at the newest kept one: the slot's new head.
@@ -263,7 +265,7 @@ class IndexFile:
         heads[(heads <= 0) | (heads >= keep)] = 0
         self._slots[affected] = heads
         self.hash_slot_count -= int(np.count_nonzero(heads == 0))
-        self._entries[keep:count] = np.zeros(count - keep, dtype=ENTRY_DTYPE)
+        self._entries[keep:count] = np.zeros(count - keep, dtype=INDEX_ENTRY_DTYPE)
         self._end_at(keep, store_time)
         return count - keep
 
@@ -294,16 +296,16 @@ class IndexFile:
         past them is zeroed.
         """
         count = min(max(self.index_count, 1), self.index_num)
-        self._mf.reserve(self._entries_at + ENTRY_SIZE * count)
+        self._mf.reserve(self._entries_at + INDEX_ENTRY_SIZE * count)
         buf = self._mf.buffer
         keep, rewritten, used_slots, stale = native.index_mend(
-            buf[HEADER_SIZE : self._entries_at], buf[self._entries_at :], count, phys
+            buf[INDEX_HEADER_SIZE : self._entries_at], buf[self._entries_at :], count, phys
         )
         if stale is not None:
             # Entries past the kept ones, counted or not, are zeroed; a page that holds one
             # that is not zero has its block already, but CoW file systems want it reserved.
-            self._mf.reserve(self._entries_at + ENTRY_SIZE * (stale + 1))
-            self._entries[keep : stale + 1] = np.zeros(stale + 1 - keep, dtype=ENTRY_DTYPE)
+            self._mf.reserve(self._entries_at + INDEX_ENTRY_SIZE * (stale + 1))
+            self._entries[keep : stale + 1] = np.zeros(stale + 1 - keep, dtype=INDEX_ENTRY_DTYPE)
         del buf
         self.hash_slot_count = used_slots
         self._end_at(keep, store_time)
@@ -336,10 +338,14 @@ class IndexFile:
         # files, and making numpy views cost more than the walk itself. A list, not a
         # generator: a paused walk would hold the view, and a held view pins the mapping.
         buf = self._mf.buffer
-        entries_at = HEADER_SIZE + SLOT_SIZE * self.slot_num
-        (current,) = SLOT.unpack_from(buf, HEADER_SIZE + SLOT_SIZE * (key_hash % self.slot_num))
+        entries_at = INDEX_HEADER_SIZE + INDEX_SLOT_SIZE * self.slot_num
+        (current,) = INDEX_SLOT.unpack_from(
+            buf, INDEX_HEADER_SIZE + INDEX_SLOT_SIZE * (key_hash % self.slot_num)
+        )
         while 0 < current < self.index_num:
-            h, phy, diff, prev = ENTRY.unpack_from(buf, entries_at + ENTRY_SIZE * current)
+            h, phy, diff, prev = INDEX_ENTRY.unpack_from(
+                buf, entries_at + INDEX_ENTRY_SIZE * current
+            )
             # An entry at or past the count this view read is one a live writer (a stock broker,
             # or a writer in another process) added since: newer than anything the view offers,
             # and it heads the slot's chain now. Step past it to the entries the view counts.

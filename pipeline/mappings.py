@@ -5,7 +5,7 @@ on first use and registered with the store's :class:`MappingCache`. A file can h
 resources: a mapping (``mmap.mmap`` keeps a ``dup`` of the descriptor for as long as the
 mapping lives) and a descriptor of its own, kept so that a writer writes, reads and syncs the
 file it opened rather than whatever its name points at later
-(:mod:`rocketstore.pipeline.mapped_file`). A store with tens of thousands of ConsumeQueues
+(:mod:`rocketstore.pipeline.mappedfile`). A store with tens of thousands of ConsumeQueues
 cannot keep them all, so the cache releases the least recently used files (mapped or opened
 again when next used) past two bounds:
 

@@ -22,8 +22,8 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from rocketstore.pipeline import _native
-from rocketstore.pipeline.consumequeue import UNIT_DTYPE
 from rocketstore.pipeline.errors import CorruptRecordError, NativeError
+from rocketstore.pipeline.layout import UNIT_DTYPE
 from rocketstore.pipeline.record import MessageExt
 
 StringTriple = tuple[Any, npt.NDArray[Any] | int, npt.NDArray[np.uint8] | None]
@@ -184,7 +184,7 @@ def dispatch_walk(
     boundary) that begin before physical offset ``end``, as :func:`walk` walks them, and derive
     in the same pass what dispatch writes: ``runs``, per queue in order of its first record,
     ``(topic, queueId, first queue offset, units)`` with the units as the ConsumeQueue file
-    holds them (:data:`rocketstore.pipeline.consumequeue.UNIT_DTYPE`); the index entries in order (none
+    holds them (:data:`rocketstore.pipeline.layout.UNIT_DTYPE`); the index entries in order (none
     unless ``index``); ``count`` records walked; ``last_unit_ts``, the store time of the last
     record that got a unit (-1 if none); and where the walk stopped, as :class:`Walk` says."""
     raw = _native.dispatch_walk(buf, start, limit, base, end, check_crc, index)

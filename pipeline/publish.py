@@ -5,7 +5,7 @@ file ``config/rocketstore.json`` (the durable dispatch point, each queue's lengt
 :mod:`rocketstore.pipeline.progress`), the ``checkpoint`` RocketMQ keeps (flush timestamps:
 :mod:`rocketstore.pipeline.checkpoint`), and ``config/topics.json`` (the topics a broker serves:
 :mod:`rocketstore.pipeline.topicconfig`). A failure leaves each naming an earlier point that is
-still true. :class:`Recorder` is used by the writer's flush, under the store's lock; not
+still true. :class:`FlushPointRecorder` is used by the writer's flush, under the store's lock; not
 thread-safe on its own.
 """
 
@@ -19,7 +19,7 @@ from rocketstore.pipeline import failpoints
 from rocketstore.pipeline.checkpoint import StoreCheckpoint
 from rocketstore.pipeline.commitlog import CommitLog
 from rocketstore.pipeline.consumequeue import ConsumeQueue
-from rocketstore.pipeline.index_service import IndexService
+from rocketstore.pipeline.indexservice import IndexService
 from rocketstore.pipeline.progress import FlushProgress
 from rocketstore.pipeline.topicconfig import TopicConfigError, TopicsKeeper
 
@@ -28,8 +28,9 @@ _log = logging.getLogger(__name__)
 MAX_NOTES = 64  # notes a store keeps (the least recently set go first)
 
 
-class Recorder:
-    """Records a flushed point for one store directory."""
+class FlushPointRecorder:
+    """Records, in the three files the module names, the point up to which one store
+    directory's data files are flushed."""
 
     def __init__(
         self,

@@ -19,14 +19,15 @@ import numpy.typing as npt
 
 from rocketstore.pipeline import record
 from rocketstore.pipeline.commitlog import CommitLog
-from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
-from rocketstore.pipeline.consumequeue import UNIT_DTYPE, ConsumeQueue
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.consumequeue import ConsumeQueue
 from rocketstore.pipeline.errors import (
     CorruptRecordError,
     InvalidMessageError,
     OffsetOutOfRangeError,
 )
-from rocketstore.pipeline.index_service import IndexService
+from rocketstore.pipeline.indexservice import IndexService
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE, UNIT_DTYPE
 from rocketstore.pipeline.results import GetResult, QueueEnds, QueueInfo
 from rocketstore.pipeline.subscription import Subscription
 

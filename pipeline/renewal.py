@@ -45,19 +45,18 @@ import struct
 from pathlib import Path
 
 from rocketstore.pipeline import durability, failpoints, fencing, visibility
-from rocketstore.pipeline.config import CQ_UNIT_SIZE
 from rocketstore.pipeline.errors import RenewalError
+from rocketstore.pipeline.filecreation import TMP_SUFFIX
 from rocketstore.pipeline.fileio import PAGE, data_extents, pwrite_all
-from rocketstore.pipeline.index_service import NAME_LENGTH
-from rocketstore.pipeline.mapped_file import TMP_SUFFIX
+from rocketstore.pipeline.indexservice import NAME_LENGTH
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE, INDEX_BEGIN_PHY_OFFSET_AT
 from rocketstore.pipeline.progress import FlushProgress
 from rocketstore.pipeline.segments import list_segments
 
 _STEP = 1 << 20  # bytes read at a time; a multiple of PAGE
 _ZEROS = bytes(_STEP)
-# An IndexFile header's beginPhyOffset (rocketstore.pipeline.indexfile): bytes 16..24.
+# An IndexFile header's beginPhyOffset (rocketstore.pipeline.indexfile).
 _BEGIN_PHY = struct.Struct(">q")
-_BEGIN_PHY_AT = 16
 
 
 def renew_file(path: Path, tmp: Path | None = None) -> None:
@@ -171,10 +170,10 @@ def derived_tails(store_dir: Path, cq_file_size: int, progress: FlushProgress | 
 def _index_begin(path: Path) -> int | None:
     """An IndexFile's beginPhyOffset as its header says, None when it has no whole header."""
     with open(path, "rb", buffering=0) as f:
-        head = f.read(_BEGIN_PHY_AT + _BEGIN_PHY.size)
-    if len(head) < _BEGIN_PHY_AT + _BEGIN_PHY.size:
+        head = f.read(INDEX_BEGIN_PHY_OFFSET_AT + _BEGIN_PHY.size)
+    if len(head) < INDEX_BEGIN_PHY_OFFSET_AT + _BEGIN_PHY.size:
         return None
-    return int(_BEGIN_PHY.unpack_from(head, _BEGIN_PHY_AT)[0])
+    return int(_BEGIN_PHY.unpack_from(head, INDEX_BEGIN_PHY_OFFSET_AT)[0])
 
 
 def renew_derived(store_dir: Path, cq_file_size: int, progress: FlushProgress | None) -> int:

@@ -105,19 +105,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import (
     ConfigError,
     DiskFullError,
     ReadOnlyStoreError,
     StoreClosedError,
 )
-from rocketstore.pipeline.mapped_file import MappedFile
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE
+from rocketstore.pipeline.mappedfile import MappedFile
 
 if TYPE_CHECKING:
     from rocketstore.pipeline.commitlog import CommitLog
     from rocketstore.pipeline.consumequeue import ConsumeQueue
-    from rocketstore.pipeline.index_service import IndexService
+    from rocketstore.pipeline.indexservice import IndexService
 
 
 class RetainedStore(Protocol):

@@ -42,13 +42,8 @@ from rocketstore.pipeline.errors import (
     SegmentGoneError,
     StoreError,
 )
-from rocketstore.pipeline.mapped_file import (
-    NAME_DIGITS,
-    RESERVE_AHEAD,
-    TMP_SUFFIX,
-    MappedFile,
-    segment_name,
-)
+from rocketstore.pipeline.filecreation import TMP_SUFFIX
+from rocketstore.pipeline.mappedfile import NAME_DIGITS, RESERVE_AHEAD, MappedFile, segment_name
 from rocketstore.pipeline.mappings import MappingCache
 
 T = TypeVar("T")

@@ -58,7 +58,7 @@ from rocketstore.pipeline import (
     fencing,
     filesystem,
     indexfile,
-    mapped_file,
+    mappedfile,
     mappings,
     record,
     renewal,
@@ -70,7 +70,7 @@ from rocketstore.pipeline.appender import Appender
 from rocketstore.pipeline.background import PeriodicTask
 from rocketstore.pipeline.checkpoint import StoreCheckpoint
 from rocketstore.pipeline.commitlog import CommitLog
-from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.consumequeue import ConsumeQueue
 from rocketstore.pipeline.errors import (
     CorruptRecordError,
@@ -80,14 +80,16 @@ from rocketstore.pipeline.errors import (
     StoreClosedError,
     StoreFailedError,
 )
-from rocketstore.pipeline.geometry import check_geometry
-from rocketstore.pipeline.index_service import IndexService
+from rocketstore.pipeline.filecreation import free_space
+from rocketstore.pipeline.filesizes import check_file_sizes
+from rocketstore.pipeline.indexservice import IndexService
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.lock import DirectoryLock
-from rocketstore.pipeline.mapped_file import WHOLE, free_space
+from rocketstore.pipeline.mappedfile import WHOLE
 from rocketstore.pipeline.mappings import MappingCache, WorkCounts
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.progress import FlushProgress
-from rocketstore.pipeline.publish import MAX_NOTES, Recorder
+from rocketstore.pipeline.publish import MAX_NOTES, FlushPointRecorder
 from rocketstore.pipeline.queueset import QueueSet
 from rocketstore.pipeline.reads import StoreReads
 from rocketstore.pipeline.recovery import RecoveryReport, last_unit_matches, recover
@@ -146,7 +148,7 @@ class MessageStore(StoreReads):
             if not read_only:
                 # Before _open writes anything (the abort file above all): a refused open must
                 # leave the store as it was.
-                check_geometry(self.path, self.config)
+                check_file_sizes(self.path, self.config)
             self._open()
         except BaseException:
             if self._lock is not None:
@@ -216,7 +218,7 @@ class MessageStore(StoreReads):
                 cfg.mapped_file_size_commitlog,
                 read_only=self.read_only,
                 cache=self.mappings,
-                ahead=WHOLE if whole else mapped_file.RESERVE_AHEAD,
+                ahead=WHOLE if whole else mappedfile.RESERVE_AHEAD,
                 visibility_wait_ms=self._listing_wait,
             )
         )
@@ -286,7 +288,7 @@ class MessageStore(StoreReads):
             ),
             stop_writes=self._stop_writes,
         )
-        self._recorder = Recorder(
+        self._recorder = FlushPointRecorder(
             self.path,
             commitlog=self.commitlog,
             queues=self.queues,

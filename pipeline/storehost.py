@@ -44,10 +44,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from rocketstore.pipeline import record
+from rocketstore.pipeline.config import StoreConfig, format_host
 
 if TYPE_CHECKING:
     from rocketstore.pipeline.commitlog import CommitLog
-    from rocketstore.pipeline.config import StoreConfig
     from rocketstore.pipeline.consumequeue import ConsumeQueue
 
 DEFAULT_LISTEN_PORT = 10911  # RocketMQ's BrokerConfig/NettyServerConfig default
@@ -110,11 +110,19 @@ def default_store_host(config: StoreConfig) -> tuple[str, int]:
     return ip, port + config.listen_port_offset
 
 
+def store_host(config: StoreConfig) -> str:
+    """``ip:port`` written into every record's STOREHOST (and so into msgIds) by a writer of a
+    directory with no record yet: brokerIP1 (unset: this host's address as a stock broker takes
+    it) and listenPort (unset: 10911) plus ``listen_port_offset``. A store opened for writing
+    first fixes both for its directory, which may carry another (:func:`for_directory`)."""
+    return format_host(*default_store_host(config))
+
+
 def for_directory(config: StoreConfig, newest: str | None) -> StoreConfig:
     """``config`` with ``brokerIP1`` and ``listenPort`` fixed for a directory whose newest
     record carries the store host ``newest`` (``ip:port``, ``[ip6]:port``; None for a
     directory with no record), by the rules of the module. The result names both settings and
-    no offset, so its :attr:`~rocketstore.pipeline.config.StoreConfig.store_host` is what is stamped."""
+    no offset, so its :func:`store_host` is what is stamped."""
     ip, port = default_store_host(config)
     if newest is not None:
         addr, newest_port = record.parse_host(newest)

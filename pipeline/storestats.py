@@ -49,9 +49,10 @@ from pathlib import Path
 
 from rocketstore.pipeline import fencing, record
 from rocketstore.pipeline.checkpoint import StoreCheckpoint
-from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
-from rocketstore.pipeline.consumequeue import PRE_BLANK_SIZE, UNIT, ConsumeQueue
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.consumequeue import ConsumeQueue
 from rocketstore.pipeline.errors import StoreError
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE, PRE_BLANK_SIZE, UNIT
 from rocketstore.pipeline.lock import is_locked_elsewhere
 from rocketstore.pipeline.progress import FlushProgress
 from rocketstore.pipeline.retention import statvfs_used_ratio

@@ -140,13 +140,13 @@ from rocketstore.pipeline.verify_index import IndexChecker
 from rocketstore.pipeline.verify_log import LogWalker
 from rocketstore.pipeline.verify_queues import QueueChecker
 from rocketstore.pipeline.verify_report import Problem, VerifyReport
-from rocketstore.pipeline.verify_state import Progress, Scan
+from rocketstore.pipeline.verify_state import ProgressCallback, Scan
 
 __all__ = [
     "CHUNK_RECORDS",
     "MAX_PROBLEMS_PER_KIND",
     "Problem",
-    "Progress",
+    "ProgressCallback",
     "VerifyReport",
     "verify",
     "verify_read_only",
@@ -160,7 +160,7 @@ ATTEMPTS = 5  # scans of a live store that retention deleted files under, before
 def verify(
     store: MessageStore,
     *,
-    progress: Progress | None = None,
+    progress: ProgressCallback | None = None,
     max_per_kind: int | None = MAX_PROBLEMS_PER_KIND,
 ) -> VerifyReport:
     """Check the whole store; see the module docstring. ``progress(done, total)`` is called
@@ -183,7 +183,7 @@ def verify_read_only(
     path: str | Path,
     config: StoreConfig | None = None,
     *,
-    progress: Progress | None = None,
+    progress: ProgressCallback | None = None,
     max_per_kind: int | None = MAX_PROBLEMS_PER_KIND,
     attempts: int | None = None,
 ) -> VerifyReport:

@@ -18,14 +18,14 @@ import dataclasses
 import numpy as np
 import numpy.typing as npt
 
-from rocketstore.pipeline.indexfile import (
-    ENTRY_DTYPE,
-    ENTRY_SIZE,
-    HEADER,
-    HEADER_SIZE,
-    INT_MAX,
-    SLOT_SIZE,
-    IndexFile,
+from rocketstore.pipeline.indexfile import INT_MAX, IndexFile
+from rocketstore.pipeline.layout import (
+    INDEX_ENTRY_DTYPE,
+    INDEX_ENTRY_SIZE,
+    INDEX_HEADER,
+    INDEX_HEADER_SIZE,
+    INDEX_SLOT_SIZE,
+    index_file_size,
 )
 from rocketstore.pipeline.verify_state import I64, Scan, Segment
 
@@ -53,7 +53,7 @@ class _IndexState:
     times_ok: bool  # whether entry time differences are checked against beginTimestamp
 
     def entry_at(self, number: int) -> int:
-        return self.entries_at + ENTRY_SIZE * number
+        return self.entries_at + INDEX_ENTRY_SIZE * number
 
 
 class IndexChecker:
@@ -84,9 +84,7 @@ class IndexChecker:
         for n, f in enumerate(index.files):
             self.index_begins.append(self.check_index_file(f, last=n == len(index.files) - 1))
             self.scan.report.index_files += 1
-            self.scan.tick(
-                self.scan.done + HEADER_SIZE + SLOT_SIZE * f.slot_num + ENTRY_SIZE * f.index_num
-            )
+            self.scan.tick(self.scan.done + index_file_size(f.slot_num, f.index_num))
 
     def check(self, seg: Segment, lo: int, hi: int) -> None:
         """Check the index entries that point into ``[lo, hi)`` (inside one segment) against
@@ -184,7 +182,7 @@ class IndexChecker:
             self.scan.problem(
                 "index-missing-entry",
                 f.path,
-                HEADER_SIZE + SLOT_SIZE * (h % f.slot_num),
+                INDEX_HEADER_SIZE + INDEX_SLOT_SIZE * (h % f.slot_num),
                 f"no entry for key hash {h} of the record at {phys} "
                 f"({self.scan.topic_name(int(seg.topic_ids[r]))}); it belongs in this slot's chain"
                 + self.scan.repair_note(phys),
@@ -232,22 +230,26 @@ class IndexChecker:
             if not len(over):
                 break
             heads[over] = prev[np.clip(heads[over], 0, len(prev) - 1)]
-        entries[count:] = np.zeros(len(entries) - count, dtype=ENTRY_DTYPE)
+        entries[count:] = np.zeros(len(entries) - count, dtype=INDEX_ENTRY_DTYPE)
         return count, heads, entries
 
     def _check_index_file(self, f: IndexFile, mm: npt.NDArray[np.uint8], last: bool) -> int:
         path = f.path
         slot_num, index_num = f.slot_num, f.index_num
-        entries_at = HEADER_SIZE + SLOT_SIZE * slot_num
-        if len(mm) != entries_at + ENTRY_SIZE * index_num:
+        entries_at = INDEX_HEADER_SIZE + INDEX_SLOT_SIZE * slot_num
+        if len(mm) != entries_at + INDEX_ENTRY_SIZE * index_num:
             self.scan.problem(
                 "index-header", path, 0, f"file is {len(mm)} bytes, not as configured"
             )
             return 0
-        header: tuple[int, int, int, int, int, int] = HEADER.unpack_from(bytes(mm[:HEADER_SIZE]), 0)
+        header: tuple[int, int, int, int, int, int] = INDEX_HEADER.unpack_from(
+            bytes(mm[:INDEX_HEADER_SIZE]), 0
+        )
         begin_ts, end_ts, begin_phy, end_phy, slot_count, raw_count = header
-        slots = np.frombuffer(mm, dtype=">i4", count=slot_num, offset=HEADER_SIZE).astype(np.int64)
-        entries = np.frombuffer(mm, dtype=ENTRY_DTYPE, count=index_num, offset=entries_at)
+        slots = np.frombuffer(mm, dtype=">i4", count=slot_num, offset=INDEX_HEADER_SIZE).astype(
+            np.int64
+        )
+        entries = np.frombuffer(mm, dtype=INDEX_ENTRY_DTYPE, count=index_num, offset=entries_at)
         count = min(max(raw_count, 1), index_num)
         # In a file a writer is filling, the header, slots and tail move during the scan.
         moving = False
@@ -272,7 +274,7 @@ class IndexChecker:
             head(0, f"after endTimestamp {end_ts}")
         if count > 1 and begin_phy > end_phy:
             head(2, f"after endPhyOffset {end_phy}")
-        raw_entries = entries.view(np.uint8).reshape(-1, ENTRY_SIZE)
+        raw_entries = entries.view(np.uint8).reshape(-1, INDEX_ENTRY_SIZE)
         if raw_entries[0].any():
             self.scan.problem(
                 "index-unused-entry", path, entries_at, "entry 0 (never used) is not zero"
@@ -283,7 +285,7 @@ class IndexChecker:
             self.scan.problem(
                 "index-unused-entry",
                 path,
-                entries_at + ENTRY_SIZE * j,
+                entries_at + INDEX_ENTRY_SIZE * j,
                 f"{len(tail)} non-zero entries after indexCount {raw_count}",
             )
         used = entries[1:count]
@@ -295,7 +297,7 @@ class IndexChecker:
         numbers = np.arange(1, count, dtype=np.int32)
 
         def entry_at(number: int) -> int:
-            return entries_at + ENTRY_SIZE * number
+            return entries_at + INDEX_ENTRY_SIZE * number
 
         # Slot heads and chains.
         slot_of = np.mod(key_hash, slot_num)
@@ -304,7 +306,7 @@ class IndexChecker:
             self.scan.problem(
                 "index-slot",
                 path,
-                HEADER_SIZE + SLOT_SIZE * s,
+                INDEX_HEADER_SIZE + INDEX_SLOT_SIZE * s,
                 f"slot {s} holds entry {int(slots[s])}, outside [0, indexCount={count})",
             )
         heads = np.flatnonzero(~bad_head & (slots > 0))
@@ -312,7 +314,7 @@ class IndexChecker:
             self.scan.problem(
                 "index-slot",
                 path,
-                HEADER_SIZE + SLOT_SIZE * s,
+                INDEX_HEADER_SIZE + INDEX_SLOT_SIZE * s,
                 f"slot {s} holds entry {int(slots[s])}, whose key hash belongs to slot "
                 f"{int(slot_of[slots[s] - 1])}",
             )

@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from rocketstore.pipeline.config import CQ_UNIT_SIZE
-from rocketstore.pipeline.consumequeue import PRE_BLANK_SIZE, UNIT_DTYPE, ConsumeQueue
-from rocketstore.pipeline.mapped_file import MappedFile
+from rocketstore.pipeline.consumequeue import ConsumeQueue
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE, PRE_BLANK_SIZE, UNIT_DTYPE
+from rocketstore.pipeline.mappedfile import MappedFile
 from rocketstore.pipeline.segments import SegmentQueue
 from rocketstore.pipeline.verify_state import I64, Bools, Scan
 from rocketstore.pipeline.verify_units import UnitColumns, first_look

@@ -14,8 +14,8 @@ import dataclasses
 import numpy as np
 
 from rocketstore.pipeline import native
-from rocketstore.pipeline.config import CQ_UNIT_SIZE
-from rocketstore.pipeline.mapped_file import segment_name
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE
+from rocketstore.pipeline.mappedfile import segment_name
 from rocketstore.pipeline.verify_load import SCHEDULE_TOPIC, QueueLoader, QueueRecord, UnitFile
 from rocketstore.pipeline.verify_state import I64, Bools, Scan, Segment
 

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rocketstore.pipeline import native, record
-from rocketstore.pipeline.indexfile import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
+from rocketstore.pipeline.layout import index_file_size
 from rocketstore.pipeline.lock import is_locked_elsewhere
 from rocketstore.pipeline.progress import FlushProgress
 from rocketstore.pipeline.store import MessageStore
@@ -35,7 +35,8 @@ from rocketstore.pipeline.verify_report import Problem, VerifyReport
 
 I64 = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
-Progress = Callable[[int, int], None]
+# Told (bytes scanned so far, bytes to scan) as a scan advances.
+ProgressCallback = Callable[[int, int], None]
 # Records of one native walk: the walk, how many of its records are valid, their topic ids.
 Piece = tuple[native.Walk, int, I64]
 
@@ -113,7 +114,7 @@ class Scan:
     what they must agree on, so that each of them owns only its own files' state."""
 
     def __init__(
-        self, store: MessageStore, progress: Progress | None, max_per_kind: int | None
+        self, store: MessageStore, progress: ProgressCallback | None, max_per_kind: int | None
     ) -> None:
         self.store = store
         self.max_per_kind = max_per_kind
@@ -149,7 +150,7 @@ class Scan:
         self.total = self.cl_total
         index_files = store.index.files if store.index is not None else []
         for f in index_files:
-            self.total += HEADER_SIZE + SLOT_SIZE * f.slot_num + ENTRY_SIZE * f.index_num
+            self.total += index_file_size(f.slot_num, f.index_num)
         # The ConsumeQueue files are added when they are listed (QueueChecker.list_files).
 
     def problem(self, kind: str, path: str | Path, offset: int, detail: str) -> None:

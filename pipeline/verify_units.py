@@ -24,7 +24,7 @@ import dataclasses
 import numpy as np
 import numpy.typing as npt
 
-from rocketstore.pipeline.consumequeue import PRE_BLANK_SIZE
+from rocketstore.pipeline.layout import PRE_BLANK_SIZE
 from rocketstore.pipeline.verify_state import I64, Bools
 
 QUEUE_UNITS = 4096  # checked units of a queue held, at most (a bigger one is read per stretch)

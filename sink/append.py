@@ -59,7 +59,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from rocketstore.pipeline import encode
+from rocketstore.pipeline import encode, storehost
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import StoreError, StoreLockedError
 from rocketstore.pipeline.retention import RUN_INTERVAL_MS
@@ -293,7 +293,13 @@ def _append_all(
     if rest.num_rows > chunk_rows:
         # Validate everything before the first chunk goes in, so a bad row cannot leave
         # half a batch behind.
-        encode.prepare(rest, store.config, encode.UniqKeyGenerator(), store.clock_ms())
+        encode.prepare(
+            rest,
+            store.config,
+            encode.UniqKeyGenerator(),
+            store.clock_ms(),
+            storehost.store_host(store.config),
+        )
     put = _Puts(store, attempt)
     for start in range(0, rest.num_rows, chunk_rows):
         put(rest.slice(start, chunk_rows))

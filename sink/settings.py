@@ -17,9 +17,9 @@ from typing import Any
 
 from rocketstore.pipeline import bodyformat, encode
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.counts import parse_count
 from rocketstore.pipeline.errors import ConfigError
 from rocketstore.pipeline.root import DEFAULT_QUEUES, StoreRoot, TopicMeta
+from rocketstore.pipeline.wholenumbers import parse_count
 
 # Sink options that are not store settings (lower-cased: Spark lower-cases option names).
 SINK_OPTIONS = {

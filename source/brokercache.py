@@ -53,7 +53,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from rocketstore.pipeline import record, visibility
-from rocketstore.pipeline.mapped_file import segment_name
+from rocketstore.pipeline.mappedfile import segment_name
 from rocketstore.pipeline.progress import FILE_NAME as PROGRESS_FILE
 from rocketstore.pipeline.progress import FlushProgress
 from rocketstore.pipeline.segments import list_segments

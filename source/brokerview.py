@@ -31,18 +31,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
 from rocketstore.pipeline import native, record, visibility
-from rocketstore.pipeline.config import CQ_UNIT_SIZE
-from rocketstore.pipeline.consumequeue import PRE_BLANK_SIZE
 from rocketstore.pipeline.errors import StoreError
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE, PRE_BLANK_SIZE, UNIT
 from rocketstore.pipeline.segments import SegmentListing
 
-UNIT = struct.Struct(">qiq")
 TAIL_CHECK_UNITS = 16  # how far back an incomplete tail is looked past before trusting units
 RETRIES = 5
 

@@ -69,10 +69,10 @@ from pathlib import Path
 
 from rocketstore.pipeline.bodyformat import check_format
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.counts import parse_count
 from rocketstore.pipeline.errors import ConfigError, NotAStoreError, StoreError
 from rocketstore.pipeline.root import StoreRoot
 from rocketstore.pipeline.topicconfig import TopicConfigError, read_topics
+from rocketstore.pipeline.wholenumbers import parse_count
 from rocketstore.source.offsets import OffsetSpec, parse_option, parse_timestamps_option
 
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000

@@ -39,12 +39,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rocketstore.pipeline import bodyformat, native, record, visibility
-from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
-from rocketstore.pipeline.consumequeue import PRE_BLANK_SIZE, UNIT_DTYPE
+from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import ConfigError, CorruptRecordError, StoreError
-from rocketstore.pipeline.index_service import IndexService
-from rocketstore.pipeline.indexfile import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
-from rocketstore.pipeline.mapped_file import segment_name
+from rocketstore.pipeline.indexservice import IndexService
+from rocketstore.pipeline.layout import (
+    CQ_UNIT_SIZE,
+    DEFAULT_INDEX_RATIO,
+    INDEX_ENTRY_SIZE,
+    INDEX_HEADER_SIZE,
+    INDEX_SLOT_SIZE,
+    PRE_BLANK_SIZE,
+    UNIT_DTYPE,
+)
+from rocketstore.pipeline.mappedfile import segment_name
 from rocketstore.pipeline.root import StoreRoot
 from rocketstore.pipeline.segments import SegmentListing, list_segments
 from rocketstore.pipeline.subscription import Subscription
@@ -56,7 +63,6 @@ log = logging.getLogger("rocketstore.source")
 
 CHUNK_UNITS = 1 << 16  # units per record batch: bounds memory, amortises the fixed costs
 CHUNK_BYTES = 64 << 20
-DEFAULT_INDEX_RATIO = 4  # RocketMQ's default maxIndexNum / maxHashSlotNum
 
 T = TypeVar("T")
 
@@ -439,15 +445,15 @@ def index_geometry(index_dir: Path, config: StoreConfig | None) -> tuple[int, in
     size = files[0].stat().st_size
     if config is not None and config.index_file_size == size:
         return config.max_hash_slot_num, config.max_index_num
-    per_slot = SLOT_SIZE + DEFAULT_INDEX_RATIO * ENTRY_SIZE
-    if (size - HEADER_SIZE) % per_slot:
+    per_slot = INDEX_SLOT_SIZE + DEFAULT_INDEX_RATIO * INDEX_ENTRY_SIZE
+    if (size - INDEX_HEADER_SIZE) % per_slot:
         raise ConfigError(
             f"{files[0]}: IndexFile of {size} bytes fits neither the store settings (from "
             f"{config.origin if config else 'none given'}) nor RocketMQ's default 1:4 slots to "
             "entries; set option config to the store's configuration file (maxHashSlotNum, "
             "maxIndexNum)"
         )
-    slots = (size - HEADER_SIZE) // per_slot
+    slots = (size - INDEX_HEADER_SIZE) // per_slot
     return slots, slots * DEFAULT_INDEX_RATIO
 
 

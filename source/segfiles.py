@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from rocketstore.pipeline import visibility
-from rocketstore.pipeline.mapped_file import segment_name
+from rocketstore.pipeline.mappedfile import segment_name
 from rocketstore.pipeline.segments import SegmentListing
 
 T = TypeVar("T")

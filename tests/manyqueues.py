@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.mapped_file import MappedFile
+from rocketstore.pipeline.mappedfile import MappedFile
 from rocketstore.pipeline.store import MessageStore
 
 QUEUES_PER_TOPIC = 4

@@ -1,4 +1,4 @@
-"""pipeline/commitlog.py, pipeline/segments.py, pipeline/mapped_file.py: placement of records in
+"""pipeline/commitlog.py, pipeline/segments.py, pipeline/mappedfile.py: placement of records in
 fixed-size segments, END_OF_FILE blanks, loading, walking and cutting the log."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from rocketstore.pipeline.errors import (
     OffsetOutOfRangeError,
     StoreError,
 )
-from rocketstore.pipeline.mapped_file import (
+from rocketstore.pipeline.mappedfile import (
     PWRITE_MIN_BYTES,
     MappedFile,
     parse_segment_name,

@@ -10,6 +10,7 @@ import pytest
 
 from rocketstore.pipeline.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig, parse_properties
 from rocketstore.pipeline.errors import ConfigError
+from rocketstore.pipeline.storehost import store_host
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,8 +42,8 @@ def test_defaults_are_rocketmq_49x() -> None:
     # Unset: a directory's records decide (rocketstore.pipeline.storehost); a new one gets this host's
     # address (127.0.0.1 under the suite's pin, conftest._steady_host) and port 10911.
     assert c.broker_ip1 is None and c.listen_port is None
-    assert c.store_host == "127.0.0.1:10911"
-    assert StoreConfig(listen_port=20911, listen_port_offset=20).store_host == "127.0.0.1:20931"
+    assert store_host(c) == "127.0.0.1:10911"
+    assert store_host(StoreConfig(listen_port=20911, listen_port_offset=20)) == "127.0.0.1:20931"
     assert c.index_file_size == 40 + 4 * 5_000_000 + 20 * 20_000_000
     assert not c.sync_flush
     assert c.ignored_keys == ()
@@ -108,7 +109,7 @@ def test_toml_values(tmp_path: Path) -> None:
     assert c.sync_flush
     assert c.message_index_enable is False
     assert c.delete_when == "04;16"
-    assert c.store_host == "[::1]:10911"
+    assert store_host(c) == "[::1]:10911"
 
 
 def test_toml_store_table(tmp_path: Path) -> None:

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rocketstore.pipeline.consumequeue import PRE_BLANK_SIZE, UNIT_DTYPE, ConsumeQueue, make_units
+from rocketstore.pipeline.consumequeue import ConsumeQueue, make_units
 from rocketstore.pipeline.errors import NotAStoreError, StoreError
+from rocketstore.pipeline.layout import PRE_BLANK_SIZE, UNIT_DTYPE
 
 FILE_SIZE = 20 * 5  # five units per file
 MSG = 100  # every test message is 100 bytes long, at CommitLog offset 100 * i

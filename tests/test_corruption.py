@@ -43,7 +43,7 @@ from test_verify import (
 
 from rocketstore.pipeline import record
 from rocketstore.pipeline.errors import CorruptRecordError, OffsetOutOfRangeError
-from rocketstore.pipeline.indexfile import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
+from rocketstore.pipeline.layout import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 from rocketstore.pipeline.record import MessageExt
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify
@@ -268,7 +268,11 @@ def test_damaged_index_never_returns_wrong_messages(
     built: Built, reference: dict[int, MessageExt], seed: int
 ) -> None:
     rng = random.Random(500 + seed)
-    size = HEADER_SIZE + SLOT_SIZE * CONFIG.max_hash_slot_num + ENTRY_SIZE * CONFIG.max_index_num
+    size = (
+        INDEX_HEADER_SIZE
+        + INDEX_SLOT_SIZE * CONFIG.max_hash_slot_num
+        + INDEX_ENTRY_SIZE * CONFIG.max_index_num
+    )
     for f in rng.sample(index_files(built.path), 2):
         for pos in rng.sample(range(size), rng.randrange(1, 6)):
             flip(f, pos, rng)

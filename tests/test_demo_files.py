@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rocketstore.jobs.common import JobError
-from rocketstore.jobs.demo import MARKER, Paths
+from rocketstore.jobs.demo_files import MARKER, Paths
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,6 +14,7 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import InvalidMessageError
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.storehost import store_host
 
 CONFIG = StoreConfig(
     mapped_file_size_commitlog=16384,
@@ -104,8 +105,8 @@ def test_batch_bytes_equal_single_record_encoding(
                 if m.born_timestamp is None
                 else m.born_timestamp,
                 store_timestamp=result.store_timestamp,
-                born_host=m.born_host or config.store_host,
-                store_host=config.store_host,
+                born_host=m.born_host or store_host(config),
+                store_host=store_host(config),
                 sys_flag=m.sys_flag,
                 flag=m.flag,
                 reconsume_times=m.reconsume_times,

@@ -21,7 +21,7 @@ from test_fencing import CONFIG, QUEUES, TOPIC, Taker, bodies, expected, lose_lo
 
 from rocketstore.pipeline import failpoints
 from rocketstore.pipeline.errors import FileReplacedError, StoreError
-from rocketstore.pipeline.mapped_file import MappedFile, segment_name
+from rocketstore.pipeline.mappedfile import MappedFile, segment_name
 from rocketstore.pipeline.mappings import MappingCache
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.store import MessageStore

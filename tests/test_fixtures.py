@@ -12,8 +12,7 @@ from rawlog import commitlog_records
 from readtxt import expected_lines, render
 
 from rocketstore.pipeline import record
-from rocketstore.pipeline.consumequeue import UNIT_DTYPE
-from rocketstore.pipeline.indexfile import HEADER
+from rocketstore.pipeline.layout import INDEX_HEADER, UNIT_DTYPE
 from rocketstore.pipeline.store import MessageStore
 
 CLEAN = ["basic", "transactions"]
@@ -136,7 +135,7 @@ def test_index_headers_are_rocketmq_layout() -> None:
     files = sorted((store / "index").iterdir())
     for f in files:
         assert f.stat().st_size == FIXTURE_CONFIG.index_file_size
-        begin_ts, end_ts, begin_phy, end_phy, slots_used, count = HEADER.unpack_from(
+        begin_ts, end_ts, begin_phy, end_phy, slots_used, count = INDEX_HEADER.unpack_from(
             f.read_bytes(), 0
         )
         assert begin_ts <= end_ts and begin_phy <= end_phy

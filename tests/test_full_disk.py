@@ -16,7 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from rocketstore.pipeline import consumequeue, failpoints, filesystem, indexfile, mapped_file
+from rocketstore.pipeline import (
+    consumequeue,
+    failpoints,
+    filesystem,
+    indexfile,
+    layout,
+    mappedfile,
+)
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import SegmentCreateError
 from rocketstore.pipeline.message import Message
@@ -198,9 +205,9 @@ def test_files_on_a_disk_are_reserved_ahead_not_whole(tmp_path: Path) -> None:
         queues = [p.stat().st_blocks * 512 for p in (mnt / "s" / "consumequeue").rglob("0" * 20)]
         index = [p.stat().st_blocks * 512 for p in (mnt / "s" / "index").iterdir()]
     assert len(queues) == 40
-    assert 0 < segment <= mapped_file.RESERVE_AHEAD
+    assert 0 < segment <= mappedfile.RESERVE_AHEAD
     assert all(0 < b <= consumequeue.RESERVE_AHEAD for b in queues), queues
-    slots = indexfile.HEADER_SIZE + indexfile.SLOT_SIZE * config.max_hash_slot_num
+    slots = layout.INDEX_HEADER_SIZE + layout.INDEX_SLOT_SIZE * config.max_hash_slot_num
     assert len(index) == 1 and slots <= index[0] <= slots + indexfile.RESERVE_AHEAD + 4096
 
 

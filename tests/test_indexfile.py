@@ -1,4 +1,4 @@
-"""pipeline/indexfile.py and pipeline/index_service.py: the key index and its files."""
+"""pipeline/indexfile.py and pipeline/indexservice.py: the key index and its files."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rocketstore.pipeline.index_service import IndexService, index_file_name
 from rocketstore.pipeline.indexfile import IndexFile
+from rocketstore.pipeline.indexservice import IndexService, index_file_name
 from rocketstore.pipeline.javahash import index_key_hash
 
 SLOTS = 8
@@ -373,7 +373,7 @@ def test_service_candidates_from_an_offset_skip_older_files(
 def test_service_new_file_starts_at_previous_end(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rocketstore.pipeline import index_service
+    from rocketstore.pipeline import indexservice
 
     created: list[tuple[int, int]] = []
 
@@ -383,7 +383,7 @@ def test_service_new_file_starts_at_previous_end(
             if kw.get("create"):
                 created.append((self.begin_phy_offset, self.begin_timestamp))
 
-    monkeypatch.setattr(index_service, "IndexFile", Recording)
+    monkeypatch.setattr(indexservice, "IndexFile", Recording)
     svc = service(tmp_path / "index", [T0])
     svc.put(*arrays([1, 2, 3, 4, 5], [100, 200, 300, 400, 500], [T0 + 1000 * i for i in range(5)]))
     # each new file starts (before its first entry) where the previous one ended

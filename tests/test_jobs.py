@@ -468,7 +468,7 @@ class FakeBatch:
 def test_sink_gate_closes_between_batches() -> None:
     import threading
 
-    from rocketstore.jobs.common import SinkGate, StopRequested
+    from rocketstore.jobs.sinkgate import SinkGate, StopRequested
 
     entered, release = threading.Event(), threading.Event()
     calls: list[int] = []

@@ -22,8 +22,7 @@ from rawlog import commitlog_records
 from rocketstore.pipeline import record
 from rocketstore.pipeline.checkpoint import FILE_SIZE
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.consumequeue import UNIT_DTYPE
-from rocketstore.pipeline.indexfile import HEADER
+from rocketstore.pipeline.layout import INDEX_HEADER, UNIT_DTYPE
 from rocketstore.pipeline.store import MessageStore
 
 TAGS = ("TagA", "TagB", "TagC")
@@ -108,7 +107,9 @@ def test_records_blanks_units_and_index_agree(tmp_path: Path) -> None:
             units_seen += 1
     assert units_seen == 2000
     # Index headers chain: each file starts where the previous ended.
-    headers = [HEADER.unpack_from(f.read_bytes(), 0) for f in sorted((path / "index").iterdir())]
+    headers = [
+        INDEX_HEADER.unpack_from(f.read_bytes(), 0) for f in sorted((path / "index").iterdir())
+    ]
     total_entries = sum(h[5] - 1 for h in headers)
     assert total_entries == 2000 * 3  # UNIQ_KEY + two keys each
     for prev, cur in itertools.pairwise(headers):
@@ -135,7 +136,7 @@ def index_entries(path: Path) -> list[tuple[int, int]]:
     found = []
     for f in sorted((path / "index").iterdir()):
         data = f.read_bytes()
-        count = HEADER.unpack_from(data, 0)[5]
+        count = INDEX_HEADER.unpack_from(data, 0)[5]
         slots = struct.unpack_from(f">{slots_n}i", data, 40)
         entry = struct.Struct(">iqii")
         base = 40 + 4 * slots_n

@@ -11,6 +11,7 @@ import pytest
 from rocketstore.pipeline import _native, encode, native
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import NativeError, StoreError
+from rocketstore.pipeline.storehost import store_host
 
 
 def batch() -> encode.PreparedBatch:
@@ -22,7 +23,10 @@ def batch() -> encode.PreparedBatch:
             "keys": [f"k{i}" for i in range(8)],
         }
     )
-    return encode.prepare(table, StoreConfig(), encode.UniqKeyGenerator(), 1_700_000_000_000)
+    config = StoreConfig()
+    return encode.prepare(
+        table, config, encode.UniqKeyGenerator(), 1_700_000_000_000, store_host(config)
+    )
 
 
 def test_index_put_refuses_one_buffer_as_slots_and_entries() -> None:

@@ -42,7 +42,7 @@ from test_sink_faults import check_exactly_once, finish, job
 from rocketstore.pipeline import store as store_module
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import ProgressNotRecordedError, StoreError, StoreFailedError
-from rocketstore.pipeline.mapped_file import segment_name
+from rocketstore.pipeline.mappedfile import segment_name
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.store import MessageStore
 from tests.faultfuse import FaultFS, mounted, unavailable

@@ -13,8 +13,8 @@ import pytest
 
 from rocketstore.pipeline import record
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.consumequeue import UNIT_DTYPE
 from rocketstore.pipeline.indexfile import IndexFile
+from rocketstore.pipeline.layout import UNIT_DTYPE
 from rocketstore.pipeline.progress import FILE_NAME
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify

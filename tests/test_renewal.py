@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from rocketstore.pipeline import durability, fileio, renewal
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import FencedError, RenewalError
-from rocketstore.pipeline.mapped_file import TMP_SUFFIX, MappedFile
+from rocketstore.pipeline.filecreation import TMP_SUFFIX
+from rocketstore.pipeline.mappedfile import MappedFile
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.progress import FlushProgress
 from rocketstore.pipeline.store import MessageStore

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from rocketstore.pipeline import retention
-from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import DiskFullError, ReadOnlyStoreError, StoreError
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.retention import RetentionPolicy, RetentionService
 from rocketstore.pipeline.store import MessageStore

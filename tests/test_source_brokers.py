@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sourcekit import SMALL, make_root, message_table, write
 
-from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.progress import FlushProgress
 from rocketstore.pipeline.segments import list_segments
 from rocketstore.pipeline.store import MessageStore

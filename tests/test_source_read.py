@@ -28,8 +28,9 @@ from sourcekit import (
 )
 
 from rocketstore.pipeline import record
-from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import CorruptRecordError, StoreError
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.segments import list_segments

@@ -74,7 +74,7 @@ def test_set_then_the_directorys_then_the_default(
     settings: dict[str, object], newest: str | None, expected: str
 ) -> None:
     fixed = storehost.for_directory(StoreConfig(**settings), newest)  # type: ignore[arg-type]
-    assert fixed.store_host == expected
+    assert storehost.store_host(fixed) == expected
     assert fixed.listen_port_offset == 0
     # Fixed once: fixing it again for the same directory changes nothing.
     assert storehost.for_directory(fixed, expected) == fixed

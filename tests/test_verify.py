@@ -27,9 +27,13 @@ from conftest import FIXTURE_CONFIG, fixture_dir
 from rocketstore.pipeline import record
 from rocketstore.pipeline import verify as verify_module
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.consumequeue import UNIT_DTYPE
-from rocketstore.pipeline.indexfile import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
-from rocketstore.pipeline.mapped_file import segment_name
+from rocketstore.pipeline.layout import (
+    INDEX_ENTRY_SIZE,
+    INDEX_HEADER_SIZE,
+    INDEX_SLOT_SIZE,
+    UNIT_DTYPE,
+)
+from rocketstore.pipeline.mappedfile import segment_name
 from rocketstore.pipeline.message import Message, messages_to_table
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import MAX_PROBLEMS_PER_KIND, Problem, VerifyReport, verify
@@ -618,8 +622,14 @@ def test_damaged_index_files_are_reported(built: Built, seed: int) -> None:
     """Every byte of an index file is checked, but for entry 1's timeDiff."""
     rng = random.Random(300 + seed)
     files = index_files(built.path)
-    size = HEADER_SIZE + SLOT_SIZE * CONFIG.max_hash_slot_num + ENTRY_SIZE * CONFIG.max_index_num
-    entry1_time = HEADER_SIZE + SLOT_SIZE * CONFIG.max_hash_slot_num + ENTRY_SIZE + 12
+    size = (
+        INDEX_HEADER_SIZE
+        + INDEX_SLOT_SIZE * CONFIG.max_hash_slot_num
+        + INDEX_ENTRY_SIZE * CONFIG.max_index_num
+    )
+    entry1_time = (
+        INDEX_HEADER_SIZE + INDEX_SLOT_SIZE * CONFIG.max_hash_slot_num + INDEX_ENTRY_SIZE + 12
+    )
     # Entry 1's timeDiff has nothing to compare against (RocketMQ computes it from the previous
     # file's end time, which retention may have deleted): only its sign is checked.
     positions = [p for p in range(size) if not entry1_time <= p < entry1_time + 4]
@@ -635,8 +645,8 @@ def test_damaged_index_files_are_reported(built: Built, seed: int) -> None:
 
 def test_index_entry_faults_are_reported_at_the_entry(built: Built) -> None:
     f = index_files(built.path)[0]
-    entries_at = HEADER_SIZE + SLOT_SIZE * CONFIG.max_hash_slot_num
-    e7, e9, e11 = (entries_at + ENTRY_SIZE * n for n in (7, 9, 11))
+    entries_at = INDEX_HEADER_SIZE + INDEX_SLOT_SIZE * CONFIG.max_hash_slot_num
+    e7, e9, e11 = (entries_at + INDEX_ENTRY_SIZE * n for n in (7, 9, 11))
     with open(f, "r+b") as fh:
         fh.seek(e7)  # keyHash
         kh = int.from_bytes(fh.read(4), "big")
@@ -660,7 +670,7 @@ def test_index_entry_faults_are_reported_at_the_entry(built: Built) -> None:
     # The keys those two entries stood for are now missing from the index.
     missing = [p for p in report.problems if p.kind == "index-missing-entry"]
     assert len(missing) == 2
-    assert all(p.path == str(f) and HEADER_SIZE <= p.offset < entries_at for p in missing)
+    assert all(p.path == str(f) and INDEX_HEADER_SIZE <= p.offset < entries_at for p in missing)
 
 
 def test_a_zeroed_index_file_is_not_full(built: Built) -> None:
@@ -673,8 +683,8 @@ def test_a_zeroed_index_file_is_not_full(built: Built) -> None:
 
 def test_index_chain_faults(built: Built) -> None:
     f = index_files(built.path)[0]
-    slots_at = HEADER_SIZE
-    entries_at = HEADER_SIZE + SLOT_SIZE * CONFIG.max_hash_slot_num
+    slots_at = INDEX_HEADER_SIZE
+    entries_at = INDEX_HEADER_SIZE + INDEX_SLOT_SIZE * CONFIG.max_hash_slot_num
     with MessageStore(built.path, CONFIG, read_only=True) as store:
         assert store.index is not None
         entries = store.index.files[0].entries()
@@ -683,16 +693,16 @@ def test_index_chain_faults(built: Built) -> None:
     n = next(k for k in range(2, len(entries) + 1) if entries[k - 1]["prev_index"] > 0)
     empty_slot = int(np.flatnonzero(slots == 0)[0]) if (slots == 0).any() else None
     with open(f, "r+b") as fh:
-        fh.seek(entries_at + ENTRY_SIZE * n + 16)
+        fh.seek(entries_at + INDEX_ENTRY_SIZE * n + 16)
         fh.write((n + 1).to_bytes(4, "big"))
         if empty_slot is not None:
-            fh.seek(slots_at + SLOT_SIZE * empty_slot)
+            fh.seek(slots_at + INDEX_SLOT_SIZE * empty_slot)
             fh.write((10_000).to_bytes(4, "big"))
     report = run_verify(built.path)
     got = {(p.kind, p.offset) for p in report.problems}
-    assert ("index-chain", entries_at + ENTRY_SIZE * n) in got
+    assert ("index-chain", entries_at + INDEX_ENTRY_SIZE * n) in got
     if empty_slot is not None:
-        assert ("index-slot", slots_at + SLOT_SIZE * empty_slot) in got
+        assert ("index-slot", slots_at + INDEX_SLOT_SIZE * empty_slot) in got
         assert ("index-header", 32) in got  # hashSlotCount no longer matches the used slots
 
 
@@ -708,11 +718,11 @@ def test_a_damaged_begin_timestamp_is_reported_once(built: Built) -> None:
 
 def test_problems_are_capped_per_kind_and_file(built: Built) -> None:
     f = index_files(built.path)[0]
-    entries_at = HEADER_SIZE + SLOT_SIZE * CONFIG.max_hash_slot_num
+    entries_at = INDEX_HEADER_SIZE + INDEX_SLOT_SIZE * CONFIG.max_hash_slot_num
     data = bytearray(f.read_bytes())
     count = int.from_bytes(data[36:40], "big")
     for n in range(2, count):
-        pos = entries_at + ENTRY_SIZE * n + 12
+        pos = entries_at + INDEX_ENTRY_SIZE * n + 12
         td = int.from_bytes(data[pos : pos + 4], "big")
         data[pos : pos + 4] = (td + 7).to_bytes(4, "big")
     f.write_bytes(bytes(data))

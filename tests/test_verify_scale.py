@@ -22,7 +22,7 @@ from manyqueues import QUICK, FileReads, build
 
 from rocketstore.pipeline import fileio
 from rocketstore.pipeline import verify as verify_module
-from rocketstore.pipeline.consumequeue import PRE_BLANK_SIZE, UNIT_DTYPE
+from rocketstore.pipeline.layout import PRE_BLANK_SIZE, UNIT_DTYPE
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify
 from rocketstore.pipeline.verify_units import first_look

@@ -18,15 +18,16 @@ import pytest
 from sourcekit import SMALL, message_table
 
 from rocketstore.pipeline import visibility
-from rocketstore.pipeline.config import CQ_UNIT_SIZE, SYNC_FLUSH, StoreConfig
+from rocketstore.pipeline.config import SYNC_FLUSH, StoreConfig
 from rocketstore.pipeline.errors import (
     ConfigError,
     CorruptRecordError,
     NotVisibleError,
     OffsetOutOfRangeError,
 )
-from rocketstore.pipeline.index_service import IndexService
-from rocketstore.pipeline.mapped_file import segment_name
+from rocketstore.pipeline.indexservice import IndexService
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE
+from rocketstore.pipeline.mappedfile import segment_name
 from rocketstore.pipeline.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.segments import SegmentQueue, list_segments
 from rocketstore.pipeline.store import MessageStore

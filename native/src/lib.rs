@@ -87,6 +87,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add(name, value)?;
     }
     m.add("UNIT_SIZE", layout::UNIT_SIZE)?;
+    m.add("INDEX_HEADER_SIZE", index::HEADER_SIZE)?;
+    m.add("INDEX_SLOT_SIZE", index::SLOT_SIZE)?;
+    m.add("INDEX_ENTRY_SIZE", index::ENTRY_SIZE)?;
     for (name, bit) in [
         ("DECODE_BODY", decode::BODY),
         ("DECODE_PROPERTIES", decode::PROPERTIES),

@@ -3,7 +3,7 @@
 RocketMQ's files have fixed sizes: every CommitLog segment ``mappedFileSizeCommitLog`` bytes,
 every ConsumeQueue file ``mappedFileSizeConsumeQueue``, every IndexFile
 ``40 + 4*maxHashSlotNum + 20*maxIndexNum``. A store opened with other settings cannot be read
-or written; :func:`check_geometry` says so before a writable open changes anything (the
+or written; :func:`check_file_sizes` says so before a writable open changes anything (the
 ``abort`` file, leftovers, empty trailing segments), so that a refused open leaves the store
 exactly as it was and the next open with the right settings is a normal one, not a crash
 recovery.
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import NotAStoreError
-from rocketstore.pipeline.index_service import NAME_LENGTH as INDEX_NAME_LENGTH
-from rocketstore.pipeline.mapped_file import parse_segment_name
+from rocketstore.pipeline.indexservice import NAME_LENGTH as INDEX_NAME_LENGTH
+from rocketstore.pipeline.mappedfile import parse_segment_name
 
 
 def _entries(directory: Path, *, dirs: bool = False) -> Iterator[os.DirEntry[str]]:
@@ -63,7 +63,7 @@ def _files(path: Path, index: bool) -> Iterator[tuple[os.DirEntry[str], str]]:
             yield entry, "index"
 
 
-def check_geometry(path: Path, config: StoreConfig) -> None:
+def check_file_sizes(path: Path, config: StoreConfig) -> None:
     """Raise :class:`NotAStoreError`, naming the first file of the wrong size, the setting and
     where the settings came from, unless every non-empty fixed-size file of the store looked
     at (see :func:`_files`) has the size ``config`` gives it. Empty files (a crash between

@@ -3,7 +3,7 @@
 A segment is named by the 20-digit, zero-padded offset of its first byte in the whole log, so
 that ``ls`` sorts segments in log order. Its length on disk is always exactly the configured
 segment size: RocketMQ refuses to load a store whose files differ, so a new segment is created
-full-size (sparse) and never grown or shrunk.
+full-size (sparse, by :mod:`rocketstore.pipeline.filecreation`) and never grown or shrunk.
 
 What lies past :attr:`wrote_position` is unspecified (zeros in a file we created). The write
 position is not stored in the file: the owner (CommitLog, ConsumeQueue) derives it when loading.
@@ -41,10 +41,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import itertools
 import mmap
 import os
-import resource
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,6 +54,7 @@ from rocketstore.pipeline.errors import (
     SegmentGoneError,
     StoreError,
 )
+from rocketstore.pipeline.filecreation import create_deferred, create_full_size, limit_note
 from rocketstore.pipeline.fileio import data_end, io_error
 from rocketstore.pipeline.mappings import MappingCache
 
@@ -82,120 +81,6 @@ def parse_segment_name(path: Path) -> int | None:
     if len(name) != NAME_DIGITS or not name.isdigit():
         return None
     return int(name)
-
-
-TMP_SUFFIX = ".creating"
-_tmp_serial = itertools.count()
-
-
-def free_space(path: Path) -> str:
-    """How much space the file system holding ``path`` has left, for error messages."""
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return "free space unknown"
-    return f"{st.f_bavail * st.f_frsize:,} bytes free"
-
-
-def limit_note(exc: OSError, directory: Path) -> str:
-    """The resource ``exc`` ran out of, for error messages: the free space of the file system
-    holding ``directory``, or the process limit (``ulimit -f``, ``ulimit -n``) it hit."""
-    if exc.errno == errno.EFBIG:
-        soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-        if soft != resource.RLIM_INFINITY:
-            return f"the process may write files of at most {soft:,} bytes (ulimit -f)"
-    if exc.errno in (errno.EMFILE, errno.ENFILE):
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        return f"the process may hold {soft:,} file descriptors (ulimit -n)"
-    return free_space(directory)
-
-
-def _create_full_size(path: Path, size: int, *, allocate_all: bool = False) -> tuple[int, int, int]:
-    """Create a full-size file at ``path`` (as RocketMQ's RandomAccessFile.setLength), sparse
-    unless ``allocate_all``, atomically, durably and exclusively: sized (and allocated) under a
-    temporary name of its own and fsynced, then put in place by
-    :func:`rocketstore.pipeline.durability.place_new`, which fails when ``path`` exists
-    (another writer created it first: the loser never writes into the winner's file). Neither
-    a crash nor a power cut can leave a segment of the wrong size (which would make the store
-    refuse to open), and a full disk leaves no file. A crash leaves at most a ``*.creating``
-    file, which loaders ignore and writable opens remove. Returns the file's identity
-    (:func:`rocketstore.pipeline.filesystem.file_identity`): the file this writer created,
-    whatever the name leads to later."""
-    if path.exists():
-        raise StoreError(f"segment {path} already exists; refusing to overwrite it")
-    failpoints.hit("segment-create")
-    # A name of this writer's own: two writers creating the same segment at once (one of
-    # them fenced off and not knowing it yet) must not size each other's file.
-    tmp = path.with_name(f"{path.name}.{os.getpid()}-{next(_tmp_serial)}{TMP_SUFFIX}")
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.ftruncate(fd, size)
-        if allocate_all:
-            os.posix_fallocate(fd, 0, size)
-        durability.fsync(fd, tmp)
-        identity = filesystem.file_identity(fd)
-    except OSError as exc:
-        os.close(fd)
-        fd = -1
-        tmp.unlink(missing_ok=True)
-        raise SegmentCreateError(
-            f"{path}: cannot create a file of {size:,} bytes: {exc.strerror or exc} "
-            f"({limit_note(exc, path.parent)})"
-        ) from exc
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    try:
-        durability.place_new(tmp, path)
-    except FileExistsError:
-        tmp.unlink(missing_ok=True)
-        raise SegmentCreateError(
-            f"{path}: created by another writer meanwhile; this writer does not write into it"
-        ) from None
-    return identity
-
-
-def _create_deferred(
-    path: Path, size: int, *, allocate_all: bool = False
-) -> tuple[int, tuple[int, int, int]]:
-    """Create a full-size sparse file at ``path`` exclusively (``O_EXCL``: a file another
-    writer created first is never taken over), returning its descriptor, open for reading and
-    writing, and its ``st_dev``/``st_ino`` identity. Nothing is synced: the caller makes the
-    file and its directory entry durable before it relies on them (a ConsumeQueue's flush).
-    A crash between the creation and the sizing leaves an empty file, which loaders drop."""
-    failpoints.hit("segment-create")
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        raise SegmentCreateError(
-            f"segment {path} already exists (created by another writer?); refusing to write into it"
-        ) from None
-    except OSError as exc:
-        raise SegmentCreateError(
-            f"{path}: cannot create the file: {exc.strerror or exc} "
-            f"({limit_note(exc, path.parent)})"
-        ) from exc
-    try:
-        os.ftruncate(fd, size)
-        if allocate_all:
-            os.posix_fallocate(fd, 0, size)
-        identity = filesystem.file_identity(fd)
-    except OSError as exc:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        raise SegmentCreateError(
-            f"{path}: cannot create a file of {size:,} bytes: {exc.strerror or exc} "
-            f"({limit_note(exc, path.parent)})"
-        ) from exc
-    return fd, identity
-
-
-def remove_leftovers(directory: Path) -> None:
-    """Delete ``*.creating`` files a crash left in ``directory``."""
-    if directory.is_dir():
-        for leftover in directory.glob("*" + TMP_SUFFIX):
-            durability.remove(leftover)
 
 
 def listed_size(path: Path) -> int:
@@ -281,11 +166,11 @@ class MappedFile:
                 raise StoreError(f"cannot create segment {path} in a read-only store")
             whole = ahead >= size
             if deferred:
-                fd, self._identity = _create_deferred(path, size, allocate_all=whole)
+                fd, self._identity = create_deferred(path, size, allocate_all=whole)
                 self.fresh = True
                 self._hold(fd)
             else:
-                self._identity = _create_full_size(path, size, allocate_all=whole)
+                self._identity = create_full_size(path, size, allocate_all=whole)
             if whole:
                 self._allocated = size
             if cache is not None:

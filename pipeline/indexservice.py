@@ -24,9 +24,10 @@ import numpy.typing as npt
 
 from rocketstore.pipeline import durability
 from rocketstore.pipeline.errors import SegmentGoneError, StoreError
+from rocketstore.pipeline.filecreation import remove_leftovers
 from rocketstore.pipeline.indexfile import RESERVE_AHEAD, IndexFile
 from rocketstore.pipeline.javahash import index_key_hash
-from rocketstore.pipeline.mapped_file import listed_size, remove_leftovers
+from rocketstore.pipeline.mappedfile import listed_size
 from rocketstore.pipeline.mappings import MappingCache
 
 NAME_LENGTH = 17
