@@ -42,7 +42,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.retention import HOUR_MS
 from rocketstore.pipeline.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.store import MessageStore

@@ -36,7 +36,7 @@ Contract:
 
 Start-up: this module imports nothing heavy. A command's implementation (and with it numpy,
 pyarrow and the store) is imported only once the arguments are parsed (by its function in
-:mod:`.cli_handlers`), so ``--help`` and usage errors answer at once.
+:mod:`.clihandlers`), so ``--help`` and usage errors answer at once.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from rocketstore.pipeline import cli_handlers as run
-from rocketstore.pipeline.cli_handlers import Handler
+from rocketstore.pipeline import clihandlers as run
+from rocketstore.pipeline.clihandlers import Handler
 from rocketstore.pipeline.errors import NotFoundError, StoreError
 from rocketstore.pipeline.wholenumbers import count_type
 
@@ -84,7 +84,7 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The top-level parser, and each command's own parser by name. Each command's parser
-    sets ``load_handler``: the :mod:`.cli_handlers` function that imports its implementation."""
+    sets ``load_handler``: the :mod:`.clihandlers` function that imports its implementation."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Read and write a message store directory in Apache RocketMQ 4.9's "
