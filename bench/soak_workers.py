@@ -42,7 +42,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
-from rocketstore.pipeline.retention import HOUR_MS
+from rocketstore.pipeline.retention_policy import HOUR_MS
 from rocketstore.pipeline.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify_read_only

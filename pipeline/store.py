@@ -92,12 +92,9 @@ from rocketstore.pipeline.queueset import QueueSet
 from rocketstore.pipeline.reads import StoreReads
 from rocketstore.pipeline.recovery import RecoveryReport, last_unit_matches, recover
 from rocketstore.pipeline.results import BatchPutResult, PutResult
-from rocketstore.pipeline.retention import (
-    RUN_INTERVAL_MS,
-    CleanReport,
-    RetentionService,
-    statvfs_used_ratio,
-)
+from rocketstore.pipeline.retention import RetentionService
+from rocketstore.pipeline.retention_policy import RUN_INTERVAL_MS, statvfs_used_ratio
+from rocketstore.pipeline.retention_report import CleanReport
 from rocketstore.pipeline.segments import SegmentQueue
 
 _log = logging.getLogger(__name__)

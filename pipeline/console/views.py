@@ -49,7 +49,7 @@ from rocketstore.pipeline.lag import (
 from rocketstore.pipeline.metrics import DEFAULT_PER_QUEUE_LIMIT
 from rocketstore.pipeline.reads import MAX_TIMESTAMP
 from rocketstore.pipeline.results import QueueEnds
-from rocketstore.pipeline.retention import statvfs_used_ratio
+from rocketstore.pipeline.retention_policy import statvfs_used_ratio
 from rocketstore.pipeline.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.store import MessageStore
 
