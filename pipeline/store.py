@@ -70,10 +70,9 @@ from rocketstore.pipeline.appender import Appender
 from rocketstore.pipeline.background import PeriodicTask
 from rocketstore.pipeline.checkpoint import StoreCheckpoint
 from rocketstore.pipeline.commitlog import CommitLog
-from rocketstore.pipeline.config import CQ_UNIT_SIZE, StoreConfig
+from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.consumequeue import ConsumeQueue
 from rocketstore.pipeline.errors import (
-    CorruptRecordError,
     FencedError,
     ProgressNotRecordedError,
     ReadOnlyStoreError,
@@ -90,7 +89,13 @@ from rocketstore.pipeline.progress import FlushProgress
 from rocketstore.pipeline.publish import MAX_NOTES, Recorder
 from rocketstore.pipeline.queueset import QueueSet
 from rocketstore.pipeline.reads import StoreReads
-from rocketstore.pipeline.recovery import RecoveryReport, last_unit_matches, recover
+from rocketstore.pipeline.recovery import (
+    RecoveryFiles,
+    RecoveryOptions,
+    RecoveryReport,
+    check_loaded_queue,
+    recover,
+)
 from rocketstore.pipeline.results import BatchPutResult, PutResult
 from rocketstore.pipeline.retention import RetentionService
 from rocketstore.pipeline.retention_policy import RUN_INTERVAL_MS, statvfs_used_ratio
@@ -324,24 +329,8 @@ class MessageStore(StoreReads):
         a record of the queue, or the queue is refused (`rocketstore recover` rebuilds it)."""
         cq.correct_min_offset(self.commitlog.min_offset)
         self._hide(cq)
-        if self.read_only:
-            return
-        if cq.expected_length is not None and cq.max_offset != cq.expected_length:
-            raise CorruptRecordError(
-                str(cq.directory),
-                cq.max_offset * CQ_UNIT_SIZE,
-                f"queue {cq.topic}/{cq.queue_id} holds {cq.max_offset} unit(s), but the last "
-                f"flush recorded {cq.expected_length} (config/rocketstore.json): its files were "
-                "changed since; `rocketstore recover` rebuilds it from the CommitLog",
-            )
-        if not last_unit_matches(self.commitlog, cq):
-            where, at = cq.unit_location(cq.max_offset - 1)
-            raise CorruptRecordError(
-                where,
-                at,
-                f"the last unit of queue {cq.topic}/{cq.queue_id} does not point at a record "
-                "of the queue in the CommitLog; `rocketstore recover` rebuilds the queue",
-            )
+        if not self.read_only:
+            check_loaded_queue(self.commitlog, cq)
 
     def _take_epoch(self) -> None:
         """Record this writer's epoch, after fencing off an unclean end (rocketstore.pipeline.fencing)."""
@@ -367,24 +356,26 @@ class MessageStore(StoreReads):
         # inodes (rocketstore.pipeline.renewal); a full recovery (`rocketstore recover`) still
         # checks every unit and builds the index anew from the log, whatever arrived.
         suspect = self.full_check and bool(epochs) and epochs[-1].dead is not None
-        report = recover(
-            dead=fencing.dead_regions(epochs),
-            rebuild_index=suspect,
+        files = RecoveryFiles(
             log=self.commitlog,
             queues=self.queues,
             index=self.index,
             checkpoint=self.checkpoint,
             progress=self._progress,
+            queue_factory=self._queue,
+            sync_truncated=functools.partial(self._queueset.sync_truncated, store_path=self.path),
+        )
+        options = RecoveryOptions(
             abnormal=self.abort_file_found,
             read_only=self.read_only,
             check_crc=self.config.check_crc_on_recover,
-            queue_factory=self._queue,
             full_check=self.full_check,
+            dead=fencing.dead_regions(epochs),
             cut_at_damage=self.cut_at_damage,
-            sync_truncated=functools.partial(self._queueset.sync_truncated, store_path=self.path),
+            rebuild_index=suspect,
             taking_over=taking_over,
         )
-        return report
+        return recover(files, options)
 
     # -- lifecycle --------------------------------------------------------------------------
     def __enter__(self) -> MessageStore:
