@@ -343,7 +343,8 @@ def cmd_clean(args: argparse.Namespace) -> int:
     would recover it first, and recovering can need the very space the clean frees): see
     :mod:`rocketstore.pipeline.unclean`."""
     from rocketstore.pipeline import unclean
-    from rocketstore.pipeline.retention import CleanPlan, RetentionService
+    from rocketstore.pipeline.retention import RetentionService
+    from rocketstore.pipeline.retention_report import CleanPlan
 
     config = StoreConfig.effective(args.config)
     report: CleanPlan

@@ -4,8 +4,8 @@
 Names follow RocketMQ 5's metrics where one exists (``rocketmq_messages_in_total``,
 ``rocketmq_throughput_in_total``, ``rocketmq_consumer_lag_messages``,
 ``rocketmq_consumer_lag_latency``, in its units: messages, bytes, milliseconds), and are
-``rocketstore_*`` otherwise; :data:`FAMILIES` lists every family with its help text, and
-docs/monitoring.md describes them. Labels: ``broker`` (the broker directory's name),
+``rocketstore_*`` otherwise; :data:`rocketstore.pipeline.metric_families.FAMILIES` lists every
+family with its help text, and docs/monitoring.md describes them. Labels: ``broker`` (the broker directory's name),
 ``topic``, ``queue_id``, ``consumer_group`` for RocketMQ consumer groups
 (``config/consumerOffset.json``) and ``query`` for Spark queries (a checkpoint directory).
 
@@ -29,10 +29,10 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from rocketstore.pipeline.config import StoreConfig
@@ -46,6 +46,7 @@ from rocketstore.pipeline.lag import (
     group_lag,
     read_committed_offsets,
 )
+from rocketstore.pipeline.metric_families import Families
 from rocketstore.pipeline.root import StoreRoot
 from rocketstore.pipeline.storestats import BrokerStats, StoreStats
 
@@ -54,187 +55,6 @@ HOUR_S = 3600
 # (latency family, consumer group or query, topic, broker) -> the CommitLog offset of the first
 # stored message it has not consumed there (None: not found), for StoreCollector._ages.
 _Ages = dict[tuple[str, str, str, str], int | None]
-
-# name -> (kind, help, labels). Counters are named without _total here: prometheus_client adds
-# it to the samples.
-FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "rocketstore_broker_up": (
-        "gauge",
-        "1 when the broker directory's files could be read at this scrape, else 0",
-        ("broker",),
-    ),
-    "rocketstore_broker_info": (
-        "gauge",
-        "1 per broker; bounds says where its queue bounds came from (progress: the flush "
-        "progress file; open: a read-only open, for a store the file does not describe)",
-        ("broker", "bounds"),
-    ),
-    "rocketmq_messages_in": (
-        "counter",
-        "Messages ever stored in the topic on the broker (the sum of its queues' max offsets)",
-        ("broker", "topic"),
-    ),
-    "rocketmq_throughput_in": (
-        "counter",
-        "Bytes ever written to the broker's CommitLog (its flushed end offset), all topics",
-        ("broker",),
-    ),
-    "rocketstore_messages": (
-        "gauge",
-        "Messages the broker still holds of the topic (max - min offset, summed over queues)",
-        ("broker", "topic"),
-    ),
-    "rocketstore_queues": (
-        "gauge",
-        "ConsumeQueues of the topic on the broker",
-        ("broker", "topic"),
-    ),
-    "rocketstore_queue_min_offset": (
-        "gauge",
-        "A queue's min offset (first message retention has kept); per-queue series",
-        ("broker", "topic", "queue_id"),
-    ),
-    "rocketstore_queue_max_offset": (
-        "gauge",
-        "A queue's max offset (one past its last message); per-queue series",
-        ("broker", "topic", "queue_id"),
-    ),
-    "rocketstore_commitlog_min_offset_bytes": (
-        "gauge",
-        "CommitLog offset of the first byte the broker holds (retention moves it)",
-        ("broker",),
-    ),
-    "rocketstore_commitlog_files": ("gauge", "CommitLog segment files", ("broker",)),
-    "rocketstore_commitlog_size_bytes": (
-        "gauge",
-        "Bytes of the CommitLog segment files (their apparent sizes)",
-        ("broker",),
-    ),
-    "rocketstore_commitlog_files_deleted": (
-        "counter",
-        "CommitLog segments retention has deleted (the first offset / the segment size)",
-        ("broker",),
-    ),
-    "rocketstore_oldest_message_timestamp_seconds": (
-        "gauge",
-        "Store time of the first record the broker's CommitLog holds",
-        ("broker",),
-    ),
-    "rocketstore_newest_message_timestamp_seconds": (
-        "gauge",
-        "Store time of the last record the last flush recorded",
-        ("broker",),
-    ),
-    "rocketstore_last_flush_timestamp_seconds": (
-        "gauge",
-        "When a writer last recorded a flush (config/rocketstore.json's modification time)",
-        ("broker",),
-    ),
-    "rocketstore_retention_seconds": (
-        "gauge",
-        "fileReservedTime: how long CommitLog segments are kept, in seconds",
-        (),
-    ),
-    "rocketstore_disk_used_ratio": (
-        "gauge",
-        "Used share (0 to 1) of the file system holding the broker directory",
-        ("broker",),
-    ),
-    "rocketstore_disk_max_used_ratio": (
-        "gauge",
-        "diskMaxUsedSpaceRatio / 100: above it retention deletes the oldest files early",
-        ("broker",),
-    ),
-    "rocketstore_disk_size_bytes": ("gauge", "Size of that file system", ("broker",)),
-    "rocketstore_disk_free_bytes": ("gauge", "Bytes free for unprivileged users", ("broker",)),
-    "rocketstore_writer_locked": (
-        "gauge",
-        "1 while a process (a writer) holds the store's lock",
-        ("broker",),
-    ),
-    "rocketstore_abort_file": (
-        "gauge",
-        "1 while the abort file exists: a writer has the store open, or one did not close it",
-        ("broker",),
-    ),
-    "rocketstore_writer_epoch": (
-        "gauge",
-        "The newest writer epoch in config/rocketstore-epochs (writers on shared storage)",
-        ("broker",),
-    ),
-    "rocketstore_writer_unclean_takeovers": (
-        "counter",
-        "Epochs taken from a writer that had not closed the store (it crashed or was fenced)",
-        ("broker",),
-    ),
-    "rocketmq_consumer_lag_messages": (
-        "gauge",
-        "Messages a RocketMQ consumer group has still to consume (as rocketstore lag counts)",
-        ("consumer_group", "topic", "broker"),
-    ),
-    "rocketmq_consumer_lag_latency": (
-        "gauge",
-        "Milliseconds since the oldest message a consumer group has not consumed was stored",
-        ("consumer_group", "topic", "broker"),
-    ),
-    "rocketstore_consumer_queue_lag_messages": (
-        "gauge",
-        "A consumer group's lag in one queue; per-queue series",
-        ("consumer_group", "topic", "broker", "queue_id"),
-    ),
-    "rocketstore_query_lag_messages": (
-        "gauge",
-        "Messages a Spark query (by its checkpoint) has still to read",
-        ("query", "topic", "broker"),
-    ),
-    "rocketstore_query_lag_latency": (
-        "gauge",
-        "Milliseconds since the oldest message a Spark query has not read was stored",
-        ("query", "topic", "broker"),
-    ),
-    "rocketstore_query_queue_lag_messages": (
-        "gauge",
-        "A Spark query's lag in one queue; per-queue series",
-        ("query", "topic", "broker", "queue_id"),
-    ),
-    "rocketstore_query_committed_batch": (
-        "gauge",
-        "The last micro-batch the query committed (-1: none yet)",
-        ("query",),
-    ),
-    "rocketstore_query_up": (
-        "gauge",
-        "1 when the query's checkpoint could be read at this scrape, else 0",
-        ("query",),
-    ),
-    "rocketstore_consumer_offsets_up": (
-        "gauge",
-        "1 when every broker's config/consumerOffset.json could be read, else 0",
-        (),
-    ),
-    "rocketstore_verify_running": ("gauge", "1 while a verify run is in progress", ()),
-    "rocketstore_verify_last_run_timestamp_seconds": (
-        "gauge",
-        "When the last verify run of the broker ended",
-        ("broker",),
-    ),
-    "rocketstore_verify_ok": (
-        "gauge",
-        "1 when the last verify run found the broker sound, 0 when it found problems",
-        ("broker",),
-    ),
-    "rocketstore_verify_problems": (
-        "gauge",
-        "Problems the last verify run found in the broker",
-        ("broker",),
-    ),
-    "rocketstore_per_queue_series": (
-        "gauge",
-        "1 when per-queue series are exported, 0 when the queues outnumber the limit",
-        (),
-    ),
-    "rocketstore_scrape_duration_seconds": ("gauge", "How long reading the store took", ()),
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,27 +76,6 @@ class Target:
     config: StoreConfig
     checkpoints: tuple[tuple[str, Path], ...] = ()
     per_queue_limit: int = DEFAULT_PER_QUEUE_LIMIT
-
-
-class _Families:
-    """One scrape's metric families, created on first use, yielded in :data:`FAMILIES`' order."""
-
-    def __init__(self, wanted: frozenset[str] | None) -> None:
-        self.wanted = wanted
-        self._made: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
-
-    def add(self, name: str, labels: Sequence[str], value: float) -> None:
-        if self.wanted is not None and name not in self.wanted:
-            return
-        family = self._made.get(name)
-        if family is None:
-            kind, doc, names = FAMILIES[name]
-            maker = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-            family = self._made[name] = maker(name, doc, labels=names)
-        family.add_metric(list(labels), value)
-
-    def __iter__(self) -> Iterator[Metric]:
-        return (self._made[n] for n in FAMILIES if n in self._made)
 
 
 def _bounds_reader(stats: dict[str, BrokerStats]) -> Callable[[str, Path], BrokerBounds]:
@@ -317,12 +116,12 @@ class StoreCollector(Collector):
         """Every family (or those of ``names``); ``per_queue`` overrides the limit."""
         with self._lock:
             started = time.perf_counter()
-            out = _Families(names)
+            out = Families(names)
             self._collect(out, per_queue)
             out.add("rocketstore_scrape_duration_seconds", (), time.perf_counter() - started)
             return list(out)
 
-    def _collect(self, out: _Families, per_queue: bool | None) -> None:
+    def _collect(self, out: Families, per_queue: bool | None) -> None:
         target = self.target
         cfg = target.config
         stats: dict[str, BrokerStats] = {}
@@ -353,7 +152,7 @@ class StoreCollector(Collector):
         self._ages(out, ages, stats)
         self._verify(out)
 
-    def _broker(self, out: _Families, s: BrokerStats, per_queue: bool) -> None:
+    def _broker(self, out: Families, s: BrokerStats, per_queue: bool) -> None:
         b = s.name
         cfg = self.target.config
         out.add("rocketstore_broker_up", (b,), 1)
@@ -397,7 +196,7 @@ class StoreCollector(Collector):
 
     def _lag(
         self,
-        out: _Families,
+        out: Families,
         kind: str,
         who: str,
         rows: Sequence[QueueLag],
@@ -440,7 +239,7 @@ class StoreCollector(Collector):
             out.add(total, (who, *key), value)
             ages[(latency, who, *key)] = first.get(key)
 
-    def _ages(self, out: _Families, ages: _Ages, stats: dict[str, BrokerStats]) -> None:
+    def _ages(self, out: Families, ages: _Ages, stats: dict[str, BrokerStats]) -> None:
         """The lag latencies: the age of the first stored of the messages each consumer has not
         consumed on a topic and broker, by the CommitLog offset of the first unconsumed
         message of each of its queues. Each broker's records are read in one go (a segment is
@@ -458,7 +257,7 @@ class StoreCollector(Collector):
 
     def _groups(
         self,
-        out: _Families,
+        out: Families,
         read: Callable[[str, Path], BrokerBounds],
         stats: dict[str, BrokerStats],
         per_queue: bool,
@@ -480,7 +279,7 @@ class StoreCollector(Collector):
 
     def _queries(
         self,
-        out: _Families,
+        out: Families,
         read: Callable[[str, Path], BrokerBounds],
         stats: dict[str, BrokerStats],
         per_queue: bool,
@@ -525,7 +324,7 @@ class StoreCollector(Collector):
                 queries[name] = None
         return groups, queries
 
-    def _verify(self, out: _Families) -> None:
+    def _verify(self, out: Families) -> None:
         if self.verify is None:
             return
         found = self.verify()
@@ -536,7 +335,7 @@ class StoreCollector(Collector):
             _verified(out, broker, problems, found.finished)
 
 
-def _verified(out: _Families, broker: str, problems: int, finished: float | None) -> None:
+def _verified(out: Families, broker: str, problems: int, finished: float | None) -> None:
     if finished is not None:
         out.add("rocketstore_verify_last_run_timestamp_seconds", (broker,), finished)
     out.add("rocketstore_verify_ok", (broker,), 0 if problems else 1)
@@ -561,7 +360,7 @@ def write_verify_textfile(path: Path, broker: str, problems: int) -> None:
     beside it, then a rename), so a scrape never reads half of it."""
     from prometheus_client import CollectorRegistry, write_to_textfile
 
-    out = _Families(None)
+    out = Families(None)
     _verified(out, broker, problems, time.time())
     registry = CollectorRegistry()
     registry.register(Fixed(out))

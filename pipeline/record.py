@@ -469,24 +469,7 @@ def decode_record(
         store_raw = bytes(buf[store_start:p])
         reconsume, prep_tx, body_len = TAIL.unpack_from(buf, p)
         p += TAIL.size
-        end = pos + size
-        if body_len < 0 or p + body_len + 3 > end:
-            raise CorruptRecordError(
-                path, phys, f"body length {body_len} exceeds record size {size}"
-            )
-        body = bytes(buf[p : p + body_len])
-        p += body_len
-        topic_len = buf[p]
-        p += 1
-        topic_raw = bytes(buf[p : p + topic_len])
-        p += topic_len
-        props_len = SHORT.unpack_from(buf, p)[0]
-        p += 2
-        if props_len < 0 or p + props_len != end:
-            raise CorruptRecordError(
-                path, phys, f"field lengths do not add up to total size {size}"
-            )
-        props_raw = bytes(buf[p : p + props_len])
+        body, topic_raw, props_raw = _variable_fields(buf, p, body_len, pos, size, path, phys)
     except struct.error:
         raise CorruptRecordError(path, phys, f"record runs past its total size {size}") from None
     if physical_offset != phys:
@@ -497,13 +480,7 @@ def decode_record(
         raise CorruptRecordError(
             path, phys, f"body CRC mismatch: stored {crc}, computed {body_crc(body)}"
         )
-    torn = torn_tail(topic_raw, props_raw)
-    if torn is not None:
-        raise CorruptRecordError(path, phys, torn)
-    try:
-        topic = topic_raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise CorruptRecordError(path, phys, "topic is not valid UTF-8") from None
+    topic = _whole_topic(topic_raw, props_raw, path, phys)
     return MessageExt(
         topic=topic,
         queue_id=queue_id,
@@ -523,6 +500,38 @@ def decode_record(
         body=body if with_body else b"",
         msg_id=make_msg_id(store_raw, phys),
     )
+
+
+def _variable_fields(
+    buf: Any, p: int, body_len: int, pos: int, size: int, path: str, phys: int
+) -> tuple[bytes, bytes, bytes]:
+    """(body, topic, properties) of the record of ``size`` bytes at ``pos``, whose body of
+    ``body_len`` bytes starts at ``p``; raises when the lengths do not add up to ``size``."""
+    end = pos + size
+    if body_len < 0 or p + body_len + 3 > end:
+        raise CorruptRecordError(path, phys, f"body length {body_len} exceeds record size {size}")
+    body = bytes(buf[p : p + body_len])
+    p += body_len
+    topic_len = buf[p]
+    p += 1
+    topic_raw = bytes(buf[p : p + topic_len])
+    p += topic_len
+    props_len = SHORT.unpack_from(buf, p)[0]
+    p += 2
+    if props_len < 0 or p + props_len != end:
+        raise CorruptRecordError(path, phys, f"field lengths do not add up to total size {size}")
+    return body, topic_raw, bytes(buf[p : p + props_len])
+
+
+def _whole_topic(topic_raw: bytes, props_raw: bytes, path: str, phys: int) -> str:
+    """The topic of a record whose topic and properties hold no NUL (:func:`torn_tail`)."""
+    torn = torn_tail(topic_raw, props_raw)
+    if torn is not None:
+        raise CorruptRecordError(path, phys, torn)
+    try:
+        return topic_raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CorruptRecordError(path, phys, "topic is not valid UTF-8") from None
 
 
 # (TOTALSIZE, QUEUEID, QUEUEOFFSET, SYSFLAG, STORETIMESTAMP, topic bytes, properties bytes)

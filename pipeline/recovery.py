@@ -24,8 +24,10 @@ Every open runs it; a writable open repairs, a read-only open only finds the end
    derived files still cover to the end is dispatched again. Dispatch is idempotent, so running
    recovery twice changes nothing the second time.
 
-The :class:`RecoveryReport` says what was done. Runs during open, before any put; not
-thread-safe.
+The :class:`RecoveryReport` says what was done. :func:`recover` runs these as stages, one
+method each; reading the CommitLog for steps 1 and 2 (the start points, the walk to the end,
+valid records past it) is :mod:`rocketstore.pipeline.recovery_log`'s, checking the derived files
+against the log is this module's. Runs during open, before any put; not thread-safe.
 """
 
 from __future__ import annotations
@@ -41,9 +43,18 @@ from rocketstore.pipeline import dispatch, fencing, native, record
 from rocketstore.pipeline.checkpoint import StoreCheckpoint
 from rocketstore.pipeline.commitlog import CommitLog
 from rocketstore.pipeline.consumequeue import ConsumeQueue
-from rocketstore.pipeline.errors import DamagedLogError, OffsetOutOfRangeError
+from rocketstore.pipeline.errors import CorruptRecordError, DamagedLogError, OffsetOutOfRangeError
 from rocketstore.pipeline.indexservice import IndexService
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.progress import FlushProgress
+from rocketstore.pipeline.recovery_log import (
+    checkpoint_start,
+    find_end,
+    record_end,
+    resumes_after,
+    third_last_start,
+    trusted_progress,
+)
 
 
 @dataclasses.dataclass
@@ -93,19 +104,6 @@ class RecoveryReport:
         }
 
 
-def _record_end(log: CommitLog, phys: int, size: int | None) -> int | None:
-    """End of the record at ``phys`` if a valid record (CRC included) starts there and has
-    ``size`` bytes when given."""
-    try:
-        mf = log.segments.find(phys)
-    except OffsetOutOfRangeError:
-        return None
-    w = native.walk(mf.buffer, phys - mf.base, mf.size, mf.base, check_crc=True, max_records=1)
-    if not len(w) or (size is not None and int(w.sizes[0]) != size):
-        return None
-    return phys + int(w.sizes[0])
-
-
 def dispatched_end(log: CommitLog, queues: list[ConsumeQueue], index: IndexService | None) -> int:
     """The nearest point every derived file reached: just past the newest record the
     ConsumeQueues point at, or the newest the index holds, whichever is older, each verified
@@ -116,7 +114,7 @@ def dispatched_end(log: CommitLog, queues: list[ConsumeQueue], index: IndexServi
         if cq.max_offset > cq.min_offset:
             last = cq.read(cq.max_offset - 1, 1)
             if len(last):
-                end = _record_end(log, int(last[0]["offset"]), int(last[0]["size"]))
+                end = record_end(log, int(last[0]["offset"]), int(last[0]["size"]))
                 if end is not None:
                     queue_end = end if queue_end is None else max(queue_end, end)
     if queue_end is None:
@@ -125,7 +123,7 @@ def dispatched_end(log: CommitLog, queues: list[ConsumeQueue], index: IndexServi
         return queue_end
     if not index.files or index.files[-1].entry_count == 0:
         return log.min_offset
-    index_end = _record_end(log, index.end_phy_offset, None)
+    index_end = record_end(log, index.end_phy_offset, None)
     return log.min_offset if index_end is None else min(queue_end, index_end)
 
 
@@ -137,129 +135,9 @@ def _record_ending_at(log: CommitLog, queues: list[ConsumeQueue], end: int) -> i
             last = cq.read(cq.max_offset - 1, 1)
             if len(last):
                 at, size = int(last[0]["offset"]), int(last[0]["size"])
-                if at + size == end and _record_end(log, at, size) == end:
+                if at + size == end and record_end(log, at, size) == end:
                     return at
     return -1
-
-
-def find_end(
-    log: CommitLog, start: int, *, check_crc: bool, dead: Sequence[tuple[int, int]] = ()
-) -> tuple[int, list[native.Walk]]:
-    """Walk from ``start`` (a record boundary) to the first invalid record. Returns its offset
-    and the walks (kept, so that re-dispatching them needs no second scan).
-
-    A walk that meets a blank goes on in the next segment; if that holds nothing valid, the end
-    is the blank's position, where RocketMQ's recovery also leaves it. A dead region ``[x, s)``
-    (rocketstore.pipeline.fencing) is never read: a walk that reaches ``x`` goes on at ``s`` when that
-    segment exists, and otherwise ends at ``x``.
-    """
-    walks: list[native.Walk] = []
-    at = start
-    for x, s in dead:
-        if s <= at:
-            continue
-        if x >= at:
-            part = list(log.walks(at, check_crc=check_crc, until=x))
-            walks += part
-            end = _last_end(part, at)
-            if end != x and not _blank_reaches(log, end, x):
-                return end, walks
-            at = x
-        if not any(mf.base == s for mf in log.segments.files):
-            return at, walks
-        at = s
-    part = list(log.walks(at, check_crc=check_crc))
-    return _last_end(part, at), walks + part
-
-
-def _last_end(walks: list[native.Walk], start: int) -> int:
-    ends = [int(w.phys[-1] + w.sizes[-1]) for w in walks if len(w)]
-    return ends[-1] if ends else start
-
-
-def _blank_reaches(log: CommitLog, end: int, x: int) -> bool:
-    """Whether the walk stopped at ``end`` only because an END_OF_FILE blank there sends it to a
-    segment at or before ``x`` (a dead region that begins at a segment's start)."""
-    try:
-        mf = log.segments.find(end)
-    except OffsetOutOfRangeError:
-        return False
-    rel = end - mf.base
-    if rel + record.BLANK_SIZE > mf.size:
-        return mf.base + mf.size == x
-    _, magic = record.SIZE_MAGIC.unpack_from(mf.buffer, rel)
-    return magic == record.BLANK_MAGIC and mf.base + mf.size == x
-
-
-def resumes_after(log: CommitLog, end: int) -> int | None:
-    """The offset of a whole, valid record after ``end`` that a cut at ``end`` would drop, if
-    there is one in the same segment: the log is then damaged in its middle (another writer's
-    bytes over this one's), not torn at its tail, and cutting would lose what follows.
-
-    A crash leaves at most one record cut short, then zeros; a power cut loses whole pages,
-    which read as zeros. So only the bytes up to the first page (from ``end``, page-aligned)
-    that is all zeros are searched; a candidate must carry the magic code, its own offset as
-    PHYSICALOFFSET and a matching body CRC.
-    """
-    try:
-        mf = log.segments.find(end)
-    except OffsetOutOfRangeError:
-        return None
-    buf = mf.buffer
-    rel = end - mf.base
-    stop = rel
-    while stop < mf.size:
-        nxt = min(mf.size, (stop // _PAGE + 1) * _PAGE)
-        if not any(buf[stop:nxt]):
-            break
-        stop = nxt
-    at = rel + 1
-    while at < stop:
-        hit = bytes(buf[at:stop]).find(_MAGIC_BYTES)
-        if hit < 0:
-            break
-        cand = at + hit - 4
-        at += hit + 1
-        if cand <= rel or cand + record.FIXED_SIZE_V4 > mf.size:
-            continue
-        if len(native.walk(buf, cand, mf.size, mf.base, check_crc=True, max_records=1)):
-            return mf.base + cand
-    return None
-
-
-_PAGE = 4096
-_MAGIC_BYTES = (record.MAGIC & 0xFFFFFFFF).to_bytes(4, "big")
-
-
-def third_last_start(log: CommitLog) -> int:
-    """RocketMQ's normal-recovery start: the third-last segment, or an earlier one when that
-    one does not begin with a record. A put that failed after its prepare step created the
-    segments ahead (a full disk) leaves them empty, and a walk must not start past the end."""
-    files = log.segments.files
-    if not files:
-        return 0
-    i = max(0, len(files) - 3)
-    while i > 0 and _record_end(log, files[i].base, None) is None:
-        i -= 1
-    return files[i].base
-
-
-def checkpoint_start(log: CommitLog, checkpoint: StoreCheckpoint) -> int:
-    """RocketMQ's abnormal-recovery start: the newest segment whose first message was stored
-    before the checkpoint's time (less 3 s of slack); the first segment if none is."""
-    files = log.segments.files
-    if not files:
-        return 0
-    limit = checkpoint.min_timestamp
-    for mf in reversed(files):
-        if mf.size < 8:
-            continue
-        size, magic = record.SIZE_MAGIC.unpack_from(mf.buffer, 0)
-        if magic != record.MAGIC or size < record.FIXED_SIZE_V4 or size > mf.size:
-            continue
-        if 0 < record.store_timestamp_at(mf.buffer, 0) <= limit:
-            return mf.base
-    return files[0].base
 
 
 # The header fields up to QUEUEOFFSET (the first 28 bytes of a record).
@@ -303,6 +181,30 @@ def last_unit_matches(log: CommitLog, cq: ConsumeQueue) -> bool:
         and queue_id == cq.queue_id
         and queue_offset == hi - 1
     )
+
+
+def check_loaded_queue(log: CommitLog, cq: ConsumeQueue) -> None:
+    """What recovery checks of a writer's queue, for one it had not loaded, when the store
+    first loads it (rocketstore.pipeline.queueset): the queue must end where the last flush
+    recorded and its last unit point at a record of the queue. Raises
+    :class:`CorruptRecordError` naming the queue's files otherwise (`rocketstore recover`
+    rebuilds it)."""
+    if cq.expected_length is not None and cq.max_offset != cq.expected_length:
+        raise CorruptRecordError(
+            str(cq.directory),
+            cq.max_offset * CQ_UNIT_SIZE,
+            f"queue {cq.topic}/{cq.queue_id} holds {cq.max_offset} unit(s), but the last "
+            f"flush recorded {cq.expected_length} (config/rocketstore.json): its files were "
+            "changed since; `rocketstore recover` rebuilds it from the CommitLog",
+        )
+    if not last_unit_matches(log, cq):
+        where, at = cq.unit_location(cq.max_offset - 1)
+        raise CorruptRecordError(
+            where,
+            at,
+            f"the last unit of queue {cq.topic}/{cq.queue_id} does not point at a record "
+            "of the queue in the CommitLog; `rocketstore recover` rebuilds the queue",
+        )
 
 
 def damaged_queues(
@@ -364,94 +266,142 @@ def index_damaged(log: CommitLog, index: IndexService) -> bool:
         if (
             f.entry_count
             and f.end_phy_offset >= log.min_offset
-            and _record_end(log, f.end_phy_offset, None) is None
+            and record_end(log, f.end_phy_offset, None) is None
         ):
             return True
     return False
 
 
-def _trusted_progress(
-    log: CommitLog, progress: FlushProgress | None, dead: Sequence[tuple[int, int]]
-) -> int | None:
-    if progress is None or not log.segments.files:
-        return None
-    flushed, last = progress.flushed_offset, progress.last_record_offset
-    if any(x < flushed <= s or x <= last < s for x, s in dead):
-        return None  # written by a writer fenced off there (rocketstore.pipeline.fencing)
-    if flushed == log.min_offset:
-        return flushed
-    if not (log.min_offset <= last < flushed):
-        return None
-    return flushed if _record_end(log, last, flushed - last) == flushed else None
-
-
-def recover(
-    *,
-    log: CommitLog,
-    queues: dict[tuple[str, int], ConsumeQueue],
-    index: IndexService | None,
-    checkpoint: StoreCheckpoint,
-    progress: FlushProgress | None,
-    abnormal: bool,
-    read_only: bool,
-    check_crc: bool,
-    queue_factory: Callable[[str, int], ConsumeQueue],
-    full_check: bool = False,
-    dead: Sequence[tuple[int, int]] = (),
-    cut_at_damage: bool = False,
-    rebuild_index: bool = False,
-    sync_truncated: Callable[[list[ConsumeQueue]], None] | None = None,
-    taking_over: bool = False,
-) -> RecoveryReport:
-    """Recover (see the module). ``dead`` are the CommitLog's dead regions (rocketstore.pipeline.fencing).
-
-    Raises :class:`DamagedLogError`, having changed nothing, when valid records follow the end
-    it found: cutting there would drop them (rocketstore.pipeline.recovery.resumes_after); with
-    ``cut_at_damage`` it cuts all the same (the report's ``damageResumesAt`` says where valid
-    records resumed). ``rebuild_index``: drop the index and dispatch it again from the log,
-    whatever it holds (a writer fenced off may have written a page of it late).
+@dataclasses.dataclass(frozen=True)
+class RecoveryFiles:
+    """What recovery works on: a store's files as its open loaded them. Recovery changes them
+    in place (``queues`` loses the queues it rebuilds, ``queue_factory`` makes their new ones)
+    and sets the checkpoint's logics time when it dispatches records again.
     ``sync_truncated`` makes what the ConsumeQueues' cuts zeroed durable (the store's does it
-    with one syncfs for many queues); it runs before anything is dispatched again.
+    with one syncfs for many queues; None: each queue syncs its own)."""
+
+    log: CommitLog
+    queues: dict[tuple[str, int], ConsumeQueue]
+    index: IndexService | None
+    checkpoint: StoreCheckpoint
+    progress: FlushProgress | None
+    queue_factory: Callable[[str, int], ConsumeQueue]
+    sync_truncated: Callable[[list[ConsumeQueue]], None] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RecoveryOptions:
+    """How an open recovers.
+
+    ``abnormal``: the abort file was found (a crash). ``read_only``: find the end, repair
+    nothing. ``full_check``: check every unit of every queue, whatever a progress file vouches
+    for. ``dead``: the CommitLog's dead regions (rocketstore.pipeline.fencing).
+    ``cut_at_damage``: cut the log at its end even when valid records follow it (see
+    :func:`recover`). ``rebuild_index``: drop the index and dispatch it again from the log,
+    whatever it holds (a writer fenced off may have written a page of it late).
     ``taking_over``: the open fences off the writer before it (rocketstore.pipeline.fencing),
     which ends the log in a segment of its own after every file there is now."""
+
+    abnormal: bool
+    read_only: bool
+    check_crc: bool
+    full_check: bool = False
+    dead: Sequence[tuple[int, int]] = ()
+    cut_at_damage: bool = False
+    rebuild_index: bool = False
+    taking_over: bool = False
+
+
+def recover(files: RecoveryFiles, options: RecoveryOptions) -> RecoveryReport:
+    """Recover (see the module), stage by stage; the report says what each stage did.
+
+    Raises :class:`DamagedLogError`, having changed nothing, when valid records follow the end
+    it found: cutting there would drop them (rocketstore.pipeline.recovery_log.resumes_after);
+    with ``cut_at_damage`` it cuts all the same (the report's ``damageResumesAt`` says where
+    valid records resumed). ``sync_truncated`` runs before anything is dispatched again."""
     started = time.perf_counter()
-    report = RecoveryReport(abort_file_found=abnormal)
-    queue_list = list(queues.values())
-    trusted = _trusted_progress(log, progress, dead)
-    if trusted is not None:
-        start, report.start_source = trusted, "progress"
-    elif not abnormal:
-        hint = dispatched_end(log, queue_list, index)
-        if hint > log.min_offset or not log.segments.files:
-            start, report.start_source = hint, "consumequeue"
+    run = _Recovery(files, options)
+    run.find_start()
+    run.find_end()
+    run.choose_queues()
+    run.refuse_damage()
+    run.note_fenced_regions()
+    run.note_last_record()
+    run.cut_log()
+    if not options.read_only:
+        run.repair_derived()
+    run.correct_min_offsets()
+    if not options.read_only:
+        run.rebuild_queues()
+    run.report.duration_ms = (time.perf_counter() - started) * 1000
+    return run.report
+
+
+class _Recovery:
+    """One recovery: its files and options, the report its stages fill in, and what one stage
+    finds for the next (the start point, the end, the walks, the queues to look at)."""
+
+    def __init__(self, files: RecoveryFiles, options: RecoveryOptions) -> None:
+        self.files, self.options, self.log = files, options, files.log
+        self.report = RecoveryReport(abort_file_found=options.abnormal)
+        self.queue_list = list(files.queues.values())
+        self.trusted = trusted_progress(self.log, files.progress, options.dead)
+        # Made True when a fenced writer's bytes were found: every derived file is then
+        # checked whole.
+        self.full_check = options.full_check
+        self.start = self.end = 0
+        self.walked: list[native.Walk] = []
+        self.active = self.queue_list
+        self.live: list[tuple[int, int]] = []
+
+    def find_start(self) -> None:
+        log, report, dead = self.log, self.report, self.options.dead
+        if self.trusted is not None:
+            start, report.start_source = self.trusted, "progress"
+        elif not self.options.abnormal:
+            hint = dispatched_end(log, self.queue_list, self.files.index)
+            if hint > log.min_offset or not log.segments.files:
+                start, report.start_source = hint, "consumequeue"
+            else:
+                start, report.start_source = third_last_start(log), "rocketmq-normal"
         else:
-            start, report.start_source = third_last_start(log), "rocketmq-normal"
-    else:
-        start, report.start_source = checkpoint_start(log, checkpoint), "checkpoint"
-    for x, s in dead:
-        if x < start < s:
-            # A fenced writer's unit or index entry pointed inside its dead region: start
-            # where the region does, so that the region is checked and restored.
-            start = x
-    report.scan_start = start
-    end, walked = find_end(log, start, check_crc=check_crc, dead=dead)
-    report.commitlog_end = end
-    # The queues recovery must look at. A trusted progress file vouches for each queue it
-    # records that is not loaded yet (rocketstore.pipeline.queueset): every unit below the
-    # recorded length points below the flushed point, so nothing of them is cut or dispatched
-    # again, and the queue is checked when first used. Only units written past that length
-    # (after the flush, before a crash, or by another writer since) make it one to look at.
-    active = queue_list
-    if trusted is not None and not full_check:
-        if abnormal or end != trusted:
-            for cq in queue_list:
+            start = checkpoint_start(log, self.files.checkpoint)
+            report.start_source = "checkpoint"
+        for x, s in dead:
+            if x < start < s:
+                # A fenced writer's unit or index entry pointed inside its dead region: start
+                # where the region does, so that the region is checked and restored.
+                start = x
+        self.start = report.scan_start = start
+
+    def find_end(self) -> None:
+        self.end, self.walked = find_end(
+            self.log, self.start, check_crc=self.options.check_crc, dead=self.options.dead
+        )
+        self.report.commitlog_end = self.end
+
+    def choose_queues(self) -> None:
+        """The queues recovery must look at. A trusted progress file vouches for each queue it
+        records that is not loaded yet (rocketstore.pipeline.queueset): every unit below the
+        recorded length points below the flushed point, so nothing of them is cut or
+        dispatched again, and the queue is checked when first used. Only units written past
+        that length (after the flush, before a crash, or by another writer since) make it one
+        to look at."""
+        if self.trusted is None or self.full_check:
+            return
+        if self.options.abnormal or self.end != self.trusted:
+            for cq in self.queue_list:
                 recorded = cq.recorded
                 if recorded is not None and cq.units_past(recorded):
                     cq.load(recorded)
-        active = [cq for cq in queue_list if cq.recorded is None]
-    if log.has_data_after(end):
-        resume = report.damage_resumes_at = resumes_after(log, end)
-        if resume is not None and not read_only and not cut_at_damage:
+        self.active = [cq for cq in self.queue_list if cq.recorded is None]
+
+    def refuse_damage(self) -> None:
+        log, end = self.log, self.end
+        if not log.has_data_after(end):
+            return
+        resume = self.report.damage_resumes_at = resumes_after(log, end)
+        if resume is not None and not self.options.read_only and not self.options.cut_at_damage:
             seg = log.segments.find(end)
             raise DamagedLogError(
                 str(seg.path),
@@ -463,110 +413,133 @@ def recover(
                 "`rocketstore verify` lists the damage; `rocketstore recover --cut-at-damage` "
                 "cuts all the same",
             )
-    # Every dead region still in the log, also those behind the start point: a fenced writer's
-    # late write can arrive after the recovery that made the region, and RocketMQ's own
-    # recovery, which knows nothing of dead regions, would take it for records. Each costs a
-    # read of its part of a segment; there is one per unclean take-over on shared storage.
-    live = [(x, e) for x, e in dead if log.min_offset <= x and e <= end]
-    report.fenced_regions = [[x, e] for x, e in live]
-    report.fenced_bytes = sum(fencing.junk_bytes(log, x, e) for x, e in live)
-    lasts = [int(w.phys[-1]) for w in walked if len(w)]
-    last = lasts[-1] if lasts else -1
-    report.last_record_offset = last
-    if last < 0 and trusted is not None and progress is not None and start > log.min_offset:
-        report.last_record_offset = progress.last_record_offset
-    if report.last_record_offset < 0 and end > log.min_offset:
-        # Nothing walked and no progress file to trust (one a fenced writer wrote): the record
-        # a queue's last unit points at, so that the next flush names a point of this log.
-        report.last_record_offset = _record_ending_at(log, queue_list, end)
-    if not read_only and report.fenced_bytes:
-        # A fenced writer's bytes are not data: the blanks the dead regions began with come
-        # back, and every derived file is checked whole, since its units and entries may have
-        # gone over the live writer's.
-        for x, e in live:
-            fencing.restore(log, x, e)
-        full_check = True
-    if not read_only and log.has_data_after(end):
-        # A take-over keeps the segment files after the end: the writer it fences off may
-        # have made them, and could still write into a file of the same name made anew.
-        report.bytes_truncated = log.cut(end, keep_later=taking_over)
-    log.set_end(end)
-    if not read_only:
-        # What was dispatched after the start point may be partial (one queue's units
-        # written, another's not, the index behind): drop it all and dispatch it again from the
-        # log. A trusted progress file names the durable dispatch point; without one, after a
-        # crash, it is the start point; after a clean shutdown, the end.
-        cut_at = start if (trusted is not None or abnormal) else end
+
+    def note_fenced_regions(self) -> None:
+        """Every dead region still in the log, also those behind the start point: a fenced
+        writer's late write can arrive after the recovery that made the region, and RocketMQ's
+        own recovery, which knows nothing of dead regions, would take it for records. Each
+        costs a read of its part of a segment; there is one per unclean take-over on shared
+        storage."""
+        log = self.log
+        self.live = [(x, e) for x, e in self.options.dead if log.min_offset <= x and e <= self.end]
+        self.report.fenced_regions = [[x, e] for x, e in self.live]
+        self.report.fenced_bytes = sum(fencing.junk_bytes(log, x, e) for x, e in self.live)
+
+    def note_last_record(self) -> None:
+        log, report, progress = self.log, self.report, self.files.progress
+        lasts = [int(w.phys[-1]) for w in self.walked if len(w)]
+        last = lasts[-1] if lasts else -1
+        report.last_record_offset = last
+        if (
+            last < 0
+            and self.trusted is not None
+            and progress is not None
+            and self.start > log.min_offset
+        ):
+            report.last_record_offset = progress.last_record_offset
+        if report.last_record_offset < 0 and self.end > log.min_offset:
+            # Nothing walked and no progress file to trust (one a fenced writer wrote): the
+            # record a queue's last unit points at, so that the next flush names a point of
+            # this log.
+            report.last_record_offset = _record_ending_at(log, self.queue_list, self.end)
+
+    def cut_log(self) -> None:
+        log, end = self.log, self.end
+        if not self.options.read_only and self.report.fenced_bytes:
+            # A fenced writer's bytes are not data: the blanks the dead regions began with come
+            # back, and every derived file is checked whole, since its units and entries may
+            # have gone over the live writer's.
+            for x, e in self.live:
+                fencing.restore(log, x, e)
+            self.full_check = True
+        if not self.options.read_only and log.has_data_after(end):
+            # A take-over keeps the segment files after the end: the writer it fences off may
+            # have made them, and could still write into a file of the same name made anew.
+            self.report.bytes_truncated = log.cut(end, keep_later=self.options.taking_over)
+        log.set_end(end)
+
+    def repair_derived(self) -> None:
+        """What was dispatched after the start point may be partial (one queue's units
+        written, another's not, the index behind): drop it all and dispatch it again from the
+        log. A trusted progress file names the durable dispatch point; without one, after a
+        crash, it is the start point; after a clean shutdown, the end."""
+        log, index, report, trusted = self.log, self.files.index, self.report, self.trusted
+        abnormal = self.options.abnormal
+        cut_at = self.start if (trusted is not None or abnormal) else self.end
         if index is not None and index.files and (abnormal or trusted is None):
             # A crash may have left the last file's header, slots and entries out of step
             # (a killed process, or a lost host whose pages arrived in any order): it is cut
             # to its trustworthy entries before ``cut_at`` and its slots recomputed.
             dropped, report.index_slots_repaired = index.mend(cut_at, _store_time(log))
             report.index_entries_dropped += dropped
-        _drop_derived(log, active, index, cut_at, report)
+        _drop_derived(log, self.active, index, cut_at, report)
         if index is not None and (
-            rebuild_index or index_damaged(log, index) or report.fenced_bytes
+            self.options.rebuild_index or index_damaged(log, index) or report.fenced_bytes
         ):
             # Unlike RocketMQ, an impossible index is dropped and dispatched again.
             index.destroy()
             report.index_rebuilt = True
+        self._redispatch(cut_at)
 
-        # Derived files that lag further (deleted or emptied; without a progress file, any
-        # that stopped short) are dispatched again from where the furthest behind stopped.
-        # With one, the files before its point are vouched for, and trailing records that
-        # make no unit or entry (transactions, no keys) must not count as a lag.
+    def _redispatch(self, cut_at: int) -> None:
+        """Derived files that lag further (deleted or emptied; without a progress file, any
+        that stopped short) are dispatched again from where the furthest behind stopped. With
+        one, the files before its point are vouched for, and trailing records that make no
+        unit or entry (transactions, no keys) must not count as a lag."""
+        files, log, index, report = self.files, self.log, self.files.index, self.report
         redispatch_from = cut_at
-        if trusted is None or _derived_lost(log, queues, index, progress):
-            redispatch_from = min(cut_at, dispatched_end(log, queue_list, index))
+        if self.trusted is None or _derived_lost(log, files.queues, index, files.progress):
+            redispatch_from = min(cut_at, dispatched_end(log, self.queue_list, index))
         if redispatch_from < cut_at:
-            _drop_derived(log, queue_list, index, redispatch_from, report)
+            _drop_derived(log, self.queue_list, index, redispatch_from, report)
         report.redispatch_from = redispatch_from
-        if sync_truncated is not None:
-            sync_truncated(queue_list)
+        if files.sync_truncated is not None:
+            files.sync_truncated(self.queue_list)
         else:
-            for cq in queue_list:
+            for cq in self.queue_list:
                 cq.sync_truncated()
-        if redispatch_from < end:
+        if redispatch_from < self.end:
             count, last_unit_ts = dispatch.redispatch(
-                log, redispatch_from, end, queue_factory, index
+                log, redispatch_from, self.end, files.queue_factory, index
             )
             report.records_redispatched = count
             if last_unit_ts >= 0:
                 # As RocketMQ does while re-dispatching: the logics time is the newest
                 # dispatched message's.
-                checkpoint.logics_msg_timestamp = last_unit_ts
-    for cq in queues.values():
-        # Units below the CommitLog's first offset are expected after retention: skip them.
-        # (A queue not loaded does this when it loads.)
-        if cq.loaded:
-            cq.correct_min_offset(log.min_offset)
-    if not read_only:
-        # Unlike RocketMQ, rebuild ConsumeQueues that do not match the log.
+                files.checkpoint.logics_msg_timestamp = last_unit_ts
+
+    def correct_min_offsets(self) -> None:
+        for cq in self.files.queues.values():
+            # Units below the CommitLog's first offset are expected after retention: skip them.
+            # (A queue not loaded does this when it loads.)
+            if cq.loaded:
+                cq.correct_min_offset(self.log.min_offset)
+
+    def rebuild_queues(self) -> None:
+        """Unlike RocketMQ, rebuild ConsumeQueues that do not match the log."""
+        log, queues, progress = self.log, self.files.queues, self.files.progress
         looked_at = {key: cq for key, cq in queues.items() if cq.loaded}
-        if trusted is not None and not full_check:
+        if self.trusted is not None and not self.full_check:
             # What a clean close vouches for the rest: each queue's last unit, one read each.
             rebuild = [key for key, cq in looked_at.items() if not last_unit_matches(log, cq)]
         else:
             rebuild = damaged_queues(log, looked_at)
-        if progress is not None and trusted is not None:
+        if progress is not None and self.trusted is not None:
             # Queues the last flush recorded that are now missing or shorter.
             for name, length in progress.queues.items():
                 topic, _, qid = name.rpartition("/")
                 have = queues.get((topic, int(qid)))
                 if (have is None or have.max_offset < length) and (topic, int(qid)) not in rebuild:
                     rebuild.append((topic, int(qid)))
-        if rebuild:
-            for key in rebuild:
-                if key in queues:
-                    queues.pop(key).destroy()
-            # Queues that are intact skip the units they hold.
-            dispatch.redispatch(log, log.min_offset, end, queue_factory, None)
-            report.queues_rebuilt = [f"{t}/{q}" for t, q in rebuild]
-            for cq in queues.values():  # the rebuilt queues are new objects
-                if cq.loaded:
-                    cq.correct_min_offset(log.min_offset)
-    report.duration_ms = (time.perf_counter() - started) * 1000
-    return report
+        if not rebuild:
+            return
+        for key in rebuild:
+            if key in queues:
+                queues.pop(key).destroy()
+        # Queues that are intact skip the units they hold.
+        dispatch.redispatch(log, log.min_offset, self.end, self.files.queue_factory, None)
+        self.report.queues_rebuilt = [f"{t}/{q}" for t, q in rebuild]
+        self.correct_min_offsets()  # the rebuilt queues are new objects
 
 
 def _store_time(log: CommitLog) -> Callable[[int], int]:

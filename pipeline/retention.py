@@ -3,6 +3,8 @@
 RocketMQ runs three cleaners every ``cleanResourceInterval`` (10 s): ``CleanCommitLogService``,
 ``CleanConsumeQueueService`` and ``IndexService.deleteExpiredFile``. :class:`RetentionService`
 is the three of them as one call, :meth:`RetentionService.run`, for the store to schedule.
+The thresholds, triggers and reasons it goes by are :mod:`rocketstore.pipeline.retention_policy`'s
+(:class:`RetentionPolicy`), what a round reports :mod:`rocketstore.pipeline.retention_report`'s.
 
 What is deleted
 ---------------
@@ -19,11 +21,12 @@ Expired segments are deleted when one of these holds, RocketMQ's three triggers:
 * the disk holding the store is more than ``diskMaxUsedSpaceRatio`` full, at any hour, reason
   ``"disk-pressure"``.
 
-Above :data:`CLEAN_FORCIBLY_RATIO` (85 %, RocketMQ's ``diskSpaceCleanForciblyRatio``) segments go
-even if they have not expired, reason ``"forced"``, oldest first, until the disk is back at or
-below that ratio or only the last segment is left. (RocketMQ only cleans forcibly when another
-trigger is on too; with ``diskMaxUsedSpaceRatio`` at most 85, the default 75 included, that is
-always the case, so the difference only shows with a higher ratio.)
+Above :data:`~rocketstore.pipeline.retention_policy.CLEAN_FORCIBLY_RATIO` (85 %, RocketMQ's
+``diskSpaceCleanForciblyRatio``) segments go even if they have not expired, reason ``"forced"``,
+oldest first, until the disk is back at or below that ratio or only the last segment is left.
+(RocketMQ only cleans forcibly when another trigger is on too; with ``diskMaxUsedSpaceRatio`` at
+most 85, the default 75 included, that is always the case, so the difference only shows with a
+higher ratio.)
 
 At most :attr:`RetentionPolicy.max_files_per_run` segments (10, RocketMQ's
 ``DELETE_FILES_BATCH_MAX``) go per call, so one call holds the store's lock for a bounded time
@@ -49,13 +52,13 @@ Disk full
 ---------
 
 Every :meth:`~RetentionService.run` and :meth:`~RetentionService.refresh` measures the disk.
-Above :data:`WARNING_LEVEL_RATIO` (90 %, RocketMQ's ``diskSpaceWarningLevelRatio``) the store is
-marked full, and it stays so until a measurement at or below 85 % (RocketMQ's hysteresis: between
-85 and 90 % the mark does not change). While marked, the put path must refuse puts:
-:meth:`~RetentionService.check_put` raises :class:`DiskFullError` (RocketMQ answers
-``SERVICE_NOT_AVAILABLE``), before anything of the put is written, so nothing already accepted
-is lost. :meth:`~RetentionService.disk_full` and :meth:`~RetentionService.check_put` read a
-cached flag and cost nothing.
+Above :data:`~rocketstore.pipeline.retention_policy.WARNING_LEVEL_RATIO` (90 %, RocketMQ's
+``diskSpaceWarningLevelRatio``) the store is marked full, and it stays so until a measurement at
+or below 85 % (RocketMQ's hysteresis: between 85 and 90 % the mark does not change). While
+marked, the put path must refuse puts: :meth:`~RetentionService.check_put` raises
+:class:`DiskFullError` (RocketMQ answers ``SERVICE_NOT_AVAILABLE``), before anything of the put
+is written, so nothing already accepted is lost. :meth:`~RetentionService.disk_full` and
+:meth:`~RetentionService.check_put` read a cached flag and cost nothing.
 
 Where it runs, thread-safety
 ----------------------------
@@ -63,8 +66,8 @@ Where it runs, thread-safety
 Never on the put path. The store is expected to:
 
 * call :meth:`~RetentionService.check_put` first thing in a put, before encoding or writing;
-* call :meth:`~RetentionService.run` from a background thread every :data:`RUN_INTERVAL_MS` or
-  so, holding its writer lock;
+* call :meth:`~RetentionService.run` from a background thread every
+  :data:`~rocketstore.pipeline.retention_policy.RUN_INTERVAL_MS` or so, holding its writer lock;
 * for ``rocketstore clean``, call :meth:`~RetentionService.run` with ``force_expired=True``
   (and ``max_files`` to lift the per-call limit), or :meth:`~RetentionService.plan` with the
   same arguments for ``--dry-run``.
@@ -103,17 +106,34 @@ import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.errors import (
-    ConfigError,
-    DiskFullError,
-    ReadOnlyStoreError,
-    StoreClosedError,
-)
+from rocketstore.pipeline.errors import DiskFullError, ReadOnlyStoreError, StoreClosedError
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.mappedfile import MappedFile
+from rocketstore.pipeline.retention_policy import (
+    KIND_COMMITLOG,
+    KIND_CONSUMEQUEUE,
+    KIND_INDEX,
+    REASON_BELOW_MIN_OFFSET,
+    REASON_DISK_PRESSURE,
+    REASON_EXPIRED,
+    REASON_FORCED,
+    TRIGGER_DELETE_WHEN,
+    TRIGGER_DISK_RATIO,
+    TRIGGER_FORCIBLY,
+    TRIGGER_MANUAL,
+    RetentionPolicy,
+    statvfs_total_bytes,
+    statvfs_used_ratio,
+)
+from rocketstore.pipeline.retention_report import (
+    CleanPlan,
+    CleanReport,
+    FileDeletion,
+    QueueMinOffset,
+)
 
 if TYPE_CHECKING:
     from rocketstore.pipeline.commitlog import CommitLog
@@ -137,216 +157,11 @@ class RetainedStore(Protocol):
     def closed(self) -> bool: ...
 
 
-CLEAN_FORCIBLY_RATIO = 0.85  # diskSpaceCleanForciblyRatio
-WARNING_LEVEL_RATIO = 0.90  # diskSpaceWarningLevelRatio
-DELETE_FILES_BATCH_MAX = 10  # MappedFileQueue.DELETE_FILES_BATCH_MAX
-RUN_INTERVAL_MS = 10_000  # cleanResourceInterval
-HOUR_MS = 3_600_000
-
-REASON_EXPIRED = "expired"
-REASON_DISK_PRESSURE = "disk-pressure"
-REASON_FORCED = "forced"
-REASON_BELOW_MIN_OFFSET = "below-min-offset"
-
-TRIGGER_DELETE_WHEN = "delete-when"
-TRIGGER_MANUAL = "manual"
-TRIGGER_DISK_RATIO = "disk-ratio"
-TRIGGER_FORCIBLY = "forcibly"
-
-KIND_COMMITLOG = "commitlog"
-KIND_CONSUMEQUEUE = "consumequeue"
-KIND_INDEX = "index"
-
 _LONG = struct.Struct(">q")
-
-
-def statvfs_used_ratio(path: Path) -> float:
-    """Used share (0..1) of the filesystem holding ``path``, as Java's ``File`` reports it
-    (``(total - free) / total``, root's reserve counted as used); -1 if the size is unknown."""
-    st = os.statvfs(path)
-    if st.f_blocks <= 0:
-        return -1.0
-    return (st.f_blocks - st.f_bfree) / st.f_blocks
-
-
-def statvfs_total_bytes(path: Path) -> int:
-    """Size in bytes of the filesystem holding ``path``."""
-    st = os.statvfs(path)
-    return int(st.f_blocks * st.f_frsize)
 
 
 def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def parse_delete_when(text: str) -> tuple[int, ...]:
-    """``"04;16"`` -> ``(4, 16)`` (RocketMQ's ``deleteWhen``)."""
-    hours: list[int] = []
-    for part in text.split(";"):
-        p = part.strip()
-        if not p.isdigit() or not 0 <= int(p) <= 23:
-            raise ConfigError(f"deleteWhen={text!r}: must be hours 00-23 separated by ';'")
-        hours.append(int(p))
-    return tuple(hours)
-
-
-@dataclasses.dataclass(frozen=True)
-class RetentionPolicy:
-    """When files go. Ratios are fractions (0..1); :meth:`from_config` converts RocketMQ's."""
-
-    file_reserved_time: int = 72  # hours (fileReservedTime)
-    delete_when: tuple[int, ...] = (4,)  # local hours (deleteWhen)
-    disk_max_used_space_ratio: float = 0.75  # diskMaxUsedSpaceRatio / 100
-    clean_forcibly_ratio: float = CLEAN_FORCIBLY_RATIO
-    warning_level_ratio: float = WARNING_LEVEL_RATIO
-    clean_file_forcibly_enable: bool = True  # cleanFileForciblyEnable
-    max_files_per_run: int = DELETE_FILES_BATCH_MAX  # CommitLog segments per run
-    max_derived_files_per_run: int = 1000  # ConsumeQueue + index files per run
-    max_queues_per_run: int = 4096  # ConsumeQueues looked at per run
-
-    def __post_init__(self) -> None:
-        if self.file_reserved_time < 0:
-            raise ConfigError(f"fileReservedTime={self.file_reserved_time}: must be >= 0 hours")
-        if not self.delete_when or any(not 0 <= h <= 23 for h in self.delete_when):
-            raise ConfigError(f"deleteWhen={self.delete_when}: must be hours 0-23")
-        for name in ("disk_max_used_space_ratio", "clean_forcibly_ratio", "warning_level_ratio"):
-            value = getattr(self, name)
-            if not 0.0 < value <= 1.0:
-                raise ConfigError(f"{name}={value}: must be a fraction in (0, 1]")
-        if min(self.max_files_per_run, self.max_derived_files_per_run, self.max_queues_per_run) < 1:
-            raise ConfigError(
-                "max_files_per_run, max_derived_files_per_run and max_queues_per_run must be >= 1"
-            )
-
-    @classmethod
-    def from_config(cls, config: StoreConfig, **overrides: Any) -> RetentionPolicy:
-        """The policy a store's settings give (``fileReservedTime``, ``deleteWhen``,
-        ``diskMaxUsedSpaceRatio``), with any field replaced by ``overrides``."""
-        values: dict[str, Any] = {
-            "file_reserved_time": config.file_reserved_time,
-            "delete_when": parse_delete_when(config.delete_when),
-            "disk_max_used_space_ratio": config.disk_max_used_space_ratio / 100.0,
-        }
-        values.update(overrides)
-        return cls(**values)
-
-    @property
-    def reserved_ms(self) -> int:
-        return self.file_reserved_time * HOUR_MS
-
-    def is_delete_hour(self, now_ms: int) -> bool:
-        """Whether the local hour of ``now_ms`` is one of ``deleteWhen``'s."""
-        return time.localtime(now_ms // 1000).tm_hour in self.delete_when
-
-
-@dataclasses.dataclass(frozen=True)
-class FileDeletion:
-    """One file deleted (or, in a plan, to be deleted)."""
-
-    path: Path
-    kind: str  # "commitlog", "consumequeue" or "index"
-    bytes: int  # file length
-    allocated: int  # disk space it holds (files are sparse until written)
-    reason: str  # "expired", "disk-pressure", "forced" or "below-min-offset"
-    mtime_ms: int
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "path": str(self.path),
-            "kind": self.kind,
-            "bytes": self.bytes,
-            "allocatedBytes": self.allocated,
-            "reason": self.reason,
-            "mtime": self.mtime_ms,
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class QueueMinOffset:
-    """A ConsumeQueue whose min offset moved (queue offsets, not bytes)."""
-
-    topic: str
-    queue_id: int
-    before: int
-    after: int
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "topic": self.topic,
-            "queueId": self.queue_id,
-            "minOffsetBefore": self.before,
-            "minOffsetAfter": self.after,
-        }
-
-
-@dataclasses.dataclass
-class CleanPlan:
-    """What a run at ``now_ms`` would do; nothing was changed to find out.
-
-    For forced deletion the plan assumes each deleted file gives back its allocated bytes of a
-    filesystem of ``disk_total_bytes``; a run measures the disk again after each file instead.
-    """
-
-    store: Path
-    now_ms: int
-    disk_used_ratio: float
-    triggers: list[str]
-    files: list[FileDeletion]
-    queues: list[QueueMinOffset]
-    commitlog_min_offset_before: int
-    commitlog_min_offset_after: int
-    disk_used_ratio_after: float
-    disk_full: bool
-
-    dry_run = True
-
-    def deleted(self, kind: str | None = None) -> list[FileDeletion]:
-        return [f for f in self.files if kind is None or f.kind == kind]
-
-    @property
-    def bytes(self) -> int:
-        """Total length of the files."""
-        return sum(f.bytes for f in self.files)
-
-    @property
-    def bytes_freed(self) -> int:
-        """Disk space the files held."""
-        return sum(f.allocated for f in self.files)
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "store": str(self.store),
-            "dryRun": self.dry_run,
-            "now": self.now_ms,
-            "diskUsedRatio": round(self.disk_used_ratio, 6),
-            "triggers": list(self.triggers),
-            "files": [f.to_json() for f in self.files],
-            "queues": [q.to_json() for q in self.queues],
-            "commitLogMinOffsetBefore": self.commitlog_min_offset_before,
-            "commitLogMinOffsetAfter": self.commitlog_min_offset_after,
-            "bytes": self.bytes,
-            "bytesFreed": self.bytes_freed,
-            "diskUsedRatioAfter": round(self.disk_used_ratio_after, 6),
-            "diskFull": self.disk_full,
-        }
-
-
-@dataclasses.dataclass
-class CleanReport(CleanPlan):
-    """What a run did. ``deferred`` lists files kept because a reader still maps them (they are
-    tried again next run); ``complete`` is False when a per-run limit or a deferred file left
-    work for the next run."""
-
-    deferred: list[Path] = dataclasses.field(default_factory=list)
-    complete: bool = True
-
-    dry_run = False
-
-    def to_json(self) -> dict[str, object]:
-        out = super().to_json()
-        out["deferred"] = [str(p) for p in self.deferred]
-        out["complete"] = self.complete
-        return out
 
 
 @dataclasses.dataclass

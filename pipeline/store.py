@@ -52,28 +52,19 @@ from typing import NoReturn
 import pyarrow as pa
 
 from rocketstore.pipeline import (
-    consumequeue,
     durability,
     failpoints,
     fencing,
-    filesystem,
-    indexfile,
-    mappedfile,
-    mappings,
     record,
-    renewal,
+    shared_open,
     storedir,
     storehost,
-    visibility,
 )
 from rocketstore.pipeline.appender import Appender
 from rocketstore.pipeline.background import PeriodicTask
-from rocketstore.pipeline.checkpoint import StoreCheckpoint
-from rocketstore.pipeline.commitlog import CommitLog
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.consumequeue import ConsumeQueue
 from rocketstore.pipeline.errors import (
-    CorruptRecordError,
     FencedError,
     ProgressNotRecordedError,
     ReadOnlyStoreError,
@@ -82,25 +73,24 @@ from rocketstore.pipeline.errors import (
 )
 from rocketstore.pipeline.filecreation import free_space
 from rocketstore.pipeline.filesizes import check_file_sizes
-from rocketstore.pipeline.indexservice import IndexService
-from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.lock import DirectoryLock
-from rocketstore.pipeline.mappedfile import WHOLE
-from rocketstore.pipeline.mappings import MappingCache, WorkCounts
+from rocketstore.pipeline.mappings import WorkCounts
 from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.progress import FlushProgress
 from rocketstore.pipeline.publish import MAX_NOTES, FlushPointRecorder
-from rocketstore.pipeline.queueset import QueueSet
 from rocketstore.pipeline.reads import StoreReads
-from rocketstore.pipeline.recovery import RecoveryReport, last_unit_matches, recover
-from rocketstore.pipeline.results import BatchPutResult, PutResult
-from rocketstore.pipeline.retention import (
-    RUN_INTERVAL_MS,
-    CleanReport,
-    RetentionService,
-    statvfs_used_ratio,
+from rocketstore.pipeline.recovery import (
+    RecoveryFiles,
+    RecoveryOptions,
+    RecoveryReport,
+    check_loaded_queue,
+    recover,
 )
-from rocketstore.pipeline.segments import SegmentQueue
+from rocketstore.pipeline.results import BatchPutResult, PutResult
+from rocketstore.pipeline.retention import RetentionService
+from rocketstore.pipeline.retention_policy import RUN_INTERVAL_MS, statvfs_used_ratio
+from rocketstore.pipeline.retention_report import CleanReport
+from rocketstore.pipeline.shared_open import PublishedView
+from rocketstore.pipeline.store_files import open_files
 
 _log = logging.getLogger(__name__)
 
@@ -174,88 +164,51 @@ class MessageStore(StoreReads):
 
     # -- opening ----------------------------------------------------------------------------
     def _open(self) -> None:
-        cfg = self.config
+        """Open the files, recover them and get ready to write: the plain open, with the steps
+        shared storage adds around it (rocketstore.pipeline.shared_open)."""
         self.abort_file_found = (self.path / "abort").exists()
         if self._lock is not None:  # a writer
             for sub in ("commitlog", "consumequeue", "index", "config"):
                 durability.make_dirs(self.path / sub)
             self._lock.mark_open()  # abort, and what keeps a broker off meanwhile
             storedir.write_in_place(self.path)
-        # A read-only view of a store a writer on another host appends to looks for a file its
-        # listing lacks in the directory listed again, for up to visibilityWaitMs
-        # (rocketstore.pipeline.segments); None: this host's listing is the directory.
-        self.shared = visibility.is_shared(self.path, cfg.shared_storage)
-        self._listing_wait: int | None = None
-        if self.read_only and self.shared:
-            self._listing_wait = cfg.visibility_wait_ms
-            # Each queue's tails are forgotten when the queue is loaded (ConsumeQueue).
-            storedir.forget_cached_tails(self.path, queues=False)
-        mappings.raise_descriptor_limit()
-        self.mappings = MappingCache(cfg.max_mapped_files)
-        # Where reading a hole through a mapping allocates (tmpfs), files get every block when
-        # created, so that no reader can die of SIGBUS on a full disk (rocketstore.pipeline.filesystem).
-        whole = not self.read_only and filesystem.reads_allocate(self.path)
-        self._cq_ahead = WHOLE if whole else consumequeue.RESERVE_AHEAD
-        # The writer before may be alive on the other side of a partition, with dirty pages of
-        # the derived files it had mapped: they get new inodes, which its late write-back
-        # cannot reach, before anything here reads them (rocketstore.pipeline.renewal).
-        renewed = 0
-        fenced = not self.read_only and fencing.applies(self.path, self.shared)
-        if fenced and self.abort_file_found:
-            # A writer on this host whose write-back failed (its host cut off from the
-            # servers) left those pages clean in this host's cache with bytes the servers never
-            # got: recovery and the renewal must read the files from the servers.
-            storedir.forget_cached_tails(self.path)
-            renewed = renewal.renew_derived(
-                self.path,
-                cfg.mapped_file_size_consume_queue,
-                FlushProgress.read(self.path / "config"),
-            )
-        self.checkpoint = StoreCheckpoint.read(self.path / "checkpoint")
-        self.commitlog = CommitLog(
-            SegmentQueue(
-                self.path / "commitlog",
-                cfg.mapped_file_size_commitlog,
-                read_only=self.read_only,
-                cache=self.mappings,
-                ahead=WHOLE if whole else mappedfile.RESERVE_AHEAD,
-                visibility_wait_ms=self._listing_wait,
-            )
+        sharing = shared_open.before_files(
+            self.path, self.config, read_only=self.read_only, abort_found=self.abort_file_found
         )
-        self.commitlog.load()
-        self._progress = FlushProgress.read(self.path / "config")
-        # Each queue is loaded when first used (rocketstore.pipeline.queueset), so that opening
-        # a store of 40,000 queues costs a listing of their directories, not 40,000 loads.
-        self._queueset = QueueSet(
-            self.path / "consumequeue",
-            cfg.mapped_file_size_consume_queue,
+        self.shared = sharing.shared
+        files = open_files(
+            self.path,
+            self.config,
             read_only=self.read_only,
-            cache=self.mappings,
-            ahead=self._cq_ahead,
-            visibility_wait_ms=self._listing_wait,
-            syncfs=not self.read_only and not self.shared and filesystem.syncfs_durable(self.path),
+            shared=self.shared,
+            listing_wait=sharing.listing_wait,
+            clock_ms=self.clock_ms,
         )
+        self.mappings = files.mappings
+        self.checkpoint = files.checkpoint
+        self.commitlog = files.commitlog
+        self._progress = files.progress
+        self._queueset = files.queueset
+        self.index = files.index
         self.queues: dict[tuple[str, int], ConsumeQueue] = self._queueset.queues
-        self._queueset.find(self._progress.queues if self._progress is not None else {})
-        self.index: IndexService | None = None
-        if cfg.message_index_enable:
-            self.index = IndexService(
-                self.path / "index",
-                cfg.max_hash_slot_num,
-                cfg.max_index_num,
-                read_only=self.read_only,
-                clock_ms=self.clock_ms,
-                cache=self.mappings,
-                ahead=WHOLE if whole else indexfile.RESERVE_AHEAD,
-            )
-            self.index.load()
         # On shared storage, or once any writer fenced the store, a writer fences off those
         # before it (rocketstore.pipeline.fencing); every writable open honours dead regions.
         self._fence: fencing.Fence | None = None
-        self.recovery = self._recover(taking_over=fenced and self.abort_file_found)
-        self.recovery.files_renewed = renewed
-        if fenced:
+        self.recovery = self._recover(taking_over=sharing.fenced and self.abort_file_found)
+        self.recovery.files_renewed = sharing.renewed
+        if sharing.fenced:
             self._take_epoch()
+        self._view: PublishedView | None = None
+        if self.read_only and self.shared:
+            self._view = PublishedView.hide_unpublished(
+                self.path, self.commitlog, self.queues.values()
+            )
+        self._start_writes()
+
+    def _start_writes(self) -> None:
+        """After recovery: the store host, the flush schedule, the appender and the recorder
+        of progress (a read-only store has them too, and writes nothing with them)."""
+        cfg = self.config
         if not self.read_only:
             # Every writer of a directory stamps the directory's store host (rocketstore.pipeline.storehost).
             newest = storehost.newest_record_host(
@@ -268,9 +221,6 @@ class MessageStore(StoreReads):
         # under SYNC_FLUSH a put publishes before it returns, so what it acknowledges is
         # readable from every host.
         self._publish_each_put = self._sync_flush and self.shared
-        self._view_end: tuple[visibility.Published, int] | None = None
-        if self.read_only and self.shared:
-            self._hide_unpublished()
         self._queueset.on_load = self._queue_loaded
         last = self.recovery.last_record_offset
         self._appender = Appender(
@@ -302,51 +252,16 @@ class MessageStore(StoreReads):
         )
         self._flushed_at = time.monotonic()
 
-    def _hide_unpublished(self) -> None:
-        """A read-only view of a store on shared storage ends at what its writer published
-        and this host can read (rocketstore.pipeline.visibility): the log at the published offset or the
-        last record that checked out here, whichever is first; each queue at its published
-        length or its last unit whose record is in that log, whichever is first."""
-        point = visibility.published(self.path)
-        if point is None:
-            return  # nothing published (RocketMQ wrote the store): as on one host
-        end = min(self.commitlog.max_offset, max(point.commitlog_end, self.commitlog.min_offset))
-        self.commitlog.set_end(end)
-        self._view_end = (point, end)
-        for cq in self.queues.values():
-            if cq.loaded:
-                self._hide(cq)
-
-    def _hide(self, cq: ConsumeQueue) -> None:
-        if self._view_end is not None:
-            point, end = self._view_end
-            cq.hide_from(min(point.queue_length(cq.topic, cq.queue_id), cq.first_past(end)))
-
     def _queue_loaded(self, cq: ConsumeQueue) -> None:
         """A queue's files were looked at for the first time since the store opened (see
         rocketstore.pipeline.queueset): what recovery does for the queues it loads, it does
         now. A writer's queue must end where the last flush recorded and its last unit point at
         a record of the queue, or the queue is refused (`rocketstore recover` rebuilds it)."""
         cq.correct_min_offset(self.commitlog.min_offset)
-        self._hide(cq)
-        if self.read_only:
-            return
-        if cq.expected_length is not None and cq.max_offset != cq.expected_length:
-            raise CorruptRecordError(
-                str(cq.directory),
-                cq.max_offset * CQ_UNIT_SIZE,
-                f"queue {cq.topic}/{cq.queue_id} holds {cq.max_offset} unit(s), but the last "
-                f"flush recorded {cq.expected_length} (config/rocketstore.json): its files were "
-                "changed since; `rocketstore recover` rebuilds it from the CommitLog",
-            )
-        if not last_unit_matches(self.commitlog, cq):
-            where, at = cq.unit_location(cq.max_offset - 1)
-            raise CorruptRecordError(
-                where,
-                at,
-                f"the last unit of queue {cq.topic}/{cq.queue_id} does not point at a record "
-                "of the queue in the CommitLog; `rocketstore recover` rebuilds the queue",
-            )
+        if self._view is not None:
+            self._view.hide(cq)
+        if not self.read_only:
+            check_loaded_queue(self.commitlog, cq)
 
     def _take_epoch(self) -> None:
         """Record this writer's epoch, after fencing off an unclean end (rocketstore.pipeline.fencing)."""
@@ -366,30 +281,27 @@ class MessageStore(StoreReads):
             raise
 
     def _recover(self, *, taking_over: bool) -> RecoveryReport:
-        epochs = fencing.read_epochs(self.path)
-        # After an unclean take-over the writer fenced off may have had pages of the
-        # ConsumeQueues and the index on their way. The derived files it could reach got new
-        # inodes (rocketstore.pipeline.renewal); a full recovery (`rocketstore recover`) still
-        # checks every unit and builds the index anew from the log, whatever arrived.
-        suspect = self.full_check and bool(epochs) and epochs[-1].dead is not None
-        report = recover(
-            dead=fencing.dead_regions(epochs),
-            rebuild_index=suspect,
+        dead, suspect = shared_open.dead_regions(self.path, full_check=self.full_check)
+        files = RecoveryFiles(
             log=self.commitlog,
             queues=self.queues,
             index=self.index,
             checkpoint=self.checkpoint,
             progress=self._progress,
+            queue_factory=self._queue,
+            sync_truncated=functools.partial(self._queueset.sync_truncated, store_path=self.path),
+        )
+        options = RecoveryOptions(
             abnormal=self.abort_file_found,
             read_only=self.read_only,
             check_crc=self.config.check_crc_on_recover,
-            queue_factory=self._queue,
             full_check=self.full_check,
+            dead=dead,
             cut_at_damage=self.cut_at_damage,
-            sync_truncated=functools.partial(self._queueset.sync_truncated, store_path=self.path),
+            rebuild_index=suspect,
             taking_over=taking_over,
         )
-        return report
+        return recover(files, options)
 
     # -- lifecycle --------------------------------------------------------------------------
     def __enter__(self) -> MessageStore:

@@ -36,13 +36,13 @@ from rocketstore.pipeline import durability
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import FencedError, StoreLockedError
 from rocketstore.pipeline.lock import DirectoryLock
-from rocketstore.pipeline.retention import (
+from rocketstore.pipeline.retention import RetentionService
+from rocketstore.pipeline.retention_policy import (
     KIND_COMMITLOG,
-    CleanReport,
-    RetentionService,
     statvfs_total_bytes,
     statvfs_used_ratio,
 )
+from rocketstore.pipeline.retention_report import CleanReport
 from rocketstore.pipeline.store import MessageStore
 
 

@@ -234,73 +234,102 @@ class IndexChecker:
         return count, heads, entries
 
     def _check_index_file(self, f: IndexFile, mm: npt.NDArray[np.uint8], last: bool) -> int:
-        path = f.path
         slot_num, index_num = f.slot_num, f.index_num
         entries_at = INDEX_HEADER_SIZE + INDEX_SLOT_SIZE * slot_num
         if len(mm) != entries_at + INDEX_ENTRY_SIZE * index_num:
             self.scan.problem(
-                "index-header", path, 0, f"file is {len(mm)} bytes, not as configured"
+                "index-header", f.path, 0, f"file is {len(mm)} bytes, not as configured"
             )
             return 0
-        header: tuple[int, int, int, int, int, int] = INDEX_HEADER.unpack_from(
-            bytes(mm[:INDEX_HEADER_SIZE]), 0
-        )
-        begin_ts, end_ts, begin_phy, end_phy, slot_count, raw_count = header
-        slots = np.frombuffer(mm, dtype=">i4", count=slot_num, offset=INDEX_HEADER_SIZE).astype(
-            np.int64
-        )
+        header: tuple[int, int, int, int, int, int] = INDEX_HEADER.unpack_from(bytes(mm[:INDEX_HEADER_SIZE]), 0)
+        slots = np.frombuffer(mm, dtype=">i4", count=slot_num, offset=INDEX_HEADER_SIZE).astype(np.int64)
         entries = np.frombuffer(mm, dtype=INDEX_ENTRY_DTYPE, count=index_num, offset=entries_at)
+        raw_count = header[5]
         count = min(max(raw_count, 1), index_num)
         # In a file a writer is filling, the header, slots and tail move during the scan.
         moving = False
         if self.scan.report.snapshot_end is not None:
             count, slots, entries = self._index_snapshot(slots, entries)
             moving = last or count < raw_count
-
-        def head(field: int, detail: str) -> None:
-            name, at = _HEADER_FIELDS[field]
-            self.scan.problem("index-header", path, at, f"{name} {header[field]}: {detail}")
-
-        if not 0 <= raw_count <= index_num:
-            head(5, f"outside [0, maxIndexNum={index_num}]")
-        elif not last and raw_count != index_num:
-            head(5, f"the file is not full (maxIndexNum={index_num}), yet a later one exists")
-        used_slots = int(np.count_nonzero(slots))
-        if not 0 <= slot_count <= slot_num:
-            head(4, f"outside [0, maxHashSlotNum={slot_num}]")
-        elif slot_count != used_slots and not moving:
-            head(4, f"but {used_slots} slots are in use")
-        if count > 1 and begin_ts > end_ts:
-            head(0, f"after endTimestamp {end_ts}")
-        if count > 1 and begin_phy > end_phy:
-            head(2, f"after endPhyOffset {end_phy}")
-        raw_entries = entries.view(np.uint8).reshape(-1, INDEX_ENTRY_SIZE)
-        if raw_entries[0].any():
-            self.scan.problem(
-                "index-unused-entry", path, entries_at, "entry 0 (never used) is not zero"
-            )
-        tail = np.flatnonzero(raw_entries[count:].any(axis=1))
-        if len(tail) and not moving:
-            j = count + int(tail[0])
-            self.scan.problem(
-                "index-unused-entry",
-                path,
-                entries_at + INDEX_ENTRY_SIZE * j,
-                f"{len(tail)} non-zero entries after indexCount {raw_count}",
-            )
+        v = _File(f, header, slots, entries, count, moving, entries_at)
+        self._check_header(v, last)
+        self._check_unused_entries(v)
         used = entries[1:count]
         # The file's own widths: an IndexFile may hold 20M entries (160 MB per int64 column).
         key_hash = used["key_hash"].astype(np.int32)
         phy = used["phy_offset"].astype(np.int64)
-        time_diff = used["time_diff"].astype(np.int32)
-        prev = used["prev_index"].astype(np.int32)
+        self._check_chains(v, key_hash, used["prev_index"].astype(np.int32))
+        live = self._check_entry_targets(v, phy, used["time_diff"].astype(np.int32))
+        inside = phy[live & (phy < self.scan.log_end)]
+        # The oldest record an entry of this file points at (entries may point nowhere).
+        self.find_oldest_indexed(inside)
+        times_ok = self._check_header_against_entries(v, phy, live)
+        if len(inside):
+            self.indexes.append(
+                _IndexState(
+                    f,
+                    entries_at,
+                    used,
+                    v.begin_ts,
+                    int(inside.min()),
+                    int(inside.max()),
+                    bool(np.all(np.diff(phy) >= 0)),
+                    times_ok,
+                )
+            )
+        return v.begin_phy
+
+    def _head(self, v: _File, field: int, detail: str) -> None:
+        """A problem with header field ``field`` (an index of :data:`_HEADER_FIELDS`)."""
+        name, at = _HEADER_FIELDS[field]
+        self.scan.problem("index-header", v.f.path, at, f"{name} {v.header[field]}: {detail}")
+
+    def _check_header(self, v: _File, last: bool) -> None:
+        """The header's counts against the configured geometry and the slots in use, and its
+        begin/end pairs against each other."""
+        index_num, slot_num = v.f.index_num, v.f.slot_num
+        begin_ts, end_ts, begin_phy, end_phy, slot_count, raw_count = v.header
+        if not 0 <= raw_count <= index_num:
+            self._head(v, 5, f"outside [0, maxIndexNum={index_num}]")
+        elif not last and raw_count != index_num:
+            self._head(
+                v, 5, f"the file is not full (maxIndexNum={index_num}), yet a later one exists"
+            )
+        used_slots = int(np.count_nonzero(v.slots))
+        if not 0 <= slot_count <= slot_num:
+            self._head(v, 4, f"outside [0, maxHashSlotNum={slot_num}]")
+        elif slot_count != used_slots and not v.moving:
+            self._head(v, 4, f"but {used_slots} slots are in use")
+        if v.count > 1 and begin_ts > end_ts:
+            self._head(v, 0, f"after endTimestamp {end_ts}")
+        if v.count > 1 and begin_phy > end_phy:
+            self._head(v, 2, f"after endPhyOffset {end_phy}")
+
+    def _check_unused_entries(self, v: _File) -> None:
+        """Entry 0 and the entries after the count hold nothing."""
+        raw_entries = v.entries.view(np.uint8).reshape(-1, INDEX_ENTRY_SIZE)
+        if raw_entries[0].any():
+            self.scan.problem(
+                "index-unused-entry", v.f.path, v.entries_at, "entry 0 (never used) is not zero"
+            )
+        tail = np.flatnonzero(raw_entries[v.count :].any(axis=1))
+        if len(tail) and not v.moving:
+            j = v.count + int(tail[0])
+            self.scan.problem(
+                "index-unused-entry",
+                v.f.path,
+                v.entry_at(j),
+                f"{len(tail)} non-zero entries after indexCount {v.header[5]}",
+            )
+
+    def _check_chains(
+        self, v: _File, key_hash: npt.NDArray[np.int32], prev: npt.NDArray[np.int32]
+    ) -> None:
+        """Slot heads and prevIndex chains: each slot holds an entry of its own slot, each
+        link goes down to an entry of the same slot, and every entry is reached exactly once."""
+        path, slots, count = v.f.path, v.slots, v.count
         numbers = np.arange(1, count, dtype=np.int32)
-
-        def entry_at(number: int) -> int:
-            return entries_at + INDEX_ENTRY_SIZE * number
-
-        # Slot heads and chains.
-        slot_of = np.mod(key_hash, slot_num)
+        slot_of = np.mod(key_hash, v.f.slot_num)
         bad_head = (slots < 0) | (slots >= count)
         for s in np.flatnonzero(bad_head).tolist():
             self.scan.problem(
@@ -323,7 +352,7 @@ class IndexChecker:
             self.scan.problem(
                 "index-chain",
                 path,
-                entry_at(j + 1),
+                v.entry_at(j + 1),
                 f"entry {j + 1}: prevIndex {int(prev[j])} does not go down (must be in [0, "
                 f"{j + 1}))",
             )
@@ -332,7 +361,7 @@ class IndexChecker:
             self.scan.problem(
                 "index-chain",
                 path,
-                entry_at(j + 1),
+                v.entry_at(j + 1),
                 f"entry {j + 1} (slot {int(slot_of[j])}) links to entry {int(prev[j])} in slot "
                 f"{int(slot_of[prev[j] - 1])}",
             )
@@ -344,13 +373,19 @@ class IndexChecker:
             self.scan.problem(
                 "index-chain",
                 path,
-                entry_at(number),
+                v.entry_at(number),
                 f"entry {number} is "
                 + ("not reachable from its slot" if many == 0 else f"linked from {many} places"),
             )
+
+    def _check_entry_targets(
+        self, v: _File, phy: I64, time_diff: npt.NDArray[np.int32]
+    ) -> npt.NDArray[np.bool_]:
+        """Entries that point outside the log, and negative time differences; returns which
+        entries point at live records' offsets (at or past the CommitLog's first)."""
         # Entries go in CommitLog order, so those of messages retention deleted (below the
         # CommitLog's first offset) come first; one below it after a live one is damaged.
-        live = phy >= self.scan.base0
+        live: npt.NDArray[np.bool_] = phy >= self.scan.base0
         seen_live = np.logical_or.accumulate(live)
         expired = ~live & (phy >= 0) & ~seen_live
         # Entries pointing outside the log meet no segment's records: reported here.
@@ -359,45 +394,66 @@ class IndexChecker:
         ).tolist():
             self.scan.problem(
                 "index-entry-points-nowhere",
-                path,
-                entry_at(j + 1),
+                v.f.path,
+                v.entry_at(j + 1),
                 f"entry {j + 1}: no record starts at phyOffset {int(phy[j])}",
             )
         for j in np.flatnonzero(time_diff < 0).tolist():
             self.scan.problem(
-                "index-entry-time", path, entry_at(j + 1), f"negative timeDiff {int(time_diff[j])}"
+                "index-entry-time",
+                v.f.path,
+                v.entry_at(j + 1),
+                f"negative timeDiff {int(time_diff[j])}",
             )
-        inside = phy[live & (phy < self.scan.log_end)]
-        # The oldest record an entry of this file points at (entries may point nowhere).
-        self.find_oldest_indexed(inside)
-        times_ok = False
-        # Header against the entries.
-        if count > 1 and not moving:
-            if begin_phy != phy[0]:
-                head(2, f"but entry 1 is at {int(phy[0])}")
-            if end_phy != phy[-1]:
-                head(3, f"but the last entry is at {int(phy[-1])}")
-            times_ok = True
-            first = self.scan.record_at(int(phy[0])) if live[0] else None
-            if first is not None:
-                first_ts = int(first.store_ts[0])
-                if begin_ts != first_ts:
-                    head(0, f"but entry 1's message was stored at {first_ts}")
-                    times_ok = False
-            final = self.scan.record_at(int(phy[-1])) if live[-1] else None
-            if final is not None and end_ts != int(final.store_ts[0]):
-                head(1, f"but the last entry's message was stored at {int(final.store_ts[0])}")
-        if len(inside):
-            self.indexes.append(
-                _IndexState(
-                    f,
-                    entries_at,
-                    used,
-                    begin_ts,
-                    int(inside.min()),
-                    int(inside.max()),
-                    bool(np.all(np.diff(phy) >= 0)),
-                    times_ok,
-                )
-            )
-        return begin_phy
+        return live
+
+    def _check_header_against_entries(
+        self, v: _File, phy: I64, live: npt.NDArray[np.bool_]
+    ) -> bool:
+        """The header's begin/end offsets and timestamps against the first and last entries
+        and their records. Returns whether the entries' time differences can be checked
+        against beginTimestamp."""
+        if v.count <= 1 or v.moving:
+            return False
+        begin_ts, end_ts, begin_phy, end_phy, _, _ = v.header
+        if begin_phy != phy[0]:
+            self._head(v, 2, f"but entry 1 is at {int(phy[0])}")
+        if end_phy != phy[-1]:
+            self._head(v, 3, f"but the last entry is at {int(phy[-1])}")
+        times_ok = True
+        first = self.scan.record_at(int(phy[0])) if live[0] else None
+        if first is not None:
+            first_ts = int(first.store_ts[0])
+            if begin_ts != first_ts:
+                self._head(v, 0, f"but entry 1's message was stored at {first_ts}")
+                times_ok = False
+        final = self.scan.record_at(int(phy[-1])) if live[-1] else None
+        if final is not None and end_ts != int(final.store_ts[0]):
+            self._head(v, 1, f"but the last entry's message was stored at {int(final.store_ts[0])}")
+        return times_ok
+
+
+@dataclasses.dataclass
+class _File:
+    """One IndexFile as :meth:`IndexChecker.check_index_file` reads it: the header's six
+    fields, the slots and entries (as the snapshot had them, for a file a writer fills), the
+    entry count the checks go by, and whether the file is moving under the scan."""
+
+    f: IndexFile
+    header: tuple[int, int, int, int, int, int]
+    slots: I64
+    entries: npt.NDArray[np.void]
+    count: int
+    moving: bool
+    entries_at: int
+
+    @property
+    def begin_ts(self) -> int:
+        return self.header[0]
+
+    @property
+    def begin_phy(self) -> int:
+        return self.header[2]
+
+    def entry_at(self, number: int) -> int:
+        return self.entries_at + INDEX_ENTRY_SIZE * number

@@ -198,6 +198,43 @@ def parse(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
 
     ``streaming`` None (the schema, asked before Spark says which kind of read it is) skips
     the checks of options that belong to one kind only."""
+    path, topics = _path_and_topics(options)
+    _check_kind(options, streaming)
+    starting = _starting(options, topics, bool(streaming))
+    ending = OffsetSpec("latest")
+    text = _get(options, "endingOffsets")
+    if text is not None:
+        ending = parse_option("endingOffsets", text, topics, allow_earliest=False)
+    max_per_trigger, min_per_trigger, delay = _trigger_limits(options)
+    fail_text = _get(options, "failOnDataLoss")
+    fmt_text = _get(options, "bodyFormat")
+    key, start_ts, end_ts = _key_read(options)
+    config = _config(options)
+    sub = _get(options, "subExpression")
+    return ReadOptions(
+        path=path,
+        topics=topics,
+        streaming=streaming,
+        starting=starting,
+        ending=ending,
+        max_per_trigger=max_per_trigger,
+        min_per_trigger=min_per_trigger,
+        max_trigger_delay_ms=delay,
+        min_partitions=_positive(options, "minPartitions"),
+        sub_expression="*" if sub is None else sub,
+        fail_on_data_loss=True if fail_text is None else parse_bool("failOnDataLoss", fail_text),
+        body_format=None if fmt_text is None else check_format(fmt_text, "bodyFormat"),
+        key=None if key is None else key.strip(),
+        start_timestamp=start_ts,
+        end_timestamp=end_ts,
+        config=config,
+        optional_columns=_optional_columns(options),
+    )
+
+
+def _path_and_topics(options: Mapping[str, str]) -> tuple[str, tuple[str, ...]]:
+    """Options path (a readable store root or store directory) and topic (each one the root
+    knows)."""
     path = _get(options, "path")
     if not path:
         raise ConfigError(
@@ -220,25 +257,28 @@ def parse(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
             f"option topic: {', '.join(map(repr, unknown))} not found in {path}; topics there: "
             f"{', '.join(sorted(topics_in_root)) or '(none)'}"
         )
+    return path, topics
 
+
+def _check_kind(options: Mapping[str, str], streaming: bool | None) -> None:
+    """Refuse an option of batch reads in a streaming query, and the other way round."""
     kind = "a streaming query" if streaming else "a batch read"
     for name in () if streaming is None else BATCH_ONLY if streaming else STREAM_ONLY:
         if _get(options, name) is not None:
             where = "batch reads (spark.read)" if streaming else "streaming queries"
             raise ConfigError(f"option {name} is only for {where}, not for {kind}")
 
-    starting = _starting(options, topics, bool(streaming))
-    ending = OffsetSpec("latest")
-    text = _get(options, "endingOffsets")
-    if text is not None:
-        ending = parse_option("endingOffsets", text, topics, allow_earliest=False)
 
-    def positive(name: str) -> int | None:
-        raw = _get(options, name)
-        return None if raw is None else parse_count(raw, f"option {name}")
+def _positive(options: Mapping[str, str], name: str) -> int | None:
+    raw = _get(options, name)
+    return None if raw is None else parse_count(raw, f"option {name}")
 
-    max_per_trigger = positive("maxMessagesPerTrigger")
-    min_per_trigger = positive("minMessagesPerTrigger")
+
+def _trigger_limits(options: Mapping[str, str]) -> tuple[int | None, int | None, int]:
+    """maxMessagesPerTrigger, minMessagesPerTrigger (not above the max) and maxTriggerDelay
+    in ms."""
+    max_per_trigger = _positive(options, "maxMessagesPerTrigger")
+    min_per_trigger = _positive(options, "minMessagesPerTrigger")
     if (
         max_per_trigger is not None
         and min_per_trigger is not None
@@ -254,9 +294,12 @@ def parse(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
         if delay_text is None
         else parse_duration_ms("maxTriggerDelay", delay_text)
     )
+    return max_per_trigger, min_per_trigger, delay
 
-    fail_text = _get(options, "failOnDataLoss")
-    fmt_text = _get(options, "bodyFormat")
+
+def _key_read(options: Mapping[str, str]) -> tuple[str | None, int, int]:
+    """A key read's key (as given) and its store-time bounds, startTimestamp and
+    endTimestamp; a key read takes no starting or ending offsets."""
     key = _get(options, "key")
     start_ts_text = _get(options, "startTimestamp")
     end_ts_text = _get(options, "endTimestamp")
@@ -284,7 +327,12 @@ def parse(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
             f"option startTimestamp={start_ts} is after endTimestamp={end_ts}; expected "
             "startTimestamp <= endTimestamp"
         )
+    return key, start_ts, end_ts
 
+
+def _config(options: Mapping[str, str]) -> StoreConfig:
+    """The store settings of option config, or every tool's (conf/store.toml, else the
+    built-ins) without it; resolved here, on the driver."""
     config_text = _get(options, "config")
     if config_text is not None and not Path(config_text).is_file():
         raise ConfigError(
@@ -292,32 +340,9 @@ def parse(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
             "file (.toml or broker.conf)"
         )
     try:
-        # The same settings as every tool's (conf/store.toml, else the built-ins) unless the
-        # option names a file; resolved here, on the driver.
-        config = StoreConfig.effective(config_text)
+        return StoreConfig.effective(config_text)
     except StoreError as exc:
         raise ConfigError(f"option config={config_text!r}: {exc}") from None
-
-    sub = _get(options, "subExpression")
-    return ReadOptions(
-        path=path,
-        topics=topics,
-        streaming=streaming,
-        starting=starting,
-        ending=ending,
-        max_per_trigger=max_per_trigger,
-        min_per_trigger=min_per_trigger,
-        max_trigger_delay_ms=delay,
-        min_partitions=positive("minPartitions"),
-        sub_expression="*" if sub is None else sub,
-        fail_on_data_loss=True if fail_text is None else parse_bool("failOnDataLoss", fail_text),
-        body_format=None if fmt_text is None else check_format(fmt_text, "bodyFormat"),
-        key=None if key is None else key.strip(),
-        start_timestamp=start_ts,
-        end_timestamp=end_ts,
-        config=config,
-        optional_columns=_optional_columns(options),
-    )
 
 
 def _optional_columns(options: Mapping[str, str]) -> frozenset[str]:

@@ -18,7 +18,9 @@ import pytest
 from manyqueues import build
 
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.retention import CleanReport, RetentionPolicy, RetentionService
+from rocketstore.pipeline.retention import RetentionService
+from rocketstore.pipeline.retention_policy import RetentionPolicy
+from rocketstore.pipeline.retention_report import CleanReport
 from rocketstore.pipeline.store import MessageStore
 
 CONFIG = StoreConfig(
