@@ -44,7 +44,7 @@ import pyarrow as pa
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
-from rocketstore.pipeline.retention_policy import HOUR_MS
+from rocketstore.pipeline.retentionpolicy import HOUR_MS
 from rocketstore.pipeline.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify_read_only

@@ -344,7 +344,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
     :mod:`rocketstore.pipeline.unclean`."""
     from rocketstore.pipeline import unclean
     from rocketstore.pipeline.retention import RetentionService
-    from rocketstore.pipeline.retention_report import CleanPlan
+    from rocketstore.pipeline.retentionreport import CleanPlan
 
     config = StoreConfig.effective(args.config)
     report: CleanPlan

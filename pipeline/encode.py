@@ -1,7 +1,7 @@
 """Batch preparation: an Arrow batch of messages -> validated columns -> the native encoder.
 
 :func:`prepare` validates a whole batch before anything is written (all or nothing, whole-column
-checks with numpy and Arrow, one function per column in :mod:`rocketstore.pipeline.encode_columns`)
+checks with numpy and Arrow, one function per column in :mod:`rocketstore.pipeline.batchcolumns`)
 and hands the columns to :class:`rocketstore.pipeline.native.EncodeBatch`,
 which derives every per-message value the CommitLog, ConsumeQueue and IndexFile need (PROPERTIES
 lengths, record sizes, tag hashes, index key hashes) and later writes the records straight into
@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from rocketstore.pipeline import encode_columns, native
+from rocketstore.pipeline import batchcolumns, native
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.message import Message, messages_to_table
 
@@ -151,16 +151,16 @@ def prepare(
 
     Raises :class:`InvalidMessageError` (or :class:`MessageTooLargeError`) naming the column,
     the reason, how many rows fail and the first of them. The columns are checked in the order
-    below (:mod:`rocketstore.pipeline.encode_columns`), so the first bad one is reported.
+    below (:mod:`rocketstore.pipeline.batchcolumns`), so the first bad one is reported.
     """
     table = to_table(data)
-    encode_columns.check_names(table)
+    batchcolumns.check_names(table)
     n = table.num_rows
-    topics, topic_codes = encode_columns.topic_column(table)
-    bodies = encode_columns.body_column(table, config.max_message_size)
-    numbers = encode_columns.number_columns(table, n)
-    hosts = encode_columns.host_columns(table, store_host, n, numbers.sys_in)
-    strings = encode_columns.string_columns(table, n, lambda k: uniq.generate(k, now_ms))
+    topics, topic_codes = batchcolumns.topic_column(table)
+    bodies = batchcolumns.body_column(table, config.max_message_size)
+    numbers = batchcolumns.number_columns(table, n)
+    hosts = batchcolumns.host_columns(table, store_host, n, numbers.sys_in)
+    strings = batchcolumns.string_columns(table, n, lambda k: uniq.generate(k, now_ms))
     # The encoder and the index keys read the same columns: handed over once, for both.
     topic_table = native.table_of([t.encode("utf-8") for t in topics])
     keys_arg, uniq_arg = native.strings(strings.keys), native.strings(strings.uniq_keys)
@@ -185,7 +185,7 @@ def prepare(
         uniq=uniq_arg,
         user_props=None if strings.user_part is None else native.strings(strings.user_part),
     )
-    sizes = encode_columns.record_sizes(encoder, n, config.mapped_file_size_commitlog)
+    sizes = batchcolumns.record_sizes(encoder, n, config.mapped_file_size_commitlog)
     tags_codes = np.empty(n, dtype=np.int64)
     encoder.tags_codes(tags_codes)
     key_rows, key_hashes = index_keys(topic_table, topic_codes, uniq_arg, keys_arg, hosts.sys_flags)

@@ -4,7 +4,7 @@
 Names follow RocketMQ 5's metrics where one exists (``rocketmq_messages_in_total``,
 ``rocketmq_throughput_in_total``, ``rocketmq_consumer_lag_messages``,
 ``rocketmq_consumer_lag_latency``, in its units: messages, bytes, milliseconds), and are
-``rocketstore_*`` otherwise; :data:`rocketstore.pipeline.metric_families.FAMILIES` lists every
+``rocketstore_*`` otherwise; :data:`rocketstore.pipeline.metricfamilies.FAMILIES` lists every
 family with its help text, and docs/monitoring.md describes them. Labels: ``broker`` (the broker directory's name),
 ``topic``, ``queue_id``, ``consumer_group`` for RocketMQ consumer groups
 (``config/consumerOffset.json``) and ``query`` for Spark queries (a checkpoint directory).
@@ -46,7 +46,7 @@ from rocketstore.pipeline.lag import (
     group_lag,
     read_committed_offsets,
 )
-from rocketstore.pipeline.metric_families import Families
+from rocketstore.pipeline.metricfamilies import Families
 from rocketstore.pipeline.root import StoreRoot
 from rocketstore.pipeline.storestats import BrokerStats, StoreStats
 

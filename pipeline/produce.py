@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from rocketstore.pipeline import encode_columns, record
+from rocketstore.pipeline import batchcolumns, record
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import InvalidMessageError, ProgressNotRecordedError, StoreError
 from rocketstore.pipeline.message import Message
@@ -153,7 +153,7 @@ def parse_line(raw: bytes, max_body: int = StoreConfig.max_message_size) -> Mess
     if obj.get("topic") is None:
         raise Refused("field 'topic' is missing")
     topic = _text(obj["topic"], "topic")
-    problem = encode_columns.topic_problem(topic)
+    problem = batchcolumns.topic_problem(topic)
     if problem:
         raise Refused(f"field 'topic' ({topic!r}) {problem}")
     body = _body(obj, max_body)

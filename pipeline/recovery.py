@@ -26,7 +26,7 @@ Every open runs it; a writable open repairs, a read-only open only finds the end
 
 The :class:`RecoveryReport` says what was done. :func:`recover` runs these as stages, one
 method each; reading the CommitLog for steps 1 and 2 (the start points, the walk to the end,
-valid records past it) is :mod:`rocketstore.pipeline.recovery_log`'s, checking the derived files
+valid records past it) is :mod:`rocketstore.pipeline.recoverylog`'s, checking the derived files
 against the log is this module's. Runs during open, before any put; not thread-safe.
 """
 
@@ -47,7 +47,7 @@ from rocketstore.pipeline.errors import CorruptRecordError, DamagedLogError, Off
 from rocketstore.pipeline.indexservice import IndexService
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.progress import FlushProgress
-from rocketstore.pipeline.recovery_log import (
+from rocketstore.pipeline.recoverylog import (
     checkpoint_start,
     find_end,
     record_end,
@@ -316,7 +316,7 @@ def recover(files: RecoveryFiles, options: RecoveryOptions) -> RecoveryReport:
     """Recover (see the module), stage by stage; the report says what each stage did.
 
     Raises :class:`DamagedLogError`, having changed nothing, when valid records follow the end
-    it found: cutting there would drop them (rocketstore.pipeline.recovery_log.resumes_after);
+    it found: cutting there would drop them (rocketstore.pipeline.recoverylog.resumes_after);
     with ``cut_at_damage`` it cuts all the same (the report's ``damageResumesAt`` says where
     valid records resumed). ``sync_truncated`` runs before anything is dispatched again."""
     started = time.perf_counter()

@@ -3,8 +3,8 @@
 RocketMQ runs three cleaners every ``cleanResourceInterval`` (10 s): ``CleanCommitLogService``,
 ``CleanConsumeQueueService`` and ``IndexService.deleteExpiredFile``. :class:`RetentionService`
 is the three of them as one call, :meth:`RetentionService.run`, for the store to schedule.
-The thresholds, triggers and reasons it goes by are :mod:`rocketstore.pipeline.retention_policy`'s
-(:class:`RetentionPolicy`), what a round reports :mod:`rocketstore.pipeline.retention_report`'s.
+The thresholds, triggers and reasons it goes by are :mod:`rocketstore.pipeline.retentionpolicy`'s
+(:class:`RetentionPolicy`), what a round reports :mod:`rocketstore.pipeline.retentionreport`'s.
 
 What is deleted
 ---------------
@@ -21,7 +21,7 @@ Expired segments are deleted when one of these holds, RocketMQ's three triggers:
 * the disk holding the store is more than ``diskMaxUsedSpaceRatio`` full, at any hour, reason
   ``"disk-pressure"``.
 
-Above :data:`~rocketstore.pipeline.retention_policy.CLEAN_FORCIBLY_RATIO` (85 %, RocketMQ's
+Above :data:`~rocketstore.pipeline.retentionpolicy.CLEAN_FORCIBLY_RATIO` (85 %, RocketMQ's
 ``diskSpaceCleanForciblyRatio``) segments go even if they have not expired, reason ``"forced"``,
 oldest first, until the disk is back at or below that ratio or only the last segment is left.
 (RocketMQ only cleans forcibly when another trigger is on too; with ``diskMaxUsedSpaceRatio`` at
@@ -52,7 +52,7 @@ Disk full
 ---------
 
 Every :meth:`~RetentionService.run` and :meth:`~RetentionService.refresh` measures the disk.
-Above :data:`~rocketstore.pipeline.retention_policy.WARNING_LEVEL_RATIO` (90 %, RocketMQ's
+Above :data:`~rocketstore.pipeline.retentionpolicy.WARNING_LEVEL_RATIO` (90 %, RocketMQ's
 ``diskSpaceWarningLevelRatio``) the store is marked full, and it stays so until a measurement at
 or below 85 % (RocketMQ's hysteresis: between 85 and 90 % the mark does not change). While
 marked, the put path must refuse puts: :meth:`~RetentionService.check_put` raises
@@ -67,7 +67,7 @@ Never on the put path. The store is expected to:
 
 * call :meth:`~RetentionService.check_put` first thing in a put, before encoding or writing;
 * call :meth:`~RetentionService.run` from a background thread every
-  :data:`~rocketstore.pipeline.retention_policy.RUN_INTERVAL_MS` or so, holding its writer lock;
+  :data:`~rocketstore.pipeline.retentionpolicy.RUN_INTERVAL_MS` or so, holding its writer lock;
 * for ``rocketstore clean``, call :meth:`~RetentionService.run` with ``force_expired=True``
   (and ``max_files`` to lift the per-call limit), or :meth:`~RetentionService.plan` with the
   same arguments for ``--dry-run``.
@@ -112,7 +112,7 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import DiskFullError, ReadOnlyStoreError, StoreClosedError
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.mappedfile import MappedFile
-from rocketstore.pipeline.retention_policy import (
+from rocketstore.pipeline.retentionpolicy import (
     KIND_COMMITLOG,
     KIND_CONSUMEQUEUE,
     KIND_INDEX,
@@ -128,7 +128,7 @@ from rocketstore.pipeline.retention_policy import (
     statvfs_total_bytes,
     statvfs_used_ratio,
 )
-from rocketstore.pipeline.retention_report import (
+from rocketstore.pipeline.retentionreport import (
     CleanPlan,
     CleanReport,
     FileDeletion,

@@ -56,7 +56,7 @@ from rocketstore.pipeline import (
     failpoints,
     fencing,
     record,
-    shared_open,
+    sharedopen,
     storedir,
     storehost,
 )
@@ -87,10 +87,10 @@ from rocketstore.pipeline.recovery import (
 )
 from rocketstore.pipeline.results import BatchPutResult, PutResult
 from rocketstore.pipeline.retention import RetentionService
-from rocketstore.pipeline.retention_policy import RUN_INTERVAL_MS, statvfs_used_ratio
-from rocketstore.pipeline.retention_report import CleanReport
-from rocketstore.pipeline.shared_open import PublishedView
-from rocketstore.pipeline.store_files import open_files
+from rocketstore.pipeline.retentionpolicy import RUN_INTERVAL_MS, statvfs_used_ratio
+from rocketstore.pipeline.retentionreport import CleanReport
+from rocketstore.pipeline.sharedopen import PublishedView
+from rocketstore.pipeline.storefiles import open_files
 
 _log = logging.getLogger(__name__)
 
@@ -165,14 +165,14 @@ class MessageStore(StoreReads):
     # -- opening ----------------------------------------------------------------------------
     def _open(self) -> None:
         """Open the files, recover them and get ready to write: the plain open, with the steps
-        shared storage adds around it (rocketstore.pipeline.shared_open)."""
+        shared storage adds around it (rocketstore.pipeline.sharedopen)."""
         self.abort_file_found = (self.path / "abort").exists()
         if self._lock is not None:  # a writer
             for sub in ("commitlog", "consumequeue", "index", "config"):
                 durability.make_dirs(self.path / sub)
             self._lock.mark_open()  # abort, and what keeps a broker off meanwhile
             storedir.write_in_place(self.path)
-        sharing = shared_open.before_files(
+        sharing = sharedopen.before_files(
             self.path, self.config, read_only=self.read_only, abort_found=self.abort_file_found
         )
         self.shared = sharing.shared
@@ -281,7 +281,7 @@ class MessageStore(StoreReads):
             raise
 
     def _recover(self, *, taking_over: bool) -> RecoveryReport:
-        dead, suspect = shared_open.dead_regions(self.path, full_check=self.full_check)
+        dead, suspect = sharedopen.dead_regions(self.path, full_check=self.full_check)
         files = RecoveryFiles(
             log=self.commitlog,
             queues=self.queues,

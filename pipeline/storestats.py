@@ -55,7 +55,7 @@ from rocketstore.pipeline.errors import StoreError
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE, PRE_BLANK_SIZE, UNIT
 from rocketstore.pipeline.lock import is_locked_elsewhere
 from rocketstore.pipeline.progress import FlushProgress
-from rocketstore.pipeline.retention_policy import statvfs_used_ratio
+from rocketstore.pipeline.retentionpolicy import statvfs_used_ratio
 from rocketstore.pipeline.store import MessageStore
 
 QueueId = tuple[str, int]  # (topic, queueId) within one broker

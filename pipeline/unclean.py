@@ -37,12 +37,12 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import FencedError, StoreLockedError
 from rocketstore.pipeline.lock import DirectoryLock
 from rocketstore.pipeline.retention import RetentionService
-from rocketstore.pipeline.retention_policy import (
+from rocketstore.pipeline.retentionpolicy import (
     KIND_COMMITLOG,
     statvfs_total_bytes,
     statvfs_used_ratio,
 )
-from rocketstore.pipeline.retention_report import CleanReport
+from rocketstore.pipeline.retentionreport import CleanReport
 from rocketstore.pipeline.store import MessageStore
 
 

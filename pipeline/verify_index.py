@@ -241,8 +241,12 @@ class IndexChecker:
                 "index-header", f.path, 0, f"file is {len(mm)} bytes, not as configured"
             )
             return 0
-        header: tuple[int, int, int, int, int, int] = INDEX_HEADER.unpack_from(bytes(mm[:INDEX_HEADER_SIZE]), 0)
-        slots = np.frombuffer(mm, dtype=">i4", count=slot_num, offset=INDEX_HEADER_SIZE).astype(np.int64)
+        header: tuple[int, int, int, int, int, int] = INDEX_HEADER.unpack_from(
+            bytes(mm[:INDEX_HEADER_SIZE]), 0
+        )
+        slots = np.frombuffer(mm, dtype=">i4", count=slot_num, offset=INDEX_HEADER_SIZE).astype(
+            np.int64
+        )
         entries = np.frombuffer(mm, dtype=INDEX_ENTRY_DTYPE, count=index_num, offset=entries_at)
         raw_count = header[5]
         count = min(max(raw_count, 1), index_num)

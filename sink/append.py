@@ -62,7 +62,7 @@ import pyarrow as pa
 from rocketstore.pipeline import encode, storehost
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import StoreError, StoreLockedError
-from rocketstore.pipeline.retention_policy import RUN_INTERVAL_MS
+from rocketstore.pipeline.retentionpolicy import RUN_INTERVAL_MS
 from rocketstore.pipeline.store import MessageStore
 
 UNIQ_BYTES = 16

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from rocketstore.pipeline import bodyformat, encode_columns
+from rocketstore.pipeline import batchcolumns, bodyformat
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import ConfigError
 from rocketstore.pipeline.root import DEFAULT_QUEUES, StoreRoot, TopicMeta
@@ -74,7 +74,7 @@ class SinkSettings:
             raise ConfigError(f"{exc}; sink options: {', '.join(sorted(SINK_OPTIONS))}") from None
         topic = sink_values.get("topic")
         if topic is not None:
-            problem = encode_columns.topic_problem(str(topic))
+            problem = batchcolumns.topic_problem(str(topic))
             if problem:
                 raise ConfigError(f"option topic={topic!r}: {problem}")
         return cls(

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from promkit import PROMTOOL, SKIP_REASON
 
-from rocketstore.pipeline.metric_families import FAMILIES
+from rocketstore.pipeline.metricfamilies import FAMILIES
 
 CONF = Path(__file__).resolve().parent.parent / "conf" / "prometheus"
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason=SKIP_REASON)

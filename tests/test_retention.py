@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from rocketstore.pipeline import retention_policy, retention_report
+from rocketstore.pipeline import retentionpolicy, retentionreport
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import DiskFullError, ReadOnlyStoreError, StoreError
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.retention import RetentionService
-from rocketstore.pipeline.retention_policy import RetentionPolicy
+from rocketstore.pipeline.retentionpolicy import RetentionPolicy
 from rocketstore.pipeline.store import MessageStore
 
 CFG = StoreConfig(
@@ -161,7 +161,7 @@ def service(
     return svc, disk
 
 
-def run(svc: RetentionService, now: int, **kw: object) -> retention_report.CleanReport:
+def run(svc: RetentionService, now: int, **kw: object) -> retentionreport.CleanReport:
     with svc.store.writer_lock():
         return svc.run(now, **kw)  # type: ignore[arg-type]
 
@@ -179,13 +179,13 @@ def test_policy_from_config() -> None:
     with pytest.raises(StoreError):
         RetentionPolicy(max_files_per_run=0)
     with pytest.raises(StoreError):
-        retention_policy.parse_delete_when("4;25")
+        retentionpolicy.parse_delete_when("4;25")
 
 
 def test_statvfs_defaults_measure_the_real_disk(tmp_path: Path) -> None:
-    ratio = retention_policy.statvfs_used_ratio(tmp_path)
+    ratio = retentionpolicy.statvfs_used_ratio(tmp_path)
     assert 0.0 <= ratio <= 1.0
-    assert retention_policy.statvfs_total_bytes(tmp_path) > 0
+    assert retentionpolicy.statvfs_total_bytes(tmp_path) > 0
 
 
 # -- expiry and the deleteWhen hours ----------------------------------------------------------
@@ -199,7 +199,7 @@ def test_expired_segments_go_only_at_delete_when_hours(make_store) -> None:
 
     report = run(svc, AT_10)
     assert report.files == [] and segment_names(store) == names
-    assert retention_policy.TRIGGER_DELETE_WHEN not in report.triggers
+    assert retentionpolicy.TRIGGER_DELETE_WHEN not in report.triggers
 
     report = run(svc, AT_04)
     cl = report.deleted("commitlog")
@@ -210,7 +210,7 @@ def test_expired_segments_go_only_at_delete_when_hours(make_store) -> None:
     assert store.commitlog.min_offset == int(names[5])
     assert report.commitlog_min_offset_before == 0
     assert report.commitlog_min_offset_after == int(names[5])
-    assert report.triggers == [retention_policy.TRIGGER_DELETE_WHEN]
+    assert report.triggers == [retentionpolicy.TRIGGER_DELETE_WHEN]
     assert report.complete
     # Nothing else is due: a second run at the same hour deletes nothing.
     assert run(svc, AT_04 + 60_000).files == []
@@ -231,7 +231,7 @@ def test_second_delete_when_hour_and_manual_clean(make_store) -> None:
     report = run(svc2, AT_10, force_expired=True)
     assert [f.path.name for f in report.deleted("commitlog")] == names2[:3]
     assert {f.reason for f in report.deleted("commitlog")} == {"expired"}
-    assert report.triggers == [retention_policy.TRIGGER_MANUAL]
+    assert report.triggers == [retentionpolicy.TRIGGER_MANUAL]
 
 
 def test_expiry_boundary_is_rocketmqs(make_store) -> None:
@@ -294,7 +294,7 @@ def test_expired_segments_go_at_any_hour_under_disk_pressure(make_store) -> None
     assert run(svc, AT_10).files == []
     disk.set_ratio(0.80)  # above diskMaxUsedSpaceRatio (75 %), below the forcible 85 %
     report = run(svc, AT_10)
-    assert report.triggers == [retention_policy.TRIGGER_DISK_RATIO]
+    assert report.triggers == [retentionpolicy.TRIGGER_DISK_RATIO]
     cl = report.deleted("commitlog")
     assert [f.path.name for f in cl] == names[:3]  # the fresh ones stay
     assert {f.reason for f in cl} == {"disk-pressure"}
@@ -308,7 +308,7 @@ def test_forced_deletion_above_85_percent_oldest_first_until_under(make_store) -
     disk.set_ratio(0.86)
     # Each full 64 KiB segment is 0.625 % of the 10 MiB disk: two bring 86 % to <= 85 %.
     report = run(svc, AT_10)
-    assert retention_policy.TRIGGER_FORCIBLY in report.triggers
+    assert retentionpolicy.TRIGGER_FORCIBLY in report.triggers
     cl = report.deleted("commitlog")
     assert [f.path.name for f in cl] == names[:2]
     assert {f.reason for f in cl} == {"forced"}
@@ -835,7 +835,7 @@ def test_runs_from_a_background_thread_while_puts_go_on(make_store) -> None:
     disk.other = int(0.80 * disk.capacity)
     stop = threading.Event()
     errors: list[BaseException] = []
-    deleted: list[retention_report.FileDeletion] = []
+    deleted: list[retentionreport.FileDeletion] = []
     rounds = threading.Condition()
     finished = [0]  # retention runs completed so far
 

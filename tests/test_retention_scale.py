@@ -19,8 +19,8 @@ from manyqueues import build
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.retention import RetentionService
-from rocketstore.pipeline.retention_policy import RetentionPolicy
-from rocketstore.pipeline.retention_report import CleanReport
+from rocketstore.pipeline.retentionpolicy import RetentionPolicy
+from rocketstore.pipeline.retentionreport import CleanReport
 from rocketstore.pipeline.store import MessageStore
 
 CONFIG = StoreConfig(

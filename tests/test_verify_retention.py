@@ -19,7 +19,7 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import SegmentGoneError
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.retention import RetentionService
-from rocketstore.pipeline.retention_policy import RetentionPolicy
+from rocketstore.pipeline.retentionpolicy import RetentionPolicy
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify, verify_read_only
 

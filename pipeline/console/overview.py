@@ -24,7 +24,7 @@ import numpy.typing as npt
 from rocketstore.pipeline.console import rates
 from rocketstore.pipeline.console.views import HOUR_MS, Console, now_ms
 from rocketstore.pipeline.results import QueueEnds
-from rocketstore.pipeline.retention import statvfs_used_ratio
+from rocketstore.pipeline.retentionpolicy import statvfs_used_ratio
 from rocketstore.pipeline.root import TopicMeta
 from rocketstore.pipeline.store import MessageStore
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rocketstore.pipeline.encode_columns import TOPIC_PATTERN
+from rocketstore.pipeline.batchcolumns import TOPIC_PATTERN
 from rocketstore.pipeline.errors import NotFoundError, StoreError
 from rocketstore.pipeline.record import MAX_TOPIC_LENGTH
 

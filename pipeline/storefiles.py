@@ -47,7 +47,7 @@ def open_files(
     clock_ms: Callable[[], int],
 ) -> StoreFiles:
     """Open the files of the store at ``path``. ``shared`` and ``listing_wait`` are what the
-    shared-storage steps found (rocketstore.pipeline.shared_open.Sharing)."""
+    shared-storage steps found (rocketstore.pipeline.sharedopen.Sharing)."""
     mappings.raise_descriptor_limit()
     cache = MappingCache(cfg.max_mapped_files)
     # Where reading a hole through a mapping allocates (tmpfs), files get every block when
