@@ -1,5 +1,6 @@
 """The store across two hosts: a writer through one mount of a replicated GlusterFS volume,
-readers and a second writer through the other (tests/kit/gluster.py; rocketstore.pipeline.visibility).
+readers and a second writer through the other (tests/kit/gluster.py;
+rocketstore.pipeline.visibility).
 
 * Readers on the other mount (read-only re-opens, the source's planner and its partition
   reads) never see damage while 100,000 messages go in, and see every message right.

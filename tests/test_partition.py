@@ -154,8 +154,12 @@ def cli_config(c: NetCluster) -> list[str]:
     settings = c.work / "store.toml"
     if not settings.exists():
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        subprocess.run([sys.executable, "-m", "tests.procs.partition_host", "config", str(settings)],
-                       cwd=ROOT, env=env, check=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "tests.procs.partition_host", "config", str(settings)],
+            cwd=ROOT,
+            env=env,
+            check=True,
+        )
     return ["--config", str(settings)]
 
 
