@@ -15,8 +15,8 @@ The run, over ``minutes`` (default 4), in fractions of it:
   (tests/java/CommitConsume.java) reads and commits up to 30 per queue every 15 s, except from
   0.30 to 0.60.
 
-The exporter and Prometheus are the tests' (tests/promkit.py), the stock servers too
-(tests/stockrocketmq.py). Nothing here is timed: the figures are whatever the run produced.
+The exporter and Prometheus are the tests' (tests/kit/promkit.py), the stock servers too
+(tests/kit/stockrocketmq.py). Nothing here is timed: the figures are whatever the run produced.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class StockGroup:
     stepped by :meth:`tick` (each call runs the stock client programs once: a few seconds)."""
 
     def __init__(self, cluster: Any, classes: Path, root: Path) -> None:
-        from tests.stockrocketmq import BROKER_PORT, NAMESRV_PORT
+        from tests.kit.stockrocketmq import BROKER_PORT, NAMESRV_PORT
 
         self.cluster, self.classes = cluster, classes
         self.broker = cluster.broker(root / "broker-2", BROKER_PORT)
@@ -104,7 +104,7 @@ class StockGroup:
         self.next_consume = 0.0
 
     def tick(self, now: float, fraction: float) -> None:
-        from tests.stockrocketmq import NAMESRV_PORT, check_sent
+        from tests.kit.stockrocketmq import NAMESRV_PORT, check_sent
 
         if now >= self.next_produce:
             self.next_produce = now + 10
@@ -119,7 +119,7 @@ class StockGroup:
 
 @contextlib.contextmanager
 def _stock(work: Path, root: Path) -> Iterator[StockGroup | None]:
-    from tests.stockrocketmq import (
+    from tests.kit.stockrocketmq import (
         StockCluster,
         build_java,
         javac_unavailable,
@@ -167,7 +167,7 @@ def run(minutes: float, work: Path) -> dict[str, Any]:
     from bench.session import local_session
     from rocketstore.pipeline.config import StoreConfig
     from rocketstore.pipeline.root import StoreRoot, TopicMeta
-    from tests.promkit import Exporter, Prometheus, Writer
+    from tests.kit.promkit import Exporter, Prometheus, Writer
 
     seconds = minutes * 60
     root = work / "root"

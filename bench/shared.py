@@ -1,7 +1,7 @@
 """The ``shared`` part: the store on a replicated GlusterFS volume, against the local disk.
 
 Two FUSE mounts of one volume stand for two hosts (each has its own client cache). The volume
-is made by :mod:`tests.gluster` (replica 3, bricks on 127.0.0.2 under the work directory) and
+is made by :mod:`tests.kit.gluster` (replica 3, bricks on 127.0.0.2 under the work directory) and
 torn down at the end; the part is skipped, with the reason, where that is not possible (not
 root, no FUSE, no GlusterFS packages).
 
@@ -239,7 +239,7 @@ def spark_figures(vol: Any, options: Options, rows: int) -> list[dict[str, float
 
 
 def run(options: Options) -> PartResult:
-    from tests.gluster import GlusterUnavailable, volume
+    from tests.kit.gluster import GlusterUnavailable, volume
 
     sizes = QUICK if options.quick else FULL
     load_start = os.getloadavg()

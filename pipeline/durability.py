@@ -4,7 +4,7 @@ of a directory, and the directory operations that need one.
 The store never calls ``mmap.flush``, ``os.fsync``, ``os.fdatasync`` or ``syncfs`` itself, nor
 renames or deletes a store file itself: it calls :func:`msync`, :func:`fsync`,
 :func:`fsync_dir`, :func:`syncfs`, :func:`replace`, :func:`place_new` and :func:`remove` here
-(or :func:`write_file`, built on them), looked up on this module at call time. A test replaces those names with a recorder (``tests/powercut.py``)
+(or :func:`write_file`, built on them), looked up on this module at call time. A test replaces those names with a recorder (``tests/kit/powercut.py``)
 that remembers what each barrier made durable and can then simulate a power cut; in production
 they are these plain functions, so the indirection costs one attribute look-up per barrier and
 nothing per write.

@@ -10,7 +10,11 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from rocketstore.pipeline.config import StoreConfig
+# The kit's checks assert as the tests do: pytest explains their failures too, once it knows
+# them before they are first imported.
+pytest.register_assert_rewrite("tests.kit")
+
+from tests.kit import ROOT, fixtures  # noqa: E402
 
 
 class _OneImportName:
@@ -41,42 +45,13 @@ os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 settings.register_profile("rocketstore", deadline=None)
 settings.load_profile("rocketstore")
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "rocketmq-4.9.4"
-
-# The geometry the fixture stores were written with (their README).
-FIXTURE_CONFIG = StoreConfig(
-    mapped_file_size_commitlog=1_048_576,
-    mapped_file_size_consume_queue=6000,
-    max_hash_slot_num=1000,
-    max_index_num=4000,
-)
-SMALL_CONFIG = FIXTURE_CONFIG
-
-
-_running: list[pytest.Item] = []
-
 
 @pytest.fixture(autouse=True)
 def _current_test(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Lets :func:`fixture_dir` see which test asks for a fixture store."""
-    _running.append(request.node)
+    """Lets :func:`tests.kit.fixtures.fixture_dir` see which test asks for a fixture store."""
+    fixtures.running.append(request.node)
     yield
-    _running.pop()
-
-
-def fixture_dir(name: str) -> Path:
-    # `-m "not fixtures"` must leave out every test that reads ../shared; a test that forgets
-    # the marker fails here rather than slipping through.
-    if _running and _running[-1].get_closest_marker("fixtures") is None:
-        pytest.fail(f"{_running[-1].nodeid} reads the fixture store {name!r}: mark it fixtures")
-    path = FIXTURES / name
-    if not (path / "store").is_dir():
-        pytest.skip(
-            f"RocketMQ 4.9.4 fixture '{name}' not found at {path}: these tests need ../shared "
-            "beside the clone (as CI has it)"
-        )
-    return path
+    fixtures.running.pop()
 
 
 @pytest.fixture
@@ -84,7 +59,7 @@ def fixture_copy(tmp_path: Path):
     """Copy a fixture store to tmp_path (opening it writable may recover and write)."""
 
     def make(name: str) -> Path:
-        src = fixture_dir(name) / "store"
+        src = fixtures.fixture_dir(name) / "store"
         dst = tmp_path / name
         shutil.copytree(src, dst)
         for p in dst.rglob("*"):
@@ -143,12 +118,12 @@ def spark():
 
 @pytest.fixture(scope="session")
 def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One Spark Connect server for the whole run (see tests/connect_server.py), started by
+    """One Spark Connect server for the whole run (see tests/kit/connect_server.py), started by
     the first test that asks for it."""
     if shutil.which("java") is None:
         pytest.skip("needs Java 17 on PATH to run a Spark Connect server")
     pytest.importorskip("grpc", reason="the Spark Connect client needs pyspark[connect]")
-    from connect_server import ConnectServer
+    from tests.kit.connect_server import ConnectServer
 
     server = ConnectServer(tmp_path_factory.mktemp("connect-server"))
     try:
@@ -171,7 +146,7 @@ GLUSTER_SKIP = "[GlusterFS]"
 @pytest.fixture(scope="session")
 def gluster_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """glusterd for the session: started once if none runs, stopped at the end."""
-    from tests.gluster import daemon, unavailable
+    from tests.kit.gluster import daemon, unavailable
 
     why = unavailable()
     if why is not None:
@@ -183,8 +158,8 @@ def gluster_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 @pytest.fixture
 def gluster_volume(gluster_daemon: None, tmp_path: Path) -> Iterator[Any]:
     """A replica-3 GlusterFS volume mounted twice (``.a``, ``.b``: two hosts' views), torn
-    down after the test (tests/gluster.py). Skipped where the machine cannot make one."""
-    from tests.gluster import volume
+    down after the test (tests/kit/gluster.py). Skipped where the machine cannot make one."""
+    from tests.kit.gluster import volume
 
     with volume(tmp_path) as vol:
         yield vol
@@ -193,10 +168,10 @@ def gluster_volume(gluster_daemon: None, tmp_path: Path) -> Iterator[Any]:
 @pytest.fixture
 def netcluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """Hosts A, B and V with a network, mounting a replica-3 volume served from a namespace of
-    its own, torn down after the test (tests/netcluster.py). Parametrize it indirectly with a
-    dict of ``tests.netcluster.cluster`` keyword arguments for other hosts or timeouts.
+    its own, torn down after the test (tests/kit/netcluster.py). Parametrize it indirectly with a
+    dict of ``tests.kit.netcluster.cluster`` keyword arguments for other hosts or timeouts.
     Skipped where the machine cannot make one."""
-    from tests.netcluster import cluster, unavailable
+    from tests.kit.netcluster import cluster, unavailable
 
     why = unavailable()
     if why is not None:

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
-from conftest import fixture_dir
 
 from rocketstore.pipeline import cli, failpoints
 from rocketstore.pipeline.errors import InvalidMessageError
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.produce import READ_SIZE, InputLines, batches
 from rocketstore.pipeline.store import MessageStore
+from tests.kit.fixtures import fixture_dir
 
 SCRIPT = Path(sys.executable).parent / "rocketstore"
 FIXTURE_TOML = """\

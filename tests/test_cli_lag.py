@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SMALL_CONFIG
 
 from rocketstore.pipeline import cli, lag
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.store import MessageStore
+from tests.kit.fixtures import SMALL_CONFIG
 
 SMALL_TOML = """\
 mappedFileSizeCommitLog = 1048576

@@ -34,16 +34,15 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-import sparkproc
-from conftest import ROOT
-from sparkproc import free_port, spark_home, tail
-from test_jobs import committed_files
-from wheelbuild import project_wheel
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify
-from tests.gluster import unavailable as gluster_unavailable
+from tests.kit import PROCS, ROOT, sparkproc
+from tests.kit.gluster import unavailable as gluster_unavailable
+from tests.kit.jobfiles import committed_files
+from tests.kit.sparkproc import free_port, spark_home, tail
+from tests.kit.wheelbuild import project_wheel
 
 pytestmark = [
     pytest.mark.slow,
@@ -82,7 +81,7 @@ class Cluster:
     def __init__(self, base: Path, workers: int, host: Launcher | None = None) -> None:
         self.base = base
         # How a worker or a driver is started: here, or on a "host" of its own (a mount
-        # namespace, see tests/gluster.py). The master needs no storage and runs here.
+        # namespace, see tests/kit/gluster.py). The master needs no storage and runs here.
         self.host: Launcher = host or _here
         self.port = free_port()
         self.ui_port = free_port()
@@ -413,7 +412,7 @@ STREAM_FIRST_ID = 100_000
 
 
 def run_stream(cluster: Cluster, tmp_path: Path, shared: Path, view: Path, node: NodeEnv) -> None:
-    """A streaming sink and a streaming source at once (``tests/cluster_stream.py``: the ingest
+    """A streaming sink and a streaming source at once (``tests/procs/cluster_stream.py``: the ingest
     and export jobs' queries in one application), with one sink task failing after it stored
     its part and Spark retrying it on the other worker's host; every row exactly once."""
     incoming = tmp_path / "in-stream"
@@ -430,7 +429,7 @@ def run_stream(cluster: Cluster, tmp_path: Path, shared: Path, view: Path, node:
     fired, events, summary = tmp_path / "fired", tmp_path / "events", tmp_path / "stream.json"
     events.mkdir()
     done = cluster.submit(
-        ROOT / "tests" / "cluster_stream.py",
+        PROCS / "cluster_stream.py",
         str(shared / "store"), str(tmp_path / "store.toml"), str(incoming), str(shared),
         str(STREAM_ROWS), str(summary),
         node=node,

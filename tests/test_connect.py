@@ -1,7 +1,7 @@
 """The sink, the source and the jobs from a Spark Connect client, against one Spark Connect
 server on 127.0.0.1 for the whole run (the ``connect_url`` fixture).
 
-The client side runs in processes of its own (tests/connect_client.py and the jobs' command
+The client side runs in processes of its own (tests/procs/connect_client.py and the jobs' command
 lines); this process checks what landed, with the engine and the classic session.
 """
 
@@ -20,18 +20,19 @@ import pyarrow.parquet as pq
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
-from sinkutil import CONFIG, read_back, write_input
-from sourcekit import body_of, make_root, message_table, write
-from test_jobs import STORE_TOML, committed_files
-from test_sink_spark import check_stored
 
 from rocketstore.pipeline.root import StoreRoot
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify
+from tests.kit import PROCS
+from tests.kit.jobfiles import STORE_TOML, committed_files
+from tests.kit.sinkcheck import check_stored
+from tests.kit.sinkutil import CONFIG, read_back, write_input
+from tests.kit.sourcekit import body_of, make_root, message_table, write
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
-CLIENT = Path(__file__).resolve().parent / "connect_client.py"
+CLIENT = PROCS / "connect_client.py"
 TIMEOUT = 600
 
 
@@ -50,7 +51,7 @@ def run(args: list[str], env: dict[str, str] | None = None) -> subprocess.Comple
 
 
 def client(url: str, scenario: str, *args: Path | str) -> dict[str, Any]:
-    """Run a scenario of tests/connect_client.py; its JSON report."""
+    """Run a scenario of tests/procs/connect_client.py; its JSON report."""
     done = run([sys.executable, str(CLIENT), scenario, url, *map(str, args)])
     report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return report

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from consolekit import (
+from markupsafe import escape
+
+from tests.kit.consolekit import (
     HOSTILE_BODY,
     ORDER_SCHEMA,
     ORDERS_PER_QUEUE,
@@ -26,9 +28,7 @@ from consolekit import (
     make_root,
     order_messages,
     order_schema,
-    tree_digest,
 )
-from markupsafe import escape
 
 pytest.importorskip("starlette", reason="the console needs the 'console' extra")
 with warnings.catch_warnings():
@@ -45,6 +45,7 @@ from rocketstore.pipeline.console.views import Console
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.store import MessageStore
+from tests.kit.files import snapshot
 
 LOCAL = "http://127.0.0.1"
 
@@ -58,11 +59,11 @@ def store_root(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def client(store_root: tuple[Path, Path]) -> Iterator[TestClient]:
     """A client of a loopback console (no token); the root's bytes must not change."""
     root, checkpoint = store_root
-    before = tree_digest(root)
+    before = snapshot(root)
     app = create_app(Console(root, SMALL, (checkpoint,)))
     with TestClient(app, base_url=LOCAL) as c:
         yield c
-    assert tree_digest(root) == before, "the console changed the store"
+    assert snapshot(root) == before, "the console changed the store"
 
 
 def test_overview_counts_brokers_topics_and_draws_the_hour(client: TestClient) -> None:

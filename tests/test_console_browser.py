@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from consolekit import ConsoleProcess as Server
-from consolekit import append_orders, make_root
+
+from tests.kit.consolekit import ConsoleProcess as Server
+from tests.kit.consolekit import append_orders, make_root
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
 pytest.importorskip("starlette", reason="the console needs the 'console' extra")

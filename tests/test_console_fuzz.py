@@ -18,9 +18,10 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from consolekit import SMALL, make_root, tree_digest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.kit.consolekit import SMALL, make_root
 
 pytest.importorskip("starlette", reason="the console needs the 'console' extra")
 with warnings.catch_warnings():
@@ -32,6 +33,7 @@ import matplotlib
 from rocketstore.pipeline.console import app as console_app
 from rocketstore.pipeline.console.app import create_app
 from rocketstore.pipeline.console.views import Console
+from tests.kit.files import snapshot
 
 MARKER = "<script>fz</script>"
 TOKEN = "fuzz-token-0123456789abcdef"
@@ -121,9 +123,9 @@ sys.addaudithook(OPENED.hook)
 def fuzz_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
     base = tmp_path_factory.mktemp("console-fuzz")
     root, checkpoint = make_root(base)
-    before = tree_digest(root)
+    before = snapshot(root)
     yield root, checkpoint
-    assert tree_digest(root) == before, "the fuzzed console changed the store"
+    assert snapshot(root) == before, "the fuzzed console changed the store"
 
 
 def _allowed(root: Path, checkpoint: Path) -> list[str]:

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from manyqueues import QUICK, build
+
+from tests.kit.manyqueues import QUICK, build
 
 pytest.importorskip("starlette", reason="the console needs the 'console' extra")
 with warnings.catch_warnings():

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from consolekit import SMALL, lag_rows, make_root
 
 from rocketstore.pipeline import cli
+from tests.kit.consolekit import SMALL, lag_rows, make_root
 
 pytest.importorskip("starlette", reason="the console needs the 'console' extra")
 with warnings.catch_warnings():

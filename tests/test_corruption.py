@@ -24,7 +24,14 @@ import random
 from pathlib import Path
 
 import pytest
-from test_verify import (
+
+from rocketstore.pipeline import record
+from rocketstore.pipeline.errors import CorruptRecordError, OffsetOutOfRangeError
+from rocketstore.pipeline.layout import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
+from rocketstore.pipeline.record import MessageExt
+from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.verify import verify
+from tests.kit.damage import (
     CONFIG,
     CROSS_CHECKED,
     STRUCTURAL,
@@ -40,13 +47,6 @@ from test_verify import (
     queue_units,
     segment_path,
 )
-
-from rocketstore.pipeline import record
-from rocketstore.pipeline.errors import CorruptRecordError, OffsetOutOfRangeError
-from rocketstore.pipeline.layout import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
-from rocketstore.pipeline.record import MessageExt
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """Kill -9 crash test: a writer process is killed at random moments; every reopen must recover.
 
-``tests/crash_writer.py`` puts batches (1..500 messages) and single messages into a store with
-64 KiB CommitLog segments, acknowledging each put in a file only after the put returned. The test
-kills it with SIGKILL after a random number of acknowledgements (plus a random jitter of a few
+``tests/procs/crash_writer.py`` puts batches (1..500 messages) and single messages into a store
+with 64 KiB CommitLog segments, acknowledging each put in a file only after the put returned. The
+test kills it with SIGKILL after a random number of acknowledgements (plus a random jitter of a few
 milliseconds, so that kills land inside puts too), then reopens the store in this process, which
 runs the abnormal recovery (``abort`` is present), and checks:
 
@@ -43,16 +43,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from crash_writer import GEOMETRY, Expected, store_config
-from crash_writer import expected as derive
-from model import java_hash
 
 import rocketstore.pipeline
 from rocketstore.pipeline.errors import StoreError
 from rocketstore.pipeline.record import MessageExt, encode_record
 from rocketstore.pipeline.store import MessageStore
+from tests.kit import PROCS
+from tests.kit.crashdata import GEOMETRY, Expected, store_config
+from tests.kit.crashdata import expected as derive
+from tests.kit.model import java_hash
 
-WRITER = Path(__file__).resolve().with_name("crash_writer.py")
+WRITER = PROCS / "crash_writer.py"
 PIPELINE_ROOT = Path(rocketstore.pipeline.__file__).resolve().parent.parent  # the code under test
 SEGMENT = GEOMETRY["mapped_file_size_commitlog"]
 MAGIC = -626843481  # 0xDAA320A7

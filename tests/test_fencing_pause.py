@@ -17,7 +17,6 @@ import os
 from pathlib import Path
 
 import pytest
-from test_fencing import CONFIG, QUEUES, TOPIC, Taker, bodies, expected, lose_lock, put_a
 
 from rocketstore.pipeline import failpoints
 from rocketstore.pipeline.errors import FileReplacedError, StoreError
@@ -26,6 +25,7 @@ from rocketstore.pipeline.mappings import MappingCache
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify
+from tests.kit.fencing import CONFIG, QUEUES, TOPIC, Taker, bodies, expected, lose_lock, put_a
 
 # The write steps of a batch put that come after its fence check, in the order they run
 # (blocks are reserved with a file this small's creation, so no "reserve" step is met).

@@ -19,11 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_stock_rocketmq
-from conftest import SMALL_CONFIG
-from stockrocketmq import BROKER_PORT, StockCluster
-from test_full_disk import cli as run_cli
-from test_stock_rocketmq import BROKER_CONF, GEOMETRY
 
 from rocketstore.pipeline import cli, commands, fencing, filesystem
 from rocketstore.pipeline import lock as lock_module
@@ -32,9 +27,13 @@ from rocketstore.pipeline.errors import FencedError
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify
-from tests.faultfuse import mounted
-from tests.faultfuse import unavailable as fuse_unavailable
-from tests.test_fencing import CONFIG, QUEUES, TOPIC, bodies, expected, lose_lock, put_a
+from tests.kit import stockrocketmq
+from tests.kit.cli import run_cli
+from tests.kit.faultfuse import mounted
+from tests.kit.faultfuse import unavailable as fuse_unavailable
+from tests.kit.fencing import CONFIG, QUEUES, TOPIC, bodies, expected, lose_lock, put_a
+from tests.kit.fixtures import SMALL_CONFIG
+from tests.kit.stockrocketmq import BROKER_CONF, BROKER_PORT, GEOMETRY, StockCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,7 +46,7 @@ TAKER = textwrap.dedent(
     from rocketstore.pipeline import filesystem
     from rocketstore.pipeline.message import Message
     from rocketstore.pipeline.store import MessageStore
-    from tests.test_fencing import CONFIG
+    from tests.kit.fencing import CONFIG
 
     if sys.argv[2] == "auto-untold":
         filesystem.MOUNTINFO = pathlib.Path("/nonexistent/mountinfo")
@@ -138,7 +137,7 @@ def test_auto_on_an_unrecognised_fuse_file_system_fences_a_shared_writer(tmp_pat
 
 # -- a stock RocketMQ broker taking its turn ----------------------------------------------------
 
-cluster = test_stock_rocketmq.cluster  # the stock name server, shared with that module's tests
+cluster = stockrocketmq.cluster  # the stock name server, as test_stock_rocketmq.py has it
 SHARED_SMALL = dataclasses.replace(SMALL_CONFIG, shared_storage="shared")
 TURN_TOPIC = "BrokerTurn"
 # A's 20 messages and the 30 the stock producer sends (produce.sh: bodies "hello I").

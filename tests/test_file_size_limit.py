@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 from rocketstore.pipeline.config import StoreConfig
-from tests.test_full_disk import SMALL, stored_bodies, write_input
+from tests.kit.cli import run_cli
+from tests.kit.produce import SMALL, stored_bodies, write_input
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,22 +54,11 @@ def produce_limited(
     return proc.returncode, out, proc.stderr
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rocketstore.pipeline.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
 def check_acked(
     store: Path, conf: Path, rows: list[dict[str, object]], acked: list[dict[str, object]]
 ) -> None:
-    assert cli("recover", str(store), "--config", str(conf), "--json").returncode == 0
-    check = cli("verify", str(store), "--config", str(conf))
+    assert run_cli("recover", str(store), "--config", str(conf), "--json").returncode == 0
+    check = run_cli("verify", str(store), "--config", str(conf))
     assert check.returncode == 0, check.stdout[-2000:]
     bodies = stored_bodies(store, StoreConfig.load(conf))
     assert len(bodies) == len(acked)

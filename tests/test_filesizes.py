@@ -12,6 +12,7 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import NotAStoreError
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.store import MessageStore
+from tests.kit.files import snapshot
 
 SMALL = StoreConfig(
     mapped_file_size_commitlog=4096,
@@ -19,26 +20,6 @@ SMALL = StoreConfig(
     max_hash_slot_num=10,
     max_index_num=40,
 )
-
-
-def snapshot(path: Path) -> dict[str, tuple[int, int, bytes]]:
-    """Every entry under ``path``: size, modification time (ns) and, for files, the bytes.
-
-    The ``lock`` file's time is left out: the open takes the lock first (rewriting the same four
-    bytes, as RocketMQ does), so that no other writer changes the files while they are checked.
-    """
-    out = {}
-    for p in sorted(path.rglob("*")):
-        st = p.stat()
-        if p.name == "lock":
-            out["lock"] = (st.st_size, 0, p.read_bytes())
-            continue
-        out[str(p.relative_to(path))] = (
-            st.st_size,
-            st.st_mtime_ns,
-            p.read_bytes() if p.is_file() else b"",
-        )
-    return out
 
 
 @pytest.fixture
@@ -74,12 +55,14 @@ def store(tmp_path: Path) -> Path:
 def test_a_refused_writable_open_touches_nothing(
     store: Path, change: dict[str, int], needle: str
 ) -> None:
-    before = snapshot(store)
+    # The lock file's time is left out: the open takes the lock first (rewriting the same four
+    # bytes, as RocketMQ does), so that no other writer changes the files while they are checked.
+    before = snapshot(store, dirs=True, times=True, untimed={"lock"})
     wrong = dataclasses.replace(SMALL, **change)
     with pytest.raises(NotAStoreError, match=needle) as caught:
         MessageStore(store, wrong)
     assert "(from built-in defaults)" in str(caught.value)
-    assert snapshot(store) == before
+    assert snapshot(store, dirs=True, times=True, untimed={"lock"}) == before
     assert not (store / "abort").exists()
     with MessageStore(store, SMALL) as again:
         assert not again.abort_file_found

@@ -7,13 +7,13 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import FIXTURE_CONFIG, fixture_dir
-from rawlog import commitlog_records
-from readtxt import expected_lines, render
 
 from rocketstore.pipeline import record
 from rocketstore.pipeline.layout import INDEX_HEADER, UNIT_DTYPE
 from rocketstore.pipeline.store import MessageStore
+from tests.kit.fixtures import FIXTURE_CONFIG, fixture_dir
+from tests.kit.rawlog import commitlog_records
+from tests.kit.readtxt import expected_lines, render
 
 CLEAN = ["basic", "transactions"]
 pytestmark = pytest.mark.fixtures

@@ -29,18 +29,12 @@ from rocketstore.pipeline.errors import SegmentCreateError
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify
-from tests.realfs import real_fs
+from tests.kit.cli import run_cli
+from tests.kit.produce import SMALL, stored_bodies, write_input
+from tests.kit.realfs import real_fs
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Small files, so that a few MiB hold several of each; the CommitLog's 1 MiB segments are the
-# issue's broker.conf.
-SMALL = """\
-mappedFileSizeCommitLog = 1048576
-mappedFileSizeConsumeQueue = 60000
-maxHashSlotNum = 5000
-maxIndexNum = 20000
-"""
 BALLAST = 3 << 20  # freed after the disk is full: room for another segment and its files
 ROOM = 10 << 20  # free space left for the store beside the ballast: less than the input needs
 
@@ -54,44 +48,10 @@ def fill(mnt: Path) -> None:
         os.sync()
 
 
-def write_input(path: Path, first: int, count: int) -> list[dict[str, object]]:
-    rows = [
-        {"topic": f"T{n % 3}", "queueId": n % 4, "body": f"{n:08d}-" + "x" * 190, "keys": f"k{n}"}
-        for n in range(first, first + count)
-    ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return rows
-
-
 def produce(store: Path, conf: Path, lines: Path) -> tuple[int, list[dict[str, object]], str]:
-    proc = cli("produce", str(store), str(lines), "--config", str(conf))
+    proc = run_cli("produce", str(store), str(lines), "--config", str(conf))
     out = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     return proc.returncode, out, proc.stderr
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rocketstore.pipeline.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
-def stored_bodies(store: Path, config: StoreConfig) -> dict[int, bytes]:
-    """Every message of the store by commitLogOffset, read through the ConsumeQueues."""
-    found: dict[int, bytes] = {}
-    with MessageStore(store, config, read_only=True) as s:
-        for info in s.queue_infos():
-            offset = info.min_offset
-            while offset < info.max_offset:
-                got = s.get_messages(info.topic, info.queue_id, offset, 512)
-                for m in got.messages:
-                    found[m.commit_log_offset] = m.body
-                offset = got.next_begin_offset
-    return found
 
 
 @pytest.mark.parametrize(
@@ -126,11 +86,11 @@ def test_produce_until_full_then_free_space(tmp_path: Path, kind: str, size_mib:
         # Recovery repairs the log whatever the free space; recording that it did needs a few
         # blocks, which a disk filled to the last block (btrfs keeps a reserve for its own
         # metadata) may not have: then a warning and exit 1, and the next open repeats it.
-        fixed = cli("recover", str(store), "--config", str(conf), "--json")
+        fixed = run_cli("recover", str(store), "--config", str(conf), "--json")
         assert fixed.returncode == 0 or (
             fixed.returncode == 1 and "recovered, but" in fixed.stderr
         ), fixed.stderr[-2000:]
-        check = cli("verify", str(store), "--config", str(conf))
+        check = run_cli("verify", str(store), "--config", str(conf))
         assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
         bodies = stored_bodies(store, config)
         assert len(bodies) == len(acked)
@@ -145,7 +105,7 @@ def test_produce_until_full_then_free_space(tmp_path: Path, kind: str, size_mib:
         code, out, err = produce(store, conf, rest)
         assert code == 0, err[-2000:]
         assert [r["status"] for r in out] == ["PUT_OK"] * len(more)
-        assert cli("verify", str(store), "--config", str(conf)).returncode == 0
+        assert run_cli("verify", str(store), "--config", str(conf)).returncode == 0
         assert len(stored_bodies(store, config)) == len(acked) + len(more)
 
 
@@ -164,7 +124,7 @@ def test_default_geometry_on_a_small_tmpfs_is_a_clear_error(tmp_path: Path) -> N
         assert code == 2, err[-2000:]
         assert "consumequeue" in err and "cannot create a file of 6,000,000 bytes" in err, err
         assert out and all(r["status"] == "NOT_STORED" for r in out)
-        check = cli("verify", str(mnt / "store"), "--config", str(conf))
+        check = run_cli("verify", str(mnt / "store"), "--config", str(conf))
         assert check.returncode == 0, check.stdout[-2000:]
 
 
@@ -311,13 +271,13 @@ def test_an_unclean_store_on_a_full_tmpfs_is_cleaned_then_recovered(tmp_path: Pa
                 f.write(b"\1" * 4096)
 
         before = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
-        refused = cli("recover", str(store), "--config", str(conf))
+        refused = run_cli("recover", str(store), "--config", str(conf))
         assert refused.returncode == 2, refused.stderr
         assert "No space left on device" in refused.stderr
         assert f"`rocketstore clean {store}` deletes what retention allows" in refused.stderr
         assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == before
 
-        cleaned = cli("clean", str(store), "--config", str(conf), "--json")
+        cleaned = run_cli("clean", str(store), "--config", str(conf), "--json")
         assert cleaned.returncode == 0, cleaned.stderr
         assert "was not closed cleanly: cleaned without recovering it" in cleaned.stderr
         report = json.loads(cleaned.stdout)
@@ -326,9 +286,9 @@ def test_an_unclean_store_on_a_full_tmpfs_is_cleaned_then_recovered(tmp_path: Pa
         low = report["commitLogMinOffsetAfter"]
         assert all(not Path(f["path"]).exists() for f in report["files"])
 
-        fixed = cli("recover", str(store), "--config", str(conf))
+        fixed = run_cli("recover", str(store), "--config", str(conf))
         assert fixed.returncode == 0, fixed.stderr
-        check = cli("verify", str(store), "--config", str(conf))
+        check = run_cli("verify", str(store), "--config", str(conf))
         assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
         bodies = stored_bodies(store, config)
         kept = {off: n for off, n in acked.items() if off >= low}
@@ -339,7 +299,7 @@ def test_an_unclean_store_on_a_full_tmpfs_is_cleaned_then_recovered(tmp_path: Pa
 
         # The store itself fills the volume: a clean of the recovered store frees more room.
         filler.unlink()
-        assert cli("clean", str(store), "--config", str(conf)).returncode == 0
+        assert run_cli("clean", str(store), "--config", str(conf)).returncode == 0
         lines = tmp_path / "more.jsonl"
         more = write_input(lines, len(acked), 500)
         code, out, err = produce(store, conf, lines)

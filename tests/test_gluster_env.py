@@ -1,4 +1,4 @@
-"""The GlusterFS test environment itself (tests/gluster.py), and the properties of a shared
+"""The GlusterFS test environment itself (tests/kit/gluster.py), and the properties of a shared
 file system the store relies on (docs/cluster.md, "What the store needs"), checked through two
 mounts: a write on one is read on the other after it is synced; a POSIX record lock taken on one
 conflicts on the other; a lost brick leaves the volume usable and heals; a namespace mount is
@@ -85,7 +85,7 @@ def test_a_namespace_mount_is_a_host_of_its_own(gluster_volume: Any, tmp_path: P
 
 
 def test_teardown_stops_the_client_of_a_killed_host(gluster_daemon: None, tmp_path: Path) -> None:
-    from tests.gluster import _poll, client_pids, volume
+    from tests.kit.gluster import _poll, client_pids, volume
 
     with volume(tmp_path) as vol:
         at = tmp_path / "host-d"

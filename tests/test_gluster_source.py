@@ -1,4 +1,4 @@
-"""The source's planner keeping brokers' bounds between plans on GlusterFS (tests/gluster.py;
+"""The source's planner keeping brokers' bounds between plans on GlusterFS (tests/kit/gluster.py;
 rocketstore.source.brokercache): a writer through one mount of a replicated volume appends to
 one broker of a root after another, flushing each batch; a planner through the other mount
 plans again and again, and every range it plans is read there at once."""
@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_gluster_store import QUEUES, body
-from test_gluster_store import SMALL_FILES as CONFIG
 
 from rocketstore.pipeline.root import StoreRoot, TopicMeta
 from rocketstore.source import options, schema
 from rocketstore.source.planning import Planner, QueueRange
 from rocketstore.source.read import ReadContext, read_queue_range
+from tests.kit.glusterstore import QUEUES, body
+from tests.kit.glusterstore import SMALL_FILES as CONFIG
 
 pytestmark = [pytest.mark.gluster, pytest.mark.slow]
 
@@ -31,7 +31,7 @@ PER_BATCH = 200
 WRITER = """
 import sys, time
 sys.path.insert(0, sys.argv[2])
-from tests.test_gluster_store import SMALL_FILES as CONFIG, table
+from tests.kit.glusterstore import SMALL_FILES as CONFIG, table
 from rocketstore.pipeline.store import MessageStore
 root, BATCHES, BROKERS, PER_BATCH = sys.argv[1], *map(int, sys.argv[3:6])
 stores = [MessageStore(f"{root}/broker-{b}", CONFIG) for b in range(BROKERS)]

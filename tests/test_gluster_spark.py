@@ -3,7 +3,7 @@ while a streaming source reads through the other, and one brick of three is kill
 middle and brought back later. No query fails, and every row is read exactly once, whole.
 
 The sink runs in the test's session (batch appends, ``format("rocketstore")``); the source is
-``tests/source_e2e_reader.py`` in a process of its own (``processingTime`` 100 ms, into
+``tests/procs/source_e2e_reader.py`` in a process of its own (``processingTime`` 100 ms, into
 Spark's parquet file sink). Waits poll the files the queries write."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from test_jobs import committed_files
 from test_source_e2e import batch_files, expected_body, sink_write, start_reader, wait_for
+
+from tests.kit.jobfiles import committed_files
 
 pytestmark = [pytest.mark.gluster, pytest.mark.slow]
 

@@ -1,5 +1,6 @@
 """The store across two hosts: a writer through one mount of a replicated GlusterFS volume,
-readers and a second writer through the other (tests/gluster.py; rocketstore.pipeline.visibility).
+readers and a second writer through the other (tests/kit/gluster.py;
+rocketstore.pipeline.visibility).
 
 * Readers on the other mount (read-only re-opens, the source's planner and its partition
   reads) never see damage while 100,000 messages go in, and see every message right.
@@ -24,10 +25,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
-from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import StoreError, StoreLockedError
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify
@@ -35,16 +34,11 @@ from rocketstore.source import schema
 from rocketstore.source.brokerview import BrokerView
 from rocketstore.source.planning import KeyRange, QueueRange
 from rocketstore.source.read import ReadContext, read_key, read_queue_range
+from tests.kit.glusterstore import CONFIG, GEOMETRIES, QUEUES, body, table
 
 pytestmark = [pytest.mark.gluster, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIG = StoreConfig(
-    mapped_file_size_commitlog=4 << 20,
-    mapped_file_size_consume_queue=20 * 3000,
-    max_hash_slot_num=5000,
-    max_index_num=200_000,
-)
 CONF_TEXT = """\
 mappedFileSizeCommitLog = 4194304
 mappedFileSizeConsumeQueue = 60000
@@ -52,35 +46,7 @@ maxHashSlotNum = 5000
 maxIndexNum = 200000
 flushDiskType = "SYNC_FLUSH"
 """
-# The readers check at two geometries. With 4 MiB segments a reader rarely meets a file that
-# is newer than its host's listing of the directory; with these, the writer starts a CommitLog
-# segment every ~300 messages, a ConsumeQueue file every 250 units of a queue and an IndexFile
-# every 4,000 keys, so readers keep meeting published data in files their host has not listed.
-SMALL_FILES = StoreConfig(
-    mapped_file_size_commitlog=64 << 10,
-    mapped_file_size_consume_queue=20 * 250,
-    max_hash_slot_num=1000,
-    max_index_num=8000,
-)
-GEOMETRIES = {"4MiB": CONFIG, "small-files": SMALL_FILES}
-QUEUES = 4
 TAKEOVER_BOUND_S = 30.0
-
-
-def body(i: int) -> bytes:
-    return f"m{i}:".encode() + b"x" * (i % 61)
-
-
-def table(first: int, n: int) -> pa.Table:
-    ids = range(first, first + n)
-    return pa.table(
-        {
-            "topic": pa.array(["T"] * n, pa.string()),
-            "body": pa.array([body(i) for i in ids], pa.binary()),
-            "queueId": pa.array([i % QUEUES for i in ids], pa.int32()),
-            "keys": pa.array([[f"k{i}"] for i in ids], pa.list_(pa.string())),
-        }
-    )
 
 
 def check_message(queue_id: int, data: bytes) -> int:
@@ -93,7 +59,7 @@ WRITER = """
 import os, sys, time
 import pyarrow as pa
 sys.path.insert(0, sys.argv[3])
-from tests.test_gluster_store import GEOMETRIES, table
+from tests.kit.glusterstore import GEOMETRIES, table
 from rocketstore.pipeline.store import MessageStore
 path, batches, reads, geometry = sys.argv[1], int(sys.argv[2]), sys.argv[4], sys.argv[5]
 deadline = time.monotonic() + 240

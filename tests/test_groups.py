@@ -1,7 +1,7 @@
 """RocketMQ consumer groups: ``config/consumerOffset.json`` read as a broker loads it
 (pipeline/groups.py), their lag in ``rocketstore lag``, and the source's
 ``startingOffsets=group:NAME``; then all of it against the stock RocketMQ 4.9.4 servers
-(../shared/rocketmq-4.9.4, tests/stockrocketmq.py): a stock producer, a Java consumer group that
+(../shared/rocketmq-4.9.4, tests/kit/stockrocketmq.py): a stock producer, a Java consumer group that
 commits part of a topic, ``rocketstore lag`` beside ``mqadmin consumerProgress``, and a Spark
 read that takes over from the group."""
 
@@ -12,18 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SMALL_CONFIG
-from sourcekit import SMALL, make_root, message_table, write
-from stockrocketmq import (
-    BROKER_PORT,
-    NAMESRV_PORT,
-    QueueProgress,
-    StockCluster,
-    build_java,
-    javac_unavailable,
-    parse_consumed,
-    unavailable,
-)
 
 from rocketstore.pipeline import cli
 from rocketstore.pipeline.errors import ConfigError
@@ -40,6 +28,18 @@ from rocketstore.pipeline.store import MessageStore
 from rocketstore.source import options
 from rocketstore.source.offsets import OffsetSpec
 from rocketstore.source.planning import Planner
+from tests.kit.fixtures import SMALL_CONFIG
+from tests.kit.sourcekit import SMALL, make_root, message_table, write
+from tests.kit.stockrocketmq import (
+    BROKER_PORT,
+    NAMESRV_PORT,
+    QueueProgress,
+    StockCluster,
+    build_java,
+    javac_unavailable,
+    parse_consumed,
+    unavailable,
+)
 
 
 def fastjson(text: str) -> bytes:

@@ -19,7 +19,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from wheelbuild import project_wheel
+
+from tests.kit.wheelbuild import project_wheel
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,6 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from javaref import INT_MIN, KNOWN, reference_hash
 
 from rocketstore.pipeline.javahash import (
     index_key_hash,
@@ -16,6 +15,7 @@ from rocketstore.pipeline.javahash import (
     java_hash_array,
     tags_code,
 )
+from tests.kit.javaref import INT_MIN, KNOWN, reference_hash
 
 # Any character except lone surrogates (which have no UTF-8 or UTF-16 encoding).
 CHARS = st.characters(blacklist_categories=("Cs",))

@@ -14,23 +14,18 @@ import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT
 
 from rocketstore.jobs import export, ingest, process
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.root import StoreRoot
 from rocketstore.pipeline.store import MessageStore
+from tests.kit import ROOT
+from tests.kit.jobfiles import STORE_TOML, committed_files
 
-STORE_TOML = """\
-mappedFileSizeCommitLog = 1048576
-maxHashSlotNum = 4096
-maxIndexNum = 65536
-"""
 CONFIG = StoreConfig(
     mapped_file_size_commitlog=1 << 20, max_hash_slot_num=4096, max_index_num=65536
 )
@@ -77,28 +72,6 @@ def stored(root: Path, topic: str) -> list[dict[str, Any]]:
                         }
                     )
     return out
-
-
-def committed_files(output: Path) -> list[Path]:
-    """The files Spark's file sink committed, from its manifest (``_spark_metadata``): a file a
-    failed or stopped batch left behind is not among them."""
-    log = output / "_spark_metadata"
-    batches = sorted(
-        (p for p in log.iterdir() if p.name.split(".")[0].isdigit() and not p.name.startswith(".")),
-        key=lambda p: int(p.name.split(".")[0]),
-    )
-    # A .compact file holds every entry up to its batch; later files add to it.
-    compacts = [p for p in batches if p.name.endswith(".compact")]
-    if compacts:
-        batches = [compacts[-1]] + [
-            p for p in batches if int(p.name.split(".")[0]) > int(compacts[-1].name.split(".")[0])
-        ]
-    files: dict[str, bool] = {}
-    for p in batches:
-        for line in p.read_text().splitlines()[1:]:
-            entry = json.loads(line)
-            files[entry["path"]] = entry["action"] == "add"
-    return [Path(unquote(urlparse(path).path)) for path, keep in files.items() if keep]
 
 
 def read_output(output: Path, fmt: str = "parquet") -> list[dict[str, Any]]:

@@ -1,8 +1,8 @@
 """A store rocketstore writes must look, file by file, like one RocketMQ 4.9.x writes, so that
 RocketMQ's DefaultMessageStore loads it: names, exact sizes, blanks, units and index headers.
 
-Expected values come from outside the code under test: the records through tests/rawlog.py (an
-independent reader), tags codes and key hashes from Java's own ``hashCode`` (tests/javaref.py),
+Expected values come from outside the code under test: the records through tests/kit/rawlog.py (an
+independent reader), tags codes and key hashes from Java's own ``hashCode`` (tests/kit/javaref.py),
 checked against what RocketMQ 4.9.4 itself wrote into the fixture stores."""
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import fixture_dir
-from javaref import KNOWN, index_key_hash
-from rawlog import commitlog_records
 
 from rocketstore.pipeline import record
 from rocketstore.pipeline.checkpoint import FILE_SIZE
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.layout import INDEX_HEADER, UNIT_DTYPE
 from rocketstore.pipeline.store import MessageStore
+from tests.kit.fixtures import fixture_dir
+from tests.kit.javaref import KNOWN, index_key_hash
+from tests.kit.rawlog import commitlog_records
 
 TAGS = ("TagA", "TagB", "TagC")
 CONFIG = StoreConfig(

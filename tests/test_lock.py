@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import fcntl
-import hashlib
 import os
 import subprocess
 import sys
@@ -14,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from contention import Aside, SignallingLock, run_aside
 
 from rocketstore.pipeline import failpoints
 from rocketstore.pipeline import lock as lock_module
@@ -23,6 +21,8 @@ from rocketstore.pipeline.errors import NotAStoreError, StoreFailedError, StoreL
 from rocketstore.pipeline.lock import DirectoryLock, is_locked_elsewhere
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.store import MessageStore
+from tests.kit.contention import Aside, SignallingLock, run_aside
+from tests.kit.files import snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = StoreConfig(mapped_file_size_commitlog=65536, max_hash_slot_num=64, max_index_num=256)
@@ -90,13 +90,6 @@ def child_writer() -> Iterator[list[Child]]:
 
 def open_store(path: Path, **kw: object) -> MessageStore:
     return MessageStore(path, CONFIG, clock_ms=lambda: CLOCK, **kw)  # type: ignore[arg-type]
-
-
-def snapshot(path: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "/"
-        for p in sorted(path.rglob("*"))
-    }
 
 
 def try_writer_in_subprocess(path: Path) -> str:
@@ -233,14 +226,14 @@ def test_read_only_open_while_writer_holds_lock(tmp_path: Path, child_writer: li
     path = tmp_path / "store"
     child = Child(path, messages=5)
     child_writer.append(child)
-    before = snapshot(path)
+    before = snapshot(path, dirs=True)
     assert "abort" in before
     with open_store(path, read_only=True) as ro:
         assert ro.max_offset("TopicTest", 0) == 5
         got = ro.get_messages("TopicTest", 0, 0, 10).messages
         assert [m.body for m in got] == [b"body-%d" % i for i in range(5)]
         assert [m.msg_id for m in ro.query_by_key("TopicTest", "k3")] == [got[3].msg_id]
-    assert snapshot(path) == before
+    assert snapshot(path, dirs=True) == before
     # the writer still holds the lock
     assert is_locked_elsewhere(path)
     with pytest.raises(StoreLockedError):
@@ -252,13 +245,13 @@ def test_read_only_open_writes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "store"
     with open_store(path) as store:
         store.put(Message("TopicTest", b"x", keys="a b"))
-    before = snapshot(path)
+    before = snapshot(path, dirs=True)
     assert "abort" not in before
     ro = open_store(path, read_only=True)
     assert not (path / "abort").exists()
     assert ro.get_message(0).body == b"x"
     ro.close()
-    assert snapshot(path) == before
+    assert snapshot(path, dirs=True) == before
     # and two read-only opens coexist with a writer in this process
     with open_store(path), open_store(path, read_only=True), open_store(path, read_only=True):
         pass
@@ -296,12 +289,12 @@ def test_unrelated_directory_refused(tmp_path: Path) -> None:
     path.mkdir()
     (path / "cat.jpg").write_bytes(b"\xff\xd8")
     (path / "notes").mkdir()
-    before = snapshot(path)
+    before = snapshot(path, dirs=True)
     with pytest.raises(NotAStoreError, match="photos"):
         open_store(path)
     with pytest.raises(NotAStoreError, match="photos"):
         open_store(path, read_only=True)
-    assert snapshot(path) == before
+    assert snapshot(path, dirs=True) == before
 
 
 def test_plain_file_refused(tmp_path: Path) -> None:

@@ -14,13 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from powercut import abandon
 
 from rocketstore.pipeline import filesystem, mappings
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import CorruptRecordError
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.store import MessageStore
+from tests.kit.powercut import abandon
 
 TOPICS = 750
 QUEUES = TOPICS * 4

@@ -18,14 +18,15 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
-from consolekit import (
+
+from tests.kit import PROCS
+from tests.kit.consolekit import (
     CHECKPOINT_OFFSETS,
     GROUP_OFFSETS,
     ORDERS_PER_QUEUE,
     SMALL,
     SMALL_TOML,
     make_root,
-    tree_digest,
 )
 
 pytest.importorskip("prometheus_client", reason="the metrics need the 'console' extra")
@@ -40,8 +41,8 @@ from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.metrics import StoreCollector, Target
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.storestats import StoreStats
+from tests.kit.files import snapshot
 
-HERE = Path(__file__).resolve().parent
 Series = dict[tuple[tuple[str, str], ...], float]
 
 
@@ -163,11 +164,11 @@ def test_lag_latency_is_the_age_of_the_oldest_unconsumed_message(root: tuple[Pat
 
 def test_a_scrape_changes_no_store_file(root: tuple[Path, Path]) -> None:
     store_root, checkpoint = root
-    before = tree_digest(store_root.parent)
+    before = snapshot(store_root.parent)
     collector = StoreCollector(Target(store_root, SMALL, (("q", checkpoint),)))
     for _ in range(3):
         scrape(collector)
-    assert tree_digest(store_root.parent) == before
+    assert snapshot(store_root.parent) == before
 
 
 def _fill(path: Path, config: StoreConfig, count: int) -> None:
@@ -286,7 +287,7 @@ def test_per_queue_series_are_left_out_above_the_limit(root: tuple[Path, Path]) 
 def writer(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
     store = tmp_path / "live"
     proc = subprocess.Popen(
-        [sys.executable, str(HERE / "live_writer.py"), str(store)],
+        [sys.executable, str(PROCS / "live_writer.py"), str(store)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -304,8 +305,7 @@ def test_writer_state_from_a_real_writer(
     writer: tuple[Path, subprocess.Popen[str]],
 ) -> None:
     store, proc = writer
-    sys.path.insert(0, str(HERE))
-    from live_writer import CONFIG
+    from tests.procs.live_writer import CONFIG
 
     collector = StoreCollector(Target(store, CONFIG))
     live = scrape(collector)

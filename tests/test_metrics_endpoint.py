@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from consolekit import SMALL, START_TIMEOUT, make_root, tree_digest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.kit.consolekit import SMALL, START_TIMEOUT, make_root
 
 pytest.importorskip("starlette", reason="the endpoint needs the 'console' extra")
 pytest.importorskip("prometheus_client", reason="the endpoint needs the 'console' extra")
@@ -30,6 +31,7 @@ from rocketstore.pipeline.console.exporter import create_exporter_app
 from rocketstore.pipeline.console.views import Console
 from rocketstore.pipeline.metricfamilies import FAMILIES
 from rocketstore.pipeline.metrics import StoreCollector, Target
+from tests.kit.files import snapshot
 
 TOKEN = "metrics-token-0123456789abcdef"
 HOSTILE = ["", "0", "1", "2", "auto", "AUTO", "-1", "9" * 400, "<script>x</script>", "\x00", "😀"]
@@ -123,14 +125,14 @@ def test_the_console_serves_metrics_with_its_verify_runs(root: tuple[Path, Path]
     method=st.sampled_from(["GET", "HEAD", "POST"]),
 )
 def test_fuzz_the_endpoint(root: tuple[Path, Path], pairs: Any, path: str, method: str) -> None:
-    before = FUZZ_STATE.setdefault("digest", tree_digest(root[0]))
+    before = FUZZ_STATE.setdefault("digest", snapshot(root[0]))
     client = FUZZ_STATE.setdefault("client", exporter(root))
     r = client.request(method, path, params=pairs)
     assert r.status_code < 500, (path, pairs, r.text[:200])
     if r.status_code == 200 and path == "/metrics" and method != "HEAD":
         names_in(r.text)  # parses
     assert "<script>" not in r.headers.get("content-type", "")
-    assert tree_digest(root[0]) == before
+    assert snapshot(root[0]) == before
 
 
 FUZZ_STATE: dict[str, Any] = {}

@@ -17,10 +17,10 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_native_differential import check_dispatch_walk
 
 from rocketstore.pipeline import native, record
 from rocketstore.pipeline.errors import CorruptRecordError
+from tests.kit.nativecheck import check_dispatch_walk
 
 FUZZ = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 

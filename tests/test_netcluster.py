@@ -1,4 +1,4 @@
-"""Hosts with a network (tests/netcluster.py), the fixture itself: every host sees the volume
+"""Hosts with a network (tests/kit/netcluster.py), the fixture itself: every host sees the volume
 at one path and the caller sees none of it; a partitioned host cannot reach the volume while
 the others can, and heals; a host cut off from one brick of three still writes, from two it
 cannot; a lock held on a partitioned host is taken over on another within the bound the
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.gluster import _poll
-from tests.netcluster import GONE, NetCluster, cluster, takeover
+from tests.kit.gluster import _poll
+from tests.kit.netcluster import GONE, NetCluster, cluster, takeover
 
 pytestmark = [pytest.mark.gluster, pytest.mark.slow]
 

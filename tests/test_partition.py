@@ -1,4 +1,4 @@
-"""Network partitions between writer hosts and a GlusterFS volume (tests/netcluster.py).
+"""Network partitions between writer hosts and a GlusterFS volume (tests/kit/netcluster.py).
 
 Each scenario runs writers and readers as processes on hosts A, B and V (network and mount
 namespaces of their own, the volume mounted at one path), cuts a host off with nftables drop
@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
-from tests.gluster import GlusterUnavailable, _poll
-from tests.netcluster import GONE, NetCluster, cluster
-from tests.partition_host import BATCH
+from tests.kit.gluster import GlusterUnavailable, _poll
+from tests.kit.netcluster import GONE, NetCluster, cluster
+from tests.procs.partition_host import BATCH
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("netcluster")]
 
@@ -51,10 +51,10 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetCluster]:
 
 
 class Proc:
-    """A tests.partition_host process on a host, its output read line by line."""
+    """A tests.procs.partition_host process on a host, its output read line by line."""
 
     def __init__(
-        self, c: NetCluster, host: str, *args: str, module: str = "tests.partition_host"
+        self, c: NetCluster, host: str, *args: str, module: str = "tests.procs.partition_host"
     ) -> None:
         self.host = host
         self.proc = c.popen(
@@ -150,18 +150,22 @@ def cli_on(c: NetCluster) -> list[str]:
 
 
 def cli_config(c: NetCluster) -> list[str]:
-    """``--config`` with the writers' settings (tests.partition_host)."""
+    """``--config`` with the writers' settings (tests.procs.partition_host)."""
     settings = c.work / "store.toml"
     if not settings.exists():
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        subprocess.run([sys.executable, "-m", "tests.partition_host", "config", str(settings)],
-                       cwd=ROOT, env=env, check=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "tests.procs.partition_host", "config", str(settings)],
+            cwd=ROOT,
+            env=env,
+            check=True,
+        )
     return ["--config", str(settings)]
 
 
 def read_through_v(c: NetCluster, store: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return c.run("V", [sys.executable, "-m", "tests.partition_host", "read", str(store)],
+    return c.run("V", [sys.executable, "-m", "tests.procs.partition_host", "read", str(store)],
                  cwd=ROOT, env=env, timeout=120)  # fmt: skip
 
 
@@ -477,7 +481,7 @@ def test_spark_source_on_a_host_cut_off_reads_every_message_once(
     assert a.put(300) == []
     out = tmp_path / "out"
     reader = Proc(c, "V", str(store), "Partitioned", str(out), str(tmp_path / "checkpoint"),
-                  module="tests.partition_source")  # fmt: skip
+                  module="tests.procs.partition_source")  # fmt: skip
 
     def read_rows() -> list[str]:
         return [line for f in sorted(out.glob("batch-*.txt")) for line in f.read_text().split()]

@@ -1,4 +1,4 @@
-"""Power loss: what survives when everything not synced is lost (tests/powercut.py).
+"""Power loss: what survives when everything not synced is lost (tests/kit/powercut.py).
 
 A writer in this process runs a scripted workload (batches over two topics and three queues,
 with keys, rolling CommitLog, ConsumeQueue and index files; a flush every few batches) while
@@ -20,12 +20,12 @@ import random
 from pathlib import Path
 
 import pytest
-from powercut import PowerCut, PowerLost, abandon
 
 from rocketstore.pipeline.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify
+from tests.kit.powercut import PowerCut, PowerLost, abandon
 
 BASE = StoreConfig(
     mapped_file_size_commitlog=16 * 1024,

@@ -20,8 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from consolekit import SMALL, SMALL_TOML, make_root
-from promkit import (
+
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.store import MessageStore
+from tests.kit.consolekit import SMALL, SMALL_TOML, make_root
+from tests.kit.promkit import (
     PROMETHEUS_MARKS,
     Exporter,
     Prometheus,
@@ -29,10 +33,6 @@ from promkit import (
     assert_promql_is_the_commands,
     fast_rules,
 )
-
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.root import StoreRoot, TopicMeta
-from rocketstore.pipeline.store import MessageStore
 
 pytestmark = PROMETHEUS_MARKS
 FAST = {"10m": "5s", "15m": "5s", "2h": "30s", "1h": "30s", "5m": "3s"}

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 import yaml
-from promkit import PROMTOOL, SKIP_REASON
 
 from rocketstore.pipeline.metricfamilies import FAMILIES
+from tests.kit.promkit import PROMTOOL, SKIP_REASON
 
 CONF = Path(__file__).resolve().parent.parent / "conf" / "prometheus"
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason=SKIP_REASON)

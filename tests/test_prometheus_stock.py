@@ -1,5 +1,5 @@
 """A real Prometheus scraping ``rocketstore exporter`` over a root that stock RocketMQ 4.9.4
-brokers serve (../shared/rocketmq-4.9.4, tests/stockrocketmq.py), with a consumer group that a
+brokers serve (../shared/rocketmq-4.9.4, tests/kit/stockrocketmq.py), with a consumer group that a
 stock Java client commits through them (tests/java/CommitConsume.java).
 
 While the brokers run, PromQL's lag of the group reaches ``mqadmin consumerProgress``'s total
@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
-from promkit import PROMETHEUS_MARKS, Exporter, Prometheus, assert_promql_is_the_commands
-from stockrocketmq import (
+
+from tests.kit.promkit import PROMETHEUS_MARKS, Exporter, Prometheus, assert_promql_is_the_commands
+from tests.kit.stockrocketmq import (
     BROKER_PORT,
     NAMESRV_PORT,
     PORT_STEP,

@@ -1,4 +1,4 @@
-"""Real I/O errors (``EIO``) from a FUSE file system under the store (tests/faultfuse.py), where
+"""Real I/O errors (``EIO``) from a FUSE file system under the store (tests/procs/faultfuse.py), where
 tests/test_put_faults.py injects them with failpoints.
 
 * The premise: ``msync`` of a shared mapping on the mount reaches the file system's ``write``
@@ -34,9 +34,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from crash_writer import GEOMETRY, batch_table, expected, store_config
-from sinkutil import write_input
-from test_put_faults import check_store, recorded, recover_twice_identically
 from test_sink_faults import check_exactly_once, finish, job
 
 from rocketstore.pipeline import store as store_module
@@ -45,7 +42,10 @@ from rocketstore.pipeline.errors import ProgressNotRecordedError, StoreError, St
 from rocketstore.pipeline.mappedfile import segment_name
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.store import MessageStore
-from tests.faultfuse import FaultFS, mounted, unavailable
+from tests.kit.crashdata import GEOMETRY, batch_table, expected, store_config
+from tests.kit.faultcheck import check_store, recorded, recover_twice_identically
+from tests.kit.faultfuse import FaultFS, mounted, unavailable
+from tests.kit.sinkutil import write_input
 
 PAGE = mmap.PAGESIZE
 # What the store's message says of a failed system call: ".. of bytes [a, b) of FILE')".

@@ -53,7 +53,8 @@ def crash(path: Path) -> None:
     (path / "abort").touch()
 
 
-def snapshot(store: MessageStore) -> list[tuple[str, int, int, bytes]]:
+def stored_messages(store: MessageStore) -> list[tuple[str, int, int, bytes]]:
+    """Every message the store reads, queue by queue: (topic, queue, queue offset, body)."""
     out = []
     for q in store.queue_infos():
         got = store.get_messages(q.topic, q.queue_id, q.min_offset, q.max_offset)
@@ -66,7 +67,7 @@ def test_torn_last_record_is_cut_exactly(tmp_path: Path, damage: str) -> None:
     path = tmp_path / "s"
     offsets = write(path, 400)
     with MessageStore(path, CONFIG, read_only=True) as store:
-        before = snapshot(store)
+        before = stored_messages(store)
         last = store.get_message(offsets[-1])
         end = store.max_phy_offset
     crash(path)
@@ -90,7 +91,7 @@ def test_torn_last_record_is_cut_exactly(tmp_path: Path, damage: str) -> None:
         assert r.start_source == "checkpoint"
         assert r.commitlog_end == offsets[-1] < end
         assert r.bytes_truncated > 0
-        assert snapshot(store) == [
+        assert stored_messages(store) == [
             x for x in before if x[3] != last.body or x[2] != last.queue_offset
         ]
         # The lost message's queue offset is given to the next put.
@@ -103,7 +104,7 @@ def test_partial_dispatch_is_completed_and_recovery_is_idempotent(tmp_path: Path
     path = tmp_path / "s"
     write(path, 300)
     with MessageStore(path, CONFIG, read_only=True) as store:
-        before = snapshot(store)
+        before = stored_messages(store)
     # A crash between two queues' units: queue 1 lost its last 7 units, queue 0 kept all.
     qdir = path / "consumequeue" / "T" / "1"
     files = sorted(qdir.iterdir())
@@ -120,11 +121,11 @@ def test_partial_dispatch_is_completed_and_recovery_is_idempotent(tmp_path: Path
     (path / "config" / FILE_NAME).unlink()
     with MessageStore(path, CONFIG) as store:
         assert store.recovery.records_redispatched > 0
-        assert snapshot(store) == before
+        assert stored_messages(store) == before
     with MessageStore(path, CONFIG) as store:
         r = store.recovery
         assert (r.bytes_truncated, r.units_dropped, r.records_redispatched) == (0, 0, 0)
-        assert snapshot(store) == before
+        assert stored_messages(store) == before
 
 
 def test_damaged_progress_file_falls_back_to_the_checkpoint(tmp_path: Path) -> None:
@@ -137,7 +138,7 @@ def test_damaged_progress_file_falls_back_to_the_checkpoint(tmp_path: Path) -> N
     crash(path)
     with MessageStore(path, CONFIG) as store:
         assert store.recovery.start_source == "checkpoint"
-        assert len(snapshot(store)) == 200
+        assert len(stored_messages(store)) == 200
 
 
 def test_notes_are_kept_by_the_flush_after_them(tmp_path: Path) -> None:
@@ -174,7 +175,7 @@ def test_a_damaged_note_voids_the_progress_file(tmp_path: Path) -> None:
     with MessageStore(path, CONFIG) as store:
         assert store.recovery.start_source == "checkpoint"
         assert store.note("sink.ab") is None
-        assert len(snapshot(store)) == 200
+        assert len(stored_messages(store)) == 200
 
 
 def test_progress_pointing_past_the_log_is_not_trusted(tmp_path: Path, fixture_copy=None) -> None:
@@ -188,7 +189,7 @@ def test_progress_pointing_past_the_log_is_not_trusted(tmp_path: Path, fixture_c
     crash(path)
     with MessageStore(path, CONFIG) as store:
         assert store.recovery.start_source == "checkpoint"
-        assert len(snapshot(store)) == 200
+        assert len(stored_messages(store)) == 200
 
 
 def test_zero_filled_preallocated_segment_is_removed(tmp_path: Path) -> None:
@@ -200,7 +201,7 @@ def test_zero_filled_preallocated_segment_is_removed(tmp_path: Path) -> None:
     crash(path)
     with MessageStore(path, CONFIG) as store:
         assert store.recovery.bytes_truncated >= CONFIG.mapped_file_size_commitlog
-        assert len(snapshot(store)) == 200
+        assert len(stored_messages(store)) == 200
     assert not nxt.exists()
 
 
@@ -245,7 +246,7 @@ def test_damaged_consume_queue_is_rebuilt_by_a_full_check(tmp_path: Path) -> Non
     path = tmp_path / "s"
     write(path, 300)
     with MessageStore(path, CONFIG, read_only=True) as store:
-        before = snapshot(store)
+        before = stored_messages(store)
     f = sorted((path / "consumequeue" / "T" / "2").iterdir())[0]
     raw = bytearray(f.read_bytes())
     raw[20 * 3 : 20 * 3 + 8] = (12345).to_bytes(8, "big")  # unit 3 points into the middle
@@ -255,7 +256,7 @@ def test_damaged_consume_queue_is_rebuilt_by_a_full_check(tmp_path: Path) -> Non
     with MessageStore(path, CONFIG, full_check=True) as store:
         assert store.recovery.queues_rebuilt == ["T/2"]
         assert not store.recovery.index_rebuilt
-        assert snapshot(store) == before
+        assert stored_messages(store) == before
 
 
 def test_missing_or_damaged_index_is_rebuilt(tmp_path: Path) -> None:
@@ -276,11 +277,11 @@ def test_deleted_consume_queue_is_rebuilt(tmp_path: Path) -> None:
     path = tmp_path / "s"
     write(path, 300)
     with MessageStore(path, CONFIG, read_only=True) as store:
-        before = snapshot(store)
+        before = stored_messages(store)
     shutil.rmtree(path / "consumequeue" / "T" / "1")
     with MessageStore(path, CONFIG) as store:
         assert store.recovery.queues_rebuilt == ["T/1"]
-        assert snapshot(store) == before
+        assert stored_messages(store) == before
 
 
 def test_recover_command_reports_and_is_idempotent(tmp_path: Path, capsys) -> None:

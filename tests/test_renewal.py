@@ -31,7 +31,7 @@ from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.progress import FlushProgress
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify
-from tests.test_fencing import (
+from tests.kit.fencing import (
     CONFIG,
     QUEUES,
     TOPIC,
@@ -175,7 +175,7 @@ CRASHER = textwrap.dedent(
     """
     import sys
     from rocketstore.pipeline.store import MessageStore
-    from tests.test_fencing import CONFIG
+    from tests.kit.fencing import CONFIG
     MessageStore(sys.argv[1], CONFIG)
     """
 )

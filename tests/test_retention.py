@@ -26,6 +26,7 @@ from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.retention import RetentionService
 from rocketstore.pipeline.retentionpolicy import RetentionPolicy
 from rocketstore.pipeline.store import MessageStore
+from tests.kit.files import snapshot
 
 CFG = StoreConfig(
     mapped_file_size_commitlog=64 * 1024,
@@ -109,15 +110,6 @@ def age_segments(store: MessageStore, now: int, hours: list[float]) -> None:
 
 def segment_names(store: MessageStore) -> list[str]:
     return [mf.path.name for mf in store.commitlog.segments.files]
-
-
-def snapshot(path: Path) -> dict[str, tuple[int, int, bytes]]:
-    out = {}
-    for p in sorted(path.rglob("*")):
-        if p.is_file() and p.name not in ("lock", "abort"):
-            st = p.stat()
-            out[str(p.relative_to(path))] = (st.st_size, st.st_mtime_ns, p.read_bytes())
-    return out
 
 
 def all_messages(store: MessageStore) -> dict[tuple[str, int, int], bytes]:
@@ -501,12 +493,12 @@ def test_plan_changes_nothing_and_matches_the_run(make_store, tmp_path: Path) ->
     svc, disk = service(store, max_files_per_run=100)
     disk.set_ratio(0.87)  # expired ones first, then forced ones
     store.flush()
-    snap = snapshot(store.path)
+    snap = snapshot(store.path, skip={"lock", "abort"}, times=True)
     infos = store.queue_infos()
     with store.writer_lock():
         plan = svc.plan(AT_04)
     assert plan.dry_run and plan.to_json()["dryRun"] is True
-    assert snapshot(store.path) == snap
+    assert snapshot(store.path, skip={"lock", "abort"}, times=True) == snap
     assert store.queue_infos() == infos
     assert segment_names(store) == names
     assert not svc.disk_full()
@@ -529,14 +521,14 @@ def test_plan_on_a_read_only_store(make_store) -> None:
     store = make_store()
     age_segments(store, AT_04, [100] * 3)
     store.close()
-    snap = snapshot(store.path)
+    snap = snapshot(store.path, skip={"lock", "abort"}, times=True)
     with MessageStore(store.path, CFG, read_only=True) as ro:
         svc, _ = service(ro)
         plan = svc.plan(AT_04)
         assert [f.path.name for f in plan.deleted("commitlog")] == segment_names(ro)[:3]
         with pytest.raises(ReadOnlyStoreError):
             svc.run(AT_04)
-    assert snapshot(store.path) == snap
+    assert snapshot(store.path, skip={"lock", "abort"}, times=True) == snap
 
 
 def test_report_json(make_store) -> None:

@@ -15,13 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
-from manyqueues import build
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.retention import RetentionService
 from rocketstore.pipeline.retentionpolicy import RetentionPolicy
 from rocketstore.pipeline.retentionreport import CleanReport
 from rocketstore.pipeline.store import MessageStore
+from tests.kit.manyqueues import build
 
 CONFIG = StoreConfig(
     mapped_file_size_commitlog=64 << 10,

@@ -1,6 +1,6 @@
 """Fault injection: a task dying mid-append and retried, and the driver SIGKILLed mid-batch.
 
-Each runs the query in its own process (tests/sink_job.py): the retry test needs
+Each runs the query in its own process (tests/procs/sink_job.py): the retry test needs
 ``local[2,3]`` (three attempts per task), and the kill test kills the whole process group.
 """
 
@@ -15,16 +15,17 @@ import time
 from pathlib import Path
 
 import pytest
-from sinkutil import CONFIG, read_back, write_input
 
 from rocketstore.pipeline import failpoints
 from rocketstore.pipeline.root import StoreRoot
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify
-from tests.realfs import real_fs
+from tests.kit import PROCS
+from tests.kit.realfs import real_fs
+from tests.kit.sinkutil import CONFIG, read_back, write_input
 
 ROOT = Path(__file__).resolve().parent.parent
-JOB = Path(__file__).resolve().parent / "sink_job.py"
+JOB = PROCS / "sink_job.py"
 
 
 def job(

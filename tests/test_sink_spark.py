@@ -14,14 +14,14 @@ from chispa import assert_df_equality
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from sinkutil import CONFIG, STORE_OPTIONS, read_back, write_input
 
 from rocketstore.pipeline.bodyformat import BodySchema, decode_bodies
-from rocketstore.pipeline.javahash import java_hash
 from rocketstore.pipeline.root import StoreRoot, select_queues
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify
 from rocketstore.sink.foreach import CommitLogSink, partition_keys
+from tests.kit.sinkcheck import check_stored
+from tests.kit.sinkutil import CONFIG, STORE_OPTIONS, read_back, write_input
 
 SPARK_SCHEMA = (
     "id long, keys string, tags string, properties map<string,string>, flag int, body binary"
@@ -41,62 +41,6 @@ def run_foreach(df: DataFrame, sink: CommitLogSink, checkpoint: Path) -> None:
         .start()
     )
     q.awaitTermination()
-
-
-def check_stored(
-    spark: SparkSession,
-    rows: list[dict[str, Any]],
-    stored: list[dict[str, Any]],
-    total_queues: int,
-    queues: int,
-    ordered: bool = True,
-) -> None:
-    """Every input row exactly once, intact, in its hash-selected queue, and (``ordered``) in
-    id order per key."""
-
-    def props(p: dict[str, str] | list[tuple[str, str]] | None) -> str:
-        # chispa sorts and compares whole rows, and Spark cannot order maps: compare as text.
-        items = dict(p or {})
-        return ",".join(f"{k}={v}" for k, v in sorted(items.items()))
-
-    compared = "id long, keys string, tags string, properties string, flag int, body binary"
-    expected = spark.createDataFrame(
-        sorted(
-            (r["id"], r["keys"], r["tags"], props(r["properties"]), r["flag"], r["body"])
-            for r in rows
-        ),
-        compared,
-    )
-    got = spark.createDataFrame(
-        sorted(
-            (
-                int(s["body"].split()[1]),
-                s["keys"],
-                s["tags"],
-                props(s["properties"]),
-                s["flag"],
-                s["body"],
-            )
-            for s in stored
-        ),
-        compared,
-    )
-    assert_df_equality(got, expected)
-    per_queue: dict[tuple[str, int], list[dict[str, Any]]] = collections.defaultdict(list)
-    for s in stored:
-        mq = abs(java_hash(s["keys"])) % total_queues
-        assert (s["broker"], s["queueId"]) == (f"broker-{mq // queues}", mq % queues)
-        per_queue[(s["broker"], s["queueId"])].append(s)
-    for msgs in per_queue.values():
-        msgs.sort(key=lambda s: s["queueOffset"])
-        assert [s["queueOffset"] for s in msgs] == list(range(len(msgs)))
-        by_key: dict[str, list[int]] = collections.defaultdict(list)
-        for s in msgs:
-            by_key[s["keys"]].append(int(s["body"].split()[1]))
-        for ids in by_key.values():
-            assert not ordered or ids == sorted(ids), (
-                "one key's messages out of order within its queue"
-            )
 
 
 def test_partition_keys_send_each_broker_to_its_own_task(spark: SparkSession) -> None:

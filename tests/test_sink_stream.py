@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from test_sink_append import CONFIG, FP, rows, stored
 
 from rocketstore.pipeline.errors import InvalidMessageError, StoreError, StoreLockedError
 from rocketstore.pipeline.store import MessageStore
@@ -30,6 +29,7 @@ from rocketstore.sink.prefetch import prefetched
 from rocketstore.sink.rows import ROUTED
 from rocketstore.sink.settings import SinkSettings
 from rocketstore.sink.writer import append_partition, append_routed, append_shuffled
+from tests.kit.appendrows import CONFIG, FP, rows, stored
 
 
 def parts(table: pa.Table, size: int) -> Iterator[pa.Table]:

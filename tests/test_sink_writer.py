@@ -11,7 +11,6 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from sinkutil import CONFIG, STORE_OPTIONS
 
 import rocketstore.sink.writer as writer
 from rocketstore.pipeline.errors import StoreLockedError
@@ -20,6 +19,7 @@ from rocketstore.pipeline.store import MessageStore
 from rocketstore.sink.append import AppendStats, sink_fingerprint
 from rocketstore.sink.plan import prepare, route_batches
 from rocketstore.sink.settings import SinkSettings
+from tests.kit.sinkutil import CONFIG, STORE_OPTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,7 +85,7 @@ HOLDER = textwrap.dedent(
     import sys
     from rocketstore.pipeline.config import StoreConfig
     from rocketstore.pipeline.store import MessageStore
-    from sinkutil import CONFIG
+    from tests.kit.sinkutil import CONFIG
     with MessageStore(sys.argv[1], CONFIG, create=True):
         print("holding", flush=True)
         sys.stdin.readline()
@@ -124,7 +124,7 @@ def test_a_task_appends_to_the_free_broker_while_another_process_holds_its_first
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     real_append = writer.append
 

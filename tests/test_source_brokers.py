@@ -14,7 +14,6 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sourcekit import SMALL, make_root, message_table, write
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
@@ -23,6 +22,7 @@ from rocketstore.pipeline.segments import list_segments
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.source import options
 from rocketstore.source.planning import Planner
+from tests.kit.sourcekit import SMALL, make_root, message_table, write
 
 # No background flush while a test looks: a writer's records stay past the flushed end until
 # the test flushes or closes it.

@@ -10,7 +10,6 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
-from sourcekit import SMALL
 
 from rocketstore.pipeline import bodyformat, record
 from rocketstore.pipeline.errors import ConfigError
@@ -21,6 +20,7 @@ from rocketstore.pipeline.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.source import options, schema
 from rocketstore.source.read import ReadContext
+from tests.kit.sourcekit import SMALL
 
 TS = pa.timestamp("us", tz="UTC")
 # Written out by hand: these are the contract, not a copy of source/schema.py.

@@ -2,7 +2,7 @@
 parquet file sink; the reading query is killed with SIGKILL at random points and started again
 from its checkpoint. The files must hold every message exactly once, whole.
 
-The reader runs in its own process (``tests/source_e2e_reader.py``); the writer is a sequence of
+The reader runs in its own process (``tests/procs/source_e2e_reader.py``); the writer is a sequence of
 ``df.write.format("rocketstore")`` appends from a thread of the test process, each waiting until
 the reader has planned another micro-batch (or a few seconds have passed), so that appends and
 reads interleave. Nothing waits by sleeping: every wait polls files the queries write.
@@ -26,8 +26,10 @@ from typing import Any
 
 import pytest
 
+from tests.kit import PROCS
+
 ROOT = Path(__file__).resolve().parent.parent
-READER = Path(__file__).resolve().parent / "source_e2e_reader.py"
+READER = PROCS / "source_e2e_reader.py"
 WAIT_S = 120
 SEED_ENV = "ROCKETSTORE_E2E_SEED"
 pytestmark = pytest.mark.slow

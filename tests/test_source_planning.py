@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sourcekit import SMALL, make_root
 
 from rocketstore.pipeline.errors import ConfigError, StoreError
 from rocketstore.pipeline.message import Message
@@ -30,6 +29,7 @@ from rocketstore.source.planning import (
     pack_ranges,
     split_ranges,
 )
+from tests.kit.sourcekit import SMALL, make_root
 
 # -- apportion and split ---------------------------------------------------------------------------
 

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sourcekit import make_root
 
 from rocketstore.pipeline.errors import StoreError
 from rocketstore.source.progress import offsets_behind_latest
+from tests.kit.sourcekit import make_root
 
 END = {"T": {"broker-0": {"0": 4, "1": 10}, "broker-1": {"0": 0}}}
 LATEST = {"T": {"broker-0": {"0": 10, "1": 10}, "broker-1": {"0": 7, "1": 3}}}

@@ -12,20 +12,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import fixture_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sourcekit import (
-    SMALL,
-    body_of,
-    expected_msg_lines,
-    ids_of,
-    make_root,
-    message_table,
-    msg_line,
-    read_all,
-    write,
-)
 
 from rocketstore.pipeline import record
 from rocketstore.pipeline.config import StoreConfig
@@ -40,6 +28,18 @@ from rocketstore.source.brokerview import BrokerView, QueueBounds
 from rocketstore.source.errors import DataLossError
 from rocketstore.source.planning import Planner
 from rocketstore.source.read import ReadContext, read_queue_range
+from tests.kit.fixtures import fixture_dir
+from tests.kit.sourcekit import (
+    SMALL,
+    body_of,
+    expected_msg_lines,
+    ids_of,
+    make_root,
+    message_table,
+    msg_line,
+    read_all,
+    write,
+)
 
 HOUR_MS = 3_600_000
 

@@ -16,8 +16,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
-from conftest import fixture_dir
-from sourcekit import (
+
+from rocketstore.pipeline import bodyformat
+from rocketstore.pipeline.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.store import MessageStore
+from tests.kit.fixtures import fixture_dir
+from tests.kit.sourcekit import (
     SMALL,
     body_of,
     expected_msg_lines,
@@ -27,10 +31,6 @@ from sourcekit import (
     msg_line,
     write,
 )
-
-from rocketstore.pipeline import bodyformat
-from rocketstore.pipeline.root import StoreRoot, TopicMeta
-from rocketstore.pipeline.store import MessageStore
 
 pytestmark = pytest.mark.slow
 HOUR_MS = 3_600_000

@@ -1,5 +1,5 @@
 """RocketMQ 4.9.4's own servers and clients on the files rocketstore writes and reads, both ways
-(../shared/rocketmq-4.9.4 through tests/stockrocketmq.py, in a network namespace):
+(../shared/rocketmq-4.9.4 through tests/kit/stockrocketmq.py, in a network namespace):
 
 * a root the Spark sink wrote, served by three stock brokers with autoCreateTopicEnable=false:
   the stock consumer reads every row exactly, ``mqadmin`` finds messages by key and by msgId
@@ -24,57 +24,36 @@ import json
 import random
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SMALL_CONFIG
-from stockrocketmq import (
+
+from rocketstore.pipeline import cli, lock, native, queueread, record
+from rocketstore.pipeline.errors import StoreLockedError
+from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.store import MessageStore
+from tests.kit import stockrocketmq
+from tests.kit.fixtures import SMALL_CONFIG
+from tests.kit.stockrocketmq import (
+    BROKER_CONF,
     BROKER_PORT,
+    GEOMETRY,
     Consumed,
     StockCluster,
     check_sent,
     parse_message,
     parse_query_by_key,
     parse_topic_status,
-    unavailable,
 )
-
-from rocketstore.pipeline import cli, lock, native, queueread, record
-from rocketstore.pipeline.errors import StoreLockedError
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("stock-rocketmq")]
 
-# Small files, so that brokers and rocketstore both roll CommitLog segments, ConsumeQueue files
-# and IndexFiles; the stock brokers are given the same geometry (RocketMQ's names throughout).
-GEOMETRY = {
-    "mappedFileSizeCommitLog": SMALL_CONFIG.mapped_file_size_commitlog,
-    "mappedFileSizeConsumeQueue": SMALL_CONFIG.mapped_file_size_consume_queue,
-    "maxHashSlotNum": SMALL_CONFIG.max_hash_slot_num,
-    "maxIndexNum": SMALL_CONFIG.max_index_num,
-}
-BROKER_CONF = [
-    *(f"{name}={value}" for name, value in GEOMETRY.items()),
-    # A stock broker refuses sends with SYSTEM_BUSY (which its producer does not retry) when a
-    # send waits over 200 ms in its queue or a put holds the log over 1 s: flow control that a
-    # loaded two-core machine trips. These tests are about the files, so it is loosened.
-    "waitTimeMillsInSendQueue=30000",
-    "osPageCacheBusyTimeOutMills=30000",
-]
+cluster = stockrocketmq.cluster  # the stock name server and brokers, one set for this module
+
 SINK_OPTIONS = {name: str(value) for name, value in GEOMETRY.items()}
 WAIT_S = 300  # a deadline for conditions polled on a loaded two-core machine
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StockCluster]:
-    why = unavailable()
-    if why is not None:
-        pytest.skip(why)
-    with StockCluster(tmp_path_factory.mktemp("rmq-run")) as running:
-        yield running
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import random
 import re
@@ -36,7 +35,6 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from model import StoreModel, java_hash, keys_text
 
 from rocketstore.pipeline.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
 from rocketstore.pipeline.errors import (
@@ -47,6 +45,8 @@ from rocketstore.pipeline.errors import (
 from rocketstore.pipeline.message import Message, messages_to_table
 from rocketstore.pipeline.results import PutResult
 from rocketstore.pipeline.store import MessageStore
+from tests.kit.files import snapshot
+from tests.kit.model import StoreModel, java_hash, keys_text
 
 MAX_TS = 2**63 - 1
 INT32 = st.integers(-(2**31), 2**31 - 1)
@@ -205,15 +205,6 @@ def as_payload(batch: list[Message], form: str) -> list[Message] | pa.Table | pa
     if form == "record_batch" and table.num_rows:
         return table.combine_chunks().to_batches()[0]
     return table
-
-
-def snapshot(path: Path) -> dict[str, str]:
-    """Every file of a store directory, by content hash (shows any byte written)."""
-    return {
-        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(path.rglob("*"))
-        if p.is_file() and p.name != "lock"
-    }
 
 
 # -- checks shared by the machine and the standalone tests ----------------------------------------
@@ -517,13 +508,13 @@ class StoreMachine(RuleBasedStateMachine):
         at = data.draw(st.integers(0, len(batch)))
         batch.insert(at, bad)
         self.s.flush()  # leave the background flusher nothing to write during the refused put
-        before = snapshot(self.path)
+        before = snapshot(self.path, skip={"lock"})
         error = MessageTooLargeError if kind == "body_too_large" else InvalidMessageError
         with pytest.raises(error):
             self.s.put_batch(
                 as_payload(batch, data.draw(st.sampled_from(["list", "table", "sliced"])))
             )
-        assert snapshot(self.path) == before
+        assert snapshot(self.path, skip={"lock"}) == before
 
     # -- reads ----------------------------------------------------------------------------------
     @rule(data=st.data())
@@ -614,19 +605,19 @@ class StoreMachine(RuleBasedStateMachine):
         # The writer's background flusher rewrites the checkpoint and progress file when
         # there is something new to flush; flushing now leaves it nothing to do meanwhile.
         self.s.flush()
-        before = snapshot(self.path)
+        before = snapshot(self.path, skip={"lock"})
         with MessageStore(self.path, self.config, read_only=True, clock_ms=self.clock) as view:
             audit(view, self.model)
-        assert snapshot(self.path) == before
+        assert snapshot(self.path, skip={"lock"}) == before
 
     @rule()
     def reopen(self) -> None:
         self.s.close()
         self.store = None
         # A clean close followed by an open and a close changes no byte.
-        closed = snapshot(self.path)
+        closed = snapshot(self.path, skip={"lock"})
         MessageStore(self.path, self.config, clock_ms=self.clock).close()
-        assert snapshot(self.path) == closed
+        assert snapshot(self.path, skip={"lock"}) == closed
         self.store = MessageStore(self.path, self.config, clock_ms=self.clock)
         report = self.store.recovery
         assert not report.abort_file_found
@@ -696,13 +687,13 @@ def test_invalid_batch_is_refused_whole(
         # The background flusher would otherwise write the progress file and checkpoint for
         # `before` at some moment during the refused put, a change this test did not cause.
         store.flush()
-        files = snapshot(path)
+        files = snapshot(path, skip={"lock"})
         clock.now += 1000
         form = data.draw(st.sampled_from(["list", "table", "record_batch", "sliced", "chunked"]))
         error = MessageTooLargeError if kind.endswith("too_large") else InvalidMessageError
         with pytest.raises(error):
             store.put_batch(as_payload(batch, form))
-        assert snapshot(path) == files
+        assert snapshot(path, skip={"lock"}) == files
         check_bounds(store, model)
         # The store still takes the valid part of the batch afterwards.
         del batch[at]

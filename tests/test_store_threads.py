@@ -13,13 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from contention import Aside, SignallingLock, run_aside
 
 from rocketstore.pipeline import durability
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.results import GetResult
 from rocketstore.pipeline.store import MessageStore
+from tests.kit.contention import Aside, SignallingLock, run_aside
 
 CLOCK = 1_700_000_000_000
 QUEUES = [("TopicA", 0), ("TopicA", 1), ("TopicB", 0)]

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURE_CONFIG, SMALL_CONFIG
 
 from rocketstore.pipeline import cli, record, storehost
 from rocketstore.pipeline.config import StoreConfig
@@ -17,6 +16,7 @@ from rocketstore.pipeline.errors import ConfigError
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.sink.writer import broker_config
+from tests.kit.fixtures import FIXTURE_CONFIG, SMALL_CONFIG
 
 # Taken before the suite's autouse pin (conftest._steady_host) replaces the module's function.
 REAL_HOST_ADDRESS = storehost.host_address

@@ -15,12 +15,12 @@ import json
 from pathlib import Path
 
 import pytest
-from manyqueues import QUICK, build, table
 
 from rocketstore.pipeline.cli import main
 from rocketstore.pipeline.consumequeue import ConsumeQueue, Peek
 from rocketstore.pipeline.results import QueueInfo
 from rocketstore.pipeline.store import MessageStore
+from tests.kit.manyqueues import QUICK, build, table
 
 CONFIG = QUICK
 TOPICS = 500  # 2,000 queues

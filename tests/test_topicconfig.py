@@ -1,6 +1,6 @@
 """pipeline/topicconfig.py: ``config/topics.json`` in RocketMQ 4.9.4's own format, merged with
 what a broker wrote, written crash-safely, shown by ``rocketstore topics``; and stock brokers
-(../shared/rocketmq-4.9.4, tests/stockrocketmq.py) loading and serving what it wrote."""
+(../shared/rocketmq-4.9.4, tests/kit/stockrocketmq.py) loading and serving what it wrote."""
 
 from __future__ import annotations
 
@@ -15,11 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SMALL_CONFIG
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from powercut import PowerCut, PowerLost
-from stockrocketmq import KIT, Consumed, StockCluster, parse_consumed, unavailable
 
 from rocketstore.pipeline import cli, durability
 from rocketstore.pipeline.config import StoreConfig
@@ -33,6 +30,9 @@ from rocketstore.pipeline.topicconfig import (
     queue_counts,
     read_topics,
 )
+from tests.kit.fixtures import SMALL_CONFIG
+from tests.kit.powercut import PowerCut, PowerLost
+from tests.kit.stockrocketmq import KIT, Consumed, StockCluster, parse_consumed, unavailable
 
 CLOCK = 1_700_000_000_000
 
@@ -388,7 +388,7 @@ def state(config: Path) -> tuple[bytes | None, bytes | None]:
 def test_a_power_cut_at_any_barrier_leaves_the_old_or_the_new_file(
     tmp_path: Path, before: str
 ) -> None:
-    """The power is cut at each durability barrier of a change in turn (tests/powercut.py:
+    """The power is cut at each durability barrier of a change in turn (tests/kit/powercut.py:
     what was not synced is lost); topics.json is then the old or the new file, whole, and
     the .bak holds the previous state (or the one before it, if the cut came first)."""
     change = {"TopicA": 4, "TopicB": 1}

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from powercut import abandon
 
 from rocketstore.pipeline import record
 from rocketstore.pipeline.cli import main
@@ -16,8 +15,9 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify
+from tests.kit import PROCS
+from tests.kit.powercut import abandon
 
-HERE = Path(__file__).resolve().parent
 CONF = """\
 mappedFileSizeCommitLog = 262144
 mappedFileSizeConsumeQueue = 4000
@@ -31,7 +31,7 @@ def test_verify_while_a_writer_appends(tmp_path: Path, capsys: pytest.CaptureFix
     conf = tmp_path / "store.toml"
     conf.write_text(CONF)
     writer = subprocess.Popen(
-        [sys.executable, str(HERE / "live_writer.py"), str(store)],
+        [sys.executable, str(PROCS / "live_writer.py"), str(store)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

@@ -13,12 +13,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from consolekit import SMALL, SMALL_TOML
-from promkit import PROMTOOL, free_port
 
 from rocketstore.pipeline import cli
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.store import MessageStore
+from tests.kit.consolekit import SMALL, SMALL_TOML
+from tests.kit.promkit import PROMTOOL, free_port
 
 pytest.importorskip("prometheus_client", reason="verify --metrics needs the 'console' extra")
 from prometheus_client.parser import text_string_to_metric_families

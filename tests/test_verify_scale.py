@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from manyqueues import QUICK, FileReads, build
 
 from rocketstore.pipeline import fileio
 from rocketstore.pipeline import verify as verify_module
@@ -26,6 +25,7 @@ from rocketstore.pipeline.layout import PRE_BLANK_SIZE, UNIT_DTYPE
 from rocketstore.pipeline.store import MessageStore
 from rocketstore.pipeline.verify import verify
 from rocketstore.pipeline.verify_units import first_look
+from tests.kit.manyqueues import QUICK, FileReads, build
 
 CONFIG = QUICK
 PER_QUEUE = 3

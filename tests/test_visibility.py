@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from sourcekit import SMALL, message_table
 
 from rocketstore.pipeline import visibility
 from rocketstore.pipeline.config import SYNC_FLUSH, StoreConfig
@@ -35,6 +34,7 @@ from rocketstore.source import options, schema
 from rocketstore.source.brokerview import BrokerView
 from rocketstore.source.planning import KeyRange, Planner, QueueRange
 from rocketstore.source.read import ReadContext, read_key, read_queue_range
+from tests.kit.sourcekit import SMALL, message_table
 
 SHARED = dataclasses.replace(SMALL, shared_storage="shared", visibility_wait_ms=2000)
 LOCAL = dataclasses.replace(SMALL, shared_storage="local")

@@ -36,8 +36,8 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.message import Message
 from rocketstore.pipeline.root import StoreRoot
 from rocketstore.pipeline.store import MessageStore
+from tests.kit import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "conf" / "prometheus" / "rocketstore-rules.yml"
 START_TIMEOUT = 60.0
 PROMETHEUS = shutil.which("prometheus")

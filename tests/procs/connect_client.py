@@ -2,7 +2,7 @@
 made a Connect session switches PySpark's functions to Connect for good, so the test process,
 which holds a classic session, cannot be the client). Run by tests/test_connect.py.
 
-usage: python tests/connect_client.py SCENARIO URL ARGS...
+usage: python tests/procs/connect_client.py SCENARIO URL ARGS...
 
   sink INPUT ROOT CHECKPOINT [FAILPOINT]     foreachBatch(CommitLogSink) of parquet files
   two-sinks INPUT_A INPUT_B ROOT CK_A CK_B   two such queries at once, in one session
@@ -19,16 +19,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Run by path, this script has tests/procs/ on sys.path: the checkout is added for tests.kit.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pyspark.errors import PySparkException, StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
-from sinkutil import STORE_OPTIONS
 
 from rocketstore.datasource import register
 from rocketstore.sink.foreach import CommitLogSink
+from tests.kit.sinkutil import STORE_OPTIONS
 
 SCHEMA = "id long, keys string, tags string, properties map<string,string>, flag int, body binary"
 SINK = {"brokers": 2, "queues": 2, **STORE_OPTIONS, "chunkRows": "50"}

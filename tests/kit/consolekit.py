@@ -15,10 +15,8 @@ geometry of :data:`SMALL_TOML`:
 
 from __future__ import annotations
 
-import hashlib
 import html
 import json
-import os
 import queue
 import re
 import signal
@@ -134,17 +132,6 @@ def append_orders(root: Path, broker: str, queue_id: int, first: int, n: int) ->
     """``n`` more orders (ids from ``first``) in a queue of ``broker``."""
     with MessageStore(root / broker, SMALL) as store:
         store.put_batch(order_messages(order_schema(), first, n, queue_id))
-
-
-def tree_digest(path: Path) -> dict[str, str]:
-    """Every file under ``path`` (relative name -> SHA-256 of its bytes), to tell a store
-    unchanged."""
-    out: dict[str, str] = {}
-    for parent, _, files in os.walk(path):
-        for name in files:
-            full = Path(parent, name)
-            out[str(full.relative_to(path))] = hashlib.sha256(full.read_bytes()).hexdigest()
-    return out
 
 
 class ConsoleProcess:

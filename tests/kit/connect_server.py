@@ -19,11 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-from sparkproc import free_port, spark_home, stop, tail
-
 from rocketstore.sink.append import FAILPOINT_ENV
+from tests.kit import ROOT
+from tests.kit.sparkproc import free_port, spark_home, stop, tail
 
-ROOT = Path(__file__).resolve().parent.parent
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 START_TIMEOUT = 120.0
 BIND_ATTEMPTS = 5

@@ -31,7 +31,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-ROOT = Path(__file__).resolve().parent.parent
+import pytest
+
+from tests.kit import ROOT
+from tests.kit.fixtures import SMALL_CONFIG
+
 KIT = ROOT.parent / "shared" / "rocketmq-4.9.4"
 NAMESRV_PORT = 19876
 BROKER_PORT = 20911
@@ -419,3 +423,30 @@ def parse_message(stdout: str) -> dict[str, str]:
         if sep and name and not name.startswith(" ") and value.startswith(" "):
             fields.setdefault(name.strip(), value.strip())
     return fields
+
+
+# Small files, so that brokers and rocketstore both roll CommitLog segments, ConsumeQueue files
+# and IndexFiles; the stock brokers are given the same geometry (RocketMQ's names throughout).
+GEOMETRY = {
+    "mappedFileSizeCommitLog": SMALL_CONFIG.mapped_file_size_commitlog,
+    "mappedFileSizeConsumeQueue": SMALL_CONFIG.mapped_file_size_consume_queue,
+    "maxHashSlotNum": SMALL_CONFIG.max_hash_slot_num,
+    "maxIndexNum": SMALL_CONFIG.max_index_num,
+}
+BROKER_CONF = [
+    *(f"{name}={value}" for name, value in GEOMETRY.items()),
+    # A stock broker refuses sends with SYSTEM_BUSY (which its producer does not retry) when a
+    # send waits over 200 ms in its queue or a put holds the log over 1 s: flow control that a
+    # loaded two-core machine trips. These tests are about the files, so it is loosened.
+    "waitTimeMillsInSendQueue=30000",
+    "osPageCacheBusyTimeOutMills=30000",
+]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StockCluster]:
+    why = unavailable()
+    if why is not None:
+        pytest.skip(why)
+    with StockCluster(tmp_path_factory.mktemp("rmq-run")) as running:
+        yield running

@@ -51,7 +51,7 @@ it does not free the locks. So a lock held on A is obtainable on B about
 here, B's retries included, and earlier by up to ``keepalive-time`` when the bricks had heard
 nothing from A for that long before the cut (3.3 s with 5 in a manual run).
 Measured here (a ``DirectoryLock`` held on A; B retrying every 50 ms; three runs each of
-``python -m tests.netcluster takeover``), seconds from the partition to B holding the lock:
+``python -m tests.kit.netcluster takeover``), seconds from the partition to B holding the lock:
 
     ================  ============  ===============  ================
     tcp-user-timeout  ping-timeout  keepalive t/i/c  take-over
@@ -93,7 +93,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests import gluster as gl
+from tests.kit import gluster as gl
 
 # What a host's client answers for a descriptor (or a mapping's write-back) of a file that was
 # replaced while the host was cut off: it reopens descriptors by the old inode's gfid, which is
@@ -497,7 +497,7 @@ def cluster(
     (letters and digits, not ``srv``); the timeouts: volume options (:func:`default_options`);
     ``options``: more of them, set before the volume starts (``client.strict-locks: on``, say).
     Work files go to a new directory in ``parent``; the clients' and glusterd's logs
-    (``log/``) stay there when ``parent`` is given. Raises :class:`~tests.gluster.
+    (``log/``) stay there when ``parent`` is given. Raises :class:`~tests.kit.gluster.
     GlusterUnavailable` where this machine cannot make one."""
     why = unavailable()
     if why is not None:
@@ -590,7 +590,7 @@ def takeover(c: NetCluster, holder: str, taker: str, timeout_s: float = 120.0) -
 
 
 def main(argv: Sequence[str]) -> None:
-    """``python -m tests.netcluster takeover [RUNS]``: the take-over table of the docstring."""
+    """``python -m tests.kit.netcluster takeover [RUNS]``: the take-over table of the docstring."""
     if list(argv[:1]) != ["takeover"]:
         sys.exit(main.__doc__)
     runs = int(argv[1]) if len(argv) > 1 else 3

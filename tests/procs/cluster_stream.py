@@ -2,7 +2,7 @@
 job's streaming source, started by those jobs' own ``start`` functions in one application and
 running at the same time over one store root, until the export has read every row.
 
-usage: spark-submit tests/cluster_stream.py STORE CONFIG STAGED SHARED ROWS SUMMARY
+usage: spark-submit tests/procs/cluster_stream.py STORE CONFIG STAGED SHARED ROWS SUMMARY
 
 The row files in STAGED are fed one at a time into the folder the sink reads (STAGED-feed):
 the next only once the source has read every row fed so far, so the source reads the store
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout
 
 from pyspark.sql import SparkSession
 

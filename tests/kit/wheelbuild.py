@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT
+from tests.kit import ROOT
 
 
 def _build(dest: Path, timeout_s: float) -> Path:

@@ -1,7 +1,7 @@
 """A streaming query writing parquet input into a store root, run in its own process by the
 sink's fault tests (they need their own Spark master and must be able to SIGKILL the driver).
 
-usage: python tests/sink_job.py INPUT ROOT CHECKPOINT MASTER FACE [FAILPOINT]
+usage: python tests/procs/sink_job.py INPUT ROOT CHECKPOINT MASTER FACE [FAILPOINT]
 FACE is ``foreach``, ``foreach-shuffled`` (two input files a micro-batch: two partitions, which
 the foreachBatch sink shuffles into one task per broker) or ``format``; FAILPOINT is a ``$ROCKETSTORE_TEST_FAILPOINT`` value (see
 sink/append.py), which the Spark tasks inherit. Prints ``done <rows appended> <rows skipped>
@@ -14,15 +14,15 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Run by path, this script has tests/procs/ on sys.path: the checkout is added for tests.kit.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pyspark.sql import SparkSession
-from sinkutil import STORE_OPTIONS
 
 from rocketstore.datasource import register
 from rocketstore.sink.append import FAILPOINT_ENV
 from rocketstore.sink.foreach import CommitLogSink
+from tests.kit.sinkutil import STORE_OPTIONS
 
 SCHEMA = "id long, keys string, tags string, properties map<string,string>, flag int, body binary"
 

@@ -2,7 +2,7 @@
 sink, in a process of its own so that the test can kill it with SIGKILL and start it again from
 its checkpoint.
 
-    python tests/source_e2e_reader.py ROOT CHECKPOINT OUT stream|drain
+    python tests/procs/source_e2e_reader.py ROOT CHECKPOINT OUT stream|drain
 
 ``stream`` runs micro-batches until killed; ``drain`` reads what is there (availableNow) and
 exits 0.

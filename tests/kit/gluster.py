@@ -61,7 +61,7 @@ def gluster(
     *args: str, check: bool = True, enter: Sequence[str] = ()
 ) -> subprocess.CompletedProcess[str]:
     """``gluster --mode=script ARGS``, run under the command prefix ``enter`` when one is given
-    (an ``nsenter`` into the namespaces of another glusterd: tests/netcluster.py)."""
+    (an ``nsenter`` into the namespaces of another glusterd: tests/kit/netcluster.py)."""
     done = subprocess.run(
         [*enter, "gluster", "--mode=script", *args],
         capture_output=True,

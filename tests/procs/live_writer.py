@@ -1,8 +1,8 @@
 """A writer for tests/test_verify_live.py: appends batches until a line arrives on stdin.
 
-Usage: live_writer.py STORE. Prints ``ready`` once its first flush is on disk, then keeps
-putting batches (flushing every 20 ms) until stdin has a line or is closed, then prints how
-many messages it wrote and closes the store.
+Usage: python tests/procs/live_writer.py STORE. Prints ``ready`` once its first flush is on
+disk, then keeps putting batches (flushing every 20 ms) until stdin has a line or is closed,
+then prints how many messages it wrote and closes the store.
 """
 
 from __future__ import annotations

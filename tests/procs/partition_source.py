@@ -1,7 +1,7 @@
 """A streaming query of the ``rocketstore`` source that a partition test runs on a host cut off
 from the volume (tests/test_partition.py): driver and executors (``local[2]``) on that host.
 
-usage: python -m tests.partition_source STORE TOPIC OUT CHECKPOINT
+usage: python -m tests.procs.partition_source STORE TOPIC OUT CHECKPOINT
 
 Each micro-batch's bodies go to ``OUT/batch-<id>.txt`` (written whole, then renamed; a replayed
 batch id replaces its file), and the script prints ``batch <id> <rows>``. When the query fails

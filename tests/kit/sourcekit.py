@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from readtxt import born_text, store_text
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.root import StoreRoot, TopicMeta
@@ -18,6 +17,7 @@ from rocketstore.pipeline.store import MessageStore
 from rocketstore.source import options, schema
 from rocketstore.source.planning import Planner
 from rocketstore.source.read import ReadContext, read_key, read_queue_range
+from tests.kit.readtxt import born_text, store_text
 
 SMALL = StoreConfig(
     mapped_file_size_commitlog=64 * 1024,

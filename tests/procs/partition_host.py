@@ -1,6 +1,6 @@
 """A writer or reader that a partition test runs on one of its hosts (tests/test_partition.py).
 
-``python -m tests.partition_host write STORE NAME FLUSH``: opens STORE for writing, retrying
+``python -m tests.procs.partition_host write STORE NAME FLUSH``: opens STORE for writing, retrying
 while another writer holds it (as a writer taking a broker over does), prints ``open <seconds
 waited> <derived files given a new inode> <pid>`` (rocketstore.pipeline.renewal), then takes
 commands from standard input, one a line:
@@ -21,10 +21,10 @@ commands from standard input, one a line:
 * ``flush``: flushes the store; prints ``flushed`` or ``fail-flush <error class>: <message>``.
 * ``close``: closes the store; prints ``closed`` or ``fail-close <error class>: <message>``.
 
-``python -m tests.partition_host config FILE`` writes those settings as a store.toml for the
-command line. ``python -m tests.partition_host read STORE``: opens STORE read-only and prints
+``python -m tests.procs.partition_host config FILE`` writes those settings as a store.toml for the
+command line. ``python -m tests.procs.partition_host read STORE``: opens STORE read-only and prints
 ``msg <queue> <offset> <body>`` for every message of every queue, then ``count <n>``.
-``python -m tests.partition_host view STORE``: the same view, held open for commands
+``python -m tests.procs.partition_host view STORE``: the same view, held open for commands
 (:func:`view`).
 
 Output is flushed line by line, so the test sees each acknowledgement as it happens.
