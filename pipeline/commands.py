@@ -279,7 +279,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 def _verify_metrics_file(value: str) -> Path:
     """``verify --metrics FILE``, checked before the scan: the extra it needs, its directory."""
-    from rocketstore.pipeline.console.server import check_dependencies
+    from rocketstore.pipeline.extras import check_dependencies
 
     check_dependencies(
         ("prometheus_client",),

@@ -3,8 +3,8 @@
 
 Importable without the ``console`` extra: :func:`cmd_console` and :func:`cmd_exporter` check
 for the packages they need first (starlette, uvicorn, prometheus_client; the console also
-jinja2 and matplotlib) and raise :class:`ConsoleDependencyError` naming the extra to install,
-before importing any of them.
+jinja2 and matplotlib) and raise :class:`rocketstore.pipeline.extras.ConsoleDependencyError`
+naming the extra to install, before importing any of them.
 
 The socket is bound here, before uvicorn starts, so that ``--port 0`` (any free port) prints
 the port it got, and a port in use fails at once with one line. Binding anything but loopback
@@ -14,7 +14,6 @@ requires a token (:mod:`.auth`): read from ``--token-file``, else generated and 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import ipaddress
 import socket
 import sys
@@ -22,7 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rocketstore.pipeline.errors import ConfigError, StoreError
+from rocketstore.pipeline import extras
+from rocketstore.pipeline.errors import ConfigError
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
@@ -33,14 +33,8 @@ EXPORTER_EXTRA = "the exporter needs the 'console' extra: pip install 'rocketsto
 EXPORTER_NEEDED = ("starlette", "uvicorn", "prometheus_client")
 
 
-class ConsoleDependencyError(StoreError):
-    """A package of the ``console`` extra is not installed."""
-
-
 def check_dependencies(needed: tuple[str, ...] = NEEDED, extra: str = EXTRA) -> None:
-    missing = [name for name in needed if importlib.util.find_spec(name) is None]
-    if missing:
-        raise ConsoleDependencyError(f"{extra} (missing: {', '.join(missing)})")
+    extras.check_dependencies(needed, extra)
 
 
 def is_loopback(address: str) -> bool:
