@@ -38,7 +38,7 @@ with warnings.catch_warnings():
 
 import pyarrow as pa
 
-from rocketstore.pipeline import bodyformat, cli
+from rocketstore.pipeline import bodyformat, cli, extras
 from rocketstore.pipeline.console import rates, server, views
 from rocketstore.pipeline.console.app import create_app
 from rocketstore.pipeline.console.views import Console
@@ -296,9 +296,9 @@ def test_console_command_errors(
     root, _ = make_root(tmp_path / "r")
     assert cli.main(["console", str(root), "--token-file", str(short), "--port", "0"]) == 2
     assert "at least 16" in capsys.readouterr().err
-    real = server.importlib.util.find_spec
+    real = extras.importlib.util.find_spec
     monkeypatch.setattr(
-        server.importlib.util,
+        extras.importlib.util,
         "find_spec",
         lambda name, *a: None if name == "uvicorn" else real(name, *a),
     )
