@@ -39,7 +39,7 @@ with warnings.catch_warnings():
 import pyarrow as pa
 
 from rocketstore.pipeline import bodyformat, cli, extras
-from rocketstore.pipeline.console import rates, server, views
+from rocketstore.pipeline.console import rates, views
 from rocketstore.pipeline.console.app import create_app
 from rocketstore.pipeline.console.views import Console
 from rocketstore.pipeline.message import Message
