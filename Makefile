@@ -43,6 +43,12 @@ test: $(STAMP) ## Run the whole test suite (the crate's unit tests, then pytest)
 	cd native && cargo test --release --quiet
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=30
 
+# The inner loop: the tests that start no process, no Spark and no server (tests/conftest.py
+# marks the others `heavy`). `make test` and .ci/run still run everything.
+check: lint ## Quick tier: lint, the crate's tests, the unit and property tests (no Spark, no servers)
+	cd native && cargo test --release --quiet
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not heavy" --durations=10
+
 demo: java $(STAMP) ## Run the whole Spark pipeline for a minute, then print what it did
 	$(PY) -m rocketstore.jobs.demo --dir $(DEMO_DIR) --seconds $(DEMO_SECONDS)
 
@@ -105,4 +111,4 @@ clean: ## Remove what `make demo` made, bench output and caches (keeps .venv and
 	fi
 	rm -rf .pytest_cache .mypy_cache .ruff_cache bench/out dist
 
-.PHONY: help venv test demo java wheel bench charts dashboard lint format clean
+.PHONY: help venv test check demo java wheel bench charts dashboard lint format clean

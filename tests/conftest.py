@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -180,8 +183,130 @@ def netcluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
         yield made
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under ``pytest -n`` (``make test``), tests that share one machine-wide resource run in
+# -- the quick tier -------------------------------------------------------------------------
+#
+# `make check` runs the tests not marked ``heavy``: those that start no other process (no Spark
+# session or spark-submit, no JVM, no server, no mount, no namespace, no browser). The mark is
+# given here from what a test uses, so that a new test lands in the right tier by itself: its
+# markers, its fixtures, and the names its code (and that of the fixtures and test helpers it
+# calls, followed through tests/ and bench/) reaches.
+
+# Fixtures that start Spark or another machine-wide resource (also found by the walk below;
+# named here because they are the common case).
+HEAVY_FIXTURES = frozenset(
+    {"spark", "connect_server", "connect_url", "gluster_daemon", "gluster_volume", "netcluster"}
+)
+# Marks that say a test is slow or shares a machine-wide resource.
+HEAVY_MARKERS = ("slow", "gluster", "xdist_group")
+# Modules whose use means another process (or a JVM): any name of them, or under them.
+PROCESS_MODULES = frozenset({"subprocess", "multiprocessing", "pyspark", "selenium"})
+# What of ``os`` starts or replaces a process.
+PROCESS_CALLS = frozenset(
+    {"fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp"}
+    | {f"exec{s}" for s in ("l", "le", "lp", "lpe", "v", "ve", "vp", "vpe")}
+    | {f"spawn{s}" for s in ("l", "le", "lp", "lpe", "v", "ve", "vp", "vpe")}
+)
+# Where the walk follows code: the suite's and the benchmarks' (whose harness runs git, Python
+# and Spark processes). The package's own code is not followed: what of it starts processes
+# (the jobs, the Spark faces) is reached through pyspark or the fixtures.
+WALKED = (Path(__file__).resolve().parent, ROOT / "bench")
+
+
+def _walked(obj: object) -> bool:
+    """Whether ``obj`` (a function, class or module) was defined in a file under WALKED."""
+    if isinstance(obj, types.ModuleType):
+        paths = [getattr(obj, "__file__", None), *getattr(obj, "__path__", ())]
+    elif isinstance(obj, type):
+        paths = [getattr(sys.modules.get(obj.__module__), "__file__", None)]
+    else:
+        paths = [getattr(getattr(obj, "__code__", None), "co_filename", None)]
+    return any(p is not None and _under_walked(p) for p in paths)
+
+
+@functools.cache
+def _under_walked(path: str) -> bool:
+    return any(Path(path).resolve().is_relative_to(d) for d in WALKED)
+
+
+class _ProcessWalk:
+    """Follows a test's (or fixture's) code through the functions and classes of WALKED it
+    names, and says whether it reaches a way to start a process."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+
+    def reaches(self, obj: object) -> bool:
+        if id(obj) in self.seen:
+            return False
+        self.seen.add(id(obj))
+        if isinstance(obj, types.ModuleType):
+            return obj.__name__.partition(".")[0] in PROCESS_MODULES
+        module = getattr(obj, "__module__", None)
+        if isinstance(module, str) and module.partition(".")[0] in PROCESS_MODULES:
+            return True
+        if isinstance(obj, type):
+            return _walked(obj) and any(self.reaches(m) for m in self._members(obj))
+        # Through decorators (contextlib.contextmanager's wrapper is contextlib's code).
+        func = inspect.unwrap(obj) if callable(obj) else obj
+        code = getattr(func, "__code__", None)
+        if code is None or not _walked(func):
+            return False
+        return self._code(code, func.__globals__)
+
+    def _members(self, cls: type) -> Iterator[object]:
+        for klass in cls.__mro__:
+            for member in vars(klass).values():
+                if isinstance(member, (staticmethod, classmethod)):
+                    yield member.__func__
+                elif isinstance(member, property):
+                    yield from (f for f in (member.fget, member.fset) if f is not None)
+                elif inspect.isfunction(member) or isinstance(member, type):
+                    yield member
+
+    def _code(self, code: types.CodeType, scope: dict[str, Any]) -> bool:
+        names = set(code.co_names)
+        # A local import names the module in co_names too ("pyspark.sql", "subprocess").
+        if any(name.partition(".")[0] in PROCESS_MODULES for name in names):
+            return True
+        if "os" in names and scope.get("os") is os and names & PROCESS_CALLS:
+            return True
+        for name in names:
+            value = scope.get(name)
+            if value is None:
+                continue
+            if self.reaches(value):
+                return True
+            # tests.gluster.volume(...): the attributes this code names of a kit module.
+            kit = isinstance(value, types.ModuleType) and _walked(value)
+            if kit and any(self.reaches(getattr(value, n)) for n in names if hasattr(value, n)):
+                return True
+        return any(
+            self._code(const, scope)
+            for const in code.co_consts
+            if isinstance(const, types.CodeType)
+        )
+
+
+def _heavy(item: pytest.Item) -> bool:
+    if any(item.get_closest_marker(name) for name in HEAVY_MARKERS):
+        return True
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if fixtures & HEAVY_FIXTURES:
+        return True
+    used: list[Callable[..., Any]] = [item.function] if isinstance(item, pytest.Function) else []
+    info = getattr(item, "_fixtureinfo", None)
+    for name in fixtures:
+        defs = info.name2fixturedefs.get(name) if info is not None else None
+        if defs:
+            used.append(defs[-1].func)
+    return any(_ProcessWalk().reaches(func) for func in used)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks the tests of the heavy tier (above), and groups tests for ``pytest -n``.
+
+    Under ``pytest -n`` (``make test``), tests that share one machine-wide resource run in
     one worker, one after another: GlusterFS tests share the one ``glusterd``, which the first
     to need it may start and stop; the Spark standalone cluster tests (six JVMs each) would
     starve each other, and share the nodes' Python built once per worker. Clusters with a
@@ -189,6 +314,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     their own) and run in a group of their own: one at a time, so that the take-over times
     they measure do not also measure another cluster's load."""
     for item in items:
+        if _heavy(item):
+            item.add_marker(pytest.mark.heavy)
         if "netcluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("netcluster"))
         elif (
@@ -197,6 +324,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             or item.nodeid.startswith("tests/test_cluster.py")
         ):
             item.add_marker(pytest.mark.xdist_group("gluster"))
+    if hasattr(config, "workerinput"):
+        # Under -n each worker takes the next test when it is nearly done with those it has
+        # (the groups go first, largest first): the slow tests first, the quick ones last, so
+        # that at the end neither worker waits long for the other's last test.
+        items.sort(
+            key=lambda item: (
+                0
+                if item.get_closest_marker("slow")
+                else 1
+                if item.get_closest_marker("heavy")
+                else 2
+            )
+        )
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

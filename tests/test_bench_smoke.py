@@ -8,6 +8,11 @@ from typing import Any
 
 import pytest
 
+# Each part records the checkout's git revision and the startup part times fresh Python
+# processes; the parts are looked up by name (bench/cli.py), which tests/conftest.py's walk
+# does not follow: the heavy tier's mark is given here.
+pytestmark = pytest.mark.heavy
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

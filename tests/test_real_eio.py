@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_sink_faults import check_exactly_once, finish, job
+from test_sink_faults import check_exactly_once, finish, job, outcomes
 
 from rocketstore.pipeline import store as store_module
 from rocketstore.pipeline.config import StoreConfig
@@ -342,26 +342,33 @@ def test_real_eio_recording_progress_is_not_fail_stop(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("face", ["foreach", "format"])
 def test_sink_failing_on_real_eio_restarts_and_lands_every_row_once(
-    fault_fs: FaultFS, tmp_path: Path, face: str
+    fault_fs: FaultFS, tmp_path: Path
 ) -> None:
     """Every CommitLog fsync of every broker fails: the query fails with the store's error,
     naming the file and bytes (the Python worker raises it; nothing dies of a signal);
     restarted from its checkpoint once the disk works, it lands every row exactly once, on the
-    disk."""
+    disk. Both faces, each into a root of its own, one after the other in one driver, and
+    again in the restart's."""
+    faces = ["foreach", "format"]
     rows = write_input(tmp_path / "in", files=2, rows_per_file=400)
-    root = fault_fs.mount / "root"
-    fault_fs.fail("fsync", "root/*/commitlog/[0-9]*[0-9]")
-    proc = job(tmp_path, "local[2]", face, root=root)
-    _, err = proc.communicate(timeout=600)
-    assert proc.returncode != 0, "the sink wrote through a failing disk without failing"
-    check_named(err, fault_fs)
+    root = fault_fs.mount / "root-{face}"
+    fault_fs.fail("fsync", "root-*/*/commitlog/[0-9]*[0-9]")
+    proc = job(tmp_path, "local[2]", ",".join(faces), root=root)
+    out, err = proc.communicate(timeout=600)
     assert "crashed" not in err and "exited unexpectedly" not in err, err[-4000:]
+    got = outcomes(out)
+    for face in faces:
+        error = got[face]["error"]
+        assert error is not None, f"{face}: the sink wrote through a failing disk without failing"
+        check_named(str(error), fault_fs)
+        assert f"root-{face}/" in str(error), error
+    assert proc.returncode != 0
     fault_fs.clear()
-    finish(job(tmp_path, "local[2]", face, root=root))
+    finish(job(tmp_path, "local[2]", ",".join(faces), root=root))
     fault_fs.stop()
-    check_exactly_once(tmp_path, rows, fault_fs.backing / "root")
+    for face in faces:
+        check_exactly_once(tmp_path, rows, fault_fs.backing / f"root-{face}")
 
 
 def test_a_retention_round_that_fails_stops_puts(

@@ -1,18 +1,29 @@
-"""A streaming query writing parquet input into a store root, run in its own process by the
-sink's fault tests (they need their own Spark master and must be able to SIGKILL the driver).
+"""Streaming queries writing parquet input into a store root, run in a process of their own by
+the sink's fault tests (they need their own Spark master and must be able to SIGKILL the driver).
 
-usage: python tests/procs/sink_job.py INPUT ROOT CHECKPOINT MASTER FACE [FAILPOINT]
-FACE is ``foreach``, ``foreach-shuffled`` (two input files a micro-batch: two partitions, which
-the foreachBatch sink shuffles into one task per broker) or ``format``; FAILPOINT is a ``$ROCKETSTORE_TEST_FAILPOINT`` value (see
-sink/append.py), which the Spark tasks inherit. Prints ``done <rows appended> <rows skipped>
-<micro-batches shuffled>``.
+usage: python tests/procs/sink_job.py INPUT ROOT CHECKPOINT MASTER FACES [FAILPOINT]
+FACES is one face or several, comma-separated: ``foreach``, ``foreach-shuffled`` (two input
+files a micro-batch: two partitions, which the foreachBatch sink shuffles into one task per
+broker) or ``format``. Several run one after another in this one driver (a JVM and a Spark
+session cost some 10 s to start), each into ROOT and CHECKPOINT with ``{face}`` replaced by its
+name. FAILPOINT is a ``$ROCKETSTORE_TEST_FAILPOINT`` value (see sink/append.py), which the Spark
+tasks inherit; with ``{face}`` in it, each query's tasks see it with their face's name.
+
+Prints one JSON line per query: its ``face``, the ``error`` that stopped it (null if none)
+and, for the foreachBatch faces, the rows ``appended`` and ``skipped`` and the micro-batches
+``shuffled``. A failed query's traceback goes to stderr and the next query still runs; the exit
+status is 1 if any failed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import tempfile
+import traceback
 from pathlib import Path
+from typing import Any
 
 # Run by path, this script has tests/procs/ on sys.path: the checkout is added for tests.kit.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -28,10 +39,30 @@ SCHEMA = "id long, keys string, tags string, properties map<string,string>, flag
 
 
 def main(argv: list[str]) -> int:
-    folder, root, checkpoint, master, face = argv[:5]
-    if len(argv) > 5:
+    folder, root, checkpoint, master, faces = argv[:5]
+    failpoint = argv[5] if len(argv) > 5 else None
+    with tempfile.TemporaryDirectory(prefix="sink-job-") as scratch:
+        return run_all(folder, root, checkpoint, master, faces, failpoint, Path(scratch))
+
+
+def run_all(
+    folder: str,
+    root: str,
+    checkpoint: str,
+    master: str,
+    faces: str,
+    failpoint: str | None,
+    scratch: Path,
+) -> int:
+    spec_file = None
+    if failpoint and "{face}" in failpoint:
+        # Python workers keep the environment they started with: the failpoint names a file
+        # that holds each query's spec (sink/append.py reads it at every chunk).
+        spec_file = scratch / "failpoint"
+        os.environ[FAILPOINT_ENV] = f"@{spec_file}"
+    elif failpoint:
         # Set before Spark starts: its Python workers inherit the driver's environment.
-        os.environ[FAILPOINT_ENV] = argv[5]
+        os.environ[FAILPOINT_ENV] = failpoint
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (
         SparkSession.builder.master(master)
@@ -41,6 +72,29 @@ def main(argv: list[str]) -> int:
     )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
+    failed = False
+    for face in faces.split(","):
+        if spec_file is not None and failpoint is not None:
+            spec_file.write_text(failpoint.replace("{face}", face))
+        try:
+            result = run(
+                spark,
+                face,
+                folder,
+                root.replace("{face}", face),
+                checkpoint.replace("{face}", face),
+            )
+        except Exception as e:  # the query's failure is the outcome some tests wait for
+            traceback.print_exc()
+            result = {"error": str(e)}
+            failed = True
+        print(json.dumps({"face": face, "error": None, **result}), flush=True)
+    spark.stop()
+    return 1 if failed else 0
+
+
+def run(spark: SparkSession, face: str, folder: str, root: str, checkpoint: str) -> dict[str, Any]:
+    """One query over ``folder`` into ``root`` until the input is used up; what it counted."""
     files = 2 if face == "foreach-shuffled" else 1
     reader = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", files)
     df = reader.parquet(folder).drop("id")
@@ -61,15 +115,13 @@ def main(argv: list[str]) -> int:
         )
     q = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
     q.awaitTermination()
-    if face.startswith("foreach"):
-        appended = sum(s.appended for s in sink.history)
-        skipped = sum(s.skipped for s in sink.history)
-        shuffled = sum(s.shuffled for s in sink.history)
-        print("done", appended, skipped, shuffled)
-    else:
-        print("done")
-    spark.stop()
-    return 0
+    if not face.startswith("foreach"):
+        return {}
+    return {
+        "appended": sum(s.appended for s in sink.history),
+        "skipped": sum(s.skipped for s in sink.history),
+        "shuffled": sum(s.shuffled for s in sink.history),
+    }
 
 
 if __name__ == "__main__":
