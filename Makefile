@@ -16,7 +16,7 @@ NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs
 # The editable install is a tree of links (build/__editable__.*) to the files of these folders,
 # which mypy and PySpark's data source lookup can follow: a file added or removed (a folder's
 # time changes) installs it again.
-PACKAGE_DIRS := pipeline pipeline/console sink source datasource datasource/pyspark_rocketstore jobs
+PACKAGE_DIRS := pipeline pipeline/format pipeline/files pipeline/engine pipeline/tools pipeline/tools/verify pipeline/console sink source datasource datasource/pyspark_rocketstore jobs
 
 # The install compiles the native core: say so before pip does, when cargo is missing.
 $(STAMP): pyproject.toml $(NATIVE_SOURCES) $(PACKAGE_DIRS)
@@ -86,10 +86,11 @@ charts: $(STAMP) ## Redraw docs/images/*.svg from the newest bench results in be
 dashboard: $(STAMP) ## Draw docs/images/dashboard.png from a live run scraped by Prometheus
 	$(PY) -m bench.dashboard
 
-lint: $(STAMP) ## ruff (lint and format check), mypy, cargo fmt --check and clippy
+lint: $(STAMP) ## ruff (lint and format check), mypy, the import layers, cargo fmt --check and clippy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 	cd native && cargo fmt --check && cargo clippy --all-targets -- -D warnings
 
 format: $(STAMP) ## Format the code with ruff and cargo fmt

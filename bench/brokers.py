@@ -50,8 +50,8 @@ from bench.common import (
 )
 from bench.session import local_session
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.root import StoreRoot, TopicMeta, select_queues
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta, select_queues
+from rocketstore.pipeline.engine.store import MessageStore
 
 TOPIC = "BenchBrokers"
 SIZES = (8, 64)

@@ -55,8 +55,8 @@ def write_root(root: Path, per_broker: int) -> None:
     """``per_broker`` messages in each of :data:`BROKERS` brokers, spread over the topics and
     queues, with ``topics.json`` as the sink records it."""
     from rocketstore.pipeline.config import StoreConfig
-    from rocketstore.pipeline.root import StoreRoot, TopicMeta
-    from rocketstore.pipeline.store import MessageStore
+    from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
+    from rocketstore.pipeline.engine.store import MessageStore
 
     meta = StoreRoot(root)
     for topic in TOPICS:

@@ -35,8 +35,8 @@ from bench.common import (
 )
 from bench.store import QUEUES, TAGS, TOPIC, make_table
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format.message import Message
 
 TARGET_SINGLE_MSGS_PER_S = 100_000
 TARGET_OPEN_MS = 50.0

@@ -51,7 +51,7 @@ CLICKS_RATE = 80
 
 def _batch(fraction: Callable[[], float]) -> Callable[[], list[Any]]:
     """Half a second of one broker's messages at the rates of this moment of the run."""
-    from rocketstore.pipeline.message import Message
+    from rocketstore.pipeline.format.message import Message
 
     body = b"x" * 200
 
@@ -166,7 +166,7 @@ def run(minutes: float, work: Path) -> dict[str, Any]:
 
     from bench.session import local_session
     from rocketstore.pipeline.config import StoreConfig
-    from rocketstore.pipeline.root import StoreRoot, TopicMeta
+    from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
     from tests.kit.promkit import Exporter, Prometheus, Writer
 
     seconds = minutes * 60

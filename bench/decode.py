@@ -6,7 +6,7 @@ Input: one store written by ``put_batch`` of 1M messages x 100-byte body with a 
 (``bench.store.make_table``; the store adds a UNIQ_KEY), in one 1 GiB segment, mapped
 read-only. Timed, per run, with every thread pinned to one CPU:
 
-* **decode**: :func:`rocketstore.pipeline.native.decode` of every record, in CommitLog order, in calls of
+* **decode**: :func:`rocketstore.pipeline.format.native.decode` of every record, in CommitLog order, in calls of
   ``rocketstore.source.read.CHUNK_UNITS`` records (the source's chunk), asking for the column groups of the
   source's default schema, CRC checked; the batches are what the source builds its output
   from.
@@ -43,9 +43,9 @@ from bench.common import (
     spread,
 )
 from bench.store import make_table
-from rocketstore.pipeline import native
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format import native
 from rocketstore.source import schema as source_schema
 from rocketstore.source.read import CHUNK_UNITS, ReadContext
 

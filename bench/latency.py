@@ -61,7 +61,7 @@ import numpy.typing as npt
 
 from bench.common import Options, PartResult, Row, log, median, scratch_dir, work_dir_notes
 from bench.session import local_session
-from rocketstore.pipeline.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
 
 TOPIC = "latency"
 BROKERS = 2

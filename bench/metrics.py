@@ -1,4 +1,4 @@
-"""The ``metrics`` part: how long a scrape of ``/metrics`` takes (rocketstore.pipeline.metrics).
+"""The ``metrics`` part: how long a scrape of ``/metrics`` takes (rocketstore.pipeline.tools.metrics).
 
 Two roots are written into the scratch directory:
 
@@ -37,8 +37,8 @@ BATCH = 100_000
 
 
 def _write(root: Path, config: Any, topics: list[str], queues: int, per_broker: int) -> None:
-    from rocketstore.pipeline.root import StoreRoot, TopicMeta
-    from rocketstore.pipeline.store import MessageStore
+    from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
+    from rocketstore.pipeline.engine.store import MessageStore
 
     meta = StoreRoot(root)
     for topic in topics:
@@ -68,7 +68,7 @@ def _write(root: Path, config: Any, topics: list[str], queues: int, per_broker: 
 
 def _consumers(root: Path, config: Any, shift: int) -> Path:
     """The group's offsets (every queue half way, plus ``shift``) and the checkpoint."""
-    from rocketstore.pipeline.storestats import StoreStats
+    from rocketstore.pipeline.tools.storestats import StoreStats
 
     stats = StoreStats(config)
     first_topic: dict[str, dict[str, dict[str, int]]] = {}
@@ -99,7 +99,7 @@ def _consumers(root: Path, config: Any, shift: int) -> Path:
 def _time_root(name: str, root: Path, config: Any, runs: int) -> dict[str, Any]:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from rocketstore.pipeline.metrics import StoreCollector, Target
+    from rocketstore.pipeline.tools.metrics import StoreCollector, Target
 
     checkpoint = _consumers(root, config, 0)
 

@@ -47,7 +47,7 @@ from bench.common import (
 )
 from bench.store import make_table
 from rocketstore.pipeline.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
 
 GiB = 1024**3
 MiB = 1024**2

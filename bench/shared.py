@@ -45,7 +45,7 @@ import pyarrow as pa
 
 from bench.common import Options, PartResult, Row, log, median, percentiles, scratch_dir
 from rocketstore.pipeline.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.source.brokerview import BrokerView
 
 CONFIG = StoreConfig(

@@ -20,7 +20,7 @@ Four processes, each spawned (:mod:`bench.soak_workers`), and this one sampling 
   are counted from its progress events. It is sampled as a tree: the Python driver, the JVM
   and the JVM's Python workers, summed (the JVM's own VmRSS apart);
 * **verify**: every 3 minutes, a fresh process opens the store read-only and runs
-  ``rocketstore.pipeline.verify`` (a full scan, up to the writer's durable point); once more on the closed
+  ``rocketstore.pipeline.tools.verify.check`` (a full scan, up to the writer's durable point); once more on the closed
   store at the end.
 
 Every 10 s this process asks the writer and the readers for their counters and reads, for

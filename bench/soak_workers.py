@@ -43,11 +43,11 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.retentionpolicy import HOUR_MS
+from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
-from rocketstore.pipeline.retentionpolicy import HOUR_MS
-from rocketstore.pipeline.root import StoreRoot, TopicMeta
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify_read_only
+from rocketstore.pipeline.tools.verify.check import verify_read_only
 
 TOPIC = "soak"
 BROKER = "broker-0"
@@ -572,7 +572,7 @@ def spark_main(conn: Connection, root: str, checkpoint: str, settings: Settings)
 
 
 def verify_main(broker: str, settings: Settings) -> dict[str, Any]:
-    """``rocketstore.pipeline.verify`` on a read-only open of the store, while the writer writes it (the
+    """``rocketstore.pipeline.tools.verify.check`` on a read-only open of the store, while the writer writes it (the
     scan stops at the durable point the writer last recorded); its report, problems capped."""
     t0 = time.perf_counter()
     report = verify_read_only(broker, settings.store_config())

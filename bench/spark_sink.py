@@ -147,7 +147,7 @@ def native_put_cpu_s(source: Path, store: Path) -> float:
     import numpy as np
 
     from rocketstore.pipeline.config import StoreConfig
-    from rocketstore.pipeline.store import MessageStore
+    from rocketstore.pipeline.engine.store import MessageStore
     from rocketstore.sink.append import uniq_keys
 
     table = ds.dataset(str(source)).to_table()

@@ -61,7 +61,7 @@ def make_input(spark: Any, folder: Path, batches: int) -> None:
 def fill_store(root: Path, messages: int) -> None:
     """``messages`` messages of topic ``bench`` in the layout the sink writes (2 brokers x 4
     queues), by batch puts of up to 1M: what a pipeline would have left behind."""
-    from rocketstore.pipeline.store import MessageStore
+    from rocketstore.pipeline.engine.store import MessageStore
     from rocketstore.sink.plan import prepare
     from rocketstore.sink.settings import SinkSettings
     from rocketstore.sink.writer import broker_config

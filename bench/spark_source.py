@@ -60,8 +60,8 @@ from bench.common import (
 from bench.replay import ReplayDataSource, ReplayStreamDataSource
 from bench.session import local_session
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.root import StoreRoot, TopicMeta
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.engine.store import MessageStore
 
 TOPIC = "BenchSource"
 BROKERS = 4

@@ -47,7 +47,7 @@ from bench.common import (
     work_dir_notes,
 )
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
 
 TOPIC = "BenchTopic"
 TAGS = ("TagA", "TagB", "TagC")

@@ -220,7 +220,7 @@ class Pipeline:
         self.started_at: dict[str, float] = {}
 
     def start_ready(self) -> None:
-        from rocketstore.pipeline.root import StoreRoot
+        from rocketstore.pipeline.engine.root import StoreRoot
 
         root = StoreRoot(self.paths.store)
         if "ingest" not in self.queries:
@@ -281,7 +281,7 @@ class Pipeline:
 def export_lag(paths: Paths, config: Any) -> int | None:
     """Messages of ``orders`` the export has not committed yet (None before its first batch)."""
     from rocketstore.pipeline.errors import StoreError
-    from rocketstore.pipeline.lag import consumer_lag, read_committed_offsets
+    from rocketstore.pipeline.tools.lag import consumer_lag, read_committed_offsets
 
     ck = paths.checkpoints / "export-orders"
     try:

@@ -15,7 +15,7 @@ import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from rocketstore.pipeline.output import format_table
+from rocketstore.pipeline.tools.output import format_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -48,8 +48,8 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], indent: str =
 
 def store_queues(paths: Paths, config: Any) -> list[tuple[str, str, int, int, int]]:
     """(topic, broker, queueId, minOffset, maxOffset) of every queue in the store."""
-    from rocketstore.pipeline.root import StoreRoot
-    from rocketstore.pipeline.store import MessageStore
+    from rocketstore.pipeline.engine.root import StoreRoot
+    from rocketstore.pipeline.engine.store import MessageStore
 
     out = []
     for name, path in StoreRoot(paths.store).brokers():
@@ -196,7 +196,7 @@ def _latency(exported: DataFrame, facts: RunFacts) -> None:
 
 def _lag(paths: Paths, config: Any, facts: RunFacts) -> None:
     """Consumer lag of the export, as ``rocketstore lag`` shows it."""
-    from rocketstore.pipeline.lag import consumer_lag, read_committed_offsets
+    from rocketstore.pipeline.tools.lag import consumer_lag, read_committed_offsets
 
     say("\nConsumer lag of the orders export (its checkpoint against the store):")
     progress = read_committed_offsets(paths.checkpoints / "export-orders")

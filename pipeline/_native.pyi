@@ -1,4 +1,4 @@
-"""Type stubs of the native core (the Rust crate in native/); see pipeline/native.py."""
+"""Type stubs of the native core (the Rust crate in native/); see pipeline/format/native.py."""
 
 from collections.abc import Callable
 from typing import Any

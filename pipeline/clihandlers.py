@@ -18,79 +18,79 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def dump() -> Handler:
-    from rocketstore.pipeline.commands import cmd_dump
+    from rocketstore.pipeline.tools.commands import cmd_dump
 
     return cmd_dump
 
 
 def queues() -> Handler:
-    from rocketstore.pipeline.commands import cmd_queues
+    from rocketstore.pipeline.tools.commands import cmd_queues
 
     return cmd_queues
 
 
 def topics() -> Handler:
-    from rocketstore.pipeline.commands import cmd_topics
+    from rocketstore.pipeline.tools.commands import cmd_topics
 
     return cmd_topics
 
 
 def get() -> Handler:
-    from rocketstore.pipeline.commands import cmd_get
+    from rocketstore.pipeline.tools.commands import cmd_get
 
     return cmd_get
 
 
 def query_key() -> Handler:
-    from rocketstore.pipeline.commands import cmd_query_key
+    from rocketstore.pipeline.tools.commands import cmd_query_key
 
     return cmd_query_key
 
 
 def query_time() -> Handler:
-    from rocketstore.pipeline.commands import cmd_query_time
+    from rocketstore.pipeline.tools.commands import cmd_query_time
 
     return cmd_query_time
 
 
 def query_offset() -> Handler:
-    from rocketstore.pipeline.commands import cmd_query_offset
+    from rocketstore.pipeline.tools.commands import cmd_query_offset
 
     return cmd_query_offset
 
 
 def query_msgid() -> Handler:
-    from rocketstore.pipeline.commands import cmd_query_msgid
+    from rocketstore.pipeline.tools.commands import cmd_query_msgid
 
     return cmd_query_msgid
 
 
 def produce() -> Handler:
-    from rocketstore.pipeline.produce import cmd_produce
+    from rocketstore.pipeline.tools.produce import cmd_produce
 
     return cmd_produce
 
 
 def recover() -> Handler:
-    from rocketstore.pipeline.commands import cmd_recover
+    from rocketstore.pipeline.tools.commands import cmd_recover
 
     return cmd_recover
 
 
 def verify() -> Handler:
-    from rocketstore.pipeline.commands import cmd_verify
+    from rocketstore.pipeline.tools.commands import cmd_verify
 
     return cmd_verify
 
 
 def clean() -> Handler:
-    from rocketstore.pipeline.commands import cmd_clean
+    from rocketstore.pipeline.tools.commands import cmd_clean
 
     return cmd_clean
 
 
 def lag() -> Handler:
-    from rocketstore.pipeline.lag import cmd_lag
+    from rocketstore.pipeline.tools.lag import cmd_lag
 
     return cmd_lag
 
@@ -108,6 +108,6 @@ def exporter() -> Handler:
 
 
 def config() -> Handler:
-    from rocketstore.pipeline.commands import cmd_config
+    from rocketstore.pipeline.tools.commands import cmd_config
 
     return cmd_config

@@ -91,15 +91,15 @@ class StoreConfig:
     # Not a RocketMQ setting: how many ConsumeQueue and IndexFile mappings stay open at once.
     max_mapped_files: int = 1024
     # Not RocketMQ settings: whether readers see only what the writer published
-    # (rocketstore.pipeline.visibility), and how long a reader waits for published data to reach its host.
+    # (rocketstore.pipeline.files.visibility), and how long a reader waits for published data to reach its host.
     shared_storage: str = "auto"
     visibility_wait_ms: int = 30_000
     # The store host a writer stamps into records and msgIds; None (unset): the directory's, or
-    # RocketMQ's broker defaults for a new one (rocketstore.pipeline.storehost).
+    # RocketMQ's broker defaults for a new one (rocketstore.pipeline.engine.storehost).
     broker_ip1: str | None = None
     listen_port: int | None = None
     # Not a RocketMQ setting: added to a listenPort that is set or defaulted, never to one
-    # taken from the directory (a root's broker b: 10 * b; rocketstore.pipeline.storehost).
+    # taken from the directory (a root's broker b: 10 * b; rocketstore.pipeline.engine.storehost).
     listen_port_offset: int = 0
     ignored_keys: tuple[str, ...] = dataclasses.field(default=(), compare=False)
     # Where the settings came from (a file, or BUILT_IN), for messages; not a setting.

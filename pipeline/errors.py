@@ -26,14 +26,14 @@ class StoreLockedError(StoreError):
 
 class FencedError(StoreLockedError):
     """This writer lost the store to another: its lock was given away (a network partition on
-    shared storage) or a newer writer recorded its epoch (rocketstore.pipeline.fencing). Nothing of the
+    shared storage) or a newer writer recorded its epoch (rocketstore.pipeline.engine.fencing). Nothing of the
     refused call was written; the store object takes no more writes."""
 
 
 class FileReplacedError(FencedError):
     """A file this writer had opened was replaced or removed under it: its name now leads to
     another file, or to none. A writer that took the store over gives the derived files new
-    inodes (rocketstore.pipeline.renewal), so this writer lost the store; nothing was written
+    inodes (rocketstore.pipeline.engine.renewal), so this writer lost the store; nothing was written
     into the new file."""
 
 
@@ -99,7 +99,7 @@ class SegmentGoneError(NotFoundError):
 class NotVisibleError(OffsetOutOfRangeError):
     """An offset the writer published (or a unit, index entry or msgId names) lies in a file
     that this host's listing of its directory still does not show after ``visibilityWaitMs``
-    of listing it again: written on another host, not visible here yet (rocketstore.pipeline.visibility).
+    of listing it again: written on another host, not visible here yet (rocketstore.pipeline.files.visibility).
     Not damage: nothing is wrong with the store, this host sees less of it for now."""
 
 
@@ -144,7 +144,7 @@ class SegmentCreateError(StoreError):
 
 class RenewalError(StoreError):
     """A writable open that took the store over uncleanly on shared storage could not give a
-    derived file a new inode (rocketstore.pipeline.renewal): no space, an I/O error, the file
+    derived file a new inode (rocketstore.pipeline.engine.renewal): no space, an I/O error, the file
     system cut off. The open fails; every file is as it was, and the next open tries again."""
 
 

@@ -2,12 +2,12 @@
 each: the ConsumeQueue unit and the IndexFile's geometry (header, slot, entry, defaults).
 
 Each structure's byte diagram and meaning is documented once, in the module that reads and
-writes it: the unit in :mod:`rocketstore.pipeline.consumequeue`, the IndexFile in
-:mod:`rocketstore.pipeline.indexfile`. This module holds only their sizes and numpy/struct
+writes it: the unit in :mod:`rocketstore.pipeline.files.consumequeue`, the IndexFile in
+:mod:`rocketstore.pipeline.files.indexfile`. This module holds only their sizes and numpy/struct
 shapes, so that the settings (:mod:`rocketstore.pipeline.config`), the native wrapper, the
 engine, ``verify`` and the source executors, which read files themselves, share them without
 importing each other. The CommitLog record's constants and field offsets stay next to its
-diagram in :mod:`rocketstore.pipeline.record`, which takes them from ``_native`` the same way.
+diagram in :mod:`rocketstore.pipeline.format.record`, which takes them from ``_native`` the same way.
 
 Where the native core (``native/src/layout.rs``, ``native/src/index.rs``) defines a value,
 it is taken from ``_native`` here rather than written again, and the numpy and struct shapes
@@ -26,7 +26,7 @@ import numpy as np
 
 from rocketstore.pipeline import _native
 
-# -- ConsumeQueue unit (diagram: rocketstore.pipeline.consumequeue) ----------------------------
+# -- ConsumeQueue unit (diagram: rocketstore.pipeline.files.consumequeue) ----------------------------
 CQ_UNIT_SIZE: int = _native.UNIT_SIZE
 UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
 UNIT = struct.Struct(">qiq")  # the same bytes, for one unit
@@ -35,7 +35,7 @@ PRE_BLANK_SIZE = 0x7FFFFFFF
 # RocketMQ's default mappedFileSizeConsumeQueue, in units.
 DEFAULT_CQ_UNITS_PER_FILE = 300_000
 
-# -- IndexFile (diagram: rocketstore.pipeline.indexfile) ---------------------------------------
+# -- IndexFile (diagram: rocketstore.pipeline.files.indexfile) ---------------------------------------
 INDEX_HEADER = struct.Struct(">qqqqii")
 INDEX_HEADER_SIZE: int = _native.INDEX_HEADER_SIZE
 INDEX_BEGIN_PHY_OFFSET_AT = 16  # the header's beginPhyOffset (a long)

@@ -59,11 +59,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from rocketstore.pipeline import encode, storehost
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine import storehost
+from rocketstore.pipeline.engine.retentionpolicy import RUN_INTERVAL_MS
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import StoreError, StoreLockedError
-from rocketstore.pipeline.retentionpolicy import RUN_INTERVAL_MS
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.format import encode
 
 UNIQ_BYTES = 16
 # Fault injection for the test suite, read by each append (on the executors, which inherit the

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
 
+from rocketstore.pipeline.engine.root import TopicMeta
 from rocketstore.pipeline.errors import ConfigError
-from rocketstore.pipeline.root import TopicMeta
 from rocketstore.sink.rows import Layout, check_schema, route, shape
 from rocketstore.sink.settings import SinkSettings
 

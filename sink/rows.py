@@ -15,7 +15,7 @@ queueId    int                         message queue of the topic, 0 .. brokers*
 ========== =========================== ==================================================
 
 With ``bodyFormat`` avro or json every other column goes into the body (see
-:mod:`rocketstore.pipeline.bodyformat`) and ``body`` must not be given. With bodyFormat binary, other
+:mod:`rocketstore.pipeline.format.bodyformat`) and ``body`` must not be given. With bodyFormat binary, other
 columns are an error (they would be silently dropped otherwise).
 
 :func:`route` turns an Arrow batch into :data:`ROUTED` rows: the message columns plus the row's
@@ -31,9 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rocketstore.pipeline import bodyformat
+from rocketstore.pipeline.engine.root import select_queues
 from rocketstore.pipeline.errors import ConfigError, InvalidMessageError
-from rocketstore.pipeline.root import select_queues
+from rocketstore.pipeline.format import bodyformat
 
 ROUTED = pa.schema(
     [
@@ -143,7 +143,7 @@ def shape(
     mq: np.ndarray | None,
 ) -> pa.RecordBatch:
     """Message columns of an input batch, with its row numbers and message queues (computed
-    here with :func:`~rocketstore.pipeline.root.select_queues` when ``mq`` is None; otherwise given, as
+    here with :func:`~rocketstore.pipeline.engine.root.select_queues` when ``mq`` is None; otherwise given, as
     :func:`queue_expression` computed them in Spark, and only range-checked)."""
     n = batch.num_rows
     cols = {name: batch.column(name) for name in batch.schema.names}

@@ -15,10 +15,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from rocketstore.pipeline import batchcolumns, bodyformat
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.root import DEFAULT_QUEUES, StoreRoot, TopicMeta
 from rocketstore.pipeline.errors import ConfigError
-from rocketstore.pipeline.root import DEFAULT_QUEUES, StoreRoot, TopicMeta
+from rocketstore.pipeline.format import batchcolumns, bodyformat
 from rocketstore.pipeline.wholenumbers import parse_count
 
 # Sink options that are not store settings (lower-cased: Spark lower-cases option names).

@@ -17,10 +17,10 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rocketstore.pipeline import storehost
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine import storehost
+from rocketstore.pipeline.engine.root import StoreRoot, broker_name
 from rocketstore.pipeline.errors import StoreError, StoreLockedError
-from rocketstore.pipeline.root import StoreRoot, broker_name
 from rocketstore.sink.append import AppendStats, LockWait, append, append_stream, open_writer
 from rocketstore.sink.prefetch import prefetched
 from rocketstore.sink.settings import SinkSettings
@@ -358,7 +358,7 @@ def broker_config(config: StoreConfig, broker: int) -> StoreConfig:
     a new directory's records: a msgId is the store host and port plus the CommitLog offset, so
     the brokers of a root must differ in port, as stock brokers sharing a host do (each takes
     its port, the one above and the one two below). A directory that has records keeps the
-    store host they carry unless brokerIP1/listenPort are set (rocketstore.pipeline.storehost)."""
+    store host they carry unless brokerIP1/listenPort are set (rocketstore.pipeline.engine.storehost)."""
     return dataclasses.replace(config, listen_port_offset=storehost.PORT_STEP * broker)
 
 

@@ -8,7 +8,7 @@ broker found, with a :class:`Stamp` of the broker's files taken before that read
 the broker again only when the stamp no longer holds.
 
 The stamp rests on the progress file ``config/rocketstore.json``
-(:mod:`rocketstore.pipeline.progress`), which a writer replaces (a new inode, by a rename)
+(:mod:`rocketstore.pipeline.files.progress`), which a writer replaces (a new inode, by a rename)
 after every flush that stored a record, naming the CommitLog's flushed end, the last record
 before it and every queue's length then. A broker's bounds are kept only when that file
 describes them exactly: every queue of the query has the length the file records, every queue
@@ -24,7 +24,7 @@ flushed end. A stamp holds while
   and a recovery cut back, changed those bytes. One host shares one page cache, so a fresh read
   would see such an append at once, and so does this check.
 
-On shared storage (:mod:`rocketstore.pipeline.visibility`) readers offer nothing past the
+On shared storage (:mod:`rocketstore.pipeline.files.visibility`) readers offer nothing past the
 published point, which is the progress file's content: an unchanged file with a writer on
 another host appending after it is what a fresh read would offer too, so the third check does
 not apply there. A broker this host has not caught up with yet (a queue below its published
@@ -52,11 +52,12 @@ import os
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from rocketstore.pipeline import record, visibility
-from rocketstore.pipeline.mappedfile import segment_name
-from rocketstore.pipeline.progress import FILE_NAME as PROGRESS_FILE
-from rocketstore.pipeline.progress import FlushProgress
-from rocketstore.pipeline.segments import list_segments
+from rocketstore.pipeline.files import visibility
+from rocketstore.pipeline.files.mappedfile import segment_name
+from rocketstore.pipeline.files.progress import FILE_NAME as PROGRESS_FILE
+from rocketstore.pipeline.files.progress import FlushProgress
+from rocketstore.pipeline.files.segments import list_segments
+from rocketstore.pipeline.format import record
 from rocketstore.source.brokerview import BrokerView, QueueBounds, Tails
 
 _HEAD = record.SIZE_MAGIC  # a record's TOTALSIZE and MAGIC (signed, as MAGIC is)
@@ -135,7 +136,7 @@ def _progress_file(view: BrokerView) -> str:
     config = os.path.join(view.path, "config")
     if view.shared:
         # A FUSE client answers a look-up of the renamed file from its cached entry until the
-        # directory is listed (rocketstore.pipeline.visibility.published).
+        # directory is listed (rocketstore.pipeline.files.visibility.published).
         with contextlib.suppress(OSError):
             os.listdir(config)
     return os.path.join(config, PROGRESS_FILE)

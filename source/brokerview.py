@@ -3,10 +3,10 @@
 The planner needs, per message queue, the first offset still readable and the last offset whose
 message is complete, and the offset of a store time. It gets them from the files directly, with
 ``pread`` of a few units and record headers (binary searches), not by opening a
-:class:`~rocketstore.pipeline.store.MessageStore`: opening a store runs recovery, which reads far more than a
+:class:`~rocketstore.pipeline.engine.store.MessageStore`: opening a store runs recovery, which reads far more than a
 micro-batch trigger can afford, and a writer may be appending in another process meanwhile.
 
-On shared storage (:mod:`rocketstore.pipeline.visibility`) what is offered ends at what the writer
+On shared storage (:mod:`rocketstore.pipeline.files.visibility`) what is offered ends at what the writer
 published, whatever more this host sees. On one host, what is offered (the ``max`` of
 :meth:`BrokerView.queue_bounds`) is safe to read while a writer appends: the writer writes a record into the CommitLog before the ConsumeQueue unit that points
 at it, so every valid unit's record is already there. The last unit and its record are checked
@@ -17,7 +17,7 @@ it is.
 The first readable offset (``min``) follows retention: the first unit that still points into
 the CommitLog (RocketMQ's ``correctMinOffset``), past any pre-blank units.
 
-A file past the last one this host lists (:class:`rocketstore.pipeline.segments.SegmentListing`) is one a
+A file past the last one this host lists (:class:`rocketstore.pipeline.files.segments.SegmentListing`) is one a
 writer on another host created since: on shared storage the directory is listed again once
 for it, and what is still not listed is not offered yet, never taken for damage. Planning does
 not wait for it: a later trigger offers it, and the executors reading what was offered wait
@@ -35,10 +35,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
-from rocketstore.pipeline import native, record, visibility
 from rocketstore.pipeline.errors import StoreError
+from rocketstore.pipeline.files import visibility
+from rocketstore.pipeline.files.segments import SegmentListing
+from rocketstore.pipeline.format import native, record
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE, PRE_BLANK_SIZE, UNIT
-from rocketstore.pipeline.segments import SegmentListing
 
 TAIL_CHECK_UNITS = 16  # how far back an incomplete tail is looked past before trusting units
 RETRIES = 5
@@ -342,7 +343,7 @@ class BrokerView:
         last = None if tails is None else tails.get((topic, queue_id))
         raw_end = cq.end(None if last is None else last.end)
         if point is not None:
-            # Shared storage: nothing past what the writer published (rocketstore.pipeline.visibility).
+            # Shared storage: nothing past what the writer published (rocketstore.pipeline.files.visibility).
             if raw_end < want:
                 # Published, but not seen here: this host's listing of the queue's files
                 # lacks the newest, or it still caches older pages of the last ones. Ask the

@@ -9,7 +9,7 @@ connector, queue ids as JSON object keys (strings)::
 An offset is the queue offset of the next message to read, so ``{"0": 42}`` has read messages
 0..41 of queue 0. In options, ``-2`` means the queue's earliest offset and ``-1`` its latest.
 ``startingOffsets`` may also be ``group:NAME``: the offsets a RocketMQ consumer group committed
-(see :mod:`rocketstore.pipeline.groups`), read when the query first plans its offsets.
+(see :mod:`rocketstore.pipeline.engine.groups`), read when the query first plans its offsets.
 
 :func:`to_json` writes keys in a fixed order (topic, broker, queue id ascending): Spark compares
 offsets by their JSON text, and the same offsets must always serialise the same way.

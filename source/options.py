@@ -45,7 +45,7 @@ as Kafka's ``includeHeaders`` adds ``headers``: Spark cannot prune a Python data
 columns, so a column that is there costs every query, used or not.
 
 ``startingOffsets=group:NAME`` starts each queue where the RocketMQ consumer group ``NAME``
-committed (``config/consumerOffset.json`` of each broker directory: :mod:`rocketstore.pipeline.groups`), so
+committed (``config/consumerOffset.json`` of each broker directory: :mod:`rocketstore.pipeline.engine.groups`), so
 that a group can move from Java consumers to Spark without skipping or reading again; queues it
 never committed start at their earliest offset. The files are read when the query first plans
 its offsets (a query restarted from its checkpoint goes on from there and reads them no more);
@@ -67,11 +67,11 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from rocketstore.pipeline.bodyformat import check_format
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.root import StoreRoot
 from rocketstore.pipeline.errors import ConfigError, NotAStoreError, StoreError
-from rocketstore.pipeline.root import StoreRoot
-from rocketstore.pipeline.topicconfig import TopicConfigError, read_topics
+from rocketstore.pipeline.files.topicconfig import TopicConfigError, read_topics
+from rocketstore.pipeline.format.bodyformat import check_format
 from rocketstore.pipeline.wholenumbers import parse_count
 from rocketstore.source.offsets import OffsetSpec, parse_option, parse_timestamps_option
 

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.groups import broker_offsets, require_group
 from rocketstore.pipeline.errors import ConfigError, NotFoundError
-from rocketstore.pipeline.groups import broker_offsets, require_group
 from rocketstore.source.brokercache import BoundsCache, PlanWork
 from rocketstore.source.brokerview import BrokerView, QueueBounds, Tails
 from rocketstore.source.errors import DataLossError
@@ -366,7 +366,7 @@ class Planner:
         now from each broker directory's ``config/consumerOffset.json``. Raises
         :class:`ConfigError` when it committed nothing for them (a misspelt group must not
         start from the earliest offsets), and
-        :class:`~rocketstore.pipeline.groups.ConsumerOffsetsError` for a damaged file."""
+        :class:`~rocketstore.pipeline.engine.groups.ConsumerOffsetsError` for a damaged file."""
         root = self.options.root.path
         try:
             found = require_group(root, broker_offsets(root), group, self.options.topics)

@@ -8,7 +8,7 @@ reads:
    :data:`CHUNK_UNITS`), checked non-empty;
 2. drops units whose tagsCode is not a subscribed tag's hash (no CommitLog read for them);
 3. decodes the records the rest point at, segment by segment, with the native decoder
-   (:func:`rocketstore.pipeline.native.decode`: every record checked, CRC included, and turned into Arrow
+   (:func:`rocketstore.pipeline.format.native.decode`: every record checked, CRC included, and turned into Arrow
    columns in compiled code), checking each is the unit's (topic, queue, queue offset);
 4. keeps the messages whose real tag is subscribed, decodes avro/json bodies if asked, and
    yields one ``pyarrow.RecordBatch`` per chunk, of exactly the schema Spark declared.
@@ -18,7 +18,7 @@ loss: :class:`~rocketstore.source.errors.DataLossError` with ``failOnDataLoss=tr
 skipped and a warning logged. On shared storage a file past the last one this host lists is
 not lost but not visible here yet (a planner on another host saw it): it is looked for in the
 directory listed again for up to ``visibilityWaitMs``
-(:class:`rocketstore.pipeline.segments.SegmentListing`), then :class:`~rocketstore.pipeline.errors.NotVisibleError`.
+(:class:`rocketstore.pipeline.files.segments.SegmentListing`), then :class:`~rocketstore.pipeline.errors.NotVisibleError`.
 
 Thread-safety: no shared state; each call works on its own files.
 """
@@ -38,10 +38,15 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rocketstore.pipeline import bodyformat, native, record, visibility
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.root import StoreRoot
 from rocketstore.pipeline.errors import ConfigError, CorruptRecordError, StoreError
-from rocketstore.pipeline.indexservice import IndexService
+from rocketstore.pipeline.files import visibility
+from rocketstore.pipeline.files.indexservice import IndexService
+from rocketstore.pipeline.files.mappedfile import segment_name
+from rocketstore.pipeline.files.segments import SegmentListing, list_segments
+from rocketstore.pipeline.format import bodyformat, native, record
+from rocketstore.pipeline.format.subscription import Subscription
 from rocketstore.pipeline.layout import (
     CQ_UNIT_SIZE,
     DEFAULT_INDEX_RATIO,
@@ -51,10 +56,6 @@ from rocketstore.pipeline.layout import (
     PRE_BLANK_SIZE,
     UNIT_DTYPE,
 )
-from rocketstore.pipeline.mappedfile import segment_name
-from rocketstore.pipeline.root import StoreRoot
-from rocketstore.pipeline.segments import SegmentListing, list_segments
-from rocketstore.pipeline.subscription import Subscription
 from rocketstore.source.errors import DataLossError
 from rocketstore.source.planning import KeyRange, QueueRange
 from rocketstore.source.segfiles import SegmentCache, segment_file
@@ -249,7 +250,7 @@ class BatchBuilder:
 def read_queue_range(rng: QueueRange, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
     """The messages of one partition (see the module docstring), as record batches.
 
-    On shared storage (:mod:`rocketstore.pipeline.visibility`) the range was planned, perhaps on another
+    On shared storage (:mod:`rocketstore.pipeline.files.visibility`) the range was planned, perhaps on another
     host, below what the writer published, so a unit or record that does not check out here
     has not reached this host yet: the chunk is read again, past this host's cached pages,
     for up to ``visibilityWaitMs``, before it is reported as damage."""

@@ -42,8 +42,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from rocketstore.pipeline.bodyformat import BodySchema
 from rocketstore.pipeline.errors import ConfigError
+from rocketstore.pipeline.format.bodyformat import BodySchema
 from rocketstore.source.options import OPTIONAL_COLUMNS, ReadOptions
 
 _TS = pa.timestamp("us", tz="UTC")

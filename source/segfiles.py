@@ -4,7 +4,7 @@ closed together), and any segment file looked up by its base offset.
 A file retention deleted after planning is reported as gone (None), never as damage. On
 shared storage a file past the last one this host lists is not gone but not visible yet: it is
 looked for in the directory listed again for up to ``visibilityWaitMs``
-(:class:`rocketstore.pipeline.segments.SegmentListing`).
+(:class:`rocketstore.pipeline.files.segments.SegmentListing`).
 
 Used by one partition read at a time (:mod:`rocketstore.source.read`); not thread-safe.
 """
@@ -18,9 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from rocketstore.pipeline import visibility
-from rocketstore.pipeline.mappedfile import segment_name
-from rocketstore.pipeline.segments import SegmentListing
+from rocketstore.pipeline.files import visibility
+from rocketstore.pipeline.files.mappedfile import segment_name
+from rocketstore.pipeline.files.segments import SegmentListing
 
 T = TypeVar("T")
 
@@ -114,7 +114,7 @@ class SegmentCache:
 
     def drop(self) -> None:
         """Unmap every segment and drop their cached pages, so that the next look reads them
-        from the file system (rocketstore.pipeline.visibility)."""
+        from the file system (rocketstore.pipeline.files.visibility)."""
         for path in self.close():
             visibility.drop_cached(path)
 

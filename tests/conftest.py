@@ -77,17 +77,17 @@ def _steady_disk(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stores opened by tests see a disk 50 % full unless a test passes its own ``disk_usage``:
     the suite must not depend on how full the machine's disk is (above 90 % every put would be
     refused, as it should be in production)."""
-    monkeypatch.setattr("rocketstore.pipeline.store.statvfs_used_ratio", lambda path: 0.5)
+    monkeypatch.setattr("rocketstore.pipeline.engine.store.statvfs_used_ratio", lambda path: 0.5)
 
 
 @pytest.fixture(autouse=True)
 def _steady_host(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stores opened by tests stamp 127.0.0.1 into a new directory's records, as they did
     before rocketstore took RocketMQ's default ``brokerIP1`` (this host's first non-loopback
-    address, rocketstore.pipeline.storehost): msgIds in the suite must not depend on the machine's network
+    address, rocketstore.pipeline.engine.storehost): msgIds in the suite must not depend on the machine's network
     interfaces. Processes the tests start (Spark's Python workers, the console script) see
     the host's real address; tests/test_storehost.py checks the unpinned rule."""
-    monkeypatch.setattr("rocketstore.pipeline.storehost.host_address", lambda: "127.0.0.1")
+    monkeypatch.setattr("rocketstore.pipeline.engine.storehost.host_address", lambda: "127.0.0.1")
 
 
 @pytest.fixture(scope="session")

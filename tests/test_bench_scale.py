@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # bench/ is a folder of the checkout, not installed
 
 from bench import chart_scale, scale, scale_steps  # noqa: E402
-from rocketstore.pipeline.store import MessageStore  # noqa: E402
+from rocketstore.pipeline.engine.store import MessageStore  # noqa: E402
 
 
 def test_a_batch_spreads_messages_over_topics_of_four_queues() -> None:

@@ -9,14 +9,14 @@ import json
 import pyarrow as pa
 import pytest
 
-from rocketstore.pipeline.bodyformat import (
+from rocketstore.pipeline.errors import ConfigError, CorruptRecordError
+from rocketstore.pipeline.format.bodyformat import (
     BodySchema,
     check_format,
     decode_bodies,
     encode_bodies,
     fingerprint_of,
 )
-from rocketstore.pipeline.errors import ConfigError, CorruptRecordError
 
 UTC = dt.UTC
 

@@ -11,8 +11,8 @@ import pytest
 
 from rocketstore.pipeline.cli import main
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import DiskFullError
-from rocketstore.pipeline.store import MessageStore
 
 CONFIG = StoreConfig(
     mapped_file_size_commitlog=16 * 1024,

@@ -16,11 +16,12 @@ from typing import IO, Any
 
 import pytest
 
-from rocketstore.pipeline import cli, failpoints
+from rocketstore.pipeline import cli
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import InvalidMessageError
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.produce import READ_SIZE, InputLines, batches
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.files import failpoints
+from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.tools.produce import READ_SIZE, InputLines, batches
 from tests.kit.fixtures import fixture_dir
 
 SCRIPT = Path(sys.executable).parent / "rocketstore"

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from rocketstore.pipeline import cli, lag
+from rocketstore.pipeline import cli
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.tools import lag
 from tests.kit.fixtures import SMALL_CONFIG
 
 SMALL_TOML = """\
@@ -144,7 +145,7 @@ def test_a_checkpoint_and_the_groups_open_each_broker_once(
             opened.append(Path(path).name)
             super().__init__(path, *args, **kwargs)
 
-    monkeypatch.setattr("rocketstore.pipeline.lag.MessageStore", Counted)
+    monkeypatch.setattr("rocketstore.pipeline.tools.lag.MessageStore", Counted)
     asked: list[object] = []
     real_bounds = lag.store_bounds
 

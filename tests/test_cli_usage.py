@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rocketstore.pipeline import cli
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -319,7 +319,13 @@ def test_not_found_exits_3(
 
 # -- start-up -------------------------------------------------------------------------------------
 
-HEAVY = ("numpy", "pyarrow", "pandas", "rocketstore.pipeline.store", "rocketstore.pipeline.encode")
+HEAVY = (
+    "numpy",
+    "pyarrow",
+    "pandas",
+    "rocketstore.pipeline.engine.store",
+    "rocketstore.pipeline.format.encode",
+)
 PROBE = f"""
 import contextlib, io, json, sys
 from rocketstore.pipeline import cli
@@ -359,7 +365,12 @@ def test_a_read_command_does_not_import_pandas(big_store: tuple[Path, Path]) -> 
     result = probe("queues", str(store), "--config", str(conf))
     assert result == {
         "code": 0,
-        "loaded": ["numpy", "pyarrow", "rocketstore.pipeline.store", "rocketstore.pipeline.encode"],
+        "loaded": [
+            "numpy",
+            "pyarrow",
+            "rocketstore.pipeline.engine.store",
+            "rocketstore.pipeline.format.encode",
+        ],
     }
 
 

@@ -36,8 +36,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.tools.verify.check import verify
 from tests.kit import PROCS, ROOT, sparkproc
 from tests.kit.gluster import unavailable as gluster_unavailable
 from tests.kit.jobfiles import committed_files

@@ -1,4 +1,4 @@
-"""pipeline/commitlog.py, pipeline/segments.py, pipeline/mappedfile.py: placement of records in
+"""pipeline/files/commitlog.py, pipeline/files/segments.py, pipeline/files/mappedfile.py: placement of records in
 fixed-size segments, END_OF_FILE blanks, loading, walking and cutting the log."""
 
 from __future__ import annotations
@@ -10,25 +10,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rocketstore.pipeline import record
-from rocketstore.pipeline.commitlog import CommitLog
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import (
     CorruptRecordError,
     NotAStoreError,
     OffsetOutOfRangeError,
     StoreError,
 )
-from rocketstore.pipeline.mappedfile import (
+from rocketstore.pipeline.files.commitlog import CommitLog
+from rocketstore.pipeline.files.mappedfile import (
     PWRITE_MIN_BYTES,
     MappedFile,
     parse_segment_name,
     segment_name,
 )
-from rocketstore.pipeline.mappings import MappingCache
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.segments import SegmentQueue
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.files.mappings import MappingCache
+from rocketstore.pipeline.files.segments import SegmentQueue
+from rocketstore.pipeline.format import record
+from rocketstore.pipeline.format.message import Message
 
 SEG = 1000
 BLANK = struct.Struct(">iI")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from rocketstore.pipeline.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig, parse_properties
+from rocketstore.pipeline.engine.storehost import store_host
 from rocketstore.pipeline.errors import ConfigError
-from rocketstore.pipeline.storehost import store_host
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,7 +39,7 @@ def test_defaults_are_rocketmq_49x() -> None:
     assert c.flush_interval_commitlog == 500
     assert c.max_msgs_num_batch == 64
     assert c.check_crc_on_recover is True
-    # Unset: a directory's records decide (rocketstore.pipeline.storehost); a new one gets this host's
+    # Unset: a directory's records decide (rocketstore.pipeline.engine.storehost); a new one gets this host's
     # address (127.0.0.1 under the suite's pin, conftest._steady_host) and port 10911.
     assert c.broker_ip1 is None and c.listen_port is None
     assert store_host(c) == "127.0.0.1:10911"

@@ -21,9 +21,9 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
-from rocketstore.pipeline.root import StoreRoot
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify
+from rocketstore.pipeline.engine.root import StoreRoot
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.tools.verify.check import verify
 from tests.kit import PROCS
 from tests.kit.jobfiles import STORE_TOML, committed_files
 from tests.kit.sinkcheck import check_stored

@@ -38,13 +38,14 @@ with warnings.catch_warnings():
 
 import pyarrow as pa
 
-from rocketstore.pipeline import bodyformat, cli, extras
+from rocketstore.pipeline import cli, extras
 from rocketstore.pipeline.console import rates, views
 from rocketstore.pipeline.console.app import create_app
 from rocketstore.pipeline.console.views import Console
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.root import StoreRoot, TopicMeta
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format import bodyformat
+from rocketstore.pipeline.format.message import Message
 from tests.kit.files import snapshot
 
 LOCAL = "http://127.0.0.1"

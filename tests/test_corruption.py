@@ -14,7 +14,7 @@ store is opened read-only, and every read is compared with what the intact store
 
 Only damage the store can detect is drawn for the CommitLog: RocketMQ 4.x checksums the body
 alone, so a changed FLAG, timestamp, host or user property reads back changed, here as in
-RocketMQ (see pipeline/verify.py). Zeros in the topic or properties, as a write torn after the
+RocketMQ (see pipeline/tools/verify/check.py). Zeros in the topic or properties, as a write torn after the
 body leaves, are the exception: no whole record has a NUL there.
 """
 
@@ -25,12 +25,12 @@ from pathlib import Path
 
 import pytest
 
-from rocketstore.pipeline import record
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import CorruptRecordError, OffsetOutOfRangeError
+from rocketstore.pipeline.format import record
+from rocketstore.pipeline.format.record import MessageExt
 from rocketstore.pipeline.layout import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
-from rocketstore.pipeline.record import MessageExt
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify
+from rocketstore.pipeline.tools.verify.check import verify
 from tests.kit.damage import (
     CONFIG,
     CROSS_CHECKED,

@@ -45,9 +45,9 @@ from pathlib import Path
 import pytest
 
 import rocketstore.pipeline
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import StoreError
-from rocketstore.pipeline.record import MessageExt, encode_record
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.format.record import MessageExt, encode_record
 from tests.kit import PROCS
 from tests.kit.crashdata import GEOMETRY, Expected, store_config
 from tests.kit.crashdata import expected as derive

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rocketstore.pipeline import record
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.engine.storehost import store_host
 from rocketstore.pipeline.errors import InvalidMessageError
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.storehost import store_host
+from rocketstore.pipeline.format import record
+from rocketstore.pipeline.format.message import Message
 from tests.kit.strategies import messages
 
 CONFIG = StoreConfig(
@@ -100,7 +100,7 @@ def test_generated_uniq_keys_are_unique_and_rocketmq_shaped(tmp_path: Path) -> N
 
 def test_a_table_without_born_timestamp_is_born_when_stored(tmp_path: Path) -> None:
     # The sink's tables never carry bornTimestamp; a column of nulls and no column at all must
-    # both mean "the store time" (pipeline/message.py), not 0.
+    # both mean "the store time" (pipeline/format/message.py), not 0.
     with MessageStore(tmp_path / "s", CONFIG, clock_ms=lambda: 1_700_000_000_123) as store:
         bare = store.put_batch(pa.table({"topic": ["T", "T"], "body": [b"a", b"b"]}))
         nulls = store.put_batch(

@@ -2,7 +2,7 @@
 ``produce`` says exactly which lines landed when a put fails.
 
 Segments close their descriptor once mapped, and ConsumeQueue and index files are mapped lazily,
-at most ``maxMappedFiles`` at once (pipeline/mappings.py). The limit is set in a subprocess
+at most ``maxMappedFiles`` at once (pipeline/files/mappings.py). The limit is set in a subprocess
 (``resource.setrlimit``), which runs the command line's produce, a get from every queue, verify
 and recover, and then reports what it saw.
 """
@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from rocketstore.pipeline import durability, mappings
 from rocketstore.pipeline.cli import main
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files import durability, mappings
+from rocketstore.pipeline.format.message import Message
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUES = 1000
@@ -42,7 +42,7 @@ CHILD = textwrap.dedent(
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
     from rocketstore.pipeline.cli import main
     from rocketstore.pipeline.config import StoreConfig
-    from rocketstore.pipeline.store import MessageStore
+    from rocketstore.pipeline.engine.store import MessageStore
 
     store, conf, lines = sys.argv[1:4]
     out = {"limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
@@ -201,7 +201,7 @@ SEGMENTS_CHILD = textwrap.dedent(
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
     from rocketstore.pipeline.cli import main
     from rocketstore.pipeline.config import StoreConfig
-    from rocketstore.pipeline.store import MessageStore
+    from rocketstore.pipeline.engine.store import MessageStore
 
     store, conf = sys.argv[1:3]
     out = {"queues": main(["queues", store, "--config", conf, "--json"])}

@@ -1,4 +1,4 @@
-"""pipeline/fencing.py: a writer that lost the store's lock writes nothing more, and recovery
+"""pipeline/engine/fencing.py: a writer that lost the store's lock writes nothing more, and recovery
 and ``verify`` treat what such a writer left in a dead region as not data.
 
 A lost lock is made the way a shared file system loses it: the lock is dropped on the writer's
@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from rocketstore.pipeline import cli, fencing
-from rocketstore.pipeline import lock as lock_module
+from rocketstore.pipeline import cli
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine import fencing
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import DamagedLogError, FencedError
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify
+from rocketstore.pipeline.files import lock as lock_module
+from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.tools.verify.check import verify
 from tests.kit.fencing import (
     CONFIG,
     SEGMENT,

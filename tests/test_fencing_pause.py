@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from rocketstore.pipeline import failpoints
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import FileReplacedError, StoreError
-from rocketstore.pipeline.mappedfile import MappedFile, segment_name
-from rocketstore.pipeline.mappings import MappingCache
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify
+from rocketstore.pipeline.files import failpoints
+from rocketstore.pipeline.files.mappedfile import MappedFile, segment_name
+from rocketstore.pipeline.files.mappings import MappingCache
+from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.tools.verify.check import verify
 from tests.kit.fencing import CONFIG, QUEUES, TOPIC, Taker, bodies, expected, lose_lock, put_a
 
 # The write steps of a batch put that come after its fence check, in the order they run

@@ -1,4 +1,4 @@
-"""pipeline/fencing.py: every kind of taker fences a writer that lost the store's lock.
+"""pipeline/engine/fencing.py: every kind of taker fences a writer that lost the store's lock.
 
 Writer A runs on shared storage and loses its lock the way ``tests/test_fencing.py``'s
 ``lose_lock`` drops it (as a shared file system's servers do). Another writer takes the store,
@@ -20,13 +20,16 @@ from typing import Any
 
 import pytest
 
-from rocketstore.pipeline import cli, commands, fencing, filesystem
-from rocketstore.pipeline import lock as lock_module
+from rocketstore.pipeline import cli
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine import fencing
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import FencedError
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify
+from rocketstore.pipeline.files import filesystem
+from rocketstore.pipeline.files import lock as lock_module
+from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.tools import commands
+from rocketstore.pipeline.tools.verify.check import verify
 from tests.kit import stockrocketmq
 from tests.kit.cli import run_cli
 from tests.kit.faultfuse import mounted
@@ -43,9 +46,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TAKER = textwrap.dedent(
     f"""
     import dataclasses, pathlib, sys
-    from rocketstore.pipeline import filesystem
-    from rocketstore.pipeline.message import Message
-    from rocketstore.pipeline.store import MessageStore
+    from rocketstore.pipeline.files import filesystem
+    from rocketstore.pipeline.format.message import Message
+    from rocketstore.pipeline.engine.store import MessageStore
     from tests.kit.fencing import CONFIG
 
     if sys.argv[2] == "auto-untold":

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import NotAStoreError
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.format.message import Message
 from tests.kit.files import snapshot
 
 SMALL = StoreConfig(

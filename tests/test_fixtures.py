@@ -8,9 +8,9 @@ import shutil
 import numpy as np
 import pytest
 
-from rocketstore.pipeline import record
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format import record
 from rocketstore.pipeline.layout import INDEX_HEADER, UNIT_DTYPE
-from rocketstore.pipeline.store import MessageStore
 from tests.kit.fixtures import FIXTURE_CONFIG, fixture_dir
 from tests.kit.rawlog import commitlog_records
 from tests.kit.readtxt import expected_lines, render

@@ -16,19 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from rocketstore.pipeline import (
-    consumequeue,
-    failpoints,
-    filesystem,
-    indexfile,
-    layout,
-    mappedfile,
-)
+from rocketstore.pipeline import layout
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import SegmentCreateError
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify
+from rocketstore.pipeline.files import consumequeue, failpoints, filesystem, indexfile, mappedfile
+from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.tools.verify.check import verify
 from tests.kit.cli import run_cli
 from tests.kit.produce import SMALL, stored_bodies, write_input
 from tests.kit.realfs import real_fs
@@ -60,7 +54,7 @@ def produce(store: Path, conf: Path, lines: Path) -> tuple[int, list[dict[str, o
     ids=["tmpfs-6m", "tmpfs-9m", "tmpfs-13m", "ext4-16m", "btrfs-128m"],
 )
 def test_produce_until_full_then_free_space(tmp_path: Path, kind: str, size_mib: int) -> None:
-    """On btrfs the store's files are written in place (NOCOW, see rocketstore.pipeline.filesystem); the
+    """On btrfs the store's files are written in place (NOCOW, see rocketstore.pipeline.files.filesystem); the
     image is filled to leave the store about ``ROOM`` bytes."""
     conf = tmp_path / "store.toml"
     conf.write_text(SMALL)
@@ -225,8 +219,8 @@ def test_store_files_on_btrfs_are_written_in_place(tmp_path: Path) -> None:
 DYING_WRITER = """
 import os, sys
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.engine.store import MessageStore
 
 store = MessageStore(sys.argv[1], StoreConfig.load(sys.argv[2]), background=False)
 n = 0

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rocketstore.pipeline.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
 from rocketstore.source import options, schema
 from rocketstore.source.planning import Planner, QueueRange
 from rocketstore.source.read import ReadContext, read_queue_range
@@ -32,7 +32,7 @@ WRITER = """
 import sys, time
 sys.path.insert(0, sys.argv[2])
 from tests.kit.glusterstore import SMALL_FILES as CONFIG, table
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
 root, BATCHES, BROKERS, PER_BATCH = sys.argv[1], *map(int, sys.argv[3:6])
 stores = [MessageStore(f"{root}/broker-{b}", CONFIG) for b in range(BROKERS)]
 for k in range(BATCHES):

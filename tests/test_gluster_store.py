@@ -1,6 +1,6 @@
 """The store across two hosts: a writer through one mount of a replicated GlusterFS volume,
 readers and a second writer through the other (tests/kit/gluster.py;
-rocketstore.pipeline.visibility).
+rocketstore.pipeline.files.visibility).
 
 * Readers on the other mount (read-only re-opens, the source's planner and its partition
   reads) never see damage while 100,000 messages go in, and see every message right.
@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import StoreError, StoreLockedError
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify
+from rocketstore.pipeline.tools.verify.check import verify
 from rocketstore.source import schema
 from rocketstore.source.brokerview import BrokerView
 from rocketstore.source.planning import KeyRange, QueueRange
@@ -60,7 +60,7 @@ import os, sys, time
 import pyarrow as pa
 sys.path.insert(0, sys.argv[3])
 from tests.kit.glusterstore import GEOMETRIES, table
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
 path, batches, reads, geometry = sys.argv[1], int(sys.argv[2]), sys.argv[4], sys.argv[5]
 deadline = time.monotonic() + 240
 with MessageStore(path, GEOMETRIES[geometry]) as store:

@@ -1,5 +1,5 @@
 """RocketMQ consumer groups: ``config/consumerOffset.json`` read as a broker loads it
-(pipeline/groups.py), their lag in ``rocketstore lag``, and the source's
+(pipeline/engine/groups.py), their lag in ``rocketstore lag``, and the source's
 ``startingOffsets=group:NAME``; then all of it against the stock RocketMQ 4.9.4 servers
 (../shared/rocketmq-4.9.4, tests/kit/stockrocketmq.py): a stock producer, a Java consumer group that
 commits part of a topic, ``rocketstore lag`` beside ``mqadmin consumerProgress``, and a Spark
@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from rocketstore.pipeline import cli
-from rocketstore.pipeline.errors import ConfigError
-from rocketstore.pipeline.groups import (
+from rocketstore.pipeline.engine.groups import (
     BAK_NAME,
     FILE_NAME,
     ConsumerOffsetsError,
@@ -23,8 +22,9 @@ from rocketstore.pipeline.groups import (
     group_offsets,
     read_consumer_offsets,
 )
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.errors import ConfigError
+from rocketstore.pipeline.format.message import Message
 from rocketstore.source import options
 from rocketstore.source.offsets import OffsetSpec
 from rocketstore.source.planning import Planner

@@ -1,4 +1,4 @@
-"""``config/consumerOffset.json``'s two readers (rocketstore.pipeline.groups): the fast one (the C
+"""``config/consumerOffset.json``'s two readers (rocketstore.pipeline.engine.groups): the fast one (the C
 JSON decoder once fastjson's bare integer keys are quoted) against the recursive-descent reader
 that reports errors by line and column, on generated files: well-formed ones in fastjson's and
 JSON's spelling, files with strings that look like keys, repeated keys, values of the wrong kind,
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rocketstore.pipeline.groups import (
+from rocketstore.pipeline.engine.groups import (
     ConsumerOffsetsError,
     _fast_table,
     _read_table,

@@ -21,11 +21,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rocketstore.pipeline import native
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.progress import FILE_NAME
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files.progress import FILE_NAME
+from rocketstore.pipeline.format import native
+from rocketstore.pipeline.tools.verify.check import verify
 
 PAGE = 4096
 # Slots over two pages and entries over ten, so that pages disagree in many ways.

@@ -1,4 +1,4 @@
-"""pipeline/indexfile.py and pipeline/indexservice.py: the key index and its files."""
+"""pipeline/files/indexfile.py and pipeline/files/indexservice.py: the key index and its files."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rocketstore.pipeline.indexfile import IndexFile
-from rocketstore.pipeline.indexservice import IndexService, index_file_name
-from rocketstore.pipeline.javahash import index_key_hash
+from rocketstore.pipeline.files.indexfile import IndexFile
+from rocketstore.pipeline.files.indexservice import IndexService, index_file_name
+from rocketstore.pipeline.format.javahash import index_key_hash
 
 SLOTS = 8
 ENTRIES = 10
@@ -373,7 +373,7 @@ def test_service_candidates_from_an_offset_skip_older_files(
 def test_service_new_file_starts_at_previous_end(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rocketstore.pipeline import indexservice
+    from rocketstore.pipeline.files import indexservice
 
     created: list[tuple[int, int]] = []
 

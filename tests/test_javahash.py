@@ -1,4 +1,4 @@
-"""pipeline/javahash.py: Java String.hashCode, the scalar reference and the native batch
+"""pipeline/format/javahash.py: Java String.hashCode, the scalar reference and the native batch
 hash (which must agree with it and with values Java itself gives), and the derived hashes."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rocketstore.pipeline.javahash import (
+from rocketstore.pipeline.format.javahash import (
     index_key_hash,
     java_hash,
     java_hash_array,

@@ -21,8 +21,8 @@ import pytest
 
 from rocketstore.jobs import export, ingest, process
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.root import StoreRoot
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.root import StoreRoot
+from rocketstore.pipeline.engine.store import MessageStore
 from tests.kit import ROOT
 from tests.kit.jobfiles import STORE_TOML, committed_files
 

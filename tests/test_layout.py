@@ -16,11 +16,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rocketstore.pipeline import record
-from rocketstore.pipeline.checkpoint import FILE_SIZE
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files.checkpoint import FILE_SIZE
+from rocketstore.pipeline.format import record
 from rocketstore.pipeline.layout import INDEX_HEADER, UNIT_DTYPE
-from rocketstore.pipeline.store import MessageStore
 from tests.kit.fixtures import fixture_dir
 from tests.kit.javaref import KNOWN, index_key_hash
 from tests.kit.rawlog import commitlog_records

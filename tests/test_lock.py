@@ -1,4 +1,4 @@
-"""pipeline/lock.py and MessageStore opening: the exclusive lock, the abort marker, refusals."""
+"""pipeline/files/lock.py and MessageStore opening: the exclusive lock, the abort marker, refusals."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from rocketstore.pipeline import failpoints
-from rocketstore.pipeline import lock as lock_module
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import NotAStoreError, StoreFailedError, StoreLockedError
-from rocketstore.pipeline.lock import DirectoryLock, is_locked_elsewhere
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.files import failpoints
+from rocketstore.pipeline.files import lock as lock_module
+from rocketstore.pipeline.files.lock import DirectoryLock, is_locked_elsewhere
+from rocketstore.pipeline.format.message import Message
 from tests.kit.contention import Aside, SignallingLock, run_aside
 from tests.kit.files import snapshot
 
@@ -32,8 +32,8 @@ CHILD = textwrap.dedent(
     """
     import sys
     from rocketstore.pipeline.config import StoreConfig
-    from rocketstore.pipeline.message import Message
-    from rocketstore.pipeline.store import MessageStore
+    from rocketstore.pipeline.format.message import Message
+    from rocketstore.pipeline.engine.store import MessageStore
 
     cfg = StoreConfig(mapped_file_size_commitlog=65536, max_hash_slot_num=64, max_index_num=256)
     store = MessageStore(sys.argv[1], cfg, clock_ms=lambda: 1_700_000_000_000)
@@ -98,7 +98,7 @@ def try_writer_in_subprocess(path: Path) -> str:
         """
         import sys
         from rocketstore.pipeline.config import StoreConfig
-        from rocketstore.pipeline.store import MessageStore
+        from rocketstore.pipeline.engine.store import MessageStore
         cfg = StoreConfig(mapped_file_size_commitlog=65536, max_hash_slot_num=64, max_index_num=256)
         try:
             MessageStore(sys.argv[1], cfg).close()
@@ -455,7 +455,7 @@ FORKING_HOLDER = textwrap.dedent(
     """
     import os, sys
     from pathlib import Path
-    import rocketstore.pipeline.lock as lock
+    import rocketstore.pipeline.files.lock as lock
     lock._OFD = sys.argv[2] == "ofd"
     held = lock.DirectoryLock(Path(sys.argv[1]))
     held.acquire()

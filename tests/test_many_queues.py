@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from rocketstore.pipeline import filesystem, mappings
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import CorruptRecordError
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.files import filesystem, mappings
+from rocketstore.pipeline.format.message import Message
 from tests.kit.powercut import abandon
 
 TOPICS = 750

@@ -1,4 +1,4 @@
-"""The metrics of a store root (rocketstore.pipeline.metrics, .storestats): the figures
+"""The metrics of a store root (rocketstore.pipeline.tools.metrics, .storestats): the figures
 against the root as the test wrote it and against ``rocketstore queues`` / ``lag``; bounds
 after retention, without a progress file and behind a RocketMQ broker's flush; the writer's
 state from a real writer process; per-queue series and their limit; and that a scrape writes
@@ -34,13 +34,14 @@ pytest.importorskip("prometheus_client", reason="the metrics need the 'console' 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rocketstore.pipeline import cli, fencing
-from rocketstore.pipeline.checkpoint import StoreCheckpoint
+from rocketstore.pipeline import cli
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.metrics import StoreCollector, Target
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.storestats import StoreStats
+from rocketstore.pipeline.engine import fencing
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files.checkpoint import StoreCheckpoint
+from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.tools.metrics import StoreCollector, Target
+from rocketstore.pipeline.tools.storestats import StoreStats
 from tests.kit.files import snapshot
 
 Series = dict[tuple[tuple[str, str], ...], float]

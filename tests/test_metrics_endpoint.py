@@ -29,8 +29,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from rocketstore.pipeline.console.app import create_app
 from rocketstore.pipeline.console.exporter import create_exporter_app
 from rocketstore.pipeline.console.views import Console
-from rocketstore.pipeline.metricfamilies import FAMILIES
-from rocketstore.pipeline.metrics import StoreCollector, Target
+from rocketstore.pipeline.tools.metricfamilies import FAMILIES
+from rocketstore.pipeline.tools.metrics import StoreCollector, Target
 from tests.kit.files import snapshot
 
 TOKEN = "metrics-token-0123456789abcdef"

@@ -1,4 +1,4 @@
-"""The native record decoder against the pure-Python reference (rocketstore.pipeline.record).
+"""The native record decoder against the pure-Python reference (rocketstore.pipeline.format.record).
 
 Differential: batches of records encoded by :func:`record.encode_record` must decode natively
 to exactly what :func:`record.decode_record` gives, column by column. Fuzz: random bytes and
@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rocketstore.pipeline import native, record
 from rocketstore.pipeline.errors import CorruptRecordError
+from rocketstore.pipeline.format import native, record
 from tests.kit.nativecheck import check_dispatch_walk
 
 FUZZ = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

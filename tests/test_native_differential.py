@@ -2,8 +2,8 @@
 
 Batches put through the store (native encoder, native index chain) must leave exactly the
 ConsumeQueue and IndexFile bytes that a plain, record-at-a-time reference builds from the
-CommitLog with :mod:`rocketstore.pipeline.record` and Java's hash as :func:`rocketstore.pipeline.javahash.java_hash`
-spells it; the native record walk must see exactly what :func:`rocketstore.pipeline.record.scan_record`
+CommitLog with :mod:`rocketstore.pipeline.format.record` and Java's hash as :func:`rocketstore.pipeline.format.javahash.java_hash`
+spells it; the native record walk must see exactly what :func:`rocketstore.pipeline.format.record.scan_record`
 sees, and the one-pass re-dispatch walk must derive what the walk's columns say; the native
 hashes and CRCs must equal the reference functions.
 """
@@ -22,12 +22,12 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rocketstore.pipeline import native, record
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import InvalidMessageError
-from rocketstore.pipeline.javahash import java_hash
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.format import native, record
+from rocketstore.pipeline.format.javahash import java_hash
+from rocketstore.pipeline.format.message import Message
 from tests.kit.nativecheck import UNIT, check_dispatch_walk
 from tests.kit.strategies import messages
 

@@ -8,10 +8,11 @@ import numpy.typing as npt
 import pyarrow as pa
 import pytest
 
-from rocketstore.pipeline import _native, encode, native
+from rocketstore.pipeline import _native
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.storehost import store_host
 from rocketstore.pipeline.errors import NativeError, StoreError
-from rocketstore.pipeline.storehost import store_host
+from rocketstore.pipeline.format import encode, native
 
 
 def batch() -> encode.PreparedBatch:
@@ -118,8 +119,8 @@ def test_crc_and_hash_outputs_must_not_overlap_their_input() -> None:
 
 def test_the_record_layout_is_defined_once_in_the_native_core() -> None:
     """RocketMQ 4.9.x's values (MessageDecoder, MessageSysFlag), exported by the crate and
-    taken from there by rocketstore.pipeline.record."""
-    from rocketstore.pipeline import record
+    taken from there by rocketstore.pipeline.format.record."""
+    from rocketstore.pipeline.format import record
 
     expected = {
         "MAGIC": -626843481, "BLANK_MAGIC": -875286124, "BLANK_SIZE": 8, "FIXED_SIZE_V4": 91,

@@ -172,7 +172,7 @@ def test_a_late_page_of_a_partitioned_host_misses_a_file_renamed_over(netcluster
     one file in place and replaces the other by a new file renamed over it. After the heal,
     A's write through its old descriptor lands over B's bytes in the first; in the second it
     fails (ESTALE here: A's client reopens its descriptor by the old inode's gfid, which is
-    gone) and so does the mapping's write-back: B's bytes stay (pipeline/renewal.py)."""
+    gone) and so does the mapping's write-back: B's bytes stay (pipeline/engine/renewal.py)."""
     c = netcluster
     files = {how: c.mount / how for how in ("in-place", "renamed")}
     for path in files.values():

@@ -43,7 +43,7 @@ LINE_TIMEOUT_S = 120.0
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetCluster]:
     try:
         # The client gives up on a silent server (ping-timeout) before the servers give its
-        # lock away (tcp-user-timeout): the ordering rocketstore.pipeline.fencing asks of a volume.
+        # lock away (tcp-user-timeout): the ordering rocketstore.pipeline.engine.fencing asks of a volume.
         with cluster(tmp_path_factory.mktemp("partition"), ping_timeout=3, tcp_user_timeout=8) as c:
             yield c
     except GlusterUnavailable as exc:

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from rocketstore.pipeline.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.tools.verify.check import verify
 from tests.kit.powercut import PowerCut, PowerLost, abandon
 
 BASE = StoreConfig(

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.root import StoreRoot, TopicMeta
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format.message import Message
 from tests.kit.consolekit import SMALL, SMALL_TOML, make_root
 from tests.kit.promkit import (
     PROMETHEUS_MARKS,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rocketstore.pipeline.metricfamilies import FAMILIES
+from rocketstore.pipeline.tools.metricfamilies import FAMILIES
 from tests.kit.promkit import PROMTOOL, SKIP_REASON
 
 CONF = Path(__file__).resolve().parent.parent / "conf" / "prometheus"

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 import rocketstore.pipeline
-from rocketstore.pipeline import failpoints
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import ProgressNotRecordedError, StoreError, StoreFailedError
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.files import failpoints
 from tests.kit import PROCS
 from tests.kit.crashdata import batch_table, store_config
 from tests.kit.faultcheck import check_store, recorded, recover_twice_identically

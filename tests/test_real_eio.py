@@ -36,12 +36,12 @@ from pathlib import Path
 import pytest
 from test_sink_faults import check_exactly_once, finish, job, outcomes
 
-from rocketstore.pipeline import store as store_module
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine import store as store_module
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import ProgressNotRecordedError, StoreError, StoreFailedError
-from rocketstore.pipeline.mappedfile import segment_name
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.files.mappedfile import segment_name
+from rocketstore.pipeline.format.message import Message
 from tests.kit.crashdata import GEOMETRY, batch_table, expected, store_config
 from tests.kit.faultcheck import check_store, recorded, recover_twice_identically
 from tests.kit.faultfuse import FaultFS, mounted, unavailable

@@ -1,4 +1,4 @@
-"""pipeline/record.py: the CommitLog record codec, properties, msgId and corruption checks."""
+"""pipeline/format/record.py: the CommitLog record codec, properties, msgId and corruption checks."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import zlib
 
 import pytest
 
-from rocketstore.pipeline import record
 from rocketstore.pipeline.errors import CorruptRecordError, InvalidMessageError
+from rocketstore.pipeline.format import record
 
 V4 = "192.168.1.7:45678"
 V4_STORE = "10.0.0.5:10911"

@@ -11,13 +11,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rocketstore.pipeline import record
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.indexfile import IndexFile
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files.indexfile import IndexFile
+from rocketstore.pipeline.files.progress import FILE_NAME
+from rocketstore.pipeline.format import record
 from rocketstore.pipeline.layout import UNIT_DTYPE
-from rocketstore.pipeline.progress import FILE_NAME
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify
+from rocketstore.pipeline.tools.verify.check import verify
 
 CONFIG = StoreConfig(
     mapped_file_size_commitlog=64 * 1024,

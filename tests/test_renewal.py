@@ -1,4 +1,4 @@
-"""pipeline/renewal.py: after an unclean take-over on shared storage, the derived files the
+"""pipeline/engine/renewal.py: after an unclean take-over on shared storage, the derived files the
 writer before may still have dirty pages of get new inodes, so that its late write-back lands
 on none of the new writer's files.
 
@@ -22,15 +22,16 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from rocketstore.pipeline import durability, fileio, renewal
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine import renewal
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import FencedError, RenewalError
-from rocketstore.pipeline.filecreation import TMP_SUFFIX
-from rocketstore.pipeline.mappedfile import MappedFile
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.progress import FlushProgress
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify
+from rocketstore.pipeline.files import durability, fileio
+from rocketstore.pipeline.files.filecreation import TMP_SUFFIX
+from rocketstore.pipeline.files.mappedfile import MappedFile
+from rocketstore.pipeline.files.progress import FlushProgress
+from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.tools.verify.check import verify
 from tests.kit.fencing import (
     CONFIG,
     QUEUES,
@@ -174,7 +175,7 @@ def test_a_writable_open_renews_only_after_an_unclean_end_on_shared_storage(
 CRASHER = textwrap.dedent(
     """
     import sys
-    from rocketstore.pipeline.store import MessageStore
+    from rocketstore.pipeline.engine.store import MessageStore
     from tests.kit.fencing import CONFIG
     MessageStore(sys.argv[1], CONFIG)
     """

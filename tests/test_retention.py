@@ -1,4 +1,4 @@
-"""Retention and disk pressure (rocketstore.pipeline.retention), with an injected clock and a simulated disk.
+"""Retention and disk pressure (rocketstore.pipeline.engine.retention), with an injected clock and a simulated disk.
 
 The stores use a tiny geometry (64 KiB CommitLog segments, ConsumeQueue files of 50 units,
 index files of 300 entries) so that a few hundred messages fill every kind of file several
@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from rocketstore.pipeline import retentionpolicy, retentionreport
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine import retentionpolicy, retentionreport
+from rocketstore.pipeline.engine.retention import RetentionService
+from rocketstore.pipeline.engine.retentionpolicy import RetentionPolicy
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import DiskFullError, ReadOnlyStoreError, StoreError
+from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.retention import RetentionService
-from rocketstore.pipeline.retentionpolicy import RetentionPolicy
-from rocketstore.pipeline.store import MessageStore
 from tests.kit.files import snapshot
 
 CFG = StoreConfig(

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.retention import RetentionService
-from rocketstore.pipeline.retentionpolicy import RetentionPolicy
-from rocketstore.pipeline.retentionreport import CleanReport
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.retention import RetentionService
+from rocketstore.pipeline.engine.retentionpolicy import RetentionPolicy
+from rocketstore.pipeline.engine.retentionreport import CleanReport
+from rocketstore.pipeline.engine.store import MessageStore
 from tests.kit.manyqueues import build
 
 CONFIG = StoreConfig(

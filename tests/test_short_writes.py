@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rocketstore.pipeline.checkpoint import StoreCheckpoint
-from rocketstore.pipeline.fileio import pwrite_all
-from rocketstore.pipeline.progress import FlushProgress
+from rocketstore.pipeline.files.checkpoint import StoreCheckpoint
+from rocketstore.pipeline.files.fileio import pwrite_all
+from rocketstore.pipeline.files.progress import FlushProgress
 
 CHUNK = 7  # bytes a short write takes at most
 

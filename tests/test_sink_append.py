@@ -11,8 +11,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import InvalidMessageError, StoreLockedError
-from rocketstore.pipeline.store import MessageStore
 from rocketstore.sink.append import (
     FAILPOINT_ENV,
     SinkFailpoint,
@@ -161,7 +161,7 @@ def test_note_moves_forward_with_the_batches_and_is_durable(tmp_path: Path) -> N
 def test_a_later_batch_reads_only_the_index_files_that_reach_its_bound(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rocketstore.pipeline.indexfile import IndexFile
+    from rocketstore.pipeline.files.indexfile import IndexFile
 
     path = tmp_path / "broker-0"
     for batch in range(4):  # 1,500 entries a batch (key + UNIQ_KEY): files of 4,096 fill up
@@ -252,7 +252,7 @@ HOLDER = textwrap.dedent(
     """
     import sys
     from rocketstore.pipeline.config import StoreConfig
-    from rocketstore.pipeline.store import MessageStore
+    from rocketstore.pipeline.engine.store import MessageStore
     cfg = StoreConfig(mapped_file_size_commitlog=1 << 16, max_hash_slot_num=512, max_index_num=4096)
     with MessageStore(sys.argv[1], cfg, create=True):
         print("holding", flush=True)

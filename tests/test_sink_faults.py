@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from rocketstore.pipeline import failpoints
-from rocketstore.pipeline.root import StoreRoot
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify
+from rocketstore.pipeline.engine.root import StoreRoot
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files import failpoints
+from rocketstore.pipeline.tools.verify.check import verify
 from tests.kit import PROCS
 from tests.kit.realfs import real_fs
 from tests.kit.sinkutil import CONFIG, read_back, write_input
@@ -148,7 +148,7 @@ def test_driver_killed_mid_batch_restarts_without_duplicates(tmp_path: Path, fac
 def test_store_failing_mid_put_under_the_sink_is_retried_exactly_once(
     tmp_path: Path, face: str, fault: str
 ) -> None:
-    """An I/O error inside a store put (rocketstore.pipeline.failpoints, armed in every Python worker):
+    """An I/O error inside a store put (rocketstore.pipeline.files.failpoints, armed in every Python worker):
     the store stops writes, the task fails, its retry reopens the broker (recovery completes
     or drops the failed put) and appends only what is missing."""
     rows = write_input(tmp_path / "in", files=2, rows_per_file=400)

@@ -6,9 +6,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rocketstore.pipeline.bodyformat import SCHEMA_PROPERTY
 from rocketstore.pipeline.errors import ConfigError, InvalidMessageError
-from rocketstore.pipeline.javahash import java_hash
+from rocketstore.pipeline.format.bodyformat import SCHEMA_PROPERTY
+from rocketstore.pipeline.format.javahash import java_hash
 from rocketstore.sink.rows import ROUTED, Layout, check_schema, repeated, route
 
 

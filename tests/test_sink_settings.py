@@ -118,7 +118,7 @@ def test_python_keyword_names_map_to_option_names() -> None:
 def test_topics_from_a_column_are_recorded_with_the_sinks_layout(tmp_path: Path) -> None:
     import pyarrow as pa
 
-    from rocketstore.pipeline.root import StoreRoot, TopicMeta
+    from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
     from rocketstore.sink.plan import prepare, route_batches
 
     root = StoreRoot(tmp_path)

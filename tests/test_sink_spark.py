@@ -15,10 +15,10 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from rocketstore.pipeline.bodyformat import BodySchema, decode_bodies
-from rocketstore.pipeline.root import StoreRoot, select_queues
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify
+from rocketstore.pipeline.engine.root import StoreRoot, select_queues
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format.bodyformat import BodySchema, decode_bodies
+from rocketstore.pipeline.tools.verify.check import verify
 from rocketstore.sink.foreach import CommitLogSink, partition_keys
 from tests.kit.sinkcheck import check_stored
 from tests.kit.sinkutil import CONFIG, STORE_OPTIONS, read_back, write_input

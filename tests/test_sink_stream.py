@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import InvalidMessageError, StoreError, StoreLockedError
-from rocketstore.pipeline.store import MessageStore
 from rocketstore.sink import writer
 from rocketstore.sink.append import (
     FAILPOINT_ENV,

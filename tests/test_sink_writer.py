@@ -13,9 +13,9 @@ import pyarrow as pa
 import pytest
 
 import rocketstore.sink.writer as writer
+from rocketstore.pipeline.engine.root import StoreRoot
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import StoreLockedError
-from rocketstore.pipeline.root import StoreRoot
-from rocketstore.pipeline.store import MessageStore
 from rocketstore.sink.append import AppendStats, sink_fingerprint
 from rocketstore.sink.plan import prepare, route_batches
 from rocketstore.sink.settings import SinkSettings
@@ -84,7 +84,7 @@ HOLDER = textwrap.dedent(
     """
     import sys
     from rocketstore.pipeline.config import StoreConfig
-    from rocketstore.pipeline.store import MessageStore
+    from rocketstore.pipeline.engine.store import MessageStore
     from tests.kit.sinkutil import CONFIG
     with MessageStore(sys.argv[1], CONFIG, create=True):
         print("holding", flush=True)

@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files.progress import FlushProgress
+from rocketstore.pipeline.files.segments import list_segments
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
-from rocketstore.pipeline.progress import FlushProgress
-from rocketstore.pipeline.segments import list_segments
-from rocketstore.pipeline.store import MessageStore
 from rocketstore.source import options
 from rocketstore.source.planning import Planner
 from tests.kit.sourcekit import SMALL, make_root, message_table, write

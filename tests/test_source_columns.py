@@ -1,6 +1,6 @@
 """The source's columns: the narrow default row, each ``include*`` option, the decoder's column
 groups per schema, and, through Spark, every option's rows against the engine's own reads
-(``MessageStore.get_messages``, the single-record reader of :mod:`rocketstore.pipeline.record`)."""
+(``MessageStore.get_messages``, the single-record reader of :mod:`rocketstore.pipeline.format.record`)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 
-from rocketstore.pipeline import bodyformat, record
+from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import ConfigError
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.native import Columns
-from rocketstore.pipeline.record import MessageExt
-from rocketstore.pipeline.root import StoreRoot, TopicMeta
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.format import bodyformat, record
+from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.format.native import Columns
+from rocketstore.pipeline.format.record import MessageExt
 from rocketstore.source import options, schema
 from rocketstore.source.read import ReadContext
 from tests.kit.sourcekit import SMALL

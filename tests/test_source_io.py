@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
-from rocketstore.pipeline.root import StoreRoot, TopicMeta
-from rocketstore.pipeline.store import MessageStore
 from rocketstore.source import brokerview, options, schema
 from rocketstore.source.brokerview import BrokerView, QueueBounds
 from rocketstore.source.planning import Limit, Planner, QueueRange

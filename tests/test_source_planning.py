@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import ConfigError, StoreError
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.topicconfig import ensure_topics
+from rocketstore.pipeline.files.topicconfig import ensure_topics
+from rocketstore.pipeline.format.message import Message
 from rocketstore.source import offsets, options
 from rocketstore.source.brokerview import QueueBounds
 from rocketstore.source.errors import DataLossError

@@ -15,14 +15,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rocketstore.pipeline import record
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import CorruptRecordError, StoreError
+from rocketstore.pipeline.files.segments import list_segments
+from rocketstore.pipeline.format import record
+from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.root import StoreRoot, TopicMeta
-from rocketstore.pipeline.segments import list_segments
-from rocketstore.pipeline.store import MessageStore
 from rocketstore.source import options, schema
 from rocketstore.source.brokerview import BrokerView, QueueBounds
 from rocketstore.source.errors import DataLossError

@@ -17,9 +17,9 @@ import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 
-from rocketstore.pipeline import bodyformat
-from rocketstore.pipeline.root import StoreRoot, TopicMeta
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format import bodyformat
 from tests.kit.fixtures import fixture_dir
 from tests.kit.sourcekit import (
     SMALL,

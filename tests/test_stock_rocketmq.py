@@ -30,10 +30,13 @@ from typing import Any
 
 import pytest
 
-from rocketstore.pipeline import cli, lock, native, queueread, record
+from rocketstore.pipeline import cli
+from rocketstore.pipeline.engine import queueread
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import StoreLockedError
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.files import lock
+from rocketstore.pipeline.format import native, record
+from rocketstore.pipeline.format.message import Message
 from tests.kit import stockrocketmq
 from tests.kit.fixtures import SMALL_CONFIG
 from tests.kit.stockrocketmq import (

@@ -37,14 +37,14 @@ from hypothesis.stateful import (
 )
 
 from rocketstore.pipeline.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
+from rocketstore.pipeline.engine.results import PutResult
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import (
     InvalidMessageError,
     MessageTooLargeError,
     OffsetOutOfRangeError,
 )
-from rocketstore.pipeline.message import Message, messages_to_table
-from rocketstore.pipeline.results import PutResult
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.format.message import Message, messages_to_table
 from tests.kit.files import snapshot
 from tests.kit.model import StoreModel, java_hash, keys_text
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from rocketstore.pipeline import durability
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.results import GetResult
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.results import GetResult
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files import durability
+from rocketstore.pipeline.format.message import Message
 from tests.kit.contention import Aside, SignallingLock, run_aside
 
 CLOCK = 1_700_000_000_000

@@ -1,4 +1,4 @@
-"""pipeline/storehost.py: the store host a directory's records (and msgIds) carry: set, taken
+"""pipeline/engine/storehost.py: the store host a directory's records (and msgIds) carry: set, taken
 from the directory's newest record, or RocketMQ's broker defaults for a new directory."""
 
 from __future__ import annotations
@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from rocketstore.pipeline import cli, record, storehost
+from rocketstore.pipeline import cli
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine import storehost
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import ConfigError
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.format import record
+from rocketstore.pipeline.format.message import Message
 from rocketstore.sink.writer import broker_config
 from tests.kit.fixtures import FIXTURE_CONFIG, SMALL_CONFIG
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from rocketstore.pipeline.cli import main
-from rocketstore.pipeline.consumequeue import ConsumeQueue, Peek
-from rocketstore.pipeline.results import QueueInfo
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.results import QueueInfo
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files.consumequeue import ConsumeQueue, Peek
 from tests.kit.manyqueues import QUICK, build, table
 
 CONFIG = QUICK

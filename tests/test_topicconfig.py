@@ -1,4 +1,4 @@
-"""pipeline/topicconfig.py: ``config/topics.json`` in RocketMQ 4.9.4's own format, merged with
+"""pipeline/files/topicconfig.py: ``config/topics.json`` in RocketMQ 4.9.4's own format, merged with
 what a broker wrote, written crash-safely, shown by ``rocketstore topics``; and stock brokers
 (../shared/rocketmq-4.9.4, tests/kit/stockrocketmq.py) loading and serving what it wrote."""
 
@@ -18,11 +18,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rocketstore.pipeline import cli, durability
+from rocketstore.pipeline import cli
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.topicconfig import (
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files import durability
+from rocketstore.pipeline.files.topicconfig import (
     TopicConfig,
     TopicConfigError,
     TopicsKeeper,
@@ -30,6 +30,7 @@ from rocketstore.pipeline.topicconfig import (
     queue_counts,
     read_topics,
 )
+from rocketstore.pipeline.format.message import Message
 from tests.kit.fixtures import SMALL_CONFIG
 from tests.kit.powercut import PowerCut, PowerLost
 from tests.kit.stockrocketmq import KIT, Consumed, StockCluster, parse_consumed, unavailable

@@ -1,4 +1,4 @@
-"""pipeline/verify.py: the full consistency scan.
+"""pipeline/tools/verify/check.py: the full consistency scan.
 
 A clean store (ours, and the stores RocketMQ 4.9.4 wrote) verifies without a problem. Then bytes
 are changed at seeded random places of CommitLog records, ConsumeQueue units and IndexFiles, and
@@ -20,19 +20,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rocketstore.pipeline import record
-from rocketstore.pipeline import verify as verify_module
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files.mappedfile import segment_name
+from rocketstore.pipeline.format import record
+from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.layout import (
     INDEX_ENTRY_SIZE,
     INDEX_HEADER_SIZE,
     INDEX_SLOT_SIZE,
     UNIT_DTYPE,
 )
-from rocketstore.pipeline.mappedfile import segment_name
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import MAX_PROBLEMS_PER_KIND, Problem, VerifyReport, verify
+from rocketstore.pipeline.tools.verify import check as verify_module
+from rocketstore.pipeline.tools.verify.check import (
+    MAX_PROBLEMS_PER_KIND,
+    Problem,
+    VerifyReport,
+    verify,
+)
 from tests.kit.damage import (
     CONFIG,
     CROSS_CHECKED,

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from rocketstore.pipeline import record
 from rocketstore.pipeline.cli import main
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format import record
+from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.tools.verify.check import verify
 from tests.kit import PROCS
 from tests.kit.powercut import abandon
 

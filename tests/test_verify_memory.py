@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pytest
 
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = StoreConfig(
@@ -39,8 +39,8 @@ CHILD = """
 import sys
 from pathlib import Path
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.tools.verify.check import verify
 
 config = StoreConfig(**eval(sys.argv[2]))
 store = MessageStore(Path(sys.argv[1]), config, read_only=True)

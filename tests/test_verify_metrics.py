@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from rocketstore.pipeline import cli
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format.message import Message
 from tests.kit.consolekit import SMALL, SMALL_TOML
 from tests.kit.promkit import PROMTOOL, free_port
 

@@ -16,12 +16,12 @@ import pytest
 
 from rocketstore.pipeline.cli import main
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.retention import RetentionService
+from rocketstore.pipeline.engine.retentionpolicy import RetentionPolicy
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import SegmentGoneError
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.retention import RetentionService
-from rocketstore.pipeline.retentionpolicy import RetentionPolicy
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify, verify_read_only
+from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.tools.verify.check import verify, verify_read_only
 
 CONFIG = StoreConfig(
     mapped_file_size_commitlog=16 * 1024,

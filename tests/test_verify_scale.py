@@ -19,12 +19,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rocketstore.pipeline import fileio
-from rocketstore.pipeline import verify as verify_module
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files import fileio
 from rocketstore.pipeline.layout import PRE_BLANK_SIZE, UNIT_DTYPE
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify
-from rocketstore.pipeline.verify_units import first_look
+from rocketstore.pipeline.tools.verify import check as verify_module
+from rocketstore.pipeline.tools.verify.check import verify
+from rocketstore.pipeline.tools.verify.units import first_look
 from tests.kit.manyqueues import QUICK, FileReads, build
 
 CONFIG = QUICK

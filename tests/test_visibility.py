@@ -1,4 +1,4 @@
-"""The visibility rule for shared storage (rocketstore.pipeline.visibility), on one host with
+"""The visibility rule for shared storage (rocketstore.pipeline.files.visibility), on one host with
 ``sharedStorage = "shared"`` forced: readers see what the writer published, never more, and a
 record that does not check out below the published point is waited for, then damage; a file
 that this host's listing of its directory lacks is waited for, then not visible (never damage).
@@ -16,20 +16,20 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rocketstore.pipeline import visibility
 from rocketstore.pipeline.config import SYNC_FLUSH, StoreConfig
+from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import (
     ConfigError,
     CorruptRecordError,
     NotVisibleError,
     OffsetOutOfRangeError,
 )
-from rocketstore.pipeline.indexservice import IndexService
+from rocketstore.pipeline.files import visibility
+from rocketstore.pipeline.files.indexservice import IndexService
+from rocketstore.pipeline.files.mappedfile import segment_name
+from rocketstore.pipeline.files.segments import SegmentQueue, list_segments
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
-from rocketstore.pipeline.mappedfile import segment_name
-from rocketstore.pipeline.root import StoreRoot, TopicMeta
-from rocketstore.pipeline.segments import SegmentQueue, list_segments
-from rocketstore.pipeline.store import MessageStore
 from rocketstore.source import options, schema
 from rocketstore.source.brokerview import BrokerView
 from rocketstore.source.planning import KeyRange, Planner, QueueRange

@@ -48,7 +48,7 @@ from rocketstore.pipeline.console.headers import SecurityHeaders
 from rocketstore.pipeline.console.health import Health
 from rocketstore.pipeline.console.metrics_route import metrics_handler
 from rocketstore.pipeline.errors import InvalidMessageError, NotFoundError, StoreError
-from rocketstore.pipeline.metrics import StoreCollector, Target
+from rocketstore.pipeline.tools.metrics import StoreCollector, Target
 
 # The real folder: an editable install links each file, and StaticFiles refuses links.
 HERE = Path(__file__).resolve().parent

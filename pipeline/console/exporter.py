@@ -19,7 +19,7 @@ from starlette.routing import Route
 from rocketstore.pipeline.console.auth import Guard
 from rocketstore.pipeline.console.headers import SecurityHeaders
 from rocketstore.pipeline.console.metrics_route import metrics_handler
-from rocketstore.pipeline.metrics import StoreCollector
+from rocketstore.pipeline.tools.metrics import StoreCollector
 
 
 def create_exporter_app(collector: StoreCollector, root: Path, token: str | None) -> Starlette:

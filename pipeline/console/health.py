@@ -1,7 +1,7 @@
 """``verify`` runs started from the console's health page.
 
 One run at a time per console: :meth:`Health.start` starts a background thread that opens
-each broker read-only in turn and runs :func:`rocketstore.pipeline.verify.verify_read_only` on
+each broker read-only in turn and runs :func:`rocketstore.pipeline.tools.verify.check.verify_read_only` on
 it (the function ``rocketstore verify`` calls), recording progress as it goes. A page reads
 :meth:`Health.snapshot`, a copy taken under the lock, and refreshes while the run lasts.
 
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from rocketstore.pipeline.console.views import Console
 from rocketstore.pipeline.errors import StoreError
-from rocketstore.pipeline.metrics import VerifyResult
-from rocketstore.pipeline.verify import Problem, verify_read_only
+from rocketstore.pipeline.tools.metrics import VerifyResult
+from rocketstore.pipeline.tools.verify.check import Problem, verify_read_only
 
 MAX_PROBLEMS_SHOWN = 500
 

@@ -4,7 +4,7 @@ scraper asks for it), served by the console and by ``rocketstore exporter``.
 Parameters, each validated (a bad one answers 400 with a line saying which and why):
 
 * ``name[]`` (repeatable, as Prometheus' own exporters take it): only these families, by the
-  names :data:`rocketstore.pipeline.metricfamilies.FAMILIES` lists (a counter's ``_total`` name is
+  names :data:`rocketstore.pipeline.tools.metricfamilies.FAMILIES` lists (a counter's ``_total`` name is
   accepted too); an unknown name is an error, not an empty answer.
 * ``per_queue``: ``auto`` (default: per-queue series when the root has at most the limit's
   queues), ``0`` (never) or ``1`` (always, whatever the count: for a one-off look).
@@ -22,8 +22,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from rocketstore.pipeline.console import params
-from rocketstore.pipeline.metricfamilies import FAMILIES
-from rocketstore.pipeline.metrics import Fixed, StoreCollector
+from rocketstore.pipeline.tools.metricfamilies import FAMILIES
+from rocketstore.pipeline.tools.metrics import Fixed, StoreCollector
 
 MAX_NAMES = len(FAMILIES)
 PER_QUEUE = {"auto": None, "0": False, "1": True}

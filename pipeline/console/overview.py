@@ -23,10 +23,10 @@ import numpy.typing as npt
 
 from rocketstore.pipeline.console import rates
 from rocketstore.pipeline.console.views import HOUR_MS, Console, now_ms
-from rocketstore.pipeline.results import QueueEnds
-from rocketstore.pipeline.retentionpolicy import statvfs_used_ratio
-from rocketstore.pipeline.root import TopicMeta
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.results import QueueEnds
+from rocketstore.pipeline.engine.retentionpolicy import statvfs_used_ratio
+from rocketstore.pipeline.engine.root import TopicMeta
+from rocketstore.pipeline.engine.store import MessageStore
 
 SIZE_SAMPLE = 16  # units read per queue to estimate a topic's bytes and time span
 HOUR_SAMPLE = 120  # units read per queue for the last hour's write rate

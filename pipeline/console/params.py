@@ -16,9 +16,9 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rocketstore.pipeline.batchcolumns import TOPIC_PATTERN
 from rocketstore.pipeline.errors import NotFoundError, StoreError
-from rocketstore.pipeline.record import MAX_TOPIC_LENGTH
+from rocketstore.pipeline.format.batchcolumns import TOPIC_PATTERN
+from rocketstore.pipeline.format.record import MAX_TOPIC_LENGTH
 
 # Java's long: every offset and timestamp the store keeps fits in it.
 MAX_LONG = 2**63 - 1

@@ -2,7 +2,7 @@
 
 A queue's offsets rise with its messages' store times, so the curve ``offset(time)`` read at
 a few units tells how many messages arrived between two times: a unit's record carries its
-store timestamp (:meth:`CommitLog.store_timestamp <rocketstore.pipeline.commitlog.CommitLog.store_timestamp>`,
+store timestamp (:meth:`CommitLog.store_timestamp <rocketstore.pipeline.files.commitlog.CommitLog.store_timestamp>`,
 one read of a mapped segment), and the units come from the store's own ConsumeQueue reader
 (:meth:`MessageStore.read_units`). Up to ``limit`` units per queue are read, evenly spread;
 when a queue holds more, the counts between two sampled units are spread over time linearly
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
 
 MINUTE_MS = 60_000
 DEFAULT_LIMIT = 240

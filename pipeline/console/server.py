@@ -71,7 +71,7 @@ def url_of(sock: socket.socket) -> str:
 def _checkpoints(args: argparse.Namespace, named: bool) -> list[tuple[str, Path]]:
     """The ``--checkpoint`` arguments as ``(query label, directory)``, each checked to be a
     directory; ``named``: ``NAME=DIR`` names the query (the exporter), else each is a path."""
-    from rocketstore.pipeline.metrics import query_names
+    from rocketstore.pipeline.tools.metrics import query_names
 
     given = list(args.checkpoint or [])
     found = list(query_names(given)) if named else [(c, Path(c)) for c in given]
@@ -131,7 +131,7 @@ def cmd_console(args: argparse.Namespace) -> int:
     from rocketstore.pipeline.config import StoreConfig
     from rocketstore.pipeline.console.app import create_app
     from rocketstore.pipeline.console.views import Console
-    from rocketstore.pipeline.root import StoreRoot
+    from rocketstore.pipeline.engine.root import StoreRoot
 
     root = Path(args.root)
     StoreRoot(root).check_readable("ROOT")
@@ -149,8 +149,8 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     check_dependencies(EXPORTER_NEEDED, EXPORTER_EXTRA)
     from rocketstore.pipeline.config import StoreConfig
     from rocketstore.pipeline.console.exporter import create_exporter_app
-    from rocketstore.pipeline.metrics import StoreCollector, Target
-    from rocketstore.pipeline.root import StoreRoot
+    from rocketstore.pipeline.engine.root import StoreRoot
+    from rocketstore.pipeline.tools.metrics import StoreCollector, Target
 
     root = Path(args.root)
     StoreRoot(root).check_readable("ROOT")

@@ -13,8 +13,8 @@ runs them in its thread pool); the returned values are plain data.
 Reuses: :meth:`MessageStore.queue_infos` (``rocketstore queues``), :meth:`~MessageStore.get_messages`
 (``get``), :meth:`~MessageStore.query_by_key` (``query-key``), :meth:`~MessageStore.get_by_msg_id`
 (``query-msgid``), :meth:`~MessageStore.get_message` (``query-offset``),
-:func:`rocketstore.pipeline.lag.consumer_lag` and :func:`~rocketstore.pipeline.lag.group_lag`
-(``lag``); body formats through :mod:`rocketstore.pipeline.bodyformat` and the root's schema
+:func:`rocketstore.pipeline.tools.lag.consumer_lag` and :func:`~rocketstore.pipeline.tools.lag.group_lag`
+(``lag``); body formats through :mod:`rocketstore.pipeline.format.bodyformat` and the root's schema
 registry.
 """
 
@@ -31,12 +31,15 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from rocketstore.pipeline import bodyformat, record
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.console import rates
+from rocketstore.pipeline.engine.groups import broker_offsets
+from rocketstore.pipeline.engine.reads import MAX_TIMESTAMP
+from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import NotFoundError, OffsetOutOfRangeError, StoreError
-from rocketstore.pipeline.groups import broker_offsets
-from rocketstore.pipeline.lag import (
+from rocketstore.pipeline.format import bodyformat, record
+from rocketstore.pipeline.tools.lag import (
     CommittedOffsets,
     QueueLag,
     consumer_lag,
@@ -46,10 +49,7 @@ from rocketstore.pipeline.lag import (
     read_once,
     store_bounds,
 )
-from rocketstore.pipeline.metrics import DEFAULT_PER_QUEUE_LIMIT
-from rocketstore.pipeline.reads import MAX_TIMESTAMP
-from rocketstore.pipeline.root import StoreRoot, TopicMeta
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.tools.metrics import DEFAULT_PER_QUEUE_LIMIT
 
 HOUR_MS = 3_600_000
 BODY_CAP = 4096  # bytes of a body shown on a message's page
@@ -69,7 +69,9 @@ class Console:
     root: Path
     config: StoreConfig
     checkpoints: tuple[Path, ...] = ()
-    per_queue_limit: int = DEFAULT_PER_QUEUE_LIMIT  # of /metrics (rocketstore.pipeline.metrics)
+    per_queue_limit: int = (
+        DEFAULT_PER_QUEUE_LIMIT  # of /metrics (rocketstore.pipeline.tools.metrics)
+    )
 
     def brokers(self) -> list[tuple[str, Path]]:
         """The root's brokers that hold a store, ``(name, directory)`` in broker order: the

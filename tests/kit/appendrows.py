@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.sink.append import sink_fingerprint
 
 CONFIG = StoreConfig(mapped_file_size_commitlog=1 << 16, max_hash_slot_num=512, max_index_num=4096)

@@ -29,11 +29,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from rocketstore.pipeline import bodyformat
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.root import StoreRoot, TopicMeta
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format import bodyformat
+from rocketstore.pipeline.format.message import Message
 
 SMALL_TOML = """\
 mappedFileSizeCommitLog = 1048576

@@ -11,7 +11,7 @@ import hashlib
 import pyarrow as pa
 
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.format.message import Message
 
 # Small geometry: 64 KiB CommitLog segments roll every few hundred messages; ConsumeQueue files of
 # 100 units; index files of 499 entries.

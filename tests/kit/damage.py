@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from rocketstore.pipeline import record
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files.mappedfile import segment_name
+from rocketstore.pipeline.format import record
+from rocketstore.pipeline.format.message import Message, messages_to_table
 from rocketstore.pipeline.layout import UNIT_DTYPE
-from rocketstore.pipeline.mappedfile import segment_name
-from rocketstore.pipeline.message import Message, messages_to_table
-from rocketstore.pipeline.store import MessageStore
 
 CONFIG = StoreConfig(
     mapped_file_size_commitlog=64 * 1024,

@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from rocketstore.pipeline.cli import main as cli_main
-from rocketstore.pipeline.progress import FlushProgress
-from rocketstore.pipeline.store import MessageStore
-from rocketstore.pipeline.verify import verify
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files.progress import FlushProgress
+from rocketstore.pipeline.tools.verify.check import verify
 from tests.kit.crashdata import GEOMETRY, expected, store_config
 from tests.kit.files import snapshot
 

@@ -13,10 +13,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-from rocketstore.pipeline import lock as lock_module
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files import lock as lock_module
+from rocketstore.pipeline.format.message import Message
 from tests.kit import ROOT
 
 SEGMENT = 64 * 1024
@@ -36,8 +36,8 @@ TAKER = textwrap.dedent(
     f"""
     import sys
     from rocketstore.pipeline.config import StoreConfig
-    from rocketstore.pipeline.message import Message
-    from rocketstore.pipeline.store import MessageStore
+    from rocketstore.pipeline.format.message import Message
+    from rocketstore.pipeline.engine.store import MessageStore
 
     cfg = StoreConfig(mapped_file_size_commitlog={SEGMENT}, mapped_file_size_consume_queue=20480,
                       max_hash_slot_num=64, max_index_num=4096, shared_storage="shared")

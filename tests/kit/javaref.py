@@ -1,6 +1,6 @@
 """Java's ``String.hashCode``, for tests: values Java itself printed, and a plain loop over UTF-16
 code units written from the JDK's documented formula (``s[0]*31^(n-1) + ... + s[n-1]`` in int
-arithmetic), independent of :mod:`rocketstore.pipeline.javahash`, the code under test."""
+arithmetic), independent of :mod:`rocketstore.pipeline.format.javahash`, the code under test."""
 
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.mappedfile import MappedFile
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files.mappedfile import MappedFile
 
 QUEUES_PER_TOPIC = 4
 # ConsumeQueue files of RocketMQ's size (300,000 units), small CommitLog segments and IndexFiles

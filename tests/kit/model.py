@@ -1,7 +1,7 @@
 """A plain in-memory model of a message store, for the property tests in test_store_model.py.
 
 The model knows nothing about files, mmap, numpy or Arrow. It keeps every stored message as the
-:class:`~rocketstore.pipeline.record.MessageExt` a reader should get back and answers every read the store
+:class:`~rocketstore.pipeline.format.record.MessageExt` a reader should get back and answers every read the store
 answers, from first principles:
 
 * CommitLog placement: records are appended back to back; a record that does not leave at least
@@ -25,8 +25,8 @@ import ipaddress
 import zlib
 from collections.abc import Iterable, Sequence
 
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.record import MessageExt
+from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.format.record import MessageExt
 
 FIXED_SIZE = 91
 V6_EXTRA = 12

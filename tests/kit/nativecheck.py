@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 
-from rocketstore.pipeline import native, record
+from rocketstore.pipeline.format import native, record
 
 UNIT = struct.Struct(">qiq")  # a ConsumeQueue unit: CommitLog offset, size, tags code
 

@@ -539,7 +539,7 @@ def _measure_takeover(runs: int, **kwargs: Any) -> Iterator[float]:
 HOLD_LOCK = """
 import sys
 from pathlib import Path
-from rocketstore.pipeline.lock import DirectoryLock
+from rocketstore.pipeline.files.lock import DirectoryLock
 DirectoryLock(Path(sys.argv[1])).acquire()
 print("locked", flush=True)
 sys.stdin.read()  # hold it until the test lets go (or the teardown kills this)
@@ -548,7 +548,7 @@ TAKE_LOCK = """
 import sys, time
 from pathlib import Path
 from rocketstore.pipeline.errors import StoreLockedError
-from rocketstore.pipeline.lock import DirectoryLock
+from rocketstore.pipeline.files.lock import DirectoryLock
 lock = DirectoryLock(Path(sys.argv[1]))
 tries = int(sys.argv[2])
 for _ in range(tries):
@@ -564,7 +564,7 @@ sys.exit(3)  # still held by someone else
 
 
 def takeover(c: NetCluster, holder: str, taker: str, timeout_s: float = 120.0) -> float:
-    """Seconds from partitioning ``holder``, which holds the store lock (pipeline/lock.py) of a
+    """Seconds from partitioning ``holder``, which holds the store lock (pipeline/files/lock.py) of a
     fresh directory in the volume, until ``taker`` holds it; raises when ``taker`` could take
     it before the partition, or not within ``timeout_s`` after. ``holder`` stays partitioned."""
     store = c.mount / f"takeover-{uuid.uuid4().hex[:8]}"

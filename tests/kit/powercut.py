@@ -1,6 +1,6 @@
 """A power-cut file layer for tests, in the manner of RocksDB's FaultInjectionTestFS.
 
-:class:`PowerCut` replaces the three barriers of :mod:`rocketstore.pipeline.durability` (``msync``,
+:class:`PowerCut` replaces the three barriers of :mod:`rocketstore.pipeline.files.durability` (``msync``,
 ``fsync``, ``fsync_dir``) with recorders and performs none of them. It remembers, for every file
 under a root, its content as of its last barrier (an ``msync`` makes only its range durable,
 an ``fsync`` the whole file and its size) and, for every directory, which names were in it at
@@ -27,8 +27,8 @@ import os
 import shutil
 from pathlib import Path
 
-from rocketstore.pipeline import durability
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files import durability
 
 
 class PowerLost(BaseException):

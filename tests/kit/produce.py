@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
 
 # Small files, so that a few MiB hold several of each; the CommitLog's 1 MiB segments are the
 # issue's broker.conf.

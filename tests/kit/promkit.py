@@ -33,9 +33,9 @@ import yaml
 
 from rocketstore.pipeline import cli
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.root import StoreRoot
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.root import StoreRoot
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format.message import Message
 from tests.kit import ROOT
 
 RULES = ROOT / "conf" / "prometheus" / "rocketstore-rules.yml"

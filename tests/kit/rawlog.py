@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from rocketstore.pipeline import record
+from rocketstore.pipeline.format import record
 
 
 def commitlog_entries(store: Path) -> Iterator[tuple[int, bytes | None]]:

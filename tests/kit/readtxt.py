@@ -9,8 +9,8 @@ import re
 import zlib
 from pathlib import Path
 
-from rocketstore.pipeline.record import MessageExt, parse_host
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format.record import MessageExt, parse_host
 
 
 def java_ip(addr: bytes) -> str:
@@ -86,7 +86,7 @@ def render(store: MessageStore, expected: list[str]) -> list[str]:
         elif kind == "FILTER":
             _, topic, qid, rest = line.split(" ", 3)
             expr = rest[rest.index("'") + 1 : rest.rindex("'")]
-            from rocketstore.pipeline.subscription import Subscription
+            from rocketstore.pipeline.format.subscription import Subscription
 
             units = store.read_units(topic, int(qid), 0, store.max_offset(topic, int(qid)))
             matched = int(Subscription.parse(expr).hash_filter(units["tags_code"]).sum())

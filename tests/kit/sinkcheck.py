@@ -10,7 +10,7 @@ from typing import Any
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
-from rocketstore.pipeline.javahash import java_hash
+from rocketstore.pipeline.format.javahash import java_hash
 
 
 def check_stored(

@@ -10,10 +10,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rocketstore.pipeline.bodyformat import SCHEMA_PROPERTY
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.root import StoreRoot
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.root import StoreRoot
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format.bodyformat import SCHEMA_PROPERTY
 
 # Small segments so that tests roll files; the same settings go to the sink as options.
 STORE_OPTIONS = {

@@ -12,8 +12,8 @@ from typing import Any
 import pyarrow as pa
 
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.root import StoreRoot, TopicMeta
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.source import options, schema
 from rocketstore.source.planning import Planner
 from rocketstore.source.read import ReadContext, read_key, read_queue_range

@@ -40,7 +40,7 @@ KIT = ROOT.parent / "shared" / "rocketmq-4.9.4"
 NAMESRV_PORT = 19876
 BROKER_PORT = 20911
 # Brokers on one host: each listens on its port, the one above (HA) and the one two below (VIP
-# channel). Ten apart, as rocketstore numbers a root's brokers' ports (rocketstore.pipeline.storehost).
+# channel). Ten apart, as rocketstore numbers a root's brokers' ports (rocketstore.pipeline.engine.storehost).
 PORT_STEP = 10
 BOOT_SECONDS = 90  # a broker on a small store boots in 1-3 s on an idle machine
 STOP_SECONDS = 60  # a clean stop takes 4-7 s

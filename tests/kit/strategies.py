@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from rocketstore.pipeline.message import Message
+from rocketstore.pipeline.format.message import Message
 
 SAFE_TEXT = st.text(
     alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00\x01\x02"),

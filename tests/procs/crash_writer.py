@@ -6,7 +6,7 @@
 
 It opens ``STORE`` (small geometry, :data:`tests.kit.crashdata.GEOMETRY`) and puts forever (at
 most ``--max-puts``): batches of 1..500 messages, as an Arrow table or a list of
-:class:`~rocketstore.pipeline.message.Message`, and single messages. Message ``seq`` is numbered
+:class:`~rocketstore.pipeline.format.message.Message`, and single messages. Message ``seq`` is numbered
 from ``--first-seq`` on, one number per message in put order, and everything about it is
 derived from that number (:func:`tests.kit.crashdata.expected`), so a checker can tell a real
 message from anything else.
@@ -39,7 +39,7 @@ from pathlib import Path
 # it for ``tests.kit`` (PYTHONPATH, when set, still comes first: the code under test).
 sys.path.append(str(Path(__file__).resolve().parents[2]))
 
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
 from tests.kit.crashdata import batch_table, expected, store_config
 
 MAX_BATCH = 500

@@ -11,8 +11,8 @@ import select
 import sys
 
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format.message import Message
 
 CONFIG = StoreConfig(
     mapped_file_size_commitlog=256 * 1024,

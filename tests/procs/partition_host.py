@@ -2,7 +2,7 @@
 
 ``python -m tests.procs.partition_host write STORE NAME FLUSH``: opens STORE for writing, retrying
 while another writer holds it (as a writer taking a broker over does), prints ``open <seconds
-waited> <derived files given a new inode> <pid>`` (rocketstore.pipeline.renewal), then takes
+waited> <derived files given a new inode> <pid>`` (rocketstore.pipeline.engine.renewal), then takes
 commands from standard input, one a line:
 
 * ``put N``: N messages with bodies ``NAME-<seq>`` (keys the same, queue ``seq % 4``), in
@@ -16,7 +16,7 @@ commands from standard input, one a line:
   has them mapped, are dirtied with the bytes it sees and written back (``msync``); prints
   ``written-back`` and, for each file, ``ok`` or the errno's name.
 * ``pause-at STEP``: the next put stops itself (SIGSTOP) at its write step STEP (a failpoint of
-  rocketstore.pipeline.failpoints), after its fence check, until the test sends SIGCONT: a
+  rocketstore.pipeline.files.failpoints), after its fence check, until the test sends SIGCONT: a
   writer paused between its check and its write; prints ``armed``.
 * ``flush``: flushes the store; prints ``flushed`` or ``fail-flush <error class>: <message>``.
 * ``close``: closes the store; prints ``closed`` or ``fail-close <error class>: <message>``.
@@ -42,11 +42,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rocketstore.pipeline import failpoints
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import StoreError, StoreLockedError
-from rocketstore.pipeline.message import Message
-from rocketstore.pipeline.store import MessageStore
+from rocketstore.pipeline.files import failpoints
+from rocketstore.pipeline.format.message import Message
 
 TOPIC = "Partitioned"
 QUEUES = 4

@@ -1,0 +1,397 @@
+"""Writer fencing: a writer that has lost the store's lock never writes another byte.
+
+On one host the kernel holds a writer's lock for as long as its process lives. On a shared file
+system the lock lives on the servers, and they drop it when they lose the client: GlusterFS
+releases a cut-off client's locks after ``server.tcp-user-timeout``, and when the network heals
+the client reconnects by itself and reopens the writer's files *without* the lock. Nothing tells
+the writer. Meanwhile a writer on another host has taken the lock, recovered and written on; the
+old writer's next put would land at its old end of the log, on top of the new writer's records.
+
+Four measures, after Kafka's leader epochs, taken by every writer of a *fenced store*: one
+whose ``sharedStorage`` resolves to ``shared``, or one that already has an epochs file, whatever
+the setting (:func:`applies`):
+
+* **Epochs.** Each writer that takes the lock appends an epoch to ``config/rocketstore-epochs``
+  (durable before its first put). Before every put and retention round, and before a flush
+  publishes (after it has pushed out the pages written while the writer owned the store),
+  :meth:`Fence.check` takes the lock again on the writer's own descriptor (a no-op while it is
+  held; refused while another writer holds it; ``EBADFD`` or ``ENOTCONN`` when the client lost
+  it), then reads the file: anything past its own slot means a newer writer took over; then
+  looks at ``abort``: gone, or another inode than this writer's open left, means another
+  writer had the store and closed it. Any of these and the writer is fenced (:class:`~rocketstore.pipeline.errors.FencedError`) and takes no more
+  writes.
+* **A dead region after an unclean take-over.** A writer that finds ``abort`` (the previous
+  holder did not close) does not append at the end ``X`` that recovery found. It writes an
+  END_OF_FILE blank at ``X`` and starts at the next segment that has no file, ``S``. Whatever the
+  old holder still had on its way (a write queued in its client, dirty pages of its mapped
+  segment written back after the heal) lands in ``[X, S)``, never on the new writer's records:
+  the old holder's mappings reach at most the segment files that existed when it was cut off,
+  and it cannot create ``S`` (the creation is exclusive). The epoch records ``X`` and ``S``.
+* **New inodes for the derived files.** ConsumeQueues and IndexFiles are rewritten in place,
+  so the same writer, before its recovery, gives each file the old holder may have dirty pages
+  of a new inode holding the same bytes; the old holder's late write-back goes to the old one,
+  which its client can no longer reopen (:mod:`rocketstore.pipeline.engine.renewal`).
+* **Recovery skips dead regions.** Bytes in ``[X, S)`` other than the blank are a fenced
+  writer's and not data: recovery walks the log around them, restores the blank, drops
+  ConsumeQueue units and index entries that pointed there and rebuilds what they overwrote
+  (:func:`rocketstore.pipeline.engine.recovery.recover`); ``verify`` names them.
+
+Takers that record no epoch. The fence is only as good as every taker's trace, so:
+
+* *The epochs file is sticky.* Once a store has one, every writable open records an epoch and
+  checks its fence, also one whose ``sharedStorage`` says ``local`` or whose ``auto`` does not
+  recognise the file system (a FUSE type of no known name, or no ``/proc/self/mountinfo`` to
+  read): the first writer on shared storage made the file, so a writer that cannot tell is
+  on a store that was shared. Refusing such opens instead would also refuse a store copied to
+  a laptop, and deleting the file would lose the dead regions recovery needs. A writer that
+  resolves to local storage on a store that has no epochs file is not fenced (its lock is
+  the kernel's, held while it lives): ``sharedStorage=local`` on a file system several hosts
+  mount is a misconfiguration rocketstore cannot detect.
+* *A stock RocketMQ broker* records no epoch, and its recovery knows no dead region. A
+  writable open keeps ``commitlog/rocketstore-writer-open`` until its clean close
+  (:mod:`rocketstore.pipeline.files.lock`), which a broker's loading refuses, so a broker can take a
+  turn only after a rocketstore writer (``rocketstore recover``) has recovered the store,
+  restored its dead regions, recorded an epoch and closed it cleanly: a writer that lost the
+  store before is fenced by that epoch. A broker let in by removing the file by hand is seen
+  by ``abort``: its clean stop removes the file this writer's open left (a broker that
+  crashes leaves it, and then only the epochs of later rocketstore writers fence the old one).
+
+Stale reads. The epochs file is read from the file system, never from this host's cache
+(``O_DIRECT`` on FUSE, where the client then asks its servers; a local disk has one cache):
+a taker that read a cached copy would write its slot over a newer writer's, and recovery
+would miss a dead region.
+
+What the store alone cannot close is the time between a check and the write it allows, and
+the pages a writer dirtied while it owned the store (under ASYNC_FLUSH, up to a flush interval's
+worth): a write that the old holder's client still holds when the servers give its lock away,
+or a dirty page that its kernel writes back after the heal, reaches the volume then. The
+flusher pushes dirty pages out every ``flushIntervalCommitLog`` ms, also when the writer is cut
+off, and a write-back that fails leaves a page clean; so the volume closes the window when a
+client gives up on unanswered requests before the servers give its locks away:
+``network.ping-timeout`` (client side) shorter than ``server.tcp-user-timeout`` (server side).
+docs/cluster.md says how to set them. Whatever the timeouts, the dead region keeps such a
+write off the new writer's CommitLog records, and the new inodes keep it off its ConsumeQueue
+units and index entries (rocketstore.pipeline.engine.renewal).
+
+The file, ``config/rocketstore-epochs``: a run of 48-byte slots, slot ``n`` for epoch ``n``
+(big-endian; RocketMQ ignores files it does not know in ``config/``)::
+
+    0  magic "RSEP"       4  CRC-32 of bytes 8..47   8  epoch (long)
+    16 fenced end X (long)  24 start S (long)        32 taken at, ms since epoch (long)
+    40 pid (int)            44 reserved (int, 0)
+
+A slot that is not whole (a torn append) ends the run; the next writer writes its slot there.
+
+Thread-safety: a :class:`Fence` is used under the store's lock. Crash behaviour: a taker that
+dies before its slot is durable wrote nothing else; one that dies after it leaves an epoch whose
+dead region recovery honours whether or not a record ever followed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import errno
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rocketstore.pipeline.errors import FencedError, SegmentCreateError, StoreLockedError
+from rocketstore.pipeline.files import durability, filesystem, visibility
+from rocketstore.pipeline.files.fileio import io_error, pwrite_all
+from rocketstore.pipeline.files.lock import DirectoryLock
+from rocketstore.pipeline.format import record
+
+if TYPE_CHECKING:
+    from rocketstore.pipeline.files.commitlog import CommitLog
+    from rocketstore.pipeline.files.mappedfile import MappedFile
+
+FILE_NAME = "rocketstore-epochs"
+MAGIC = b"RSEP"
+SLOT = struct.Struct(">4sIqqqqii")
+_BODY = struct.Struct(">qqqqii")
+
+
+@dataclasses.dataclass(frozen=True)
+class Epoch:
+    """One writer's tenure: ``[fenced_end, start)`` of the CommitLog is dead (empty when the
+    take-over was clean)."""
+
+    epoch: int
+    fenced_end: int
+    start: int
+    taken_at_ms: int
+    pid: int
+
+    @property
+    def dead(self) -> tuple[int, int] | None:
+        return (self.fenced_end, self.start) if self.start > self.fenced_end else None
+
+    def pack(self) -> bytes:
+        body = _BODY.pack(self.epoch, self.fenced_end, self.start, self.taken_at_ms, self.pid, 0)
+        return MAGIC + struct.pack(">I", zlib.crc32(body)) + body
+
+
+def path_of(store_dir: Path) -> Path:
+    return store_dir / "config" / FILE_NAME
+
+
+def read_epochs(store_dir: Path) -> list[Epoch]:
+    """The recorded epochs, oldest first, up to the first slot that is not whole; read from the
+    file system itself, never from pages this host cached (see the module)."""
+    try:
+        fd = os.open(path_of(store_dir), os.O_RDONLY | _direct_flag(store_dir))
+    except FileNotFoundError:
+        return []
+    try:
+        return parse(_read_all(fd, path_of(store_dir)))
+    finally:
+        os.close(fd)
+
+
+def parse(data: bytes) -> list[Epoch]:
+    """The whole slots at the start of ``data`` (the file's bytes)."""
+    epochs: list[Epoch] = []
+    for at in range(0, len(data) - SLOT.size + 1, SLOT.size):
+        magic, crc, *fields = SLOT.unpack_from(data, at)
+        if magic != MAGIC or crc != zlib.crc32(data[at + 8 : at + SLOT.size]):
+            break
+        e = Epoch(*fields[:5])
+        if e.epoch != len(epochs):
+            break
+        epochs.append(e)
+    return epochs
+
+
+def _read_all(fd: int, path: Path) -> bytes:
+    """The whole file behind ``fd``, asked of the file system: through ``O_DIRECT`` where
+    ``fd`` has it (a FUSE client then asks its servers); where the file system refuses a direct
+    read of this length (``EINVAL``), with this host's cached pages of it dropped first."""
+    parts: list[bytes] = []
+    at = 0
+    try:
+        while chunk := os.pread(fd, _STEP, at):
+            parts.append(chunk)
+            at += len(chunk)
+        return b"".join(parts)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+    visibility.drop_cached(path)
+    with open(path, "rb", buffering=0) as f:
+        return f.read()
+
+
+def applies(store_dir: Path, shared: bool) -> bool:
+    """Whether a writable open of the store fences those before it and checks its own fence:
+    on shared storage, and on any store that already has an epochs file, whatever
+    ``sharedStorage`` says (see the module)."""
+    return shared or path_of(store_dir).exists()
+
+
+def no_space_hint(store_dir: Path) -> str:
+    """What to do when a writer cannot take an unclean store over for lack of space."""
+    return (
+        f"; free space first: `rocketstore clean {store_dir}` deletes what retention allows "
+        "without opening the store for writing, then open it again (`rocketstore recover`)"
+    )
+
+
+def take_over(
+    log: CommitLog, store_dir: Path, lock: DirectoryLock, abort_found: bool, now_ms: int
+) -> Fence:
+    """Record this writer's epoch; after an unclean end (``abort`` found: the last holder never
+    closed, and may be alive) the log goes on in a fresh segment first, so that anything the
+    old holder still writes lands in the dead region before it (see the module)."""
+    end = log.max_offset
+    try:
+        start = log.fence_off() if abort_found else end
+    except SegmentCreateError as exc:
+        raise SegmentCreateError(
+            f"{store_dir}: the store was not closed cleanly, and the fresh segment a writer "
+            f"taking it over starts cannot be made ({exc}){no_space_hint(store_dir)}"
+        ) from exc
+    return Fence.take(store_dir, lock, end, start, now_ms)
+
+
+def abort_identity(store_dir: Path) -> int | None:
+    """``abort``'s inode number, None when it is missing (see the module). Not its times: a
+    replicated file system may answer them from any replica, each with its own."""
+    try:
+        return os.stat(store_dir / "abort").st_ino
+    except FileNotFoundError:
+        return None
+
+
+def dead_regions(epochs: list[Epoch]) -> list[tuple[int, int]]:
+    """The CommitLog ranges no writer owns, in order."""
+    return sorted(d for e in epochs if (d := e.dead) is not None)
+
+
+class Fence:
+    """The epoch this writer holds and the check that it still holds it (see the module)."""
+
+    def __init__(self, store_dir: Path, lock: DirectoryLock, epoch: Epoch) -> None:
+        self.store_dir = store_dir
+        self.lock = lock
+        self.epoch = epoch
+        self._next_slot = (epoch.epoch + 1) * SLOT.size
+        self._fd: int | None = os.open(path_of(store_dir), os.O_RDONLY | _direct_flag(store_dir))
+        self.fenced: FencedError | None = None
+        # ``abort`` as this writer's open left it; a taker that records no epoch changes it.
+        self._abort = abort_identity(store_dir)
+
+    @classmethod
+    def take(
+        cls, store_dir: Path, lock: DirectoryLock, fenced_end: int, start: int, now_ms: int
+    ) -> Fence:
+        """Record the next epoch (durable on return) and hold it. The caller holds ``lock``."""
+        path = path_of(store_dir)
+        try:
+            # Read from the file system (read_epochs): a slot this host cached before another
+            # host's writer appended would put this epoch over that one's.
+            e = Epoch(len(read_epochs(store_dir)), fenced_end, start, now_ms, os.getpid())
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                pwrite_all(fd, e.pack(), e.epoch * SLOT.size)
+                # Anything after the slot (a torn later append) would read as a newer epoch.
+                os.ftruncate(fd, (e.epoch + 1) * SLOT.size)
+                durability.fsync(fd, path)
+            finally:
+                os.close(fd)
+            durability.fsync_dir(path.parent)
+        except OSError as exc:
+            raise io_error(exc, f"recording the next epoch in {path}") from exc
+        return cls(store_dir, lock, e)
+
+    def check(self, what: str) -> None:
+        """Raise :class:`FencedError` unless this writer still holds the lock and its epoch is
+        the newest. Once fenced, always fenced."""
+        if self.fenced is not None:
+            raise FencedError(str(self.fenced))
+        reason = self._lost()
+        if reason is not None:
+            self.fenced = FencedError(
+                f"{self.store_dir}: {what} refused: this writer (epoch {self.epoch.epoch}) "
+                f"no longer owns the store: {reason}. Nothing was written; close this store and "
+                "open it again to take the store back once the other writer is gone"
+            )
+            raise FencedError(str(self.fenced))
+
+    def _lost(self) -> str | None:
+        """Why this writer no longer owns the store, or None while it does."""
+        try:
+            self.lock.verify()
+        except StoreLockedError:
+            return "another writer holds its lock"
+        except OSError as exc:
+            return f"its lock could not be confirmed ({errno.errorcode.get(exc.errno or 0, exc)})"
+        try:
+            newer = self._read_next()
+        except OSError as exc:
+            return f"{path_of(self.store_dir)} cannot be read ({exc.strerror or exc})"
+        if newer:
+            # The check above may have taken the lock back (nobody held it): a writer that
+            # does not own the store must not keep others out of it either.
+            self.lock.release()
+            later = read_epochs(self.store_dir)
+            if len(later) > self.epoch.epoch + 1:
+                taker = later[-1]
+                when = datetime.datetime.fromtimestamp(taker.taken_at_ms / 1000, datetime.UTC)
+                return (
+                    f"epoch {taker.epoch} was taken by process {taker.pid} at "
+                    f"{when:%Y-%m-%d %H:%M:%S.%f}"[:-3]
+                    + f" UTC (in {path_of(self.store_dir)})"
+                )
+            return f"a newer epoch is being written to {path_of(self.store_dir)}"
+        try:
+            abort = abort_identity(self.store_dir)
+        except OSError as exc:
+            return f"{self.store_dir / 'abort'} cannot be read ({exc.strerror or exc})"
+        if abort != self._abort:
+            self.lock.release()
+            return (
+                f"{self.store_dir / 'abort'} was removed or replaced since this writer opened "
+                "the store (another writer, a RocketMQ broker perhaps, had it and closed it)"
+            )
+        return None
+
+    def _read_next(self) -> bool:
+        """Whether anything follows this writer's slot, read from the file system itself."""
+        fd = self._fd
+        if fd is None:
+            raise OSError(errno.EBADF, "fence closed")
+        try:
+            return bool(os.pread(fd, 1, self._next_slot))
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+        # O_DIRECT refused for this length or offset: a fresh open, which a FUSE client serves
+        # from the servers (it drops its cached pages of a file when it is opened).
+        with open(path_of(self.store_dir), "rb", buffering=0) as f:
+            return bool(os.pread(f.fileno(), 1, self._next_slot))
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _dead_parts(log: CommitLog, x: int, s: int) -> Iterator[tuple[MappedFile, int, bytes]]:
+    """Each segment's part of the dead region ``[x, s)``: (segment, start in it, the blank that
+    :meth:`~rocketstore.pipeline.files.commitlog.CommitLog.fence_off` wrote there)."""
+    for mf in log.segments.files:
+        if mf.base + mf.size <= x or mf.base >= s:
+            continue
+        rel = max(0, x - mf.base)
+        yield mf, rel, record.SIZE_MAGIC.pack(mf.size - rel, record.BLANK_MAGIC)
+
+
+_STEP = 1 << 20
+
+
+def _nonzero_span(mf: MappedFile, start: int) -> int:
+    """Bytes from ``start`` to the segment's last non-zero byte (0 when all are zeros)."""
+    last = start
+    for at in range(start, mf.size, _STEP):
+        n = min(_STEP, mf.size - at)
+        chunk = np.frombuffer(mf.buffer, dtype=np.uint8, count=n, offset=at)
+        nz = np.flatnonzero(chunk)
+        if len(nz):
+            last = at + int(nz[-1]) + 1
+        del chunk
+    return last - start
+
+
+def junk_bytes(log: CommitLog, x: int, s: int) -> int:
+    """How many bytes of the dead region ``[x, s)`` a fenced writer left: the span of bytes
+    that are neither the blanks the region began with nor zeros."""
+    junk = 0
+    for mf, rel, blank in _dead_parts(log, x, s):
+        span = _nonzero_span(mf, rel + len(blank))
+        if span or bytes(mf.buffer[rel : rel + len(blank)]) != blank:
+            junk += len(blank) + span
+    return junk
+
+
+def restore(log: CommitLog, x: int, s: int) -> None:
+    """Put the dead region ``[x, s)`` back as it was made: the blanks, zeros after them; synced."""
+    for mf, rel, blank in _dead_parts(log, x, s):
+        span = _nonzero_span(mf, rel + len(blank))
+        for at in range(rel + len(blank), rel + len(blank) + span, _STEP):
+            mf.overwrite(at, bytes(min(_STEP, rel + len(blank) + span - at)))
+        mf.overwrite(rel, blank)
+        mf.sync_range(rel, rel + len(blank) + span)
+
+
+def _direct_flag(store_dir: Path) -> int:
+    """``O_DIRECT`` where reads through it skip this host's cache of the file: FUSE file
+    systems pass it on to their servers and accept any length. Local disks need neither (one
+    page cache) nor could take a 1-byte direct read."""
+    kind = filesystem.fs_type(store_dir) or ""
+    return getattr(os, "O_DIRECT", 0) if kind.startswith("fuse") else 0

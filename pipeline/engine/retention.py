@@ -1,0 +1,511 @@
+"""Retention and disk pressure: deleting old files as RocketMQ 4.9.x's broker does.
+
+RocketMQ runs three cleaners every ``cleanResourceInterval`` (10 s): ``CleanCommitLogService``,
+``CleanConsumeQueueService`` and ``IndexService.deleteExpiredFile``. :class:`RetentionService`
+is the three of them as one call, :meth:`RetentionService.run`, for the store to schedule.
+The thresholds, triggers and reasons it goes by are :mod:`rocketstore.pipeline.engine.retentionpolicy`'s
+(:class:`RetentionPolicy`), what a round reports :mod:`rocketstore.pipeline.engine.retentionreport`'s.
+
+What is deleted
+---------------
+
+**CommitLog segments**, oldest first, never the last one (the segment being written), and never
+one in the middle: the first segment that may not go ends the round. A segment *expires* when
+``now >= mtime + fileReservedTime hours`` (RocketMQ's test, on the file's last-modified time).
+Expired segments are deleted when one of these holds, RocketMQ's three triggers:
+
+* the local hour of ``now`` is one of ``deleteWhen``'s (``"04"``, ``"04;16"``), reason
+  ``"expired"``;
+* a manual clean was asked for (``force_expired=True``, RocketMQ's
+  ``executeDeleteFilesManually``; the CLI's ``clean``), reason ``"expired"``;
+* the disk holding the store is more than ``diskMaxUsedSpaceRatio`` full, at any hour, reason
+  ``"disk-pressure"``.
+
+Above :data:`~rocketstore.pipeline.engine.retentionpolicy.CLEAN_FORCIBLY_RATIO` (85 %, RocketMQ's
+``diskSpaceCleanForciblyRatio``) segments go even if they have not expired, reason ``"forced"``,
+oldest first, until the disk is back at or below that ratio or only the last segment is left.
+(RocketMQ only cleans forcibly when another trigger is on too; with ``diskMaxUsedSpaceRatio`` at
+most 85, the default 75 included, that is always the case, so the difference only shows with a
+higher ratio.)
+
+At most :attr:`RetentionPolicy.max_files_per_run` segments (10, RocketMQ's
+``DELETE_FILES_BATCH_MAX``) go per call, so one call holds the store's lock for a bounded time
+(unlinking a 1 GiB segment can take a while); the next call continues.
+
+**ConsumeQueue files** (reason ``"below-min-offset"``), once the CommitLog's min offset moved: a
+queue's files whose last unit points below the new CommitLog min offset, oldest first, never the
+queue's last file (RocketMQ's ``deleteExpiredFileByOffset``); then every queue's min offset is
+moved to its first unit still pointing at live data (``correctMinOffset``). A pull below it gets
+``OFFSET_TOO_SMALL`` with ``nextBeginOffset`` the new min offset.
+
+Unlike RocketMQ, a round does not visit every queue of a store of tens of thousands: a queue the
+store has not loaded whose recorded length fits its first file has nothing to delete, and moves
+its min offset itself when it loads, so it is left alone (nor is it in the report's ``queues``).
+The others are looked at in order, at most :attr:`RetentionPolicy.max_queues_per_run` (4096) a
+round and at most :attr:`RetentionPolicy.max_derived_files_per_run` files deleted; the next
+round of the same service goes on where this one stopped.
+
+**IndexFiles** (reason ``"below-min-offset"``) whose ``endPhyOffset`` is below the CommitLog min
+offset, oldest first, never the last (the one being written).
+
+Disk full
+---------
+
+Every :meth:`~RetentionService.run` and :meth:`~RetentionService.refresh` measures the disk.
+Above :data:`~rocketstore.pipeline.engine.retentionpolicy.WARNING_LEVEL_RATIO` (90 %, RocketMQ's
+``diskSpaceWarningLevelRatio``) the store is marked full, and it stays so until a measurement at
+or below 85 % (RocketMQ's hysteresis: between 85 and 90 % the mark does not change). While
+marked, the put path must refuse puts: :meth:`~RetentionService.check_put` raises
+:class:`DiskFullError` (RocketMQ answers ``SERVICE_NOT_AVAILABLE``), before anything of the put
+is written, so nothing already accepted is lost. :meth:`~RetentionService.disk_full` and
+:meth:`~RetentionService.check_put` read a cached flag and cost nothing.
+
+Where it runs, thread-safety
+----------------------------
+
+Never on the put path. The store is expected to:
+
+* call :meth:`~RetentionService.check_put` first thing in a put, before encoding or writing;
+* call :meth:`~RetentionService.run` from a background thread every
+  :data:`~rocketstore.pipeline.engine.retentionpolicy.RUN_INTERVAL_MS` or so, holding its writer lock;
+* for ``rocketstore clean``, call :meth:`~RetentionService.run` with ``force_expired=True``
+  (and ``max_files`` to lift the per-call limit), or :meth:`~RetentionService.plan` with the
+  same arguments for ``--dry-run``.
+
+:meth:`~RetentionService.plan` and :meth:`~RetentionService.run` read (plan) or change (run)
+the store's CommitLog, ConsumeQueues and index in memory and on disk, so the caller must hold
+the store's writer lock while it calls them; they do not take it themselves. Each call is
+short (see the per-call limits above). :meth:`~RetentionService.plan` changes nothing, on disk
+or in memory, and works on a read-only store. :meth:`~RetentionService.refresh` only measures
+the disk; :meth:`~RetentionService.disk_full`, :meth:`~RetentionService.check_put` and
+:attr:`~RetentionService.used_ratio` read one attribute each; these need no lock and may be
+called from any thread.
+
+Crash behaviour
+---------------
+
+CommitLog segments are deleted oldest first, and the directory is synced after each, so
+whatever a crash leaves is a contiguous run of segments that opens (recovery starts from the
+first remaining segment). ConsumeQueue and index files are deleted only after the CommitLog
+segments, and each file is closed before it is unlinked. A crash between the two leaves queue
+and index files pointing below the CommitLog's min offset: recovery moves each queue's min
+offset past the dangling units of its first file (a writable open may rebuild such queues),
+and the next run deletes whatever is left (a new service's first run always checks every
+queue and the index). Deleting a file that is already gone is not an error.
+
+A segment a reader still holds a zero-copy view of (:meth:`CommitLog.raw`) cannot be closed;
+it is kept, the round stops there, and the next run tries again (RocketMQ waits for the file's
+references the same way). The report lists it under ``deferred``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.retentionpolicy import (
+    KIND_COMMITLOG,
+    KIND_CONSUMEQUEUE,
+    KIND_INDEX,
+    REASON_BELOW_MIN_OFFSET,
+    REASON_DISK_PRESSURE,
+    REASON_EXPIRED,
+    REASON_FORCED,
+    TRIGGER_DELETE_WHEN,
+    TRIGGER_DISK_RATIO,
+    TRIGGER_FORCIBLY,
+    TRIGGER_MANUAL,
+    RetentionPolicy,
+    statvfs_total_bytes,
+    statvfs_used_ratio,
+)
+from rocketstore.pipeline.engine.retentionreport import (
+    CleanPlan,
+    CleanReport,
+    FileDeletion,
+    QueueMinOffset,
+)
+from rocketstore.pipeline.errors import DiskFullError, ReadOnlyStoreError, StoreClosedError
+from rocketstore.pipeline.files.mappedfile import MappedFile
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE
+
+if TYPE_CHECKING:
+    from rocketstore.pipeline.files.commitlog import CommitLog
+    from rocketstore.pipeline.files.consumequeue import ConsumeQueue
+    from rocketstore.pipeline.files.indexservice import IndexService
+
+
+class RetainedStore(Protocol):
+    """What retention works on: the parts of a store it reads and deletes from. A
+    :class:`~rocketstore.pipeline.engine.store.MessageStore` is one; this module never imports it (the store
+    imports this module to run it)."""
+
+    path: Path
+    config: StoreConfig
+    commitlog: CommitLog
+    queues: dict[tuple[str, int], ConsumeQueue]
+    index: IndexService | None
+    read_only: bool
+
+    @property
+    def closed(self) -> bool: ...
+
+
+_LONG = struct.Struct(">q")
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclasses.dataclass
+class _Round:
+    """Working state of one plan or run."""
+
+    execute: bool
+    files: list[FileDeletion] = dataclasses.field(default_factory=list)
+    queues: list[QueueMinOffset] = dataclasses.field(default_factory=list)
+    deferred: list[Path] = dataclasses.field(default_factory=list)
+    complete: bool = True
+
+
+def _stat(path: Path) -> tuple[int, int, int]:
+    """(length, allocated bytes, mtime ms) of a file; a vanished file is empty and expired."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return 0, 0, 0
+    return st.st_size, st.st_blocks * 512, st.st_mtime_ns // 1_000_000
+
+
+class RetentionService:
+    """Deletes a store's expired files and watches its disk (see the module docstring).
+
+    ``clock_ms`` gives the time when a call passes none; ``disk_usage`` the used share (0..1) of
+    the filesystem holding a path, ``disk_total`` its size in bytes (for dry-run estimates).
+    All three default to the real thing and exist so tests can drive time and disk use.
+    """
+
+    def __init__(
+        self,
+        store: RetainedStore,
+        policy: RetentionPolicy | None = None,
+        *,
+        clock_ms: Callable[[], int] = _wall_clock_ms,
+        disk_usage: Callable[[Path], float] = statvfs_used_ratio,
+        disk_total: Callable[[Path], int] = statvfs_total_bytes,
+    ) -> None:
+        self.store = store
+        self.policy = policy or RetentionPolicy.from_config(store.config)
+        self.clock_ms = clock_ms
+        self.disk_usage = disk_usage
+        self.disk_total = disk_total
+        self._used_ratio = 0.0
+        self._disk_full = False
+        # CommitLog min offset the ConsumeQueues and index were last cleaned for; -1 makes the
+        # first run check them all (after a crash between the CommitLog and them).
+        self._derived_clean_for = -1
+        # The queues still to look at for the min offset ``_pending_for`` (see _clean_derived).
+        self._pending: list[tuple[str, int]] = []
+        self._pending_for = -1
+        self.refresh()
+
+    # -- disk state (lock-free readers) -----------------------------------------------------
+    @property
+    def used_ratio(self) -> float:
+        """Disk use at the last measurement (0..1; -1 if unknown)."""
+        return self._used_ratio
+
+    def disk_full(self) -> bool:
+        """Whether puts must be refused (cached; see :meth:`refresh`)."""
+        return self._disk_full
+
+    def check_put(self) -> None:
+        """Raise :class:`DiskFullError` if puts must be refused. For the put path: cheap."""
+        if self._disk_full:
+            raise DiskFullError(
+                str(self.store.path), self._used_ratio, self.policy.warning_level_ratio
+            )
+
+    def refresh(self) -> float:
+        """Measure the disk and update :meth:`disk_full`; returns the used share."""
+        ratio = self._measure()
+        self._note(ratio)
+        return ratio
+
+    def _measure(self) -> float:
+        directory = self.store.path / "commitlog"
+        return float(self.disk_usage(directory if directory.is_dir() else self.store.path))
+
+    def _note(self, ratio: float) -> None:
+        self._used_ratio = ratio
+        if ratio > self.policy.warning_level_ratio:
+            self._disk_full = True
+        elif ratio <= self.policy.clean_forcibly_ratio:
+            self._disk_full = False
+
+    def _full_after(self, ratio: float) -> bool:
+        if ratio > self.policy.warning_level_ratio:
+            return True
+        if ratio <= self.policy.clean_forcibly_ratio:
+            return False
+        return self._disk_full
+
+    # -- planning and running ---------------------------------------------------------------
+    def plan(
+        self,
+        now_ms: int | None = None,
+        *,
+        force_expired: bool = False,
+        max_files: int | None = None,
+    ) -> CleanPlan:
+        """What :meth:`run` with the same arguments would delete, and why. Changes nothing."""
+        self._check_store(write=False)
+        now = self.clock_ms() if now_ms is None else now_ms
+        ratio = self._measure()
+        log = self.store.commitlog
+        before = log.min_offset
+        rnd = _Round(execute=False)
+        total = max(1, self.disk_total(self.store.path))
+        after = self._clean_commitlog(
+            rnd, now, ratio, force_expired, max_files, lambda freed: ratio - freed / total
+        )
+        self._clean_derived(rnd, after)
+        est = ratio - sum(f.allocated for f in rnd.files) / total if ratio >= 0 else ratio
+        return CleanPlan(
+            store=self.store.path,
+            now_ms=now,
+            disk_used_ratio=ratio,
+            triggers=self._triggers(now, ratio, force_expired),
+            files=rnd.files,
+            queues=rnd.queues,
+            commitlog_min_offset_before=before,
+            commitlog_min_offset_after=after,
+            disk_used_ratio_after=est,
+            disk_full=self._full_after(est),
+        )
+
+    def run(
+        self,
+        now_ms: int | None = None,
+        *,
+        force_expired: bool = False,
+        max_files: int | None = None,
+    ) -> CleanReport:
+        """Delete what is due (see the module docstring), measure the disk again, report.
+
+        ``force_expired`` deletes expired CommitLog segments whatever the hour (a manual clean);
+        ``max_files`` overrides the policy's limit on CommitLog segments for this call.
+        """
+        self._check_store(write=True)
+        now = self.clock_ms() if now_ms is None else now_ms
+        ratio = self._measure()
+        self._note(ratio)
+        triggers = self._triggers(now, ratio, force_expired)
+        log = self.store.commitlog
+        before = log.min_offset
+        rnd = _Round(execute=True)
+        after = self._clean_commitlog(
+            rnd, now, ratio, force_expired, max_files, lambda _freed: self._measure()
+        )
+        self._clean_derived(rnd, after)
+        ratio_after = self._measure() if rnd.files else ratio
+        self._note(ratio_after)
+        return CleanReport(
+            store=self.store.path,
+            now_ms=now,
+            disk_used_ratio=ratio,
+            triggers=triggers,
+            files=rnd.files,
+            queues=rnd.queues,
+            commitlog_min_offset_before=before,
+            commitlog_min_offset_after=after,
+            disk_used_ratio_after=ratio_after,
+            disk_full=self._disk_full,
+            deferred=rnd.deferred,
+            complete=rnd.complete,
+        )
+
+    def _check_store(self, *, write: bool) -> None:
+        if self.store.closed:
+            raise StoreClosedError(f"{self.store.path}: store is closed")
+        if write and self.store.read_only:
+            raise ReadOnlyStoreError(
+                f"{self.store.path}: store was opened read-only; retention can only plan"
+            )
+
+    def _triggers(self, now_ms: int, ratio: float, force_expired: bool) -> list[str]:
+        p = self.policy
+        out: list[str] = []
+        if p.is_delete_hour(now_ms):
+            out.append(TRIGGER_DELETE_WHEN)
+        if force_expired:
+            out.append(TRIGGER_MANUAL)
+        if ratio < 0 or ratio > p.disk_max_used_space_ratio:
+            out.append(TRIGGER_DISK_RATIO)
+        if p.clean_file_forcibly_enable and ratio > p.clean_forcibly_ratio:
+            out.append(TRIGGER_FORCIBLY)
+        return out
+
+    def _clean_commitlog(
+        self,
+        rnd: _Round,
+        now: int,
+        ratio: float,
+        force_expired: bool,
+        max_files: int | None,
+        ratio_after: Callable[[int], float],
+    ) -> int:
+        """Delete (or plan) CommitLog segments; returns the CommitLog min offset after."""
+        p = self.policy
+        triggers = self._triggers(now, ratio, force_expired)
+        on_time = TRIGGER_DELETE_WHEN in triggers or TRIGGER_MANUAL in triggers
+        on_space = TRIGGER_DISK_RATIO in triggers
+        forcibly = TRIGGER_FORCIBLY in triggers
+        limit = p.max_files_per_run if max_files is None else max_files
+        segments = self.store.commitlog.segments
+        files = segments.files
+        freed = 0
+        done = 0
+        while True:
+            k = 0 if rnd.execute else done
+            if k >= len(files) - 1:
+                break  # only the segment being written is left
+            mf = files[k]
+            size, allocated, mtime = _stat(mf.path)
+            expired = now >= mtime + p.reserved_ms
+            if expired and on_time:
+                reason = REASON_EXPIRED
+            elif expired and on_space:
+                reason = REASON_DISK_PRESSURE
+            elif forcibly:
+                reason = REASON_FORCED
+            else:
+                break  # not due: and nothing after it may go before it does
+            if done >= limit:
+                rnd.complete = False
+                break
+            if rnd.execute and not segments.delete_first():
+                rnd.deferred.append(mf.path)
+                rnd.complete = False
+                break
+            rnd.files.append(FileDeletion(mf.path, KIND_COMMITLOG, size, allocated, reason, mtime))
+            done += 1
+            freed += allocated
+            if forcibly:
+                now_ratio = ratio_after(freed)
+                if 0 <= now_ratio <= p.clean_forcibly_ratio:
+                    forcibly = False
+        return files[done if not rnd.execute else 0].base if files else 0
+
+    def _queues_to_clean(self) -> list[tuple[str, int]]:
+        """The queues a new CommitLog min offset may change, in order: those loaded (their
+        min offset is in memory), and those not loaded whose files may be more than one (the
+        length the last flush recorded does not fit the first, or is not known). A queue not
+        loaded that fits its first file has no file to delete (the last never goes), and
+        takes the CommitLog's min offset into account when it loads; nothing of it is read."""
+        return sorted(
+            key
+            for key, cq in self.store.queues.items()
+            if cq.loaded or cq.recorded is None or cq.recorded > cq.units_per_file
+        )
+
+    def _clean_derived(self, rnd: _Round, min_phy: int) -> None:
+        """Delete (or plan) ConsumeQueue and index files below ``min_phy``, move queue mins.
+
+        A run looks at :attr:`RetentionPolicy.max_queues_per_run` queues at most (of
+        :meth:`_queues_to_clean`) and deletes :attr:`RetentionPolicy.max_derived_files_per_run`
+        files at most; the next run goes on where it stopped, so a run's cost follows what it
+        deletes, not how many queues the store has."""
+        if min_phy == self._derived_clean_for:
+            return
+        budget = self.policy.max_derived_files_per_run
+        if rnd.execute:
+            if self._pending_for != min_phy:
+                self._pending, self._pending_for = self._queues_to_clean(), min_phy
+            keys = self._pending
+        else:
+            keys = self._queues_to_clean()
+        complete = True
+        looked = 0
+        for topic, queue_id in keys:
+            if budget <= 0 or looked >= self.policy.max_queues_per_run:
+                complete = False
+                break
+            cq = self.store.queues.get((topic, queue_id))
+            if cq is None:
+                looked += 1
+                continue
+            files = cq.segments.files
+            done = 0
+            while True:
+                k = 0 if rnd.execute else done
+                if k >= len(files) - 1:
+                    break
+                mf = files[k]
+                if mf.wrote_position < mf.size or _last_unit_offset(mf) >= min_phy:
+                    break
+                if budget <= 0:
+                    complete = False
+                    break
+                stat = _stat(mf.path)
+                if rnd.execute and not cq.segments.delete_first():
+                    rnd.deferred.append(mf.path)
+                    complete = False
+                    break
+                rnd.files.append(_derived(mf.path, KIND_CONSUMEQUEUE, stat))
+                done += 1
+                budget -= 1
+            if files:
+                old = cq.min_offset
+                if rnd.execute:
+                    cq.correct_min_offset(min_phy)
+                    new = cq.min_offset
+                else:
+                    new = cq.corrected_min_logic_offset(min_phy, done) // CQ_UNIT_SIZE
+                if new != old:
+                    rnd.queues.append(QueueMinOffset(topic, queue_id, old, new))
+            if not complete:
+                break  # this queue has more to delete: the next run starts with it
+            looked += 1
+        if rnd.execute:
+            del self._pending[:looked]
+        index = self.store.index
+        if index is not None:
+            done = 0
+            while budget > 0:
+                k = 0 if rnd.execute else done
+                if k >= len(index.files) - 1:
+                    break
+                f = index.files[k]
+                if f.end_phy_offset >= min_phy:
+                    break
+                stat = _stat(f.path)
+                if rnd.execute:
+                    index.delete_first()
+                rnd.files.append(_derived(f.path, KIND_INDEX, stat))
+                done += 1
+                budget -= 1
+            else:
+                complete = False
+        rnd.complete = rnd.complete and complete
+        if rnd.execute and complete:
+            self._derived_clean_for = min_phy
+            self._pending, self._pending_for = [], -1
+
+
+def _derived(path: Path, kind: str, stat: tuple[int, int, int]) -> FileDeletion:
+    size, allocated, mtime = stat
+    return FileDeletion(path, kind, size, allocated, REASON_BELOW_MIN_OFFSET, mtime)
+
+
+def _last_unit_offset(mf: MappedFile) -> int:
+    """CommitLog offset of a full ConsumeQueue file's last unit."""
+    # Read, not mapped: retention looks at old files nothing else is using.
+    return int(_LONG.unpack(mf.read(mf.size - CQ_UNIT_SIZE, _LONG.size))[0])

@@ -1,0 +1,410 @@
+"""The ``rocketstore`` commands that read or maintain a store directory (``produce`` is in
+:mod:`rocketstore.pipeline.tools.produce`, ``lag`` in :mod:`rocketstore.pipeline.tools.lag`).
+
+Each ``cmd_*`` takes the parsed arguments and returns the exit status; errors are raised
+(:class:`~rocketstore.pipeline.errors.StoreError` and its kinds) and reported by :mod:`rocketstore.pipeline.cli`.
+Reading commands open the store read-only: no lock, nothing written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine import queueread, storehost
+from rocketstore.pipeline.engine.reads import MAX_TIMESTAMP
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.errors import ConfigError, NotFoundError, ProgressNotRecordedError
+from rocketstore.pipeline.files import topicconfig
+from rocketstore.pipeline.format import native, record
+from rocketstore.pipeline.format.record import MessageExt
+from rocketstore.pipeline.tools.output import emit, plain_cell, preview, print_table
+
+DUMP_PAGE = 1000
+MESSAGE_COLUMNS = (
+    "topic",
+    "queueId",
+    "queueOffset",
+    "commitLogOffset",
+    "storeTimestamp",
+    "tags",
+    "keys",
+    "msgId",
+    "body",
+)
+
+
+def _message_row(m: MessageExt) -> list[object]:
+    return [
+        m.topic,
+        m.queue_id,
+        m.queue_offset,
+        m.commit_log_offset,
+        m.store_timestamp,
+        m.tags,
+        " ".join(m.keys),
+        m.msg_id,
+        preview(m.body),
+    ]
+
+
+def _print_messages(messages: Sequence[MessageExt], as_json: bool) -> None:
+    if as_json:
+        for m in messages:
+            emit(m.to_json())
+    elif messages:
+        print_table(MESSAGE_COLUMNS, [_message_row(m) for m in messages])
+
+
+def _print_message_detail(m: MessageExt, as_json: bool) -> None:
+    """One message: every field, one per line (or one JSON line)."""
+    if as_json:
+        emit(m.to_json())
+        return
+    fields = m.to_json()
+    fields["body"] = f"{preview(m.body, 200)} ({len(m.body)} bytes)"
+    props = fields.pop("properties")
+    rows: list[list[object]] = [[name, value] for name, value in fields.items()]
+    rows.append(["properties", ""])
+    rows.extend([f"  {name}", value] for name, value in props.items())
+    print_table(("field", "value"), rows)
+
+
+def _note(text: str) -> None:
+    sys.stderr.write(f"rocketstore: note: {text}\n")
+
+
+def _open(args: argparse.Namespace) -> MessageStore:
+    return MessageStore(args.store, StoreConfig.effective(args.config), read_only=True)
+
+
+def _check_queue(store: MessageStore, topic: str, queue_id: int) -> None:
+    """Raise :class:`NotFoundError` unless the store has queue ``queue_id`` of ``topic``."""
+    queues = [q for _, q in store.queue_ids(topic)]
+    if not queues:
+        raise NotFoundError(f"{store.path}: no topic {topic!r} in this store")
+    if queue_id not in queues:
+        raise NotFoundError(
+            f"{store.path}: topic {topic!r} has no queue {queue_id} "
+            f"(its queues: {', '.join(map(str, queues))})"
+        )
+
+
+def _check_record_start(store: MessageStore, offset: int) -> None:
+    """Raise :class:`NotFoundError` unless a record starts at CommitLog offset ``offset``."""
+    low, high = store.min_phy_offset, store.max_phy_offset
+    if not low <= offset < high:
+        raise NotFoundError(
+            f"{store.path}: CommitLog offset {offset} is outside the log, which holds "
+            f"[{low}, {high})"
+        )
+    if not store.commitlog.starts_record(offset):
+        raise NotFoundError(
+            f"{store.path}: no record starts at CommitLog offset {offset} (it lies inside "
+            "another record, or past the end of a segment); records start where `dump` or "
+            "`queues` show their commitLogOffset"
+        )
+
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        infos = store.queue_infos(args.topic)
+        if args.topic is not None and not infos:
+            _note(f"no queue of topic {args.topic!r} in {args.store}")
+        for info in infos:
+            for batch in queueread.queue_batches(store, info.topic, info.queue_id, page=DUMP_PAGE):
+                for m in native.messages(batch):
+                    emit(m.to_json())
+    return 0
+
+
+def cmd_queues(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        infos = store.queue_infos(args.topic)
+    if args.topic is not None and not infos:
+        _note(f"no queue of topic {args.topic!r} in {args.store}")
+    header = ("topic", "queueId", "minOffset", "maxOffset", "maxPhysicOffset")
+    rows = [[i.topic, i.queue_id, i.min_offset, i.max_offset, i.max_physic_offset] for i in infos]
+    if args.json:
+        for row in rows:
+            emit(dict(zip(header, row, strict=True)))
+    elif rows:
+        print_table(header, rows)
+    return 0
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    """The topic table a broker would load (config/topics.json, else its .bak) beside the
+    queues on disk; a note for each topic on disk that a broker would not serve in full."""
+    with _open(args) as store:
+        disk = topicconfig.queue_counts(store.queue_ids(args.topic))
+        found = topicconfig.read_topics(store.path / "config")
+    config_file = store.path / "config" / topicconfig.FILE_NAME
+    if found is None:
+        configured: dict[str, topicconfig.TopicConfig] = {}
+        if disk:
+            _note(
+                f"no {config_file} (or it is empty): a stock broker with "
+                "autoCreateTopicEnable=false serves none of this store's topics"
+            )
+    else:
+        configured = found.topics
+        if found.path.name != topicconfig.FILE_NAME:
+            _note(f"{config_file} is missing or empty; shown: {found.path}, as a broker loads it")
+    if args.topic is not None:
+        configured = {k: v for k, v in configured.items() if k == args.topic}
+        if not configured and not disk:
+            _note(f"no topic {args.topic!r} in {config_file} nor on disk in {args.store}")
+    header = ("topic", "readQueueNums", "writeQueueNums", "perm", "order", "diskQueues")
+    rows: list[list[object]] = []
+    for name in sorted(set(configured) | set(disk)):
+        tc, on_disk = configured.get(name), disk.get(name)
+        if tc is None:
+            # Without any topics.json, the note above has said it for every topic.
+            if found is not None:
+                _note(f"topic {name!r} is on disk but not in {config_file}: a broker ignores it")
+        elif on_disk is not None and on_disk > tc.read_queue_nums:
+            _note(
+                f"topic {name!r} has queues 0..{on_disk - 1} on disk but readQueueNums "
+                f"{tc.read_queue_nums}: a broker serves queues 0..{tc.read_queue_nums - 1} only"
+            )
+        if args.json:
+            fields = (tc or topicconfig.TopicConfig(name)).to_json()
+            del fields["topicName"]
+            if tc is None:  # the same keys for every topic: null where topics.json has none
+                fields = dict.fromkeys(fields)
+            emit({"topic": name, **fields, "diskQueues": on_disk})
+        elif tc is None:
+            rows.append([name, None, None, None, None, on_disk])
+        else:
+            rows.append(
+                [name, tc.read_queue_nums, tc.write_queue_nums, tc.perm_text, tc.order, on_disk]
+            )
+    if rows:
+        print_table(header, rows)
+    return 0
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        r = store.get_messages(args.topic, args.queue, args.offset, args.max, args.tags)
+    summary = {
+        "status": r.status,
+        "nextBeginOffset": r.next_begin_offset,
+        "minOffset": r.min_offset,
+        "maxOffset": r.max_offset,
+    }
+    if args.json:
+        emit({**summary, "messages": [m.to_json() for m in r.messages]})
+    else:
+        sys.stdout.write("   ".join(f"{k}: {v}" for k, v in summary.items()) + "\n")
+        _print_messages(r.messages, False)
+    return 0
+
+
+def cmd_query_key(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        found = store.query_by_key(
+            args.topic,
+            args.key,
+            begin=args.begin,
+            end=MAX_TIMESTAMP if args.end is None else args.end,
+            max_count=args.max,
+        )
+    _print_messages(found, args.json)
+    return 0
+
+
+def cmd_query_time(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        _check_queue(store, args.topic, args.queue)
+        offset = store.offset_by_time(args.topic, args.queue, args.timestamp)
+    header = ("topic", "queueId", "timestamp", "offset")
+    row = [args.topic, args.queue, args.timestamp, offset]
+    if args.json:
+        emit(dict(zip(header, row, strict=True)))
+    else:
+        print_table(header, [row])
+    return 0
+
+
+def cmd_query_offset(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        _check_record_start(store, args.offset)
+        m = store.get_message(args.offset)
+    _print_message_detail(m, args.json)
+    return 0
+
+
+def cmd_query_msgid(args: argparse.Namespace) -> int:
+    _, offset = record.parse_msg_id(args.msgid)
+    with _open(args) as store:
+        _check_record_start(store, offset)
+        m = store.get_by_msg_id(args.msgid)
+    _print_message_detail(m, args.json)
+    return 0
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    """Open the store for writing (which runs recovery), print the report, close it cleanly.
+
+    Exit status 1 when the repair is done and flushed but the close could not record it (a
+    full disk): the store stays marked as not closed cleanly, and the next open repeats the
+    same recovery, which changes nothing more."""
+    store = MessageStore(
+        args.store,
+        StoreConfig.effective(args.config),
+        create=False,
+        full_check=True,
+        cut_at_damage=args.cut_at_damage,
+    )
+    unrecorded: ProgressNotRecordedError | None = None
+    try:
+        report = store.recovery.to_json()
+    finally:
+        try:
+            store.close()
+        except ProgressNotRecordedError as exc:
+            unrecorded = exc
+    if args.json:
+        emit(report)
+    else:
+        print_table(("field", "value"), [[k, v] for k, v in report.items()])
+    if unrecorded is not None:
+        sys.stderr.write(f"rocketstore: warning: recovered, but {unrecorded}\n")
+        return 1
+    return 0
+
+
+def _verify_metrics_file(value: str) -> Path:
+    """``verify --metrics FILE``, checked before the scan: the extra it needs, its directory."""
+    from rocketstore.pipeline.extras import check_dependencies
+
+    check_dependencies(
+        ("prometheus_client",),
+        "verify --metrics needs the 'console' extra: pip install 'rocketstore[console]'",
+    )
+    path = Path(value)
+    if not path.parent.is_dir():
+        raise ConfigError(f"option --metrics={value}: no such directory {path.parent}")
+    return path
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Scan every record and index structure; print each problem; exit 1 if there is any."""
+    from rocketstore.pipeline.tools.verify.check import verify_read_only
+
+    metrics = _verify_metrics_file(args.metrics) if args.metrics else None
+
+    def progress(done: int, total: int) -> None:
+        if args.progress and total:
+            sys.stderr.write(f"\rverifying: {100 * done // total:3d} %")
+            sys.stderr.flush()
+
+    report = verify_read_only(
+        args.store,
+        StoreConfig.effective(args.config),
+        progress=progress,
+        max_per_kind=None if args.all else 100,
+    )
+    if args.progress:
+        sys.stderr.write("\n")
+    if metrics is not None:
+        from rocketstore.pipeline.tools.metrics import write_verify_textfile
+
+        broker = Path(args.store).resolve().name  # as the exporter names a store directory
+        write_verify_textfile(metrics, broker, len(report.problems) + report.suppressed)
+    if args.json:
+        emit(report.to_json())
+    else:
+        if report.problems:
+            print_table(
+                ("kind", "file", "offset", "detail"),
+                [[p.kind, p.path, p.offset, p.detail] for p in report.problems],
+            )
+        state = "ok" if report.ok else f"{len(report.problems) + report.suppressed} problem(s)"
+        again = (
+            f" (started over {report.restarts} time(s): retention deleted files under the scan)"
+            if report.restarts
+            else ""
+        )
+        print(
+            f"{state}: {report.records} records, {report.units} units, "
+            f"{report.index_entries} index entries checked in {report.seconds:.2f}s{again}"
+        )
+    return 0 if report.ok else 1
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    """Delete what retention allows now (or, with --dry-run, show it) and print the report.
+
+    A store that was not closed cleanly is cleaned without being opened for writing (which
+    would recover it first, and recovering can need the very space the clean frees): see
+    :mod:`rocketstore.pipeline.engine.unclean`."""
+    from rocketstore.pipeline.engine import unclean
+    from rocketstore.pipeline.engine.retention import RetentionService
+    from rocketstore.pipeline.engine.retentionreport import CleanPlan
+
+    config = StoreConfig.effective(args.config)
+    report: CleanPlan
+    path = Path(args.store)
+    if not args.dry_run and path.is_dir() and not unclean.was_closed_cleanly(path):
+        report = unclean.clean_unrecovered(path, config, max_files=args.max_files)
+        _note(
+            f"{args.store} was not closed cleanly: cleaned without recovering it; "
+            "`rocketstore recover` recovers it next"
+        )
+    else:
+        with MessageStore(args.store, config, read_only=args.dry_run, create=False) as store:
+            if args.dry_run:
+                report = RetentionService(store).plan(force_expired=True, max_files=args.max_files)
+            else:
+                # Checks first that this writer still owns the store (rocketstore.pipeline.engine.fencing).
+                report = store.clean(force_expired=True, max_files=args.max_files)
+    if args.json:
+        emit(report.to_json())
+        return 0
+    if report.files:
+        print_table(
+            ("file", "kind", "bytes", "reason"),
+            [[str(f.path), f.kind, f.bytes, f.reason] for f in report.files],
+        )
+    verb = "would delete" if args.dry_run else "deleted"
+    print(
+        f"{verb} {len(report.files)} file(s), {report.bytes} bytes; "
+        f"disk {report.disk_used_ratio:.1%} used"
+    )
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """The effective settings, and where they came from."""
+    config = StoreConfig.effective(args.config)
+    settings = config.to_rocketmq()
+    if args.json:
+        emit(
+            {
+                "settings": settings,
+                "source": config.origin,
+                "ignoredKeys": list(config.ignored_keys),
+            }
+        )
+        return 0
+    print_table(
+        ("setting", "value"),
+        [[k, "(unset)" if v is None else plain_cell(v)] for k, v in settings.items()],
+    )
+    sys.stdout.write(f"from: {config.origin}\n")
+    if config.broker_ip1 is None or config.listen_port is None:
+        # What unset means depends on the directory (rocketstore.pipeline.engine.storehost): say it here.
+        sys.stdout.write(
+            "store host (brokerIP1:listenPort) where unset: the one the directory's newest "
+            f"record carries; in a new directory {storehost.store_host(config)} (a store root's broker-N: "
+            "the port + 10 N)\n"
+        )
+    if config.ignored_keys:
+        sys.stdout.write(f"ignored (not store settings): {', '.join(config.ignored_keys)}\n")
+    return 0
