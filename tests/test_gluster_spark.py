@@ -15,8 +15,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from test_source_e2e import batch_files, expected_body, sink_write, start_reader, wait_for
 
+from tests.kit.e2e import batch_files, expected_body, sink_write, start_reader, wait_for
 from tests.kit.jobfiles import committed_files
 
 pytestmark = [pytest.mark.gluster, pytest.mark.slow]

@@ -34,7 +34,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_sink_faults import check_exactly_once, finish, job, outcomes
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine import store as store_module
@@ -45,6 +44,7 @@ from rocketstore.pipeline.format.message import Message
 from tests.kit.crashdata import GEOMETRY, batch_table, expected, store_config
 from tests.kit.faultcheck import check_store, recorded, recover_twice_identically
 from tests.kit.faultfuse import FaultFS, mounted, unavailable
+from tests.kit.sinkjob import check_exactly_once, finish, job, outcomes
 from tests.kit.sinkutil import write_input
 
 PAGE = mmap.PAGESIZE

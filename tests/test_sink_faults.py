@@ -9,87 +9,17 @@ failure is a new process, as a user's is.
 
 from __future__ import annotations
 
-import collections
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from rocketstore.pipeline.engine.root import StoreRoot
-from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.files import failpoints
-from rocketstore.pipeline.tools.verify.check import verify
-from tests.kit import PROCS
 from tests.kit.realfs import real_fs
-from tests.kit.sinkutil import CONFIG, read_back, write_input
-
-ROOT = Path(__file__).resolve().parent.parent
-JOB = PROCS / "sink_job.py"
-
-
-def job(
-    tmp_path: Path,
-    master: str,
-    face: str,
-    failpoint: str | None = None,
-    env_extra: dict[str, str] | None = None,
-    root: Path | None = None,
-) -> subprocess.Popen[str]:
-    args = [
-        sys.executable,
-        str(JOB),
-        str(tmp_path / "in"),
-        str(root or tmp_path / "store"),
-        str(tmp_path / "ck-{face}"),
-        master,
-        face,
-    ]
-    if failpoint:
-        args.append(failpoint)
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, **(env_extra or {}))
-    return subprocess.Popen(
-        args,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-    )
-
-
-def finish(proc: subprocess.Popen[str]) -> str:
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-4000:]
-    return out
-
-
-def check_exactly_once(
-    tmp_path: Path, rows: list[dict[str, object]], root: Path | None = None
-) -> None:
-    root = root or tmp_path / "store"
-    stored = read_back(root, "orders")
-    counts = collections.Counter(s["body"] for s in stored)
-    assert sorted(counts) == sorted(r["body"] for r in rows)  # type: ignore[type-var]
-    assert set(counts.values()) == {1}
-    for _, path in StoreRoot(root).brokers():
-        with MessageStore(path, CONFIG, read_only=True) as store:
-            assert verify(store).ok
-
-
-def fired(log: Path) -> list[str]:
-    """The lines the failpoint wrote each time it fired (see sink/append.py)."""
-    return log.read_text().splitlines() if log.exists() else []
-
-
-def outcomes(out: str) -> dict[str, dict[str, object]]:
-    """What tests/procs/sink_job.py printed of each query, by face."""
-    return {r["face"]: r for r in map(json.loads, out.splitlines())}
+from tests.kit.sinkjob import check_exactly_once, finish, fired, job, outcomes
+from tests.kit.sinkutil import read_back, write_input
 
 
 def test_task_failing_mid_append_is_retried_without_duplicates(tmp_path: Path) -> None:
