@@ -102,10 +102,11 @@ def peak_growth(path: Path, n: int) -> int:
         child.stdin.write("go\n")
         child.stdin.flush()
         os.set_blocking(child.stdout.fileno(), False)
+        # A read of a non-blocking pipe may return part of the line: read until its end.
         line = ""
-        while not line:
+        while not line.endswith("\n"):
             peak = max(peak, rss_anon(child.pid))
-            line = child.stdout.readline()
+            line += child.stdout.readline()
             time.sleep(0.0005)
         # The child waits for us after printing, so this sample still sees its memory.
         peak = max(peak, rss_anon(child.pid))
