@@ -117,6 +117,19 @@ def test_new_file_continues_previous_end(tmp_path: Path) -> None:
     f.close()
 
 
+def test_the_first_entry_of_a_file_after_a_gap_is_found_by_time(tmp_path: Path) -> None:
+    # putKey measures a file's first entry against the header as it was, where the previous
+    # file ended (here 1,200 s earlier), and only then starts the file at that entry: the
+    # stored difference says 1,200 s, the entry's time is the file's begin timestamp.
+    path = tmp_path / "idx"
+    f = new_file(path, prev_end_phy=5000, prev_end_ts=T0)
+    f.put(*arrays([7, 7], [6000, 6100], [T0 + 1_200_000, T0 + 1_200_500]))
+    assert entry(path, SLOTS, 1)[2] == 1200  # byte for byte what RocketMQ 4.9.4 writes
+    assert [p for p, _ in f.candidates(7, T0, T0 + 1_201_000)] == [6100, 6000]
+    assert [p for p, _ in f.candidates(7, T0 + 1_200_000, T0 + 1_200_000)] == [6100, 6000]
+    f.close()
+
+
 def random_batch(seed: int, n: int, slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     hashes = rng.integers(0, 3 * slots, n).astype(np.int32)  # many collisions

@@ -353,7 +353,12 @@ class IndexFile:
             if current < count:
                 if diff < 0:
                     break
-                approx = self.begin_timestamp + diff * 1000
+                # Entry 1's difference was measured against the header as it was before it
+                # (where the previous file ended: putKey), and the file then began at that
+                # entry: its time is the header's begin timestamp, exactly.
+                approx = (
+                    self.begin_timestamp if current == 1 else self.begin_timestamp + diff * 1000
+                )
                 if phy < min_phys:
                     break
                 if h == key_hash and approx <= end and approx + 999 >= begin:
