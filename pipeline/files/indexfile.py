@@ -19,8 +19,11 @@ Files live at ``index/<yyyyMMddHHmmssSSS>`` (creation time, local time) and have
 
 ``keyHash`` is ``abs(("topic#key").hashCode())``; its slot is ``keyHash % maxHashSlotNum``.
 Entries chain newest to oldest through ``prevIndex`` (0 ends the chain). ``timeDiff`` is the
-store time minus ``beginTimestamp``, in whole seconds. Entry 0 is never used, so
-``indexCount`` starts at 1 and a file is full when it reaches ``maxIndexNum``.
+store time minus ``beginTimestamp``, in whole seconds, except entry 1's: RocketMQ's ``putKey``
+measures it against the header as it was (0, or where the previous file ended) and only then
+sets ``beginTimestamp`` to that entry's store time, so entry 1's time is ``beginTimestamp``
+itself. Entry 0 is never used, so ``indexCount`` starts at 1 and a file is full when it reaches
+``maxIndexNum``.
 
 Hashes collide, so a look-up returns candidates; the caller must re-check the real key (RocketMQ
 does not, and we do).
@@ -353,9 +356,7 @@ class IndexFile:
             if current < count:
                 if diff < 0:
                     break
-                # Entry 1's difference was measured against the header as it was before it
-                # (where the previous file ended: putKey), and the file then began at that
-                # entry: its time is the header's begin timestamp, exactly.
+                # Entry 1's stored difference is not from beginTimestamp (see the module).
                 approx = (
                     self.begin_timestamp if current == 1 else self.begin_timestamp + diff * 1000
                 )
