@@ -435,22 +435,14 @@ class MappedFile:
             raise StoreError(f"{self.path}: write of {n} bytes at {position} exceeds {self.size}")
         if self.read_only:
             raise StoreError(f"cannot write to {self.path} in a read-only store")
-        view = self._view
-        if view is not None and n < PWRITE_MIN_BYTES:
-            self.reserve(position + n)
-            if self._cache is not None:
-                self._cache.touch(self)
-            view[position : position + n] = data
-        else:
-            self._pwrite(position, data)
-            if position <= self.allocated < position + n:
-                self._allocated = position + n
-        if position + n > self.wrote_position:
-            self.wrote_position = position + n
+        if self._cache is not None and self._view is not None and n < PWRITE_MIN_BYTES:
+            self._cache.touch(self)  # the write goes through the mapping: keep it mapped
+        self.append_at(position, data)
 
-    def append_at(self, position: int, data: memoryview) -> None:
+    def append_at(self, position: int, data: bytes | bytearray | memoryview) -> None:
         """:meth:`write_at` of bytes (format ``B``) the caller knows to fit at ``position``,
-        without the checks: the path of a ConsumeQueue's units."""
+        without its checks and without touching the mapping cache: the path of a
+        ConsumeQueue's units, and the write itself of :meth:`write_at`."""
         n = len(data)
         if self._view is not None and n < PWRITE_MIN_BYTES:
             self.reserve(position + n)
