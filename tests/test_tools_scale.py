@@ -65,9 +65,9 @@ class Looks:
             self.loads += 1
             return load(cq, length)
 
-        def counted_peek(cq: ConsumeQueue, min_offset: int) -> Peek | None:
+        def counted_peek(cq: ConsumeQueue, min_offset: int, log_end: int) -> Peek | None:
             self.peeks.append(cq.topic)
-            return peek(cq, min_offset)
+            return peek(cq, min_offset, log_end)
 
         monkeypatch.setattr(ConsumeQueue, "_load", counted_load)
         monkeypatch.setattr(ConsumeQueue, "peek", counted_peek)

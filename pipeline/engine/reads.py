@@ -177,8 +177,9 @@ class StoreReads:
         with self._mutex:
             self._check_open()
             out = []
+            log_end = self.commitlog.max_offset
             for (t, q), cq in self._selected(topic, topics):
-                e = None if cq.loaded else cq.peek(self.commitlog.min_offset)
+                e = None if cq.loaded else cq.peek(self.commitlog.min_offset, log_end)
                 if e is None or e.last is None:
                     out.append(QueueInfo(t, q, cq.min_offset, cq.max_offset, cq.max_physic_offset))
                 else:
@@ -194,7 +195,7 @@ class StoreReads:
             self._check_open()
             out = []
             for (t, q), cq in self._selected(topic, topics):
-                e = cq.ends(self.commitlog.min_offset)
+                e = cq.ends(self.commitlog.min_offset, self.commitlog.max_offset)
                 end = sum(e.last) if e.last is not None else cq.max_physic_offset
                 info = QueueInfo(t, q, e.min_offset, e.max_offset, end)
                 out.append(QueueEnds(info, e.first, e.last, e.files))

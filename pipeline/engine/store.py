@@ -250,10 +250,15 @@ class MessageStore(StoreReads):
         """A queue's files were looked at for the first time since the store opened (see
         rocketstore.pipeline.engine.queueset): what recovery does for the queues it loads, it does
         now. A writer's queue must end where the last flush recorded and its last unit point at
-        a record of the queue, or the queue is refused (`rocketstore recover` rebuilds it)."""
+        a record of the queue, or the queue is refused (`rocketstore recover` rebuilds it); a
+        read-only view's ends at the log's end the view fixed when it opened."""
         cq.correct_min_offset(self.commitlog.min_offset)
         if self._view is not None:
             self._view.hide(cq)
+        elif self.read_only:
+            # A view is the store as it opened: the units a writer added since point past the
+            # log's end it fixed then, and are not there for it (not damage either).
+            cq.hide_from(cq.first_past(self.commitlog.max_offset))
         if not self.read_only:
             check_loaded_queue(self.commitlog, cq)
 

@@ -231,7 +231,7 @@ class ConsumeQueue:
             return self.max_offset > length
         return unit_in_file(self._file_name(pos - pos % self.file_size), pos % self.file_size)
 
-    def peek(self, min_commitlog_offset: int) -> Peek | None:
+    def peek(self, min_commitlog_offset: int, log_end: int) -> Peek | None:
         """The bounds and first and last units of a read-only queue not loaded yet, as loading
         it would find them, from the length the last flush recorded and one read of its only
         file (two for a long file), without loading it; None when that does not settle them
@@ -240,9 +240,11 @@ class ConsumeQueue:
 
         Settled: a queue whose recorded length fits its first file (``00000000000000000000``,
         then its only file with units), whose unit before that length is valid and the one at
-        it not (as :func:`~rocketstore.pipeline.files.queueend.end_at` checks), and whose first unit points at a record the
-        CommitLog still holds (as :meth:`correct_min_offset` checks); not on shared storage,
-        where a read-only view looks at its files as the visibility rule says."""
+        it not (as :func:`~rocketstore.pipeline.files.queueend.end_at` checks), whose first unit
+        points at a record the CommitLog still holds (as :meth:`correct_min_offset` checks) and
+        whose last ends by ``log_end`` (the view's end: the writer may have appended since);
+        not on shared storage, where a read-only view looks at its files as the visibility
+        rule says."""
         length = self._recorded
         if (
             self._segments is not None
@@ -259,12 +261,14 @@ class ConsumeQueue:
         if cache is not None:
             cache.work.queues_peeked += 1
         first, last = units
+        if sum(last) > log_end:
+            return None
         return Peek(0, length, first, last, 1)
 
-    def ends(self, min_commitlog_offset: int) -> Peek:
+    def ends(self, min_commitlog_offset: int, log_end: int) -> Peek:
         """The queue's bounds and first and last units: :meth:`peek`, or else the queue's own
         (loading it)."""
-        peeked = None if self.loaded else self.peek(min_commitlog_offset)
+        peeked = None if self.loaded else self.peek(min_commitlog_offset, log_end)
         if peeked is not None:
             return peeked
         lo, hi = self.min_offset, self.max_offset

@@ -1,0 +1,126 @@
+"""Read-only views of a store whose writer goes on writing.
+
+A view is the store as it was when it opened: it fixes the CommitLog's end then, and every
+queue it loads later (queues load when first used) ends at the last unit whose record lies
+inside that end. What the writer appends meanwhile is not there for the view, and is never
+taken for damage. The writer's appends are made between the view's open and its reads, in
+this thread, so each interleaving is the one named, not one a scheduler happened to pick.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rocketstore.pipeline import cli
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.tools import commands
+
+CONFIG = StoreConfig(
+    mapped_file_size_commitlog=64 * 1024,
+    mapped_file_size_consume_queue=20 * 50,
+    max_hash_slot_num=101,
+    max_index_num=300,
+)
+QUEUES = [(f"T{t}", q) for t in range(5) for q in range(4)]
+
+
+def body(topic: str, queue_id: int, n: int) -> bytes:
+    return f"{topic}/{queue_id}/{n}".encode()
+
+
+def put_round(store: MessageStore, n: int, queues: list[tuple[str, int]] = QUEUES) -> None:
+    """One message to each queue (a batch), then a flush: what a reader could see."""
+    store.put_batch([Message(t, body(t, q, n), queue_id=q, keys=f"k{n}") for t, q in queues])
+    store.flush()
+
+
+@pytest.fixture
+def writer(tmp_path: Path) -> Iterator[MessageStore]:
+    with MessageStore(tmp_path / "s", CONFIG, background=False) as store:
+        for n in range(3):
+            put_round(store, n)
+        yield store
+
+
+def test_a_view_reads_what_was_there_when_it_opened_while_the_writer_appends(
+    writer: MessageStore,
+) -> None:
+    with MessageStore(writer.path, CONFIG, read_only=True) as view:
+        put_round(writer, 3)
+        put_round(writer, 4, [("NEW", 0)])
+        for topic, queue_id in QUEUES:
+            got = view.get_messages(topic, queue_id, 0, 100)
+            assert [m.body for m in got.messages] == [body(topic, queue_id, n) for n in range(3)]
+            assert (got.status, got.max_offset) == ("FOUND", 3)
+        assert ("NEW", 0) not in view.queue_ids()
+
+
+@pytest.mark.parametrize("ask", ["queue_infos", "queue_ends", "max_offset"])
+def test_a_view_bounds_queues_it_has_not_loaded_at_its_open(writer: MessageStore, ask: str) -> None:
+    """The bounds a view gives of a queue it never loaded, read from the files now (peeked at
+    or loaded), are those of the store it opened on."""
+    with MessageStore(writer.path, CONFIG, read_only=True) as view:
+        put_round(writer, 3)
+        if ask == "max_offset":
+            ends = [view.max_offset(t, q) for t, q in QUEUES]
+        elif ask == "queue_infos":
+            ends = [info.max_offset for info in view.queue_infos()]
+        else:
+            ends = [e.info.max_offset for e in view.queue_ends()]
+        assert ends == [3] * len(QUEUES)
+
+
+def test_a_view_whose_writer_flushed_between_its_listing_and_its_progress_read(
+    writer: MessageStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The progress file a view reads at open must not name units past the log it listed:
+    the writer flushes right after the view listed the CommitLog's segments."""
+    from rocketstore.pipeline.files import commitlog as commitlog_module
+
+    loads = commitlog_module.CommitLog.load
+
+    def load_then_write(self: Any) -> None:
+        loads(self)
+        if self.segments.read_only:
+            put_round(writer, 3)
+
+    monkeypatch.setattr(commitlog_module.CommitLog, "load", load_then_write)
+    with MessageStore(writer.path, CONFIG, read_only=True) as view:
+        monkeypatch.setattr(commitlog_module.CommitLog, "load", loads)
+        infos = view.queue_infos()
+        read = [view.get_messages(t, q, 0, 100) for t, q in QUEUES]
+    # The writer's flush came before the progress file was read: the view has all of it.
+    assert [i.max_offset for i in infos] == [4] * len(QUEUES)
+    assert [len(got.messages) for got in read] == [4] * len(QUEUES)
+
+
+def test_dump_beside_a_writer_prints_the_store_as_it_opened(
+    writer: MessageStore, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``rocketstore dump`` opens a view and then reads queue after queue; the writer puts to
+    every queue between the two."""
+
+    class WriterAppendsAfterTheOpen(MessageStore):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            put_round(writer, 3)
+
+    monkeypatch.setattr(commands, "MessageStore", WriterAppendsAfterTheOpen)
+    conf = writer.path.parent / "store.toml"
+    conf.write_text(
+        f"mappedFileSizeCommitLog = {CONFIG.mapped_file_size_commitlog}\n"
+        f"mappedFileSizeConsumeQueue = {CONFIG.mapped_file_size_consume_queue}\n"
+        f"maxHashSlotNum = {CONFIG.max_hash_slot_num}\nmaxIndexNum = {CONFIG.max_index_num}\n"
+    )
+    status = cli.main(["dump", str(writer.path), "--config", str(conf)])
+    out, err = capsys.readouterr()
+    assert (status, err) == (cli.EXIT_OK, "")
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert len(lines) == 3 * len(QUEUES)
