@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from rocketstore.pipeline.engine import dispatch, fencing
 from rocketstore.pipeline.engine.recoverylog import (
@@ -72,6 +73,9 @@ class RecoveryReport:
     duration_ms: float = 0.0
     last_record_offset: int = -1  # start of the last record before the end, if known
     queues_rebuilt: list[str] = dataclasses.field(default_factory=list)
+    # Rebuilt queues none of whose records the log holds any more, and the queue offset each
+    # resumes at (never lower than what was handed out: see _Recovery.rebuild_queues).
+    queues_resumed: dict[str, int] = dataclasses.field(default_factory=dict)
     index_rebuilt: bool = False
     index_slots_repaired: int = 0
     # Dead regions (rocketstore.pipeline.engine.fencing) inside the recovered log, and the bytes a fenced writer
@@ -95,6 +99,7 @@ class RecoveryReport:
             "redispatchFrom": self.redispatch_from,
             "recordsRedispatched": self.records_redispatched,
             "queuesRebuilt": self.queues_rebuilt,
+            "queuesResumed": self.queues_resumed,
             "indexRebuilt": self.index_rebuilt,
             "indexSlotsRepaired": self.index_slots_repaired,
             "fencedRegions": self.fenced_regions,
@@ -158,12 +163,16 @@ def last_unit_matches(log: CommitLog, cq: ConsumeQueue) -> bool:
     """Whether the queue's last unit points at a record of the queue (what
     :func:`damaged_queues` checks of every unit, for the last one, without numpy: after a
     clean close, and when a store first loads a queue, it vouches for the rest). True for a
-    queue with no unit."""
+    queue with no unit, and for one whose last unit points below the CommitLog's first record:
+    retention deleted every record of the queue, and there is nothing left to check it
+    against."""
     hi = cq.max_offset
     if hi <= cq.min_offset:
         return True
     unit = cq.read(hi - 1, 1)
     offset, size = int(unit["offset"][0]), int(unit["size"][0])
+    if 0 <= offset < log.min_offset and size > 0:
+        return True
     if offset < log.min_offset or size < record.FIXED_SIZE_V4:
         return False
     try:
@@ -214,17 +223,23 @@ def damaged_queues(
     """Queues with a unit that does not point at a record of that queue: the record at the
     unit's offset must lie inside the log and have the magic code, the unit's size, the queue's
     id and the unit's queue offset. Every unit is checked, vectorised per segment
-    (:func:`last_unit_matches` checks one queue's last)."""
+    (:func:`last_unit_matches` checks one queue's last), but for the queue's oldest units that
+    point below the CommitLog's first record: what retention leaves (RocketMQ deletes a
+    queue's files only once a newer one exists), so not damage, as long as they come first."""
     files = log.segments.files
     bad: list[tuple[str, int]] = []
     for key, cq in queues.items():
         lo, hi = cq.min_offset, cq.max_offset
         if hi <= lo:
             continue
+        units = cq.read(lo, hi - lo)
+        expired = expired_units(units, log.min_offset)
+        if expired == len(units):
+            continue
         if not files:
             bad.append(key)
             continue
-        units = cq.read(lo, hi - lo)
+        lo, units = lo + expired, units[expired:]
         offsets = units["offset"].astype(np.int64)
         sizes = units["size"].astype(np.int64)
         seg = (offsets - files[0].base) // log.segment_size
@@ -254,6 +269,13 @@ def damaged_queues(
             continue
         bad.append(key)
     return bad
+
+
+def expired_units(units: npt.NDArray[np.void], min_offset: int) -> int:
+    """How many of ``units`` (a queue's, from its min offset on) lead with a record below the
+    CommitLog's ``min_offset``: retention deleted those records."""
+    below = (units["offset"] < min_offset) & (units["offset"] >= 0) & (units["size"] > 0)
+    return len(units) if below.all() else int(np.argmin(below))
 
 
 def index_damaged(log: CommitLog, index: IndexService) -> bool:
@@ -534,6 +556,7 @@ class _Recovery:
                     rebuild.append((topic, int(qid)))
         if not rebuild:
             return
+        floors = {key: self._floor(key) for key in rebuild}
         for key in rebuild:
             if key in queues:
                 queues.pop(key).destroy()
@@ -541,6 +564,28 @@ class _Recovery:
         dispatch.redispatch(log, log.min_offset, self.end, self.files.queue_factory, None)
         self.report.queues_rebuilt = [f"{t}/{q}" for t, q in rebuild]
         self.correct_min_offsets()  # the rebuilt queues are new objects
+        for (topic, queue_id), floor in floors.items():
+            cq = self.files.queue_factory(topic, queue_id)
+            if cq.max_offset < floor and cq.max_offset <= cq.min_offset and log.min_offset > 0:
+                # Every record of the queue is gone from the log (retention), and with them
+                # what the units said: the queue resumes where its offsets ended, not at 0.
+                cq.resume_at(floor, log.min_offset)
+                self.report.queues_resumed[f"{topic}/{queue_id}"] = floor
+
+    def _floor(self, key: tuple[str, int]) -> int:
+        """Where a queue about to be rebuilt must end at least: the length the last flush
+        recorded (durable, whether or not the progress file is trusted as a start point), and
+        past the queue's leading units whose records retention deleted (they were handed
+        out, and the log no longer holds them to dispatch again)."""
+        topic, queue_id = key
+        progress = self.files.progress
+        floor = progress.queues.get(f"{topic}/{queue_id}", 0) if progress is not None else 0
+        cq = self.files.queues.get(key)
+        if cq is not None and cq.max_offset > cq.min_offset:
+            lo = cq.min_offset
+            units = cq.read(lo, cq.max_offset - lo)
+            floor = max(floor, lo + expired_units(units, self.log.min_offset))
+        return floor
 
 
 def _store_time(log: CommitLog) -> Callable[[int], int]:

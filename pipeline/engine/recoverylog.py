@@ -154,7 +154,11 @@ def trusted_progress(
 ) -> int | None:
     """The offset the progress file says everything was flushed up to, when the log bears it
     out (the record it names as the last ends exactly there) and no dead region holds it; None
-    when there is no such file or it cannot be trusted."""
+    when there is no such file or it cannot be trusted.
+
+    Retention may have deleted the segment holding that record before a newer flush point
+    was recorded (a crash right after a round): everything before the log's first record was
+    then flushed, and that record is where the walk starts."""
     if progress is None or not log.segments.files:
         return None
     flushed, last = progress.flushed_offset, progress.last_record_offset
@@ -162,6 +166,8 @@ def trusted_progress(
         return None  # written by a writer fenced off there (rocketstore.pipeline.engine.fencing)
     if flushed == log.min_offset:
         return flushed
+    if 0 <= last < flushed < log.min_offset:
+        return log.min_offset
     if not (log.min_offset <= last < flushed):
         return None
     return flushed if record_end(log, last, flushed - last) == flushed else None

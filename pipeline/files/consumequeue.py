@@ -513,6 +513,24 @@ class ConsumeQueue:
             )
         self.min_logic_offset = pos
 
+    def resume_at(self, offset: int, below: int) -> None:
+        """Make this queue, which holds no unit, end at queue offset ``offset``: the file holding
+        it gets units from its start up to it that point below the CommitLog's first record
+        (at ``below - 1``), as a queue's units do once retention deleted their records. No
+        offset below ``offset`` is readable or handed out again, and the next unit written is
+        ``offset``. Not RocketMQ's pre-blank units, which a stock broker's recovery would take
+        for a record ending at 2 GiB, and stop dispatching to the queue below that."""
+        if below <= 0 or self.max_offset > self.min_offset:
+            raise StoreError(f"{self.directory}: cannot resume a queue that holds units")
+        pos = offset * CQ_UNIT_SIZE
+        mf = self.segments.segment_for_write(pos)
+        n = (pos - mf.base) // CQ_UNIT_SIZE
+        if n:
+            mf.write_at(0, make_units([below - 1] * n, [1] * n, [0] * n).tobytes())
+        self.min_logic_offset = pos
+        self.max_physic_offset = below
+        self._mark_dirty()
+
     def first_past(self, phys_end: int) -> int:
         """The first queue offset whose record does not end by ``phys_end`` (the end of the
         queue if every record does)."""
