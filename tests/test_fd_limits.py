@@ -149,6 +149,64 @@ def test_mappings_and_descriptors_stay_bounded_and_files_are_reopened(
         assert store.work.mapped <= 2 + store.mappings.evictions
 
 
+def test_single_puts_with_two_mappings_allowed(tmp_path: Path) -> None:
+    """A single put hands the native code the CommitLog segment's, the ConsumeQueue file's and
+    the IndexFile's bytes at once; with ``maxMappedFiles = 2``, mapping one of them evicts
+    another, which must stay usable for the put that holds it."""
+    config = StoreConfig(mapped_file_size_commitlog=1 << 20, max_mapped_files=2)
+    with MessageStore(tmp_path / "s", config, background=False) as store:
+        store.put_batch([Message(f"T{t}", b"first", keys="k") for t in range(10)])
+        for n in range(4000):
+            store.put(Message(f"T{n % 10}", f"m{n}".encode(), keys=f"k{n}"))
+        assert store.mappings.evictions > 0
+        for t in range(10):
+            got = store.get_messages(f"T{t}", 0, 1, 1000)
+            assert [m.body for m in got.messages] == [f"m{n}".encode() for n in range(t, 4000, 10)]
+        assert [m.body for m in store.query_by_key("T3", "k3993")] == [b"m3993"]
+
+
+TWO_STORES = textwrap.dedent(
+    """
+    import json, resource, sys
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    from rocketstore.pipeline.engine.store import MessageStore
+    from rocketstore.pipeline.format.message import Message
+
+    first, second = sys.argv[1:3]
+    out = {"limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
+    # A sink task writing to two brokers: two stores of the default settings in one process.
+    stores = [MessageStore(first), MessageStore(second)]
+    for s in stores:
+        s.put_batch([Message(f"T{q % 50}", b"first", queue_id=q // 50, keys="k") for q in range(200)])
+    acked = 0
+    for n in range(4000):
+        q = n % 200
+        r = stores[n % 2].put(Message(f"T{q % 50}", f"m{n}".encode(), queue_id=q // 50, keys=f"k{n}"))
+        acked += r.status == "PUT_OK"
+    out["acked"] = acked
+    got = {}
+    for i, s in enumerate(stores):
+        for q in range(200):
+            r = s.get_messages(f"T{q % 50}", q // 50, 1, 100)
+            got[f"{i}/{q}"] = [m.body.decode() for m in r.messages]
+        s.close()
+    out["got"] = got
+    sys.stderr.write("RESULT " + json.dumps(out) + "\\n")
+    """
+)
+
+
+def test_two_stores_in_one_process_take_single_puts_under_ulimit_256(tmp_path: Path) -> None:
+    proc, out = run_child(TWO_STORES, tmp_path / "a", tmp_path / "b")
+    assert (out["limit"], out["acked"]) == (256, 4000), proc.stderr[-3000:]
+    expected = {
+        f"{i}/{q}": [f"m{n}" for n in range(4000) if n % 2 == i and n % 200 == q]
+        for i in range(2)
+        for q in range(200)
+    }
+    assert out["got"] == expected
+
+
 def test_produce_reports_which_lines_of_a_failed_put_landed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -303,14 +303,18 @@ class MappedFile:
     # -- access -----------------------------------------------------------------------------
     @property
     def buffer(self) -> memoryview:
-        """The whole mapping (mapped now if it is not). Slices are zero-copy; do not keep them
-        past :meth:`close`. While one is alive the segment stays mapped."""
+        """A zero-copy view of the whole mapping (mapped now if it is not); do not keep it past
+        :meth:`close`. While it (or a slice of it) is alive the segment stays mapped: a caller
+        that holds the views of several files at once (a single put hands the native code a
+        CommitLog segment, a ConsumeQueue file and an IndexFile) keeps each of them usable when
+        mapping the next makes the cache release the least recently used. It is a view of its
+        own, never the segment's, which a release would invalidate under the caller."""
         view = self._view
         if view is None:
-            return self._map()
-        if self._cache is not None:
+            view = self._map()
+        elif self._cache is not None:
             self._cache.touch(self)
-        return view
+        return view[:]
 
     @property
     def mapped(self) -> bool:
