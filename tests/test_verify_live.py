@@ -14,6 +14,7 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.format import record
 from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.tools.verify import state
 from rocketstore.pipeline.tools.verify.check import verify
 from tests.kit import PROCS
 from tests.kit.powercut import abandon
@@ -60,6 +61,39 @@ def test_verify_while_a_writer_appends(tmp_path: Path, capsys: pytest.CaptureFix
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and report["snapshotEnd"] is None
     assert report["counters"]["records"] == written > 50
+
+
+SMALL = StoreConfig(
+    mapped_file_size_commitlog=64 * 1024,
+    mapped_file_size_consume_queue=20 * 50,
+    max_hash_slot_num=101,
+    max_index_num=300,
+)
+
+
+@pytest.mark.parametrize("read_first", [False, True], ids=["not-loaded", "loaded-before"])
+def test_verify_of_a_view_opened_before_the_writer_appended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_first: bool
+) -> None:
+    """A view opens; the writer then rolls a queue into a new ConsumeQueue file, makes a new
+    queue, and flushes; then the view is verified. The scan's snapshot (the progress file) and
+    the files it checks must be the same store: before, the queue loaded at the open kept its
+    file list from then, the new queue was unknown to the view, and verify reported their units
+    missing. The writer is in this process, so the scan is told another one holds the lock."""
+    monkeypatch.setattr(state, "is_locked_elsewhere", lambda _path: True)
+    path = tmp_path / "s"
+    with MessageStore(path, SMALL, background=False) as writer:
+        writer.put_batch([Message("T", b"old %d" % i, keys=f"k{i}") for i in range(40)])
+        writer.flush()
+        with MessageStore(path, SMALL, read_only=True) as view:
+            if read_first:
+                assert len(view.get_messages("T", 0, 0, 100).messages) == 40
+            writer.put_batch([Message("T", b"new %d" % i) for i in range(30)])
+            writer.put_batch([Message("NEW", b"queue %d" % i, queue_id=1) for i in range(5)])
+            writer.flush()
+            report = verify(view)
+    assert report.problems == []
+    assert report.snapshot_end is not None
 
 
 def test_missing_entries_after_a_crash_say_recover_repairs_them(tmp_path: Path) -> None:

@@ -83,6 +83,7 @@ from rocketstore.pipeline.files.filecreation import free_space
 from rocketstore.pipeline.files.filesizes import check_file_sizes
 from rocketstore.pipeline.files.lock import DirectoryLock
 from rocketstore.pipeline.files.mappings import WorkCounts
+from rocketstore.pipeline.files.progress import FlushProgress
 from rocketstore.pipeline.format import record
 from rocketstore.pipeline.format.message import Message
 
@@ -330,6 +331,13 @@ class MessageStore(StoreReads):
                 f"{self.path}: an earlier put failed part-way ({self._failure!r}); the store "
                 "takes no more writes until it is closed and opened again, which recovers it"
             ) from self._failure
+
+    @property
+    def progress_at_open(self) -> FlushProgress | None:
+        """The progress file as this store read it when it opened, before it listed any file
+        (None without one): for a read-only view of a live store, what was durable then, all
+        of whose files the view has."""
+        return self._progress
 
     @property
     def work(self) -> WorkCounts:

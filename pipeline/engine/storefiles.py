@@ -54,6 +54,11 @@ def open_files(
     # created, so that no reader can die of SIGBUS on a full disk (rocketstore.pipeline.files.filesystem).
     whole = not read_only and filesystem.reads_allocate(path)
     checkpoint = StoreCheckpoint.read(path / "checkpoint")
+    # Read before any directory is listed: a writer on the go may flush and write it anew at
+    # any moment, and what it names (segments, queues, queue files) must then be in the
+    # listings, which only grow while retention leaves them alone, so that a read-only view's
+    # files hold at least what its progress file says was durable.
+    progress = FlushProgress.read(path / "config")
     commitlog = CommitLog(
         SegmentQueue(
             path / "commitlog",
@@ -65,7 +70,6 @@ def open_files(
         )
     )
     commitlog.load()
-    progress = FlushProgress.read(path / "config")
     # Each queue is loaded when first used (rocketstore.pipeline.engine.queueset), so that opening
     # a store of 40,000 queues costs a listing of their directories, not 40,000 loads.
     queueset = QueueSet(

@@ -38,9 +38,9 @@ A unit or entry that points at a damaged record is not checked further (the reco
 
 A consistent snapshot
     While another process writes the store (it holds the ``lock``), the scan stops at the
-    durable point recorded when it starts (``config/rocketstore.json``: the flushed CommitLog
-    offset and each queue's length then, all of whose units and index entries were on disk
-    before the file was written). Records, units and index entries past it are the writer's
+    durable point recorded when the read-only view opened (``config/rocketstore.json``, read
+    before the view listed any file: the flushed CommitLog offset and each queue's length
+    then, all of whose units and index entries were on disk before the file was written). Records, units and index entries past it are the writer's
     work in progress and are not checked, so appends during the scan report nothing. Without
     a progress file the bound is the end of the log that the read-only open found.
 

@@ -125,7 +125,14 @@ class Scan:
         self.seg_size = self.log.segment_size
         self.base0 = self.files[0].base if self.files else 0
         self.log_end = self.files[-1].base + self.seg_size if self.files else 0
-        flushed = FlushProgress.read(store.path / "config")
+        # A view's snapshot is the progress file it read when it opened, before it listed any
+        # file, so that every file the snapshot names is one the view has; a writer's own
+        # scan reads the file now.
+        flushed = (
+            store.progress_at_open
+            if store.read_only
+            else FlushProgress.read(store.path / "config")
+        )
         self.durable_end = flushed.flushed_offset if flushed is not None else None
         self.crashed = (store.path / "abort").exists()
         # Queue lengths at the snapshot ("topic/queueId" -> length); None: no bound.
