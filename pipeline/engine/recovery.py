@@ -22,7 +22,10 @@ Every open runs it; a writable open repairs, a read-only open only finds the end
    entries of records at or after the start point are dropped, since they may be partial;
    after a clean shutdown, only those past the end. Then every record from the newest point the
    derived files still cover to the end is dispatched again. Dispatch is idempotent, so running
-   recovery twice changes nothing the second time.
+   recovery twice changes nothing the second time. A ConsumeQueue's units are dropped in
+   memory first and written again over themselves, and only what the re-dispatch did not
+   write again is zeroed at the end: a reader in another process, reading beside the
+   recovery, never finds zeros where a unit it may have been offered was.
 
 The :class:`RecoveryReport` says what was done. :func:`recover` runs these as stages, one
 method each; reading the CommitLog for steps 1 and 2 (the start points, the walk to the end,
@@ -341,7 +344,8 @@ def recover(files: RecoveryFiles, options: RecoveryOptions) -> RecoveryReport:
     Raises :class:`DamagedLogError`, having changed nothing, when valid records follow the end
     it found: cutting there would drop them (rocketstore.pipeline.engine.recoverylog.resumes_after);
     with ``cut_at_damage`` it cuts all the same (the report's ``damageResumesAt`` says where
-    valid records resumed). ``sync_truncated`` runs before anything is dispatched again."""
+    valid records resumed). ``sync_truncated`` runs once the ConsumeQueues are dispatched
+    again, before the store takes a put."""
     started = time.perf_counter()
     run = _Recovery(files, options)
     run.find_start()
@@ -516,11 +520,6 @@ class _Recovery:
         if redispatch_from < cut_at:
             _drop_derived(log, self.queue_list, index, redispatch_from, report)
         report.redispatch_from = redispatch_from
-        if files.sync_truncated is not None:
-            files.sync_truncated(self.queue_list)
-        else:
-            for cq in self.queue_list:
-                cq.sync_truncated()
         if redispatch_from < self.end:
             count, last_unit_ts = dispatch.redispatch(
                 log, redispatch_from, self.end, files.queue_factory, index
@@ -530,6 +529,17 @@ class _Recovery:
                 # As RocketMQ does while re-dispatching: the logics time is the newest
                 # dispatched message's.
                 files.checkpoint.logics_msg_timestamp = last_unit_ts
+        # The units past the point that were not written again go now (a reader beside this
+        # recovery found the others where they were all along), durably before anything is
+        # written after them.
+        queues = list(files.queues.values())
+        for cq in queues:
+            report.units_dropped += cq.trim(sync=False)
+        if files.sync_truncated is not None:
+            files.sync_truncated(queues)
+        else:
+            for cq in queues:
+                cq.sync_truncated()
 
     def correct_min_offsets(self) -> None:
         for cq in self.files.queues.values():
@@ -600,10 +610,11 @@ def _drop_derived(
     phys: int,
     report: RecoveryReport,
 ) -> None:
-    """Forget ConsumeQueue units and index entries of records at ``phys`` or later. The
-    queues' zeroed bytes are synced by the caller, all at once, before anything is written."""
+    """Forget ConsumeQueue units and index entries of records at ``phys`` or later: the
+    queues' ends are taken back in memory (their units stay on disk until the re-dispatch has
+    written them again, and the caller trims the rest and syncs it)."""
     for cq in queues:
-        report.units_dropped += cq.truncate_after_physical(phys, sync=False)
+        cq.rewind_after_physical(phys)
     if index is not None:
         report.index_entries_dropped += index.truncate_from(phys, _store_time(log))
 

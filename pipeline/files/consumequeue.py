@@ -115,6 +115,8 @@ class ConsumeQueue:
         self._dirty = False
         self.min_logic_offset = 0  # byte offset of the first unit still pointing at live data
         self.max_physic_offset = -1  # end (offset + size) of the last unit's record
+        # Where the units on disk ended before a rewind (rewind_after_physical), until trim.
+        self._disk_end = 0
 
     @property
     def directory(self) -> Path:
@@ -554,17 +556,40 @@ class ConsumeQueue:
         With ``sync`` False the zeroed bytes are made durable by :meth:`sync_truncated` (or the
         next flush) instead of now: recovery cuts thousands of queues and syncs them at once,
         before anything is written after them."""
+        self.rewind_after_physical(phys_end)
+        return self.trim(sync=sync)
+
+    def rewind_after_physical(self, phys_end: int) -> None:
+        """Take the queue's end back to its first unit whose record does not end by
+        ``phys_end``, in memory only: the units past it stay on disk, and the next appends
+        write over them, until :meth:`trim` drops what was not written again. Recovery
+        dispatches the records past a crash's start point this way, so that a reader in
+        another process, beside the recovery, finds the units it may already have been
+        offered where they were (the same bytes, written again), never zeros in their place."""
         have = self.max_offset
         lo = self.first_past(phys_end)
         if lo >= have:
-            return 0
-        self.segments.truncate(lo * CQ_UNIT_SIZE, sync=sync)
+            return
+        self._disk_end = max(self._disk_end, have * CQ_UNIT_SIZE)
+        self.segments.set_end(lo * CQ_UNIT_SIZE)
         self._mark_dirty()
         last = self.read(lo - 1, 1) if lo > self.min_offset else None
         self.max_physic_offset = (
             int(last[0]["offset"]) + int(last[0]["size"]) if last is not None and len(last) else -1
         )
-        return have - lo
+
+    def trim(self, *, sync: bool = True) -> int:
+        """After :meth:`rewind_after_physical` and the appends that followed it: zero the units
+        past the queue's end that were not written again, and delete its files past the end;
+        returns how many units that dropped. ``sync``: as :meth:`truncate_after_physical`'s."""
+        disk_end, self._disk_end = self._disk_end, 0
+        if not disk_end:
+            return 0  # nothing taken back (and a queue not loaded stays so)
+        end = self.segments.max_offset
+        if disk_end <= end:
+            return 0
+        self.segments.truncate(end, sync=sync, written_to=disk_end)
+        return (disk_end - end) // CQ_UNIT_SIZE
 
     def hide_from(self, length: int) -> None:
         """A read-only view: units at queue offset ``length`` and past are not there (nothing

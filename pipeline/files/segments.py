@@ -457,7 +457,14 @@ class SegmentQueue:
         self.new_dirs = []
         self.unsynced = []
 
-    def truncate(self, offset: int, *, sync: bool = True, keep_later: bool = False) -> int:
+    def truncate(
+        self,
+        offset: int,
+        *,
+        sync: bool = True,
+        keep_later: bool = False,
+        written_to: int | None = None,
+    ) -> int:
         """Forget everything at or after ``offset``: later segments are deleted, the one holding
         ``offset`` is zeroed from there on. Returns the number of bytes dropped. The zeroed
         bytes are synced now, or with ``sync`` False by :meth:`sync_truncated` or the next
@@ -465,7 +472,9 @@ class SegmentQueue:
 
         ``keep_later``: later segments stay, with nothing written (a take-over fences them off:
         their names must not be created anew while a writer that made them may still write,
-        see rocketstore.pipeline.engine.fencing)."""
+        see rocketstore.pipeline.engine.fencing). ``written_to``: where the bytes on disk
+        reach, when that is past the write positions (a ConsumeQueue whose end was taken back
+        in memory only, rocketstore.pipeline.files.consumequeue): zeroed up to there."""
         dropped = 0
         if keep_later:
             for mf in self.files:
@@ -482,18 +491,21 @@ class SegmentQueue:
                 durability.remove(mf.path)
         self.files = keep
         last = next((mf for mf in reversed(keep) if mf.base < offset), None)
-        if last is not None and last.end > offset:
+        reach = -1 if last is None else last.wrote_position
+        if last is not None and written_to is not None:
+            reach = min(last.size, max(reach, written_to - last.base))
+        if last is not None and last.base + reach > offset:
             pos = offset - last.base
-            dropped += last.wrote_position - pos
+            dropped += reach - pos
             if not self.read_only:
-                zero_range(last, pos, last.wrote_position)
+                zero_range(last, pos, reach)
                 # Synced before anything is written: after a power cut the cut-off bytes must
                 # not come back behind records written later, where recovery would take them
                 # for new ones.
                 if sync:
-                    last.sync_range(pos, last.wrote_position)
+                    last.sync_range(pos, reach)
                 else:
-                    self.unsynced.append((last, pos, last.wrote_position))
+                    self.unsynced.append((last, pos, reach))
             last.wrote_position = pos
             last.flushed_position = min(last.flushed_position, pos)
         return dropped
