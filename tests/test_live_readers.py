@@ -101,6 +101,31 @@ def test_a_view_whose_writer_flushed_between_its_listing_and_its_progress_read(
     assert [len(got.messages) for got in read] == [4] * len(QUEUES)
 
 
+def test_a_queue_the_view_s_recovery_loads_ends_at_the_log_it_walked(
+    writer: MessageStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A view of a store whose writer appended past its last flush loads those queues while it
+    recovers, after it walked the log to its end: what the writer appends in between must not
+    be in the view either."""
+    from rocketstore.pipeline.engine import recovery
+
+    walk = recovery.find_end
+    put_round(writer, 3)
+    writer.put_batch([Message(t, body(t, q, 4), queue_id=q) for t, q in QUEUES])  # unflushed
+
+    def walk_then_write(*args: Any, **kwargs: Any) -> Any:
+        found = walk(*args, **kwargs)
+        writer.put_batch([Message(t, body(t, q, 5), queue_id=q) for t, q in QUEUES])
+        return found
+
+    monkeypatch.setattr(recovery, "find_end", walk_then_write)
+    with MessageStore(writer.path, CONFIG, read_only=True) as view:
+        assert view.work.queues_loaded == len(QUEUES)  # units past the recorded lengths
+        for topic, queue_id in QUEUES:
+            got = view.get_messages(topic, queue_id, 0, 100)
+            assert [m.body for m in got.messages] == [body(topic, queue_id, n) for n in range(5)]
+
+
 def test_dump_beside_a_writer_prints_the_store_as_it_opened(
     writer: MessageStore, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

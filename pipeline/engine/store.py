@@ -198,6 +198,12 @@ class MessageStore(StoreReads):
             self._view = PublishedView.hide_unpublished(
                 self.path, self.commitlog, self.queues.values()
             )
+        elif self.read_only:
+            # Recovery loaded the queues written past the last flush after it walked the log
+            # to its end: the writer may have added units to them in between.
+            for cq in self.queues.values():
+                if cq.loaded:
+                    self._end_at_view(cq)
         self._start_writes()
 
     def _start_writes(self) -> None:
@@ -257,11 +263,14 @@ class MessageStore(StoreReads):
         if self._view is not None:
             self._view.hide(cq)
         elif self.read_only:
-            # A view is the store as it opened: the units a writer added since point past the
-            # log's end it fixed then, and are not there for it (not damage either).
-            cq.hide_from(cq.first_past(self.commitlog.max_offset))
+            self._end_at_view(cq)
         if not self.read_only:
             check_loaded_queue(self.commitlog, cq)
+
+    def _end_at_view(self, cq: ConsumeQueue) -> None:
+        """A view is the store as it opened: the units a writer added since point past the
+        log's end the view fixed then, and are not there for it (not damage either)."""
+        cq.hide_from(cq.first_past(self.commitlog.max_offset))
 
     def _take_epoch(self) -> None:
         """Record this writer's epoch, after fencing off an unclean end (rocketstore.pipeline.engine.fencing)."""
