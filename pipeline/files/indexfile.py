@@ -230,8 +230,9 @@ class IndexFile:
 
     @property
     def mapping(self) -> memoryview:
-        """The whole file's mapping, for the single-put path, which writes entries, slots and
-        the header itself and then calls :meth:`took_entries`."""
+        """A zero-copy view of the whole file (see :attr:`MappedFile.buffer`): for the
+        single-put path, which writes entries, slots and the header itself and then calls
+        :meth:`took_entries`, and for verify's reading of a whole file."""
         return self._mf.buffer
 
     def took_entries(self, n: int, new_slots: int, phys: int, store_ts: int) -> None:

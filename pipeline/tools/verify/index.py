@@ -208,8 +208,13 @@ class IndexChecker:
 
     def check_index_file(self, f: IndexFile, *, last: bool) -> int:
         """Check one file on its own; returns its beginPhyOffset."""
-        mm = np.memmap(f.path, dtype=np.uint8, mode="r")
-        return self._check_index_file(f, mm, last)
+        # Through the store's own mapping: a file retention deleted since the view listed it
+        # is a SegmentGoneError (verify_read_only scans again), not an I/O error.
+        mm = np.frombuffer(f.mapping, dtype=np.uint8)
+        try:
+            return self._check_index_file(f, mm, last)
+        finally:
+            del mm
 
     def _index_snapshot(
         self, slots: I64, entries: npt.NDArray[np.void]
