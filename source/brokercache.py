@@ -157,7 +157,7 @@ def take_stamp(view: BrokerView) -> tuple[Stamp, FlushProgress] | None:
     segments = list_segments(view.path / "commitlog")
     if not segments or not 0 <= last < end:
         return None
-    size = segments[0][1].stat().st_size
+    size = _segment_size(segments)
     if size <= 0:
         return None
     log = str(view.path / "commitlog")
@@ -174,6 +174,15 @@ def take_stamp(view: BrokerView) -> tuple[Stamp, FlushProgress] | None:
     if not view.shared and not _ends_at_flushed(stamp):
         return None
     return stamp, progress
+
+
+def _segment_size(segments: list[tuple[int, Path]]) -> int:
+    """The size of the listed segments, from the newest that is still there (retention deletes
+    the oldest, maybe since the listing); 0 when none is."""
+    for _, path in reversed(segments):
+        with contextlib.suppress(FileNotFoundError):
+            return path.stat().st_size
+    return 0
 
 
 def holds(view: BrokerView, stamp: Stamp) -> bool:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +21,7 @@ from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.files.progress import FlushProgress
 from rocketstore.pipeline.files.segments import list_segments
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
-from rocketstore.source import options
+from rocketstore.source import brokercache, options
 from rocketstore.source.planning import Planner
 from tests.kit.sourcekit import SMALL, make_root, message_table, write
 
@@ -104,6 +105,24 @@ def test_retention_makes_the_broker_read_again(tmp_path: Path) -> None:
         assert now == planner(tmp_path).bounds()
         assert all(now[q].min > earliest[q].min for q in now)
         assert {q: b.max for q, b in now.items()} == old
+
+
+def test_a_plan_whose_listing_retention_overtook_reads_the_broker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention deletes the CommitLog's first segment between the plan's listing of the
+    segments and its look at them: the plan reads the broker afresh, it does not fail."""
+    broker = tmp_path / "broker-0"
+    with MessageStore(broker, SMALL) as store:
+        for k in range(12):
+            store.put_batch(message_table("orders", list(range(k * 100, k * 100 + 100)), 2))
+    listing = list_segments(broker / "commitlog")
+    assert len(listing) > 2
+    listing[0][1].unlink()
+    monkeypatch.setattr(brokercache, "list_segments", lambda _directory: listing)
+    p = planner(tmp_path)
+    assert p.latest() == planner(tmp_path).latest()
+    assert p.work.read == 1
 
 
 def test_a_tail_cut_back_makes_the_broker_read_again(tmp_path: Path) -> None:
