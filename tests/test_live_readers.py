@@ -20,7 +20,10 @@ from rocketstore.pipeline import cli
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.files.mappedfile import segment_name
+from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.tools import commands
+from tests.kit.powercut import abandon
 
 CONFIG = StoreConfig(
     mapped_file_size_commitlog=64 * 1024,
@@ -124,6 +127,39 @@ def test_a_queue_the_view_s_recovery_loads_ends_at_the_log_it_walked(
         for topic, queue_id in QUEUES:
             got = view.get_messages(topic, queue_id, 0, 100)
             assert [m.body for m in got.messages] == [body(topic, queue_id, n) for n in range(5)]
+
+
+def test_a_reader_beside_a_recovery_finds_the_units_it_was_offered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer dies with units past its last flush; a reader (the Spark source reads the
+    files itself) was offered them. The next writer's recovery dispatches those records again:
+    while it does, and after, the units in the files are the ones the reader was offered,
+    never zeros."""
+    from rocketstore.pipeline.engine import dispatch
+
+    path = tmp_path / "s"
+    store = MessageStore(path, CONFIG, background=False)
+    for n in range(3):
+        put_round(store, n)
+    store.put_batch([Message(t, body(t, q, 3), queue_id=q) for t, q in QUEUES])
+    abandon(store)
+    files = {k: path / "consumequeue" / k[0] / str(k[1]) / segment_name(0) for k in QUEUES}
+    offered = {k: f.read_bytes()[: 4 * CQ_UNIT_SIZE] for k, f in files.items()}
+    assert all(len(u) == 4 * CQ_UNIT_SIZE and u[-CQ_UNIT_SIZE:] != bytes(20) for u in offered.values())
+    redispatch = dispatch.redispatch
+    seen_during: list[dict[tuple[str, int], bytes]] = []
+
+    def look_then_redispatch(*args: Any, **kwargs: Any) -> Any:
+        seen_during.append({k: f.read_bytes()[: 4 * CQ_UNIT_SIZE] for k, f in files.items()})
+        return redispatch(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "redispatch", look_then_redispatch)
+    with MessageStore(path, CONFIG, background=False) as again:
+        assert again.recovery.records_redispatched == len(QUEUES)
+        assert again.recovery.units_dropped == 0
+    assert seen_during == [offered]
+    assert {k: f.read_bytes()[: 4 * CQ_UNIT_SIZE] for k, f in files.items()} == offered
 
 
 def test_dump_beside_a_writer_prints_the_store_as_it_opened(
