@@ -57,6 +57,7 @@ from rocketstore.pipeline.files.mappedfile import segment_name
 from rocketstore.pipeline.files.progress import FILE_NAME as PROGRESS_FILE
 from rocketstore.pipeline.files.progress import FlushProgress
 from rocketstore.pipeline.files.segments import list_segments
+from rocketstore.source.segfiles import listed_size
 from rocketstore.pipeline.format import record
 from rocketstore.source.brokerview import BrokerView, QueueBounds, Tails
 
@@ -157,7 +158,7 @@ def take_stamp(view: BrokerView) -> tuple[Stamp, FlushProgress] | None:
     segments = list_segments(view.path / "commitlog")
     if not segments or not 0 <= last < end:
         return None
-    size = _segment_size(segments)
+    size = listed_size(segments)
     if size <= 0:
         return None
     log = str(view.path / "commitlog")
@@ -174,15 +175,6 @@ def take_stamp(view: BrokerView) -> tuple[Stamp, FlushProgress] | None:
     if not view.shared and not _ends_at_flushed(stamp):
         return None
     return stamp, progress
-
-
-def _segment_size(segments: list[tuple[int, Path]]) -> int:
-    """The size of the listed segments, from the newest that is still there (retention deletes
-    the oldest, maybe since the listing); 0 when none is."""
-    for _, path in reversed(segments):
-        with contextlib.suppress(FileNotFoundError):
-            return path.stat().st_size
-    return 0
 
 
 def holds(view: BrokerView, stamp: Stamp) -> bool:

@@ -40,6 +40,7 @@ from rocketstore.pipeline.files import visibility
 from rocketstore.pipeline.files.segments import SegmentListing
 from rocketstore.pipeline.format import native, record
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE, PRE_BLANK_SIZE, UNIT
+from rocketstore.source.segfiles import listed_size
 
 TAIL_CHECK_UNITS = 16  # how far back an incomplete tail is looked past before trusting units
 RETRIES = 5
@@ -79,10 +80,6 @@ class _Files:
             fd = self._fds[path] = os.open(path, os.O_RDONLY)
         return os.pread(fd, n, offset)
 
-    def size(self, path: Path) -> int:
-        self.pread(path, 0, 0)
-        return os.fstat(self._fds[path]).st_size
-
     def close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)
@@ -119,7 +116,7 @@ class _CommitLog:
         self.listing = SegmentListing(directory)
         self.segments = self.listing.entries
         self.files = files
-        self.segment_size = files.size(self.segments[0][1]) if self.segments else 0
+        self.segment_size = listed_size(self.segments)
         self._relist = True
 
     @property
@@ -147,7 +144,7 @@ class _CommitLog:
         self.listing.relist()
         self.segments = self.listing.entries
         if self.segments and not self.segment_size:
-            self.segment_size = self.files.size(self.segments[0][1])
+            self.segment_size = listed_size(self.segments)
         return True
 
     def _locate(self, phys: int) -> tuple[Path, int] | None:
@@ -190,7 +187,7 @@ class _Queue:
         # file at the end for a moment; it holds no units.
         if self.segments and self.segments[-1][1].stat().st_size == 0:
             self.segments.pop()
-        self.file_size = self.files.size(self.segments[0][1]) if self.segments else 0
+        self.file_size = listed_size(self.segments) if self.segments else 0
         self.per_file = self.file_size // CQ_UNIT_SIZE
 
     @property

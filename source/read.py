@@ -58,7 +58,7 @@ from rocketstore.pipeline.layout import (
 )
 from rocketstore.source.errors import DataLossError
 from rocketstore.source.planning import KeyRange, QueueRange
-from rocketstore.source.segfiles import SegmentCache, segment_file
+from rocketstore.source.segfiles import SegmentCache, listed_size, segment_file
 
 log = logging.getLogger("rocketstore.source")
 
@@ -114,8 +114,8 @@ def _read_units(
     end of a file read as zeros) and the sub-ranges whose files are gone. A file past this
     host's listing is waited for up to ``wait_ms`` (see :func:`~rocketstore.source.segfiles.segment_file`)."""
     listing = SegmentListing(cq_dir, wait_ms)
-    first = listing.first() if start < end else None
-    file_size = first[1].stat().st_size if first else 0
+    first = listing.first() if start < end else None  # lists again when none is listed
+    file_size = listed_size(listing.entries) if first else 0
     pieces: list[tuple[int, npt.NDArray[np.void]]] = []
     missing: list[tuple[int, int]] = []
     pos = start
@@ -149,9 +149,9 @@ def _pread(path: Path, *, n: int, at: int) -> bytes:
 
 def _unit_location(cq_dir: Path, queue_offset: int) -> tuple[str, int]:
     listed = list_segments(cq_dir)
-    if not listed:
+    size = listed_size(listed)
+    if not size:
         return str(cq_dir), queue_offset * CQ_UNIT_SIZE
-    size = listed[0][1].stat().st_size
     base = (queue_offset * CQ_UNIT_SIZE // size) * size
     return str(cq_dir / segment_name(base)), queue_offset * CQ_UNIT_SIZE - base
 
@@ -339,7 +339,7 @@ def _unit_files(cq_dir: Path, start: int, end: int) -> list[Path]:
     listed = list_segments(cq_dir)
     if not listed:
         return []
-    size = listed[0][1].stat().st_size or 1
+    size = listed_size(listed) or 1
     lo, hi = start * CQ_UNIT_SIZE, end * CQ_UNIT_SIZE
     return [p for base, p in listed if base < hi and base + size > lo]
 

@@ -63,6 +63,21 @@ def segment_file(listing: SegmentListing, base: int, use: Callable[[Path], T]) -
         return None
 
 
+def listed_size(entries: list[tuple[int, Path]]) -> int:
+    """The size of a directory's segment files, from the newest listed that is there and sized:
+    retention deletes the oldest, maybe between the listing and this look, and never the
+    newest (a writer that creates a file and then sizes it, as RocketMQ does, may leave the
+    newest empty for a moment). 0 when none is."""
+    for _, path in reversed(entries):
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            continue
+        if size > 0:
+            return size
+    return 0
+
+
 def _oldest_existing(entries: list[tuple[int, Path]]) -> tuple[int, int] | None:
     """(base, size) of the oldest listed segment still there: retention deletes the oldest
     segments, and may do so between the listing and a look at the file."""

@@ -8,6 +8,7 @@ import os
 import struct
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +24,7 @@ from rocketstore.pipeline.files.segments import list_segments
 from rocketstore.pipeline.format import record
 from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
-from rocketstore.source import options, schema
+from rocketstore.source import options, read, schema
 from rocketstore.source.brokerview import BrokerView, QueueBounds
 from rocketstore.source.errors import DataLossError
 from rocketstore.source.planning import Planner
@@ -351,6 +352,29 @@ def test_a_consume_queue_file_deleted_after_planning_is_data_loss(tmp_path: Path
         list(read_queue_range(rng, ctx))
     _, lenient = _plan(tmp_path, failOnDataLoss="false")
     rows = pa.Table.from_batches(list(read_queue_range(rng, lenient))).to_pylist()
+    assert [r["queueOffset"] for r in rows] == list(range(50, 120))
+
+
+def test_a_consume_queue_file_deleted_between_the_listing_and_the_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention deletes the queue's oldest file after a chunk's read listed the directory and
+    before it looked at the file: the units past it are read, the deleted ones are data lost."""
+    StoreRoot(tmp_path).ensure_topic("orders", TopicMeta(1, 1))
+    write(tmp_path, 0, message_table("orders", list(range(120)), 1))
+    _, ctx = _plan(tmp_path, failOnDataLoss="false")
+    planner, _ = _plan(tmp_path)
+    start, end = planner.batch_range()
+    (rng,) = planner.ranges(start, end)
+
+    class ListedThenDeleted(read.SegmentListing):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if self.entries and self.entries[0][1].parent.name == "0":
+                self.entries[0][1].unlink(missing_ok=True)
+
+    monkeypatch.setattr(read, "SegmentListing", ListedThenDeleted)
+    rows = pa.Table.from_batches(list(read_queue_range(rng, ctx))).to_pylist()
     assert [r["queueOffset"] for r in rows] == list(range(50, 120))
 
 
