@@ -23,6 +23,7 @@ import pytest
 
 from rocketstore.pipeline.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
 from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files import durability
 from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.tools.verify.check import verify
 from tests.kit.powercut import PowerCut, PowerLost, abandon
@@ -218,3 +219,30 @@ def test_unsynced_writes_and_names_are_lost(tmp_path: Path) -> None:
     assert (root / "kept").read_bytes() == b"old"
     assert not (root / "created").exists()
     assert (root / "gone").read_bytes() == b"here"
+
+
+def test_a_syncfs_of_the_root_s_file_system_makes_everything_under_it_durable(
+    tmp_path: Path,
+) -> None:
+    """The recorder itself: what a syncfs found is kept, what came after it is undone."""
+    root = tmp_path / "r"
+    root.mkdir()
+    (root / "kept").write_bytes(b"old")
+    (root / "gone").write_bytes(b"here")
+    with PowerCut(root) as pc:
+        (root / "kept").write_bytes(b"new")
+        (root / "d").mkdir()
+        (root / "d" / "created").write_bytes(b"x")
+        (root / "gone").unlink()
+        sync = durability.FileSystemSync(root)
+        try:
+            sync.sync()
+        finally:
+            sync.close()
+        (root / "d" / "created").write_bytes(b"later")
+        (root / "after").write_bytes(b"lost")
+        pc.cut()
+    assert (root / "kept").read_bytes() == b"new"
+    assert (root / "d" / "created").read_bytes() == b"x"
+    assert not (root / "gone").exists()
+    assert not (root / "after").exists()

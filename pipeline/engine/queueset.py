@@ -10,15 +10,20 @@ work touches, not what exists:
   (:meth:`ConsumeQueue.defer`); a queue's files are listed and checked when it is first read
   or written, and then ``on_load`` runs (the store's checks against the CommitLog).
 * **Flush** visits the queues written since the last flush (each queue tells the set when it
-  gets something to flush). Past :data:`SYNCFS_MIN_QUEUES` of them, on a local file system
-  whose ``syncfs`` reaches the disk (:data:`rocketstore.pipeline.files.filesystem.SYNCFS_DURABLE`),
-  one ``syncfs`` stands for an fsync of every file and directory created or written: a
-  micro-batch spread over 10,000 topics costs one call instead of 40,000 fsyncs. Elsewhere
-  (shared storage above all, where a file system sync is not sent to the servers) each queue
-  is fsynced, its new files' directory entries with it.
+  gets something to flush). Past :data:`SYNCFS_MIN_QUEUES` of them, where the file system the
+  root is on takes one ``syncfs`` for an fsync of every file and directory created or written
+  (:func:`rocketstore.pipeline.files.filesystem.syncfs_replaces_fsyncs`: a local disk, a
+  kernel that reports write-back errors from syncfs), one call does: a micro-batch spread
+  over 10,000 topics costs one call instead of 40,000 fsyncs. Elsewhere (shared storage above
+  all, where a file system sync is not sent to the servers) each queue is fsynced, its new
+  files' directory entries with it.
 
-Thread-safety: none; used under the store's lock. Crash behaviour: what a flush has not made
-durable is re-derived by recovery from the durable dispatch point, as for every derived file.
+Owns the descriptor of the root that syncfs goes through (a
+:class:`rocketstore.pipeline.files.durability.FileSystemSync`), from the store's open to its
+close, so that a flush fails on every write-back error on that file system since the open.
+Thread-safety: none; used under the store's lock.
+Crash behaviour: what a flush has not made durable is re-derived by recovery from the durable
+dispatch point, as for every derived file.
 """
 
 from __future__ import annotations
@@ -56,14 +61,16 @@ class QueueSet:
         visibility_wait_ms: int | None,
         syncfs: bool,
     ) -> None:
+        """``syncfs``: whether a flush of many queues may use one syncfs of the file system
+        ``root`` is on (see the module docstring); its descriptor is opened now."""
         self.root = root
         self.file_size = file_size
         self.read_only = read_only
         self.cache = cache
         self.ahead = ahead
         self.visibility_wait_ms = visibility_wait_ms
-        # Whether a flush of many queues may use one syncfs (see the module docstring).
-        self.syncfs = syncfs
+        # Opened before anything is written: the errors it reports are those since it opened.
+        self._fs_sync = durability.FileSystemSync(root) if syncfs else None
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._dirty: list[ConsumeQueue] = []
         # Run when a queue's files are first looked at (set by the store once it is open).
@@ -110,15 +117,15 @@ class QueueSet:
         """Queues with something to flush."""
         return len(self._dirty)
 
-    def flush(self, store_path: Path) -> list[ConsumeQueue]:
+    def flush(self) -> list[ConsumeQueue]:
         """Make everything written to or created in a queue since the last flush durable (see
         the module docstring), and return those queues. A failure leaves every such queue to
         the next flush."""
         dirty, self._dirty = self._dirty, []
         try:
-            if self.syncfs and len(dirty) >= SYNCFS_MIN_QUEUES:
+            if self._fs_sync is not None and len(dirty) >= SYNCFS_MIN_QUEUES:
                 self.cache.work.synced_all += 1
-                durability.syncfs(store_path)
+                self._fs_sync.sync()
                 for cq in dirty:
                     cq.flushed_by_sync()
             else:
@@ -131,13 +138,13 @@ class QueueSet:
             raise
         return dirty
 
-    def sync_truncated(self, queues: list[ConsumeQueue], store_path: Path) -> None:
+    def sync_truncated(self, queues: list[ConsumeQueue]) -> None:
         """Make what truncations of ``queues`` zeroed durable, at once where one ``syncfs``
         can (recovery cut them, and nothing may be written after them before this)."""
         cut = [cq for cq in queues if cq.truncated_unsynced]
-        if self.syncfs and len(cut) >= SYNCFS_MIN_QUEUES:
+        if self._fs_sync is not None and len(cut) >= SYNCFS_MIN_QUEUES:
             self.cache.work.synced_all += 1
-            durability.syncfs(store_path)
+            self._fs_sync.sync()
             for cq in cut:
                 cq.sync_truncated(synced=True)
         else:
@@ -158,5 +165,8 @@ class QueueSet:
         self._dirty = keep
 
     def close(self) -> Iterator[Callable[[], None]]:
-        """Each queue's close, for the store to run (and report) one by one."""
-        return (cq.close for cq in self.queues.values())
+        """Each queue's close, then the syncfs descriptor's, for the store to run (and report)
+        one by one."""
+        yield from (cq.close for cq in self.queues.values())
+        if self._fs_sync is not None:
+            yield self._fs_sync.close

@@ -298,7 +298,7 @@ class MessageStore(StoreReads):
             checkpoint=self.checkpoint,
             progress=self._progress,
             queue_factory=self._queue,
-            sync_truncated=functools.partial(self._queueset.sync_truncated, store_path=self.path),
+            sync_truncated=self._queueset.sync_truncated,
         )
         options = RecoveryOptions(
             abnormal=self.abort_file_found,
@@ -456,7 +456,7 @@ class MessageStore(StoreReads):
                 with contextlib.suppress(Exception):
                     self.index.flush()
             raise
-        self._recorder.flushed(self._queueset.flush(self.path))
+        self._recorder.flushed(self._queueset.flush())
         if self.index is not None:
             self.index.flush()
 

@@ -72,14 +72,17 @@ def open_files(
     commitlog.load()
     # Each queue is loaded when first used (rocketstore.pipeline.engine.queueset), so that opening
     # a store of 40,000 queues costs a listing of their directories, not 40,000 loads.
+    # One syncfs may stand for the queues' fsyncs on the file system consumequeue/ is on, which
+    # a mount point or a symlink can make another than the store root's.
+    queues_dir = path / "consumequeue"
     queueset = QueueSet(
-        path / "consumequeue",
+        queues_dir,
         cfg.mapped_file_size_consume_queue,
         read_only=read_only,
         cache=cache,
         ahead=WHOLE if whole else consumequeue.RESERVE_AHEAD,
         visibility_wait_ms=listing_wait,
-        syncfs=not read_only and not shared and filesystem.syncfs_durable(path),
+        syncfs=not read_only and not shared and filesystem.syncfs_replaces_fsyncs(queues_dir),
     )
     queueset.find(progress.queues if progress is not None else {})
     index: IndexService | None = None

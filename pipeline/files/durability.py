@@ -4,7 +4,8 @@ of a directory, and the directory operations that need one.
 The store never calls ``mmap.flush``, ``os.fsync``, ``os.fdatasync`` or ``syncfs`` itself, nor
 renames or deletes a store file itself: it calls :func:`msync`, :func:`fsync`,
 :func:`fsync_dir`, :func:`syncfs`, :func:`replace`, :func:`place_new` and :func:`remove` here
-(or :func:`write_file`, built on them), looked up on this module at call time. A test replaces those names with a recorder (``tests/kit/powercut.py``)
+(or :func:`write_file` and :class:`FileSystemSync`, built on them), looked up on this module
+at call time. A test replaces those names with a recorder (``tests/kit/powercut.py``)
 that remembers what each barrier made durable and can then simulate a power cut; in production
 they are these plain functions, so the indirection costs one attribute look-up per barrier and
 nothing per write.
@@ -14,7 +15,8 @@ When a directory needs an fsync (POSIX makes a new, renamed or deleted name dura
 * a file created, renamed into place or deleted: its directory;
 * a directory created: its parent (:func:`make_dirs` does it for each level it creates).
 
-Thread-safety: the functions hold no state.
+Thread-safety: the functions hold no state; a :class:`FileSystemSync` is used under its
+owner's lock.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ import ctypes
 import errno
 import mmap
 import os
+import weakref
 from pathlib import Path
 
+from rocketstore.pipeline.errors import StoreClosedError
 from rocketstore.pipeline.files.fileio import io_error, pwrite_all
 
 # syncfs(2) has no wrapper in os; ctypes releases the GIL around the call.
@@ -123,24 +127,59 @@ def _place_new(tmp: Path, path: Path) -> None:
     fsync_dir(path.parent)
 
 
-def _syncfs(path: Path) -> None:
-    """Make every written page and every name of the file system holding ``path`` durable at
-    once (``syncfs(2)``): one call instead of one fsync per file, for a flush that wrote
-    thousands of files. Only for file systems whose sync reaches the disk
-    (:data:`rocketstore.pipeline.files.filesystem.SYNCFS_DURABLE`); errors since Linux 5.8."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        if _libc_syncfs(fd) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"{os.strerror(err)}: syncfs of the file system of {path}")
-    finally:
-        os.close(fd)
+def _syncfs(fd: int, path: Path) -> None:
+    """Make every written page and every name of the file system holding the open directory
+    ``fd`` (``path`` names it, for errors and a recorder) durable at once (``syncfs(2)``): one
+    call instead of one fsync per file, for a flush that wrote thousands of files. Only for
+    file systems whose sync reaches the disk, on kernels that report write-back errors from it
+    (:func:`rocketstore.pipeline.files.filesystem.syncfs_replaces_fsyncs`). Raises OSError when
+    a write-back on that file system failed since ``fd`` was opened (or since a syncfs of
+    ``fd`` last said so): hold ``fd`` across the writes it vouches for (:class:`FileSystemSync`)."""
+    if _libc_syncfs(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{os.strerror(err)}: syncfs of the file system of {path}")
 
 
 replace = _replace
 remove = _remove
 place_new = _place_new
 syncfs = _syncfs
+
+
+class FileSystemSync:
+    """:func:`syncfs` of the file system ``directory`` is on, through one descriptor of
+    ``directory`` held from construction to :meth:`close`.
+
+    Since Linux 5.8 syncfs reports a write-back error once to each open file, counting from
+    when that file was opened: a descriptor opened for each sync misses an error that another
+    process's syncfs reported first (seen on Linux 6.18, tests/test_syncfs.py), and the lost
+    pages would pass for durable. Held from the store's open, the descriptor reports every
+    write-back error on that file system since then, whoever saw it first, and one from
+    before that nobody was told of; it cannot tell whose file lost the write. A failure to
+    open ``directory`` is an ``OSError`` naming it.
+
+    Not thread-safe (used under the store's lock). A holder never closed (an open that was
+    refused) closes its descriptor when it is collected.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory
+        try:
+            self._fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            raise io_error(exc, f"open of {directory} for its file system's syncfs") from exc
+        self._closer = weakref.finalize(self, os.close, self._fd)
+
+    def sync(self) -> None:
+        """:func:`syncfs` of the file system (see the class docstring for what it reports)."""
+        if not self._closer.alive:
+            # The descriptor's number may belong to another file by now.
+            raise StoreClosedError(f"{self.path}: syncfs after its descriptor was closed")
+        syncfs(self._fd, self.path)
+
+    def close(self) -> None:
+        """Close the descriptor (idempotent)."""
+        self._closer()
 
 
 def write_file(path: Path, data: bytes, tmp: Path | None = None) -> None:

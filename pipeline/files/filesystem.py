@@ -1,6 +1,6 @@
 """What kind of file system holds a store, where that changes how its files must be written.
 
-Two properties matter. First, whether *reading* a hole of a sparse file through a shared
+Three properties matter. First, whether *reading* a hole of a sparse file through a shared
 mapping needs a new block. On ext4, xfs, btrfs or a FUSE mount a read fault on a hole maps a
 page of zeros; on tmpfs (and the other memory-backed file systems) it allocates a page, so on a
 full tmpfs a reader that merely looks past the data of a sparse file dies of SIGBUS. On such a
@@ -18,9 +18,13 @@ more, so on btrfs the guarantee holds for files the store creates and as long as
 of the volume is taken. ZFS has no such attribute: there the disk-use limit of retention and a
 dataset reservation are the only defence (see docs/operations.md).
 
+Third, whether one ``syncfs(2)`` of the file system a directory is on can stand for an fsync of
+every file written under it (:func:`syncfs_replaces_fsyncs`): only where that file system's
+sync reaches the disk and the kernel reports write-back errors from syncfs (Linux 5.8 on).
+
 The type is read from ``/proc/self/mountinfo``: the mount with the longest mount point that
-holds the path, as the process sees it (mount namespaces included). Where that file is missing
-(not Linux), nothing is assumed about holes.
+holds the path (symlinks resolved), as the process sees it (mount namespaces included). Where
+that file is missing (not Linux), nothing is assumed about holes and syncfs is not used.
 
 Thread-safety: stateless.
 """
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -39,6 +44,9 @@ MOUNTINFO = Path("/proc/self/mountinfo")
 # journal commit and a cache flush), so that one call can stand for an fsync of every file
 # written. A FUSE file system's is not sent to its server; network file systems' vary.
 SYNCFS_DURABLE = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs"} | READS_ALLOCATE)
+# The first Linux whose syncfs(2) returns the file system's write-back errors (each once to
+# every open file, counted from its open); before it, syncfs returned 0 whatever was lost.
+SYNCFS_REPORTS_ERRORS_SINCE = (5, 8)
 # Copy-on-write file systems with a per-file switch to write in place.
 NOCOW_CAPABLE = frozenset({"btrfs"})
 
@@ -107,6 +115,23 @@ def syncfs_durable(path: Path) -> bool:
     """Whether one ``syncfs`` of the file system under ``path`` makes every file on it
     durable (:data:`SYNCFS_DURABLE`; memory-backed file systems hold nothing to sync)."""
     return fs_type(path) in SYNCFS_DURABLE
+
+
+def syncfs_reports_errors(release: str) -> bool:
+    """Whether a kernel of ``release`` (``os.uname().release``: ``6.18.44-fc``) reports
+    write-back errors from ``syncfs`` (:data:`SYNCFS_REPORTS_ERRORS_SINCE`). A release that
+    does not start with ``MAJOR.MINOR`` is taken as one that does not."""
+    version = re.match(r"(\d+)\.(\d+)", release)
+    return version is not None and (int(version[1]), int(version[2])) >= SYNCFS_REPORTS_ERRORS_SINCE
+
+
+def syncfs_replaces_fsyncs(directory: Path) -> bool:
+    """Whether one ``syncfs`` of the file system ``directory`` is on (symlinks followed, so
+    not necessarily its parent's) may stand for an fsync of every file written under it: that
+    file system's sync reaches the disk (:func:`syncfs_durable`) and this kernel reports a
+    write-back error from ``syncfs`` (:func:`syncfs_reports_errors`), without which a sync
+    that lost data would look like one that did not."""
+    return syncfs_reports_errors(os.uname().release) and syncfs_durable(directory)
 
 
 def reads_allocate(path: Path) -> bool:

@@ -1,10 +1,11 @@
 """A power-cut file layer for tests, in the manner of RocksDB's FaultInjectionTestFS.
 
-:class:`PowerCut` replaces the three barriers of :mod:`rocketstore.pipeline.files.durability` (``msync``,
-``fsync``, ``fsync_dir``) with recorders and performs none of them. It remembers, for every file
-under a root, its content as of its last barrier (an ``msync`` makes only its range durable,
-an ``fsync`` the whole file and its size) and, for every directory, which names were in it at
-its last ``fsync_dir``. :meth:`PowerCut.cut` then does what losing power does to everything
+:class:`PowerCut` replaces the four barriers of :mod:`rocketstore.pipeline.files.durability` (``msync``,
+``fsync``, ``fsync_dir``, ``syncfs``) with recorders and performs none of them. It remembers,
+for every file under a root, its content as of its last barrier (an ``msync`` makes only its
+range durable, an ``fsync`` the whole file and its size, a ``syncfs`` of the root's file system
+every file) and, for every directory, which names were in it at its last ``fsync_dir`` (or
+``syncfs``). :meth:`PowerCut.cut` then does what losing power does to everything
 that was not synced: each file goes back to its last synced content (a file never synced is
 empty), and every name created, renamed or deleted in a directory since that directory's last
 fsync is undone (a new file disappears, a deleted one returns, a file renamed over another gives
@@ -58,6 +59,7 @@ class PowerCut:
             durability.msync,
             durability.fsync,
             durability.fsync_dir,
+            durability.syncfs,
             durability.replace,
             durability.remove,
         )
@@ -68,6 +70,7 @@ class PowerCut:
         durability.msync = self.msync
         durability.fsync = self.fsync
         durability.fsync_dir = self.fsync_dir
+        durability.syncfs = self.syncfs
         durability.replace = self.replace
         durability.remove = self.remove
         return self
@@ -77,6 +80,7 @@ class PowerCut:
             durability.msync,
             durability.fsync,
             durability.fsync_dir,
+            durability.syncfs,
             durability.replace,
             durability.remove,
         ) = self._originals
@@ -136,17 +140,22 @@ class PowerCut:
             return
         self._dirs[Path(path)] = self._listing(Path(path))
 
+    def syncfs(self, fd: int, path: Path) -> None:
+        if not self._barrier() or os.fstat(fd).st_dev != os.stat(self.root).st_dev:
+            return
+        self.baseline()  # everything under the root, on the file system synced, is durable
+
     # -- names ----------------------------------------------------------------------------------
     def replace(self, tmp: Path, path: Path) -> None:
         self._forget(path)
-        self._originals[3](tmp, path)
+        self._originals[4](tmp, path)
         f = self._files.get(os.stat(path).st_ino)
         if f is not None:
             f.path = path
 
     def remove(self, path: Path) -> None:
         self._forget(path)
-        self._originals[4](path)
+        self._originals[5](path)
 
     def _forget(self, path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -1,16 +1,20 @@
-"""Real file systems for tests of real faults: a small tmpfs, loop-mounted ext4 and btrfs images.
+"""Real file systems for tests of real faults: a small tmpfs, loop-mounted ext4 and btrfs images,
+and an ext4 in an image file of the test's choosing (on a fault FUSE mount, say).
 
 Each is a context manager that mounts a fresh file system of the given size, yields its mount
 point and always unmounts it (lazily when something still holds it) and removes what it made.
 They need root; :func:`require_root_mounts` skips a test with the reason where mounting is not
-possible (not root, no loop device, no mkfs).
+possible (not root, no loop device, no mkfs). :func:`extents` says where on its device a file's
+blocks are, for a test that fails writes of those blocks only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -33,6 +37,8 @@ def require_root_mounts(kind: str = "tmpfs") -> None:
             pytest.skip(f"no mkfs.{kind} (Debian package {package}) for a loop-mounted image")
         if not Path("/dev/loop-control").exists():
             pytest.skip(f"no loop devices (/dev/loop-control) for a loop-mounted {kind} image")
+        if shutil.which("losetup") is None:
+            pytest.skip(f"no losetup (Debian package mount) for a loop-mounted {kind} image")
 
 
 def _unmount(point: Path) -> None:
@@ -57,6 +63,82 @@ def tmpfs(size: str) -> contextlib.AbstractContextManager[Path]:
     """A tmpfs of ``size`` (as ``mount -o size=``: ``6m``), mounted on a new directory."""
     point = Path(tempfile.mkdtemp(prefix="rs-tmpfs-"))
     return _mounted(point, point, "-t", "tmpfs", "-o", f"size={size}", "tmpfs")
+
+
+@contextlib.contextmanager
+def tmpfs_on(point: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted on the existing directory ``point`` (of any file system),
+    always unmounted again; ``point`` itself stays."""
+    _run("mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point))
+    try:
+        yield point
+    finally:
+        _unmount(point)
+
+
+@contextlib.contextmanager
+def ext4_in_file(image: Path, point: Path, size_mib: int) -> Iterator[Path]:
+    """An ext4 of ``size_mib`` MiB made as for a disk (a journal, 4 KiB blocks) in the new image
+    file ``image``, attached to a loop device and mounted on the new directory ``point`` with
+    ``errors=continue``. The image may live on any file system: on a fault FUSE mount
+    (tests/kit/faultfuse.py) a write of the image that fails is a block I/O error under ext4.
+    Always unmounted (lazily when something still holds it) and the device detached (when its
+    last user lets go, if the unmount was lazy)."""
+    with open(image, "wb") as f:
+        f.truncate(size_mib << 20)
+    # mkfs.ext4 gives a file system this small 1 KiB blocks; a disk's have 4 KiB.
+    _run("mkfs.ext4", "-q", "-F", "-b", "4096", str(image))
+    attach = subprocess.run(
+        ["losetup", "--find", "--show", str(image)], check=True, capture_output=True, text=True
+    )
+    device = attach.stdout.strip()
+    try:
+        point.mkdir()
+        # errors=continue: an I/O error leaves the file system writable (no remount read-only),
+        # so that what the error reports is the only consequence a test sees.
+        _run("mount", "-t", "ext4", "-o", "errors=continue", device, str(point))
+        try:
+            yield point
+        finally:
+            _unmount(point)
+    finally:
+        subprocess.run(["losetup", "-d", device], capture_output=True)
+
+
+# linux/fiemap.h: FS_IOC_FIEMAP is _IOWR('f', 11, struct fiemap), a 32-byte header followed by
+# fm_extent_count extents of 56 bytes.
+_FIEMAP = "=QQIIII"
+_EXTENT = "=QQQ16xI12x"
+FS_IOC_FIEMAP = (3 << 30) | (struct.calcsize(_FIEMAP) << 16) | (ord("f") << 8) | 11
+FIEMAP_FLAG_SYNC = 0x1
+FIEMAP_EXTENT_LAST = 0x1
+_MAX_EXTENTS = 256
+
+
+def extents(path: Path) -> list[tuple[int, int]]:
+    """The byte ranges ``[start, end)`` of its device that hold the blocks of file ``path``
+    (written back first, so that every block has its place)."""
+    out: list[tuple[int, int]] = []
+    start = 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while True:
+            request = bytearray(
+                struct.pack(_FIEMAP, start, 2**64 - 1 - start, FIEMAP_FLAG_SYNC, 0, _MAX_EXTENTS, 0)
+            ) + bytes(struct.calcsize(_EXTENT) * _MAX_EXTENTS)
+            fcntl.ioctl(fd, FS_IOC_FIEMAP, request)
+            mapped = struct.unpack_from(_FIEMAP, request)[3]
+            last = False
+            for i in range(mapped):
+                logical, physical, length, flags = struct.unpack_from(
+                    _EXTENT, request, struct.calcsize(_FIEMAP) + i * struct.calcsize(_EXTENT)
+                )
+                out.append((physical, physical + length))
+                start, last = logical + length, bool(flags & FIEMAP_EXTENT_LAST)
+            if last or mapped == 0:
+                return out
+    finally:
+        os.close(fd)
 
 
 def ext4_image(size_mib: int) -> contextlib.AbstractContextManager[Path]:
