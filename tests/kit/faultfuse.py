@@ -1,5 +1,6 @@
 """The test side of the fault file system: a FUSE file system that passes everything through
-to a backing directory and fails chosen writes and syncs with a real ``EIO``. Its server runs
+to a backing directory, fails chosen writes and syncs with a real ``EIO``, and shows chosen
+files as a client with a stale cache would (:meth:`FaultFS.stale`). Its server runs
 as a process of its own (tests/procs/faultfuse.py, whose docstring says what it fails and how
 it is controlled); :class:`FaultFS` starts and drives it, :func:`mounted` makes one and always
 takes it down, and :func:`unavailable` says why this machine cannot mount one, or None.
@@ -87,6 +88,19 @@ class FaultFS:
     def clear(self) -> None:
         """Drop every rule; the file system passes everything through from now on."""
         self._call(cmd="clear")
+
+    def stale(self, pattern: str) -> list[str]:
+        """Freeze what this mount shows of the files matching ``pattern`` (their paths in it,
+        returned) as they are now: a client whose cache went stale. ``getattr`` and reads
+        through descriptors opened without ``O_DIRECT`` show them so until :meth:`fresh`,
+        whatever reaches the backing files; direct reads, writes and syncs reach them (see
+        tests/procs/faultfuse.py). In force when this returns, whatever the kernel cached."""
+        paths: list[str] = self._call(cmd="stale", pattern=pattern)["paths"]
+        return paths
+
+    def fresh(self) -> None:
+        """The cache catches up: every file :meth:`stale` froze shows the backing file again."""
+        self._call(cmd="fresh")
 
     def injected(self) -> list[dict[str, Any]]:
         """Every failure injected so far, oldest first."""
