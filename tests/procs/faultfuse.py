@@ -18,10 +18,12 @@ What reaches the handlers is what the kernel sends: ``write(2)`` of a file opene
 ``O_DIRECT`` is one ``write`` each (the mount caches no writes), a dirty page of a shared
 mapping is written back by a ``write`` when the kernel chooses or ``msync``/``fsync`` asks,
 and ``msync(MS_SYNC)`` and ``fsync`` are those writes followed by one ``fsync``. ``flush`` is
-each ``close`` of a descriptor. The mount keeps the page cache across opens (``kernel_cache``),
-as a local disk does; a page whose write-back failed is dropped from it (seen on Linux 6.18's
-FUSE), so a reread through the mount shows what reached the backing file. Tests read what
-reached the disk from ``BACKING`` after unmounting, where nothing else can answer.
+each ``close`` of a descriptor. An ``O_DIRECT`` read or write of any length reaches the
+handlers, as on a network file system (the backing file is opened without ``O_DIRECT``). The
+mount keeps the page cache across opens (``kernel_cache``), as a local disk does; a page whose
+write-back failed is dropped from it (seen on Linux 6.18's FUSE), so a reread through the
+mount shows what reached the backing file. Tests read what reached the disk from ``BACKING``
+after unmounting, where nothing else can answer.
 
 Control: one JSON object a line on the server's standard input, one JSON reply a line on its
 standard output, so a command has taken effect when its reply has been read (no sleeping).
@@ -325,11 +327,17 @@ def _serve(backing: Path, mount: Path, attr_timeout: float | None = None) -> int
                     fi.direct_io = 1
             return 0
 
+        # The backing file is opened without O_DIRECT, which the local disk under it takes
+        # only for aligned buffers and lengths (the reads here are neither): the kernel has
+        # already sent the O_DIRECT read past its cache, and a network file system's client
+        # serves direct reads of any length from its servers.
         def open(self, path: str, fi: Any) -> int:
-            return self._opened(path, fi, os.open(self._real(path), fi.flags & ~os.O_CREAT))
+            flags = fi.flags & ~(os.O_CREAT | os.O_DIRECT)
+            return self._opened(path, fi, os.open(self._real(path), flags))
 
         def create(self, path: str, mode: int, fi: Any) -> int:
-            return self._opened(path, fi, os.open(self._real(path), fi.flags | os.O_CREAT, mode))
+            flags = (fi.flags | os.O_CREAT) & ~os.O_DIRECT
+            return self._opened(path, fi, os.open(self._real(path), flags, mode))
 
         def read(self, path: str | None, size: int, offset: int, fi: Any) -> bytes:
             frozen = self._view(path, fi.fh)
