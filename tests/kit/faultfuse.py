@@ -46,11 +46,8 @@ def unavailable() -> str | None:
 class FaultFS:
     """A running fault file system: ``backing`` shown at ``mount``."""
 
-    def __init__(
-        self, backing: Path, mount: Path, log: Path, attr_timeout: float | None = None
-    ) -> None:
+    def __init__(self, backing: Path, mount: Path, log: Path) -> None:
         self.backing, self.mount, self.log = backing, mount, log
-        self.attr_timeout = attr_timeout
         self._proc: subprocess.Popen[bytes] | None = None
         self._buffer = b""
 
@@ -60,8 +57,7 @@ class FaultFS:
         self.mount.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as err:
             self._proc = subprocess.Popen(
-                [sys.executable, str(SERVER), str(self.backing), str(self.mount)]
-                + ([] if self.attr_timeout is None else [str(self.attr_timeout)]),
+                [sys.executable, str(SERVER), str(self.backing), str(self.mount)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,
@@ -159,13 +155,13 @@ class FaultFS:
 
 
 @contextlib.contextmanager
-def mounted(work: Path, attr_timeout: float | None = None) -> Iterator[FaultFS]:
+def mounted(work: Path) -> Iterator[FaultFS]:
     """A fault file system on ``work/mnt`` over ``work/backing`` (server log in
-    ``work/faultfuse.log``), always taken down again. ``attr_timeout``: how long the kernel
-    may answer from the names and attributes it cached (libfuse's default, 1 s, when None); a change
-    made in ``backing`` stays unseen through the mount that long, as one another host made
-    stays unseen by a network file system's client."""
-    fs = FaultFS(work / "backing", work / "mnt", work / "faultfuse.log", attr_timeout)
+    ``work/faultfuse.log``), always taken down again. A test that needs the mount to show an
+    old copy of a file, as another host's client with a stale cache would, freezes it with
+    :meth:`FaultFS.stale`: what the kernel caches, and for how long, is not for a test to
+    count on."""
+    fs = FaultFS(work / "backing", work / "mnt", work / "faultfuse.log")
     try:
         fs.start()
         yield fs

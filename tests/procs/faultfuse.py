@@ -3,7 +3,7 @@ writes and syncs with a real ``EIO``, for tests of what the store does when the 
 
 The server is this file run as a process (mfusepy, on libfuse 3)::
 
-    python tests/procs/faultfuse.py BACKING MOUNT [ATTR_TIMEOUT_SECONDS]
+    python tests/procs/faultfuse.py BACKING MOUNT
 
 It mounts ``MOUNT`` showing the files of ``BACKING``. Every operation is forwarded to the
 backing file; a file system ``write``, ``fsync``, ``flush`` or ``fsyncdir`` (an ``fsync`` of a
@@ -160,7 +160,7 @@ def _libfuse() -> ctypes.CDLL:
     return lib
 
 
-def _serve(backing: Path, mount: Path, attr_timeout: float | None = None) -> int:
+def _serve(backing: Path, mount: Path) -> int:
     import mfusepy
 
     libfuse = _libfuse()
@@ -400,12 +400,7 @@ def _serve(backing: Path, mount: Path, attr_timeout: float | None = None) -> int
         subprocess.run(["umount", "-l", str(mount)], capture_output=True, check=False)
 
     threading.Thread(target=control, name="faultfuse-control", daemon=True).start()
-    options: dict[str, Any] = (
-        {}
-        if attr_timeout is None
-        else {"attr_timeout": attr_timeout, "entry_timeout": attr_timeout}
-    )
-    mfusepy.FUSE(ops, str(mount), foreground=True, fsname="faultfuse", raw_fi=True, **options)
+    mfusepy.FUSE(ops, str(mount), foreground=True, fsname="faultfuse", raw_fi=True)
     return 0
 
 
@@ -426,5 +421,4 @@ def _reply(obj: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    timeout = float(sys.argv[3]) if len(sys.argv) > 3 else None
-    sys.exit(_serve(Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve(), timeout))
+    sys.exit(_serve(Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve()))
