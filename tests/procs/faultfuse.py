@@ -40,10 +40,12 @@ Closing its standard input makes the server unmount and exit. Commands:
   client whose cache went stale shows them: every ``getattr`` answers their attributes as they
   are now, and every ``read`` of a descriptor opened without ``O_DIRECT`` their bytes as they
   are now, whatever later reaches the backing file. A read through an ``O_DIRECT`` descriptor
-  reaches the backing file, as such a client's direct reads reach its servers, and so does
-  every write, ``truncate`` and ``fsync`` (the frozen view does not show them, not even to
-  this mount). The reply names the files frozen (``"paths"``); a file frozen again is frozen
-  as it is then;
+  reaches the backing file, past the frozen size too, as a client's direct reads reach its
+  servers (not modelled: a client that answers them from a cache of its own, as GlusterFS's
+  ``performance.quick-read``, on by default, does for small files). So does every write,
+  ``truncate`` and ``fsync`` (the frozen view does not show them, not even to this mount).
+  The reply names the files frozen (``"paths"``); a file frozen again is frozen as it is
+  then;
 * ``{"cmd": "fresh"}``: the cache catches up: every file frozen shows what is in ``BACKING``.
 
 What makes the stale view the only one: each ``open`` of a frozen file (after ``stale``)
