@@ -242,30 +242,32 @@ def check_fenced(store: MessageStore, store_dir: Path) -> None:
 def test_a_taker_whose_host_cached_an_old_epochs_file_appends_after_the_newest(
     tmp_path: Path,
 ) -> None:
-    """Host 2 reads the store through a FUSE mount that keeps pages and attributes for 60 s
-    (as a network file system's client may); host 1 writes the backing directory. Host 2's
-    read-only opens and a plain read cache the epochs file with one slot; host 1's next writer
+    """Host 2 reads the store through a FUSE mount; host 1 writes the backing directory. Once
+    the epochs file has one slot, host 2's cache goes stale on it (:meth:`FaultFS.stale`: reads
+    through the cache show that copy, direct reads reach the file), and host 1's next writer
     appends a second. Host 2's writer then takes the store: it must record epoch 2 after both,
     not write epoch 1 over host 1's from the copy its host cached."""
     why = fuse_unavailable()
     if why is not None:
         pytest.skip(why)
-    with mounted(tmp_path / "fuse", attr_timeout=60) as fs:
+    with mounted(tmp_path / "fuse") as fs:
         host1, host2 = fs.backing / "store", fs.mount / "store"
         with MessageStore(host1, CONFIG) as first:
             first.put(Message(TOPIC, b"host 1, epoch 0"))
-        for _ in range(2):
-            with MessageStore(host2, CONFIG, read_only=True) as ro:
-                assert ro.max_offset(TOPIC, 0) == 1
-        cached = fencing.path_of(host2)
-        assert len(cached.read_bytes()) == fencing.SLOT.size
+        with MessageStore(host2, CONFIG, read_only=True) as ro:
+            assert ro.max_offset(TOPIC, 0) == 1
+        name = f"store/config/{fencing.FILE_NAME}"
+        assert fs.stale(name) == [name]
         with MessageStore(host1, CONFIG) as second:
             second.put(Message(TOPIC, b"host 1, epoch 1"))
-        # The premise: host 2's cache still holds the file as it was.
-        assert len(cached.read_bytes()) == fencing.SLOT.size
         newest = fencing.read_epochs(host1)[1]
+        cached = fencing.path_of(host2)
+        # The premise, by construction: through host 2's cache the file has one slot.
+        assert len(cached.read_bytes()) == cached.stat().st_size == fencing.SLOT.size
         with MessageStore(host2, CONFIG) as third:
             third.put(Message(TOPIC, b"host 2, epoch 2"))
+        # It still had one slot there while host 2's writer took the store.
+        assert len(cached.read_bytes()) == fencing.SLOT.size
         epochs = fencing.read_epochs(host1)
         assert [e.epoch for e in epochs] == [0, 1, 2]
         assert epochs[1] == newest

@@ -73,8 +73,10 @@ def test_msync_of_a_shared_mapping_reaches_the_file_system(fault_fs: FaultFS) ->
     finally:
         os.close(fd)
     with contextlib.closing(mm):
-        mm[PAGE : PAGE + 4] = b"lost"
+        # Armed before the page is dirtied: the kernel may write it back on its own at any
+        # moment, and msync then reports that write-back's failure.
         fault_fs.fail("write", "probe", start=PAGE, end=2 * PAGE, times=1)
+        mm[PAGE : PAGE + 4] = b"lost"
         with pytest.raises(OSError) as info:
             mm.flush(0, 4 * PAGE)
         assert info.value.errno == errno.EIO

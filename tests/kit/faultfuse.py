@@ -1,5 +1,6 @@
 """The test side of the fault file system: a FUSE file system that passes everything through
-to a backing directory and fails chosen writes and syncs with a real ``EIO``. Its server runs
+to a backing directory, fails chosen writes and syncs with a real ``EIO``, and shows chosen
+files as a client with a stale cache would (:meth:`FaultFS.stale`). Its server runs
 as a process of its own (tests/procs/faultfuse.py, whose docstring says what it fails and how
 it is controlled); :class:`FaultFS` starts and drives it, :func:`mounted` makes one and always
 takes it down, and :func:`unavailable` says why this machine cannot mount one, or None.
@@ -45,11 +46,8 @@ def unavailable() -> str | None:
 class FaultFS:
     """A running fault file system: ``backing`` shown at ``mount``."""
 
-    def __init__(
-        self, backing: Path, mount: Path, log: Path, attr_timeout: float | None = None
-    ) -> None:
+    def __init__(self, backing: Path, mount: Path, log: Path) -> None:
         self.backing, self.mount, self.log = backing, mount, log
-        self.attr_timeout = attr_timeout
         self._proc: subprocess.Popen[bytes] | None = None
         self._buffer = b""
 
@@ -59,8 +57,7 @@ class FaultFS:
         self.mount.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as err:
             self._proc = subprocess.Popen(
-                [sys.executable, str(SERVER), str(self.backing), str(self.mount)]
-                + ([] if self.attr_timeout is None else [str(self.attr_timeout)]),
+                [sys.executable, str(SERVER), str(self.backing), str(self.mount)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,
@@ -87,6 +84,19 @@ class FaultFS:
     def clear(self) -> None:
         """Drop every rule; the file system passes everything through from now on."""
         self._call(cmd="clear")
+
+    def stale(self, pattern: str) -> list[str]:
+        """Freeze what this mount shows of the files matching ``pattern`` (their paths in it,
+        returned) as they are now: a client whose cache went stale. ``getattr`` and reads
+        through descriptors opened without ``O_DIRECT`` show them so until :meth:`fresh`,
+        whatever reaches the backing files; direct reads, writes and syncs reach them (see
+        tests/procs/faultfuse.py). In force when this returns, whatever the kernel cached."""
+        paths: list[str] = self._call(cmd="stale", pattern=pattern)["paths"]
+        return paths
+
+    def fresh(self) -> None:
+        """The cache catches up: every file :meth:`stale` froze shows the backing file again."""
+        self._call(cmd="fresh")
 
     def injected(self) -> list[dict[str, Any]]:
         """Every failure injected so far, oldest first."""
@@ -145,13 +155,13 @@ class FaultFS:
 
 
 @contextlib.contextmanager
-def mounted(work: Path, attr_timeout: float | None = None) -> Iterator[FaultFS]:
+def mounted(work: Path) -> Iterator[FaultFS]:
     """A fault file system on ``work/mnt`` over ``work/backing`` (server log in
-    ``work/faultfuse.log``), always taken down again. ``attr_timeout``: how long the kernel
-    may answer from the names and attributes it cached (libfuse's default, 1 s, when None); a change
-    made in ``backing`` stays unseen through the mount that long, as one another host made
-    stays unseen by a network file system's client."""
-    fs = FaultFS(work / "backing", work / "mnt", work / "faultfuse.log", attr_timeout)
+    ``work/faultfuse.log``), always taken down again. A test that needs the mount to show an
+    old copy of a file, as another host's client with a stale cache would, freezes it with
+    :meth:`FaultFS.stale`: what the kernel caches, and for how long, is not for a test to
+    count on."""
+    fs = FaultFS(work / "backing", work / "mnt", work / "faultfuse.log")
     try:
         fs.start()
         yield fs
