@@ -95,6 +95,66 @@ def test_the_guard_applies(root: tuple[Path, Path]) -> None:
         assert r.status_code == 200 and "rocketstore_broker_up" in r.text
 
 
+def console(root: tuple[Path, Path], token: str | None = None) -> TestClient:
+    store_root, checkpoint = root
+    return TestClient(
+        create_app(Console(store_root, SMALL, (checkpoint,)), token), base_url="http://127.0.0.1"
+    )
+
+
+APPS = {"exporter": exporter, "console": console}
+
+
+@pytest.mark.parametrize("token", [None, TOKEN], ids=["loopback", "token"])
+@pytest.mark.parametrize("app", list(APPS))
+def test_a_token_in_the_url_of_metrics_is_refused(
+    root: tuple[Path, Path], app: str, token: str | None
+) -> None:
+    # Whatever its value, beside a good header or not: the refusal is for the URL, where a
+    # scrape config would keep the token and every proxy on the way would log it.
+    good = {"authorization": f"Bearer {TOKEN}"}
+    with APPS[app](root, token) as client:
+        for path in ("/metrics", "/metrics/"):
+            for query in (f"token={TOKEN}", "token=wrong", "token=", f"per_queue=0&token={TOKEN}"):
+                for headers in ({}, good):
+                    r = client.get(f"{path}?{query}", headers=headers, follow_redirects=False)
+                    assert r.status_code == 400, (path, query, headers, r.status_code)
+                    assert "Authorization: Bearer" in r.text and "credentials_file" in r.text
+                    assert TOKEN not in r.text
+                    assert "set-cookie" not in r.headers and "location" not in r.headers
+        assert not client.cookies
+
+
+def test_the_exporter_takes_the_header_only(root: tuple[Path, Path]) -> None:
+    with exporter(root, TOKEN) as client:
+        # No route of the exporter is a page a browser logs in on: no exchange anywhere.
+        r = client.get(f"/?token={TOKEN}", follow_redirects=False)
+        assert r.status_code == 400 and "set-cookie" not in r.headers
+        # Cookies ignore ports: the console's, on the same host, reaches the exporter too.
+        client.cookies.set("rocketstore_console", TOKEN)
+        assert client.get("/metrics").status_code == 401
+        client.cookies.clear()
+        for wrong in ("Bearer wrong", f"Bearer {TOKEN}x", f"Basic {TOKEN}", "Bearer"):
+            r = client.get("/metrics", headers={"authorization": wrong})
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+            assert "Authorization: Bearer" in r.text and "?token" not in r.text
+        ok = client.get("/", headers={"authorization": f"Bearer {TOKEN}"})
+        assert ok.status_code == 200
+
+
+def test_the_console_metrics_take_the_header_or_the_login_cookie(root: tuple[Path, Path]) -> None:
+    with console(root, TOKEN) as client:
+        r = client.get("/metrics", headers={"authorization": "Bearer wrong"})
+        assert r.status_code == 401 and "?token" not in r.text
+        r = client.get("/metrics", headers={"authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200 and "rocketstore_broker_up" in r.text
+        assert client.get("/metrics").status_code == 401
+        # A person logged in on a page (the exchange) can look at /metrics in the browser.
+        login = client.get(f"/health?token={TOKEN}", follow_redirects=False)
+        assert login.status_code == 303 and "set-cookie" in login.headers
+        assert client.get("/metrics").status_code == 200
+
+
 def test_the_console_serves_metrics_with_its_verify_runs(root: tuple[Path, Path]) -> None:
     store_root, checkpoint = root
     app = create_app(Console(store_root, SMALL, (checkpoint,)))
