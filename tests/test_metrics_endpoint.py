@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 import warnings
 from pathlib import Path
@@ -198,8 +199,10 @@ def test_fuzz_the_endpoint(root: tuple[Path, Path], pairs: Any, path: str, metho
 FUZZ_STATE: dict[str, Any] = {}
 
 
-def test_the_exporter_process_serves_until_ctrl_c(root: tuple[Path, Path]) -> None:
+def test_the_exporter_process_serves_until_ctrl_c(root: tuple[Path, Path], tmp_path: Path) -> None:
     store_root, checkpoint = root
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -213,6 +216,8 @@ def test_the_exporter_process_serves_until_ctrl_c(root: tuple[Path, Path]) -> No
             f"reader={checkpoint}",
             "--config",
             str(store_root.parent / "small.toml"),
+            "--token-file",
+            str(token_file),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -223,9 +228,17 @@ def test_the_exporter_process_serves_until_ctrl_c(root: tuple[Path, Path]) -> No
         line = proc.stdout.readline()
         assert "rocketstore exporter: serving" in line, line
         url = line.split(" at ")[1].split(" ")[0]
-        with urllib.request.urlopen(url + "metrics", timeout=START_TIMEOUT) as r:
+        hint = proc.stdout.readline()
+        assert "Authorization: Bearer TOKEN" in hint and "?token" not in hint, hint
+        request = urllib.request.Request(
+            url + "metrics", headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        with urllib.request.urlopen(request, timeout=START_TIMEOUT) as r:
             text = r.read().decode()
         assert 'rocketstore_query_up{query="reader"} 1.0' in text
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{url}metrics?token={TOKEN}", timeout=START_TIMEOUT)
+        assert refused.value.code == 400
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
         assert "stopped" in proc.stdout.read()
