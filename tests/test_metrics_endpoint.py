@@ -1,6 +1,7 @@
 """``GET /metrics`` on the console and on ``rocketstore exporter``: its parameters, the guard
-(loopback host, token), a fuzzer of its parameters (no 5xx, the store unchanged), and the
-exporter as a process a person starts and stops with Ctrl-C."""
+(loopback host, the token in the header only: never in the URL), a fuzzer of its parameters
+(no 5xx, the store unchanged, a URL token refused), and the exporter as a process a person
+starts and stops with Ctrl-C."""
 
 from __future__ import annotations
 
@@ -190,6 +191,9 @@ def test_fuzz_the_endpoint(root: tuple[Path, Path], pairs: Any, path: str, metho
     client = FUZZ_STATE.setdefault("client", exporter(root))
     r = client.request(method, path, params=pairs)
     assert r.status_code < 500, (path, pairs, r.text[:200])
+    if any(name == "token" for name, _ in pairs):  # on any route of the exporter
+        assert r.status_code == 400, (method, path, pairs, r.status_code)
+    assert "set-cookie" not in r.headers
     if r.status_code == 200 and path == "/metrics" and method != "HEAD":
         names_in(r.text)  # parses
     assert "<script>" not in r.headers.get("content-type", "")
