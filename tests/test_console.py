@@ -22,6 +22,7 @@ from tests.kit.consolekit import (
     ORDER_SCHEMA,
     ORDERS_PER_QUEUE,
     SMALL,
+    START_TIMEOUT,
     ConsoleProcess,
     cells,
     lag_rows,
@@ -369,6 +370,12 @@ def test_binding_off_loopback_prints_a_token_every_request_needs(tmp_path: Path)
         request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token.group(1)}"})
         with urllib.request.urlopen(request, timeout=30) as answer:
             assert answer.status == 200
+        hint = server.lines.get(timeout=START_TIMEOUT)  # printed just after the address
+        assert "?token=" in hint and "/metrics: the header only" in hint, hint
+        metrics = url.replace("health", f"metrics?token={token.group(1)}")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(metrics, timeout=30)
+        assert refused.value.code == 400
     finally:
         assert server.interrupt() == 0
 

@@ -1,6 +1,8 @@
 """A fuzzer over the console's routes: random and hostile parameters, paths and tokens.
 
-For every request: no 500; the hostile marker sent in parameters never comes back unescaped;
+For every request: no 500; with a token, nothing but the right header or the page exchange
+gets through; a ``token`` parameter on ``/metrics`` is refused (400) and only the exchange on a
+page sets a cookie; the hostile marker sent in parameters never comes back unescaped;
 no file outside the root (and the console's own package, Python's libraries and fonts) is
 opened or listed, and nothing under the root is opened for writing (an audit hook sees every
 ``open``, ``os.listdir`` and ``os.scandir``); and after the run the store's bytes are the same.
@@ -92,7 +94,18 @@ PARAM_NAMES = [
     "token",
     "x",
 ]
-ROUTES = ["/", "/topic/{}", "/messages", "/message", "/consumers", "/health", "/static/{}", "/{}"]
+ROUTES = [
+    "/",
+    "/topic/{}",
+    "/messages",
+    "/message",
+    "/consumers",
+    "/health",
+    "/metrics",
+    "/metrics/",
+    "/static/{}",
+    "/{}",
+]
 
 
 class Opened:
@@ -163,7 +176,14 @@ def requests(draw: st.DrawFn) -> tuple[str, str, dict[str, str], dict[str, str]]
         quote(segment, safe="") if draw(st.booleans()) else quote(segment, safe="/%")
     )
     names = draw(st.lists(st.sampled_from(PARAM_NAMES), max_size=6, unique=True))
-    params = {n: draw(st.sampled_from(HOSTILE) | st.text(max_size=60)) for n in names}
+    # The token parameter is sometimes the right one: the exchange, and its refusal on /metrics.
+    params = {
+        n: draw(
+            st.sampled_from(HOSTILE + ([TOKEN, TOKEN + "x"] if n == "token" else []))
+            | st.text(max_size=60)
+        )
+        for n in names
+    }
     headers: dict[str, str] = {}
     if draw(st.booleans()):
         headers["Authorization"] = draw(
@@ -201,8 +221,14 @@ def test_fuzzed_requests(
         finally:
             OPENED.active = False
     assert r.status_code < 500, (method, path, params, r.text[-400:])
-    if token is not None and r.status_code not in (401, 403, 404, 405, 303):
+    if "token" in params and path.rstrip("/") == "/metrics":
+        # Whatever its value, the header and the mode: a scraper's URL must not carry it.
+        assert r.status_code == 400, (method, path, params, headers, r.status_code)
+    elif token is not None and r.status_code not in (401, 403, 404, 405, 303):
         assert headers.get("Authorization") == f"Bearer {TOKEN}" or params.get("token") == TOKEN
+    if "set-cookie" in r.headers:  # only the exchange on a page sets one
+        assert token is not None and r.status_code == 303 and params.get("token") == TOKEN
+        assert path.rstrip("/") != "/metrics"
     assert MARKER.encode() not in r.content
     assert len(r.content) < 2_000_000
     for event, opened, flags in OPENED.paths:

@@ -1,12 +1,14 @@
 """``GET /metrics`` on the console and on ``rocketstore exporter``: its parameters, the guard
-(loopback host, token), a fuzzer of its parameters (no 5xx, the store unchanged), and the
-exporter as a process a person starts and stops with Ctrl-C."""
+(loopback host, the token in the header only: never in the URL), a fuzzer of its parameters
+(no 5xx, the store unchanged, a URL token refused), and the exporter as a process a person
+starts and stops with Ctrl-C."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 import warnings
 from pathlib import Path
@@ -95,6 +97,66 @@ def test_the_guard_applies(root: tuple[Path, Path]) -> None:
         assert r.status_code == 200 and "rocketstore_broker_up" in r.text
 
 
+def console(root: tuple[Path, Path], token: str | None = None) -> TestClient:
+    store_root, checkpoint = root
+    return TestClient(
+        create_app(Console(store_root, SMALL, (checkpoint,)), token), base_url="http://127.0.0.1"
+    )
+
+
+APPS = {"exporter": exporter, "console": console}
+
+
+@pytest.mark.parametrize("token", [None, TOKEN], ids=["loopback", "token"])
+@pytest.mark.parametrize("app", list(APPS))
+def test_a_token_in_the_url_of_metrics_is_refused(
+    root: tuple[Path, Path], app: str, token: str | None
+) -> None:
+    # Whatever its value, beside a good header or not: the refusal is for the URL, where a
+    # scrape config would keep the token and every proxy on the way would log it.
+    good = {"authorization": f"Bearer {TOKEN}"}
+    with APPS[app](root, token) as client:
+        for path in ("/metrics", "/metrics/"):
+            for query in (f"token={TOKEN}", "token=wrong", "token=", f"per_queue=0&token={TOKEN}"):
+                for headers in ({}, good):
+                    r = client.get(f"{path}?{query}", headers=headers, follow_redirects=False)
+                    assert r.status_code == 400, (path, query, headers, r.status_code)
+                    assert "Authorization: Bearer" in r.text and "credentials_file" in r.text
+                    assert TOKEN not in r.text
+                    assert "set-cookie" not in r.headers and "location" not in r.headers
+        assert not client.cookies
+
+
+def test_the_exporter_takes_the_header_only(root: tuple[Path, Path]) -> None:
+    with exporter(root, TOKEN) as client:
+        # No route of the exporter is a page a browser logs in on: no exchange anywhere.
+        r = client.get(f"/?token={TOKEN}", follow_redirects=False)
+        assert r.status_code == 400 and "set-cookie" not in r.headers
+        # Cookies ignore ports: the console's, on the same host, reaches the exporter too.
+        client.cookies.set("rocketstore_console", TOKEN)
+        assert client.get("/metrics").status_code == 401
+        client.cookies.clear()
+        for wrong in ("Bearer wrong", f"Bearer {TOKEN}x", f"Basic {TOKEN}", "Bearer"):
+            r = client.get("/metrics", headers={"authorization": wrong})
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+            assert "Authorization: Bearer" in r.text and "?token" not in r.text
+        ok = client.get("/", headers={"authorization": f"Bearer {TOKEN}"})
+        assert ok.status_code == 200
+
+
+def test_the_console_metrics_take_the_header_or_the_login_cookie(root: tuple[Path, Path]) -> None:
+    with console(root, TOKEN) as client:
+        r = client.get("/metrics", headers={"authorization": "Bearer wrong"})
+        assert r.status_code == 401 and "?token" not in r.text
+        r = client.get("/metrics", headers={"authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200 and "rocketstore_broker_up" in r.text
+        assert client.get("/metrics").status_code == 401
+        # A person logged in on a page (the exchange) can look at /metrics in the browser.
+        login = client.get(f"/health?token={TOKEN}", follow_redirects=False)
+        assert login.status_code == 303 and "set-cookie" in login.headers
+        assert client.get("/metrics").status_code == 200
+
+
 def test_the_console_serves_metrics_with_its_verify_runs(root: tuple[Path, Path]) -> None:
     store_root, checkpoint = root
     app = create_app(Console(store_root, SMALL, (checkpoint,)))
@@ -129,6 +191,9 @@ def test_fuzz_the_endpoint(root: tuple[Path, Path], pairs: Any, path: str, metho
     client = FUZZ_STATE.setdefault("client", exporter(root))
     r = client.request(method, path, params=pairs)
     assert r.status_code < 500, (path, pairs, r.text[:200])
+    if any(name == "token" for name, _ in pairs):  # on any route of the exporter
+        assert r.status_code == 400, (method, path, pairs, r.status_code)
+    assert "set-cookie" not in r.headers
     if r.status_code == 200 and path == "/metrics" and method != "HEAD":
         names_in(r.text)  # parses
     assert "<script>" not in r.headers.get("content-type", "")
@@ -138,8 +203,10 @@ def test_fuzz_the_endpoint(root: tuple[Path, Path], pairs: Any, path: str, metho
 FUZZ_STATE: dict[str, Any] = {}
 
 
-def test_the_exporter_process_serves_until_ctrl_c(root: tuple[Path, Path]) -> None:
+def test_the_exporter_process_serves_until_ctrl_c(root: tuple[Path, Path], tmp_path: Path) -> None:
     store_root, checkpoint = root
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -153,6 +220,8 @@ def test_the_exporter_process_serves_until_ctrl_c(root: tuple[Path, Path]) -> No
             f"reader={checkpoint}",
             "--config",
             str(store_root.parent / "small.toml"),
+            "--token-file",
+            str(token_file),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -163,9 +232,17 @@ def test_the_exporter_process_serves_until_ctrl_c(root: tuple[Path, Path]) -> No
         line = proc.stdout.readline()
         assert "rocketstore exporter: serving" in line, line
         url = line.split(" at ")[1].split(" ")[0]
-        with urllib.request.urlopen(url + "metrics", timeout=START_TIMEOUT) as r:
+        hint = proc.stdout.readline()
+        assert "Authorization: Bearer TOKEN" in hint and "?token" not in hint, hint
+        request = urllib.request.Request(
+            url + "metrics", headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        with urllib.request.urlopen(request, timeout=START_TIMEOUT) as r:
             text = r.read().decode()
         assert 'rocketstore_query_up{query="reader"} 1.0' in text
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{url}metrics?token={TOKEN}", timeout=START_TIMEOUT)
+        assert refused.value.code == 400
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
         assert "stopped" in proc.stdout.read()

@@ -1,6 +1,7 @@
 """``rocketstore exporter ROOT``'s application: ``/metrics`` (:mod:`.metrics_route`) and a
 plain-text index at ``/``, behind the console's guard (:mod:`.auth`: loopback only without a
-token, the token on every request with one) and security headers.
+token, the token in the ``Authorization`` header of every request with one, never in the URL:
+no route here is a page a person logs in on) and security headers.
 
 Light on purpose: no templates and no charts are imported (starlette, uvicorn and
 prometheus_client only), for hosts that scrape a store but should not serve its messages.
@@ -35,6 +36,9 @@ def create_exporter_app(collector: StoreCollector, root: Path, token: str | None
 
     return Starlette(
         routes=[Route("/", index), Route("/metrics", metrics_handler(collector))],
-        middleware=[Middleware(SecurityHeaders), Middleware(Guard, token=token)],
+        middleware=[
+            Middleware(SecurityHeaders),
+            Middleware(Guard, token=token, browser_login=False),
+        ],
         exception_handlers={404: not_found},
     )

@@ -81,9 +81,17 @@ def _checkpoints(args: argparse.Namespace, named: bool) -> list[tuple[str, Path]
     return found
 
 
-def serve(args: argparse.Namespace, what: str, build: Callable[[str | None], ASGIApp]) -> int:
+def serve(
+    args: argparse.Namespace,
+    what: str,
+    build: Callable[[str | None], ASGIApp],
+    *,
+    browser_login: bool,
+) -> int:
     """Serve ``build(token)`` on ``--bind``/``--port`` until interrupted (see the module
-    docstring for the token rule); ``what`` names the command in what it prints."""
+    docstring for the token rule); ``what`` names the command in what it prints;
+    ``browser_login``: whether the app's pages take ``?token=`` (:class:`.auth.Guard`), which
+    the printed hint then offers."""
     import uvicorn
 
     from rocketstore.pipeline.console import auth
@@ -100,14 +108,16 @@ def serve(args: argparse.Namespace, what: str, build: Callable[[str | None], ASG
     prog = f"rocketstore {what}"
     if token is not None and args.token_file is None:
         print(f"{prog}: token {token}", flush=True)
-    where = f"{url}?token=…" if token is not None else url
     print(f"{prog}: serving {args.root} at {url} (Ctrl-C stops it)", flush=True)
     if token is not None:
-        print(
-            f"{prog}: every request needs the token: open {where} with the "
-            "token, or send 'Authorization: Bearer TOKEN'",
-            flush=True,
-        )
+        header = "'Authorization: Bearer TOKEN' (Prometheus: authorization: credentials_file:)"
+        if browser_login:
+            hint = (
+                f"open {url}?token=… once in a browser, or send {header}; /metrics: the header only"
+            )
+        else:
+            hint = f"send {header}; a token in the URL is refused"
+        print(f"{prog}: every request needs the token: {hint}", flush=True)
     config = uvicorn.Config(
         app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5
     )
@@ -141,7 +151,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         tuple(path.resolve() for _, path in _checkpoints(args, named=False)),
         args.per_queue_limit,
     )
-    return serve(args, "console", lambda token: create_app(console, token))
+    return serve(args, "console", lambda token: create_app(console, token), browser_login=True)
 
 
 def cmd_exporter(args: argparse.Namespace) -> int:
@@ -163,4 +173,9 @@ def cmd_exporter(args: argparse.Namespace) -> int:
             args.per_queue_limit,
         )
     )
-    return serve(args, "exporter", lambda token: create_exporter_app(collector, root, token))
+    return serve(
+        args,
+        "exporter",
+        lambda token: create_exporter_app(collector, root, token),
+        browser_login=False,
+    )
