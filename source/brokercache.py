@@ -57,9 +57,9 @@ from rocketstore.pipeline.files.mappedfile import segment_name
 from rocketstore.pipeline.files.progress import FILE_NAME as PROGRESS_FILE
 from rocketstore.pipeline.files.progress import FlushProgress
 from rocketstore.pipeline.files.segments import list_segments
-from rocketstore.source.segfiles import listed_size
 from rocketstore.pipeline.format import record
 from rocketstore.source.brokerview import BrokerView, QueueBounds, Tails
+from rocketstore.source.segfiles import listed_size
 
 _HEAD = record.SIZE_MAGIC  # a record's TOTALSIZE and MAGIC (signed, as MAGIC is)
 FileId = tuple[int, int, int, int]  # st_ino, st_size, st_mtime_ns, st_ctime_ns

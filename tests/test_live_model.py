@@ -200,7 +200,9 @@ class Readers:
         for q in map(json.loads, done.stdout.splitlines()):
             key = (q["topic"], q["queueId"])
             if q["maxOffset"] < self.ends.get(key, 0):
-                self.model.problem(f"queues: {key} ends at {q['maxOffset']}, after {self.ends[key]}")
+                self.model.problem(
+                    f"queues: {key} ends at {q['maxOffset']}, after {self.ends[key]}"
+                )
             self.ends[key] = max(self.ends.get(key, 0), q["maxOffset"])
 
     def lag(self) -> None:
@@ -305,9 +307,7 @@ def final_read(model: Model, broker: Path) -> dict[tuple[str, int], tuple[int, i
     return bounds
 
 
-def test_one_writer_killed_at_random_and_every_reader_beside_it(
-    spark: Any, tmp_path: Path
-) -> None:
+def test_one_writer_killed_at_random_and_every_reader_beside_it(spark: Any, tmp_path: Path) -> None:
     rng = random.Random(SEED)
     print(f"seed {SEED}, {SECONDS:.0f} s, {SHAPE.queues} queues")
     root, conf, checkpoint = tmp_path / "root", tmp_path / "store.toml", tmp_path / "ck"

@@ -19,8 +19,8 @@ import pytest
 from rocketstore.pipeline import cli
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.store import MessageStore
-from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.files.mappedfile import segment_name
+from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.tools import commands
 from tests.kit.powercut import abandon
@@ -146,7 +146,9 @@ def test_a_reader_beside_a_recovery_finds_the_units_it_was_offered(
     abandon(store)
     files = {k: path / "consumequeue" / k[0] / str(k[1]) / segment_name(0) for k in QUEUES}
     offered = {k: f.read_bytes()[: 4 * CQ_UNIT_SIZE] for k, f in files.items()}
-    assert all(len(u) == 4 * CQ_UNIT_SIZE and u[-CQ_UNIT_SIZE:] != bytes(20) for u in offered.values())
+    assert all(
+        len(u) == 4 * CQ_UNIT_SIZE and u[-CQ_UNIT_SIZE:] != bytes(20) for u in offered.values()
+    )
     redispatch = dispatch.redispatch
     seen_during: list[dict[tuple[str, int], bytes]] = []
 

@@ -196,9 +196,12 @@ class Model:
             if offset < lo:
                 removed += 1
             elif offset >= hi:
-                self.problem(f"acknowledged message {seq} at {topic}/{queue_id}/{offset} is "
-                             f"past the queue's end {hi}")
+                self.problem(
+                    f"acknowledged message {seq} at {topic}/{queue_id}/{offset} is "
+                    f"past the queue's end {hi}"
+                )
             elif (topic, queue_id, offset) not in self.final:
-                self.problem(f"acknowledged message {seq} at {topic}/{queue_id}/{offset} "
-                             "was never read")
+                self.problem(
+                    f"acknowledged message {seq} at {topic}/{queue_id}/{offset} was never read"
+                )
         return removed

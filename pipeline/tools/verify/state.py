@@ -129,9 +129,7 @@ class Scan:
         # file, so that every file the snapshot names is one the view has; a writer's own
         # scan reads the file now.
         flushed = (
-            store.progress_at_open
-            if store.read_only
-            else FlushProgress.read(store.path / "config")
+            store.progress_at_open if store.read_only else FlushProgress.read(store.path / "config")
         )
         self.durable_end = flushed.flushed_offset if flushed is not None else None
         self.crashed = (store.path / "abort").exists()
