@@ -10,6 +10,7 @@ this thread, so each interleaving is the one named, not one a scheduler happened
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,9 @@ import pytest
 
 from rocketstore.pipeline import cli
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine import queueread
 from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format import native
 from rocketstore.pipeline.files.mappedfile import segment_name
 from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
@@ -162,6 +165,54 @@ def test_a_reader_beside_a_recovery_finds_the_units_it_was_offered(
         assert again.recovery.units_dropped == 0
     assert seen_during == [offered]
     assert {k: f.read_bytes()[: 4 * CQ_UNIT_SIZE] for k, f in files.items()} == offered
+
+
+TOTAL = 360
+
+
+def test_retention_after_a_view_listed_the_files_is_retention_for_the_view(
+    tmp_path: Path,
+) -> None:
+    """The writer's retention deletes CommitLog segments, ConsumeQueue files and IndexFiles
+    that a view listed when it opened and has not read yet. The view reads on as if they had
+    gone before it opened, as a RocketMQ consumer skips what was removed: a pull below the new
+    min offset is OFFSET_TOO_SMALL, a deleted record is passed over, a key look-up finds what
+    is left, and dump prints what is left. None of it is an error."""
+    path = tmp_path / "s"
+    later = lambda: int(time.time() * 1000) + 100 * 3_600_000  # noqa: E731
+    with MessageStore(path, CONFIG, background=False, clock_ms=later) as writer:
+        for n in range(TOTAL // 3):
+            writer.put_batch([Message("T0", b"%d" % n + b"x" * 900, queue_id=0, keys=f"k{n}")] * 3)
+        with (
+            MessageStore(path, CONFIG, read_only=True) as view,
+            MessageStore(path, CONFIG, read_only=True) as dumping,
+        ):
+            assert view.max_offset("T0", 0) == TOTAL  # loaded: its files listed
+            assert dumping.max_offset("T0", 0) == TOTAL
+            first = view.commitlog.min_offset
+            deleted = writer.clean(force_expired=True, max_files=100).files
+            kinds = {f.kind for f in deleted}
+            assert kinds == {"commitlog", "consumequeue", "index"}, kinds
+            got = view.get_messages("T0", 0, 0, 32)
+            assert got.status in ("OFFSET_TOO_SMALL", "FOUND")
+            offset, bodies = view.min_offset("T0", 0), []
+            while offset < TOTAL:
+                got = view.get_messages("T0", 0, offset, 32)
+                bodies += [m.body for m in got.messages]
+                offset = got.next_begin_offset
+            assert view.commitlog.min_offset > first
+            assert 0 < len(bodies) < TOTAL
+            assert bodies == [
+                b"%d" % (n // 3) + b"x" * 900 for n in range(TOTAL - len(bodies), TOTAL)
+            ]
+            assert [m.body[:3] for m in view.query_by_key("T0", "k119")] == [b"119"] * 3
+            dumped = [
+                m.body
+                for b in queueread.queue_batches(dumping, "T0", 0)
+                for m in native.messages(b)
+            ]
+            assert dumped == bodies
+            assert view.query_by_key("T0", "k0") == []
 
 
 def test_dump_beside_a_writer_prints_the_store_as_it_opened(

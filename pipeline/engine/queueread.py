@@ -21,8 +21,14 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from rocketstore.pipeline.engine import reads
 from rocketstore.pipeline.engine.store import MessageStore
-from rocketstore.pipeline.errors import CorruptRecordError, NotVisibleError, OffsetOutOfRangeError
+from rocketstore.pipeline.errors import (
+    CorruptRecordError,
+    NotVisibleError,
+    OffsetOutOfRangeError,
+    SegmentGoneError,
+)
 from rocketstore.pipeline.format import native
 
 PAGE_UNITS = 1000
@@ -33,23 +39,38 @@ def queue_batches(
 ) -> Iterator[pa.RecordBatch]:
     """Every message of one queue, in queue order, as batches of :func:`native.decode`'s
     columns (all groups), at most ``page`` messages each."""
-    commitlog = store.commitlog
     offset = store.min_offset(topic, queue_id)
     end = store.max_offset(topic, queue_id)
     while offset < end:
-        units = store.read_units(topic, queue_id, offset, min(page, end - offset))
-        if len(units) == 0:
+        try:
+            parts, read = _page(store, topic, queue_id, offset, min(page, end - offset))
+        except SegmentGoneError:
+            # Retention deleted a file after the view listed it: what it held is skipped as
+            # what retention deleted before (reads.past_retention), and the page read again.
+            if not reads.past_retention(store.commitlog, store.queues.get((topic, queue_id))):
+                raise
+            offset = max(offset, store.min_offset(topic, queue_id))
+            continue
+        if not read:
             break
-        queue_offsets = np.arange(offset, offset + len(units), dtype=np.int64)
-        phys = units["offset"].astype(np.int64)
-        live = phys >= commitlog.min_offset
-        parts = [
-            _decode_run(store, topic, queue_id, phys[run], queue_offsets[run])
-            for run in _segment_runs(store, phys, live)
-        ]
         if parts:
             yield pa.concat_batches(parts)
-        offset += len(units)
+        offset += read
+
+
+def _page(
+    store: MessageStore, topic: str, queue_id: int, offset: int, count: int
+) -> tuple[list[pa.RecordBatch], int]:
+    """The batches of up to ``count`` units from ``offset``, and how many units were read."""
+    units = store.read_units(topic, queue_id, offset, count)
+    queue_offsets = np.arange(offset, offset + len(units), dtype=np.int64)
+    phys = units["offset"].astype(np.int64)
+    live = phys >= store.commitlog.min_offset
+    parts = [
+        _decode_run(store, topic, queue_id, phys[run], queue_offsets[run])
+        for run in _segment_runs(store, phys, live)
+    ]
+    return parts, len(units)
 
 
 def _segment_runs(

@@ -23,6 +23,7 @@ from rocketstore.pipeline.errors import (
     CorruptRecordError,
     InvalidMessageError,
     OffsetOutOfRangeError,
+    SegmentGoneError,
 )
 from rocketstore.pipeline.files.commitlog import CommitLog
 from rocketstore.pipeline.files.consumequeue import ConsumeQueue
@@ -35,11 +36,36 @@ MAX_TIMESTAMP = 2**63 - 1
 SCAN_BUDGET_BYTES = 16000  # RocketMQ's floor on ConsumeQueue bytes one filtered pull scans
 
 
+def past_retention(log: CommitLog, *queues: ConsumeQueue | None) -> bool:
+    """A read-only view met a file that retention deleted after the view listed it: forget
+    the files gone at the head of the log and of ``queues``, so that a read done again finds
+    what they held below the min offsets, as if they had gone before the view opened (a
+    RocketMQ consumer skips a message whose file was removed the same way). Returns whether
+    anything was forgotten (nothing: the error stands)."""
+    forgot = log.segments.forget_deleted_head()
+    for cq in queues:
+        forgot = (cq is not None and cq.forget_deleted_head()) or forgot
+    return forgot
+
+
 def pull(
     log: CommitLog, cq: ConsumeQueue | None, offset: int, max_count: int, sub: Subscription
 ) -> GetResult:
     """Up to ``max_count`` messages of ``cq`` from queue offset ``offset`` that ``sub`` takes
-    (see :meth:`~rocketstore.pipeline.engine.store.MessageStore.get_messages`)."""
+    (see :meth:`~rocketstore.pipeline.engine.store.MessageStore.get_messages`). In a read-only
+    view, what retention deletes meanwhile is skipped as what it deleted before (see
+    :func:`past_retention`)."""
+    while True:
+        try:
+            return _pull(log, cq, offset, max_count, sub)
+        except SegmentGoneError:
+            if not past_retention(log, cq):
+                raise
+
+
+def _pull(
+    log: CommitLog, cq: ConsumeQueue | None, offset: int, max_count: int, sub: Subscription
+) -> GetResult:
     if cq is None:
         return GetResult("NO_MATCHED_LOGIC_QUEUE", [], 0, 0, 0)
     lo, hi = cq.min_offset, cq.max_offset
@@ -129,9 +155,14 @@ def query_by_key(
     entry whose record retention deleted is never returned."""
     found: list[record.MessageExt] = []
     for phys in index.candidates(topic, key, begin, end, min_offset):
-        if not log.starts_record(phys):
-            continue  # a damaged index entry, or a record retention deleted: not a match
-        msg = log.read(phys)
+        try:
+            if not log.starts_record(phys):
+                continue  # a damaged index entry, or a record retention deleted: not a match
+            msg = log.read(phys)
+        except SegmentGoneError:
+            if not past_retention(log):
+                raise
+            continue  # deleted since the view listed it: as if before
         if (
             msg.topic == topic
             and begin <= msg.store_timestamp <= end

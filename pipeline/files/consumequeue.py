@@ -305,6 +305,16 @@ class ConsumeQueue:
             return first.base + int(live[0]) * CQ_UNIT_SIZE
         return first.end
 
+    def forget_deleted_head(self) -> bool:
+        """A read-only view: forget the queue's first files that retention deleted since the
+        view listed them (see :meth:`SegmentQueue.forget_deleted_head`); its min offset moves
+        to the first file left. Returns whether any was forgotten."""
+        seg = self._segments
+        if seg is None or not seg.forget_deleted_head():
+            return False
+        self.min_logic_offset = max(self.min_logic_offset, seg.min_offset)
+        return True
+
     def close(self) -> None:
         if self._segments is not None:
             self._segments.close()

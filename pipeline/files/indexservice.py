@@ -284,7 +284,13 @@ class IndexService:
             if f.end_phy_offset < min_phys:
                 break  # files are in log order: this one and every older one end before it
             if f.is_time_matched(begin, end):
-                for phy, _ in f.candidates(key_hash, begin, end, min_phys):
+                try:
+                    found = f.candidates(key_hash, begin, end, min_phys)
+                except SegmentGoneError:
+                    if not self.read_only:
+                        raise
+                    break  # retention deleted it, and every older one, since the view's listing
+                for phy, _ in found:
                     if phy not in seen:
                         seen.add(phy)
                         yield phy

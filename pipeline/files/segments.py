@@ -358,6 +358,24 @@ class SegmentQueue:
         durability.remove(mf.path)
         return True
 
+    def forget_deleted_head(self) -> bool:
+        """A read-only view: forget the first segments that retention deleted since the view
+        listed them (those it holds open go too: retention deletes the oldest first, so a
+        later one gone means they are as well), and the view's min offset moves past them, as
+        if they had gone before it opened. Returns whether any was forgotten. Never the last
+        listed segment."""
+        gone = 0
+        while (
+            self.read_only
+            and gone < len(self.files) - 1
+            and not self.files[gone].path.exists()
+        ):
+            gone += 1
+        for mf in self.files[:gone]:
+            mf.close()
+        del self.files[:gone]
+        return gone > 0
+
     # -- writing ----------------------------------------------------------------------------
     def segment_for_write(self, offset: int) -> MappedFile:
         """The segment ``offset`` falls in, creating it (and only it) when it is the next one.
