@@ -26,6 +26,7 @@ from rocketstore.pipeline.files.mappedfile import segment_name
 from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.tools import commands
+from rocketstore.pipeline.tools.verify import state
 from tests.kit.powercut import abandon
 
 CONFIG = StoreConfig(
@@ -238,3 +239,94 @@ def test_dump_beside_a_writer_prints_the_store_as_it_opened(
     assert (status, err) == (cli.EXIT_OK, "")
     lines = [json.loads(line) for line in out.splitlines()]
     assert len(lines) == 3 * len(QUEUES)
+
+
+@pytest.fixture
+def retained_after_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Path, Path]]:
+    """A root with one broker whose writer (kept open) runs a retention round right after
+    each read-only open, the first time (a round deletes everything expired at once): what the
+    view listed is gone before it reads anything. Yields the root and a config file for it."""
+    root = tmp_path / "root"
+    path = root / "broker-0"
+    later = lambda: int(time.time() * 1000) + 100 * 3_600_000  # noqa: E731
+    conf = tmp_path / "store.toml"
+    conf.write_text(
+        f"mappedFileSizeCommitLog = {CONFIG.mapped_file_size_commitlog}\n"
+        f"mappedFileSizeConsumeQueue = {CONFIG.mapped_file_size_consume_queue}\n"
+        f"maxHashSlotNum = {CONFIG.max_hash_slot_num}\nmaxIndexNum = {CONFIG.max_index_num}\n"
+    )
+    with MessageStore(path, CONFIG, background=False, clock_ms=later) as writer:
+        for n in range(TOTAL // 3):
+            writer.put_batch(
+                [
+                    Message(t, b"%d" % n + b"x" * 900, queue_id=q, keys=f"k{n}")
+                    for t, q in QUEUES[:3]
+                ]
+            )
+        writer.flush()  # what a reader goes by: the progress file, config/topics.json
+        offsets = {"offsetTable": {"T0@billing": {"0": 10, "1": 20, "2": 30}}}
+        (path / "config" / "consumerOffset.json").write_text(json.dumps(offsets))
+        # The writer is in this process: verify is to take it for one elsewhere.
+        monkeypatch.setattr(state, "is_locked_elsewhere", lambda _path: True)
+        opened = MessageStore._open
+        rounds: list[int] = []
+
+        def open_then_clean(self: MessageStore) -> None:
+            opened(self)
+            if self.read_only and not rounds:
+                rounds.append(len(writer.clean(force_expired=True, max_files=100).files))
+
+        monkeypatch.setattr(MessageStore, "_open", open_then_clean)
+        yield root, conf
+        assert rounds and rounds[0] > 0  # the round ran and deleted files
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dump", "{broker}"],
+        ["queues", "{broker}"],
+        ["topics", "{broker}"],
+        ["get", "{broker}", "--topic", "T0", "--queue", "0", "--offset", "0", "--max", "400"],
+        ["query-key", "{broker}", "--topic", "T0", "--key", "k119"],
+        ["query-time", "{broker}", "--topic", "T0", "--queue", "0", "--timestamp", "0"],
+        ["verify", "{broker}"],
+        ["lag", "{root}", "--group", "billing"],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_reading_commands_read_past_retention_after_their_open(
+    retained_after_open: tuple[Path, Path], capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    root, conf = retained_after_open
+    args = [a.format(root=root, broker=root / "broker-0") for a in argv]
+    status = cli.main([*args, "--config", str(conf)])
+    out, err = capsys.readouterr()
+    assert (status, err) == (cli.EXIT_OK, ""), err + out[-3000:]
+    assert out
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        "/",
+        "/topic/T0",
+        "/messages?topic=T0&by=queue&broker=broker-0&queue=0",
+        "/messages?topic=T0&by=key&key=k119",
+        "/consumers",
+    ],
+)
+def test_console_pages_read_past_retention_after_their_open(
+    retained_after_open: tuple[Path, Path], page: str
+) -> None:
+    from starlette.testclient import TestClient
+
+    from rocketstore.pipeline.console.app import create_app
+    from rocketstore.pipeline.console.views import Console
+
+    root, _ = retained_after_open
+    with TestClient(create_app(Console(root, CONFIG, ())), base_url="http://127.0.0.1") as client:
+        answer = client.get(page)
+    assert answer.status_code == 200, answer.text[-2000:]

@@ -329,9 +329,14 @@ class StoreReads:
             cq = self.queues.get((topic, queue_id))
             if cq is None:
                 return 0
-            return cq.offset_by_time(
-                timestamp, self.commitlog.min_offset, self.commitlog.store_timestamp
-            )
+            while True:
+                try:
+                    return cq.offset_by_time(
+                        timestamp, self.commitlog.min_offset, self.commitlog.store_timestamp
+                    )
+                except SegmentGoneError:
+                    if not past_retention(self.commitlog, cq):
+                        raise
 
     def query_by_key(
         self,
