@@ -206,10 +206,10 @@ class Readers:
             self.ends[key] = max(self.ends.get(key, 0), q["maxOffset"])
 
     def lag(self) -> None:
+        if not any((self.checkpoint / "commits").glob("[0-9]*")):
+            return  # the query has not committed a batch yet: nothing to measure
         args = ["lag", str(self.root), "--config", str(self.conf), "--json"]
-        if any((self.checkpoint / "commits").glob("[0-9]*")):
-            args += ["--checkpoint", str(self.checkpoint)]
-        done = run_cli(*args)
+        done = run_cli(*args, "--checkpoint", str(self.checkpoint))
         self.counts["lag"] += 1
         if done.returncode != 0:
             self.damage("lag", done.stderr)

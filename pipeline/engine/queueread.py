@@ -43,7 +43,7 @@ def queue_batches(
     end = store.max_offset(topic, queue_id)
     while offset < end:
         try:
-            parts, read = _page(store, topic, queue_id, offset, min(page, end - offset))
+            parts, after = _page(store, topic, queue_id, offset, min(page, end - offset))
         except SegmentGoneError:
             # Retention deleted a file after the view listed it: what it held is skipped as
             # what retention deleted before (reads.past_retention), and the page read again.
@@ -51,18 +51,23 @@ def queue_batches(
                 raise
             offset = max(offset, store.min_offset(topic, queue_id))
             continue
-        if not read:
+        if not after:
             break
         if parts:
             yield pa.concat_batches(parts)
-        offset += read
+        offset = after
 
 
 def _page(
     store: MessageStore, topic: str, queue_id: int, offset: int, count: int
 ) -> tuple[list[pa.RecordBatch], int]:
-    """The batches of up to ``count`` units from ``offset``, and how many units were read."""
+    """The batches of up to ``count`` units from ``offset``, and the queue offset after the
+    last unit read (0 when none was)."""
     units = store.read_units(topic, queue_id, offset, count)
+    if not len(units):
+        return [], 0
+    # A view that met retention's deletions reads from the min offset they moved it to.
+    offset = max(offset, store.min_offset(topic, queue_id))
     queue_offsets = np.arange(offset, offset + len(units), dtype=np.int64)
     phys = units["offset"].astype(np.int64)
     live = phys >= store.commitlog.min_offset
@@ -70,7 +75,7 @@ def _page(
         _decode_run(store, topic, queue_id, phys[run], queue_offsets[run])
         for run in _segment_runs(store, phys, live)
     ]
-    return parts, len(units)
+    return parts, offset + len(units)
 
 
 def _segment_runs(

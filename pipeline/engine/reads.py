@@ -10,9 +10,10 @@ returned as a message.
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Callable, Collection
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -48,24 +49,33 @@ def past_retention(log: CommitLog, *queues: ConsumeQueue | None) -> bool:
     return forgot
 
 
+Call = TypeVar("Call", bound=Callable[..., Any])
+
+
+def _past_retention(method: Call) -> Call:
+    """A read call of a read-only view, done again when retention deleted a file the view had
+    listed (see :func:`past_retention`); each try forgets at least one file or the error
+    stands, so it ends."""
+
+    @functools.wraps(method)
+    def read(self: StoreReads, *args: Any, **kwargs: Any) -> Any:
+        while True:
+            try:
+                return method(self, *args, **kwargs)
+            except SegmentGoneError:
+                with self._mutex:
+                    loaded = [cq for cq in self.queues.values() if cq.loaded]
+                    if not self.read_only or not past_retention(self.commitlog, *loaded):
+                        raise
+
+    return cast(Call, read)
+
+
 def pull(
     log: CommitLog, cq: ConsumeQueue | None, offset: int, max_count: int, sub: Subscription
 ) -> GetResult:
     """Up to ``max_count`` messages of ``cq`` from queue offset ``offset`` that ``sub`` takes
-    (see :meth:`~rocketstore.pipeline.engine.store.MessageStore.get_messages`). In a read-only
-    view, what retention deletes meanwhile is skipped as what it deleted before (see
-    :func:`past_retention`)."""
-    while True:
-        try:
-            return _pull(log, cq, offset, max_count, sub)
-        except SegmentGoneError:
-            if not past_retention(log, cq):
-                raise
-
-
-def _pull(
-    log: CommitLog, cq: ConsumeQueue | None, offset: int, max_count: int, sub: Subscription
-) -> GetResult:
+    (see :meth:`~rocketstore.pipeline.engine.store.MessageStore.get_messages`)."""
     if cq is None:
         return GetResult("NO_MATCHED_LOGIC_QUEUE", [], 0, 0, 0)
     lo, hi = cq.min_offset, cq.max_offset
@@ -155,14 +165,9 @@ def query_by_key(
     entry whose record retention deleted is never returned."""
     found: list[record.MessageExt] = []
     for phys in index.candidates(topic, key, begin, end, min_offset):
-        try:
-            if not log.starts_record(phys):
-                continue  # a damaged index entry, or a record retention deleted: not a match
-            msg = log.read(phys)
-        except SegmentGoneError:
-            if not past_retention(log):
-                raise
-            continue  # deleted since the view listed it: as if before
+        if not log.starts_record(phys):
+            continue  # a damaged index entry, or a record retention deleted: not a match
+        msg = log.read(phys)
         if (
             msg.topic == topic
             and begin <= msg.store_timestamp <= end
@@ -184,6 +189,7 @@ class StoreReads:
     queues: dict[tuple[str, int], ConsumeQueue]
     index: IndexService | None
     config: StoreConfig
+    read_only: bool
     _mutex: threading.RLock
 
     def _check_open(self, write: bool = False) -> None:
@@ -199,6 +205,7 @@ class StoreReads:
             self._check_open()
             return sorted(k for k in self.queues if topic is None or k[0] == topic)
 
+    @_past_retention
     def queue_infos(
         self, topic: str | None = None, *, topics: Collection[str] | None = None
     ) -> list[QueueInfo]:
@@ -217,6 +224,7 @@ class StoreReads:
                     out.append(QueueInfo(t, q, e.min_offset, e.max_offset, sum(e.last)))
             return out
 
+    @_past_retention
     def queue_ends(
         self, topic: str | None = None, *, topics: Collection[str] | None = None
     ) -> list[QueueEnds]:
@@ -241,11 +249,13 @@ class StoreReads:
             if (topic is None or key[0] == topic) and (topics is None or key[0] in topics)
         ]
 
+    @_past_retention
     def min_offset(self, topic: str, queue_id: int) -> int:
         with self._mutex:
             cq = self.queues.get((topic, queue_id))
             return cq.min_offset if cq else 0
 
+    @_past_retention
     def max_offset(self, topic: str, queue_id: int) -> int:
         with self._mutex:
             cq = self.queues.get((topic, queue_id))
@@ -261,6 +271,7 @@ class StoreReads:
         with self._mutex:
             return self.commitlog.max_offset
 
+    @_past_retention
     def read_units(
         self, topic: str, queue_id: int, offset: int, count: int
     ) -> npt.NDArray[np.void]:
@@ -272,6 +283,7 @@ class StoreReads:
                 return np.empty(0, dtype=UNIT_DTYPE)
             return cq.read(offset, count)
 
+    @_past_retention
     def get_message(self, commit_log_offset: int) -> record.MessageExt:
         """The message at a CommitLog offset (RocketMQ's ``lookMessageByOffset``)."""
         with self._mutex:
@@ -288,6 +300,7 @@ class StoreReads:
             )
         return msg
 
+    @_past_retention
     def get_messages(
         self,
         topic: str,
@@ -322,6 +335,7 @@ class StoreReads:
         )
         return pull(self.commitlog, self.queues.get((topic, queue_id)), offset, max_count, sub)
 
+    @_past_retention
     def offset_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
         """RocketMQ's ``getOffsetInQueueByTime`` (see :meth:`ConsumeQueue.offset_by_time`)."""
         with self._mutex:
@@ -329,15 +343,11 @@ class StoreReads:
             cq = self.queues.get((topic, queue_id))
             if cq is None:
                 return 0
-            while True:
-                try:
-                    return cq.offset_by_time(
-                        timestamp, self.commitlog.min_offset, self.commitlog.store_timestamp
-                    )
-                except SegmentGoneError:
-                    if not past_retention(self.commitlog, cq):
-                        raise
+            return cq.offset_by_time(
+                timestamp, self.commitlog.min_offset, self.commitlog.store_timestamp
+            )
 
+    @_past_retention
     def query_by_key(
         self,
         topic: str,

@@ -200,29 +200,30 @@ class ConsumeQueue:
         does not grow with the queue)."""
         self._recorded = None
         seg = self._new_segments()
-        if self._segment_args[2] is not None:
-            # A read-only view on shared storage: read the tails from the servers, not as this
-            # host cached them (rocketstore.pipeline.files.visibility).
-            visibility.forget_last_files(self.directory)
-        seg.load()
-        # Most queues have one file: finding the end and the checks below read a few of its
-        # units through one descriptor.
-        with seg.files[-1].borrowed() if seg.files else contextlib.nullcontext():
-            end = None if length is None else end_at(seg, length, self.file_size)
-            if end is None:
-                known = valid_below(seg, length)  # may list the directory again
-                end = scan_end(seg.files, self.units_per_file, known)
-            if end is not None:
-                self.max_physic_offset = end
-            self.min_logic_offset = seg.min_offset
-            if self._on_load is not None:
-                try:
+        try:
+            if self._segment_args[2] is not None:
+                # A read-only view on shared storage: read the tails from the servers, not as
+                # this host cached them (rocketstore.pipeline.files.visibility).
+                visibility.forget_last_files(self.directory)
+            seg.load()
+            # Most queues have one file: finding the end and the checks below read a few of
+            # its units through one descriptor.
+            with seg.files[-1].borrowed() if seg.files else contextlib.nullcontext():
+                end = None if length is None else end_at(seg, length, self.file_size)
+                if end is None:
+                    known = valid_below(seg, length)  # may list the directory again
+                    end = scan_end(seg.files, self.units_per_file, known)
+                if end is not None:
+                    self.max_physic_offset = end
+                self.min_logic_offset = seg.min_offset
+                if self._on_load is not None:
                     self._on_load(self)
-                except BaseException:
-                    # Refused: looked at again (and refused again) when next used.
-                    seg.close()
-                    self._segments, self._recorded = None, length
-                    raise
+        except BaseException:
+            # Refused, or a file gone under it (retention on a live store): looked at again
+            # when next used, from a new listing.
+            seg.close()
+            self._segments, self._recorded = None, length
+            raise
         return seg
 
     def units_past(self, length: int) -> bool:

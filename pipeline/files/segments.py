@@ -365,11 +365,7 @@ class SegmentQueue:
         if they had gone before it opened. Returns whether any was forgotten. Never the last
         listed segment."""
         gone = 0
-        while (
-            self.read_only
-            and gone < len(self.files) - 1
-            and not self.files[gone].path.exists()
-        ):
+        while self.read_only and gone < len(self.files) - 1 and not self.files[gone].path.exists():
             gone += 1
         for mf in self.files[:gone]:
             mf.close()
