@@ -137,7 +137,8 @@ class Readers:
 
     def damage(self, who: str, text: str) -> None:
         if GONE in text:
-            self.counts[f"{who}: segment gone"] += 1
+            kind = next((k for k in ("commitlog", "consumequeue", "index") if f"/{k}/" in text), "?")
+            self.counts[f"{who}: {kind} file gone"] += 1
         else:
             self.model.problem(f"{who}: {text[-2000:]}")
 

@@ -1,7 +1,8 @@
 """verify and read-only views of a live store whose retention deletes the oldest files.
 
 A read-only open lists the store's files once and maps them when it first reads them; between
-the two, the writer's retention may delete the oldest. That is not damage: the view raises
+the two, the writer's retention may delete the oldest. That is not damage. A scan holds the
+oldest segments it listed mapped from its start; a file it loses all the same raises
 :class:`SegmentGoneError`, and :func:`verify_read_only` opens the store again and starts over.
 Every deletion here is made by the store's own retention (:class:`RetentionService`, its disk
 ratio pushed over the forced-clean level), as in a running writer."""
@@ -21,6 +22,7 @@ from rocketstore.pipeline.engine.retentionpolicy import RetentionPolicy
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import SegmentGoneError
 from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.tools.verify import state
 from rocketstore.pipeline.tools.verify.check import verify, verify_read_only
 
 CONFIG = StoreConfig(
@@ -88,9 +90,30 @@ def test_verify_read_only_opens_again_and_checks_what_is_left(writer: MessageSto
     assert 0 < report.records < MESSAGES
 
 
-def test_a_scan_that_loses_a_file_starts_over(writer: MessageStore) -> None:
-    """Retention runs once while the first scan is under way (from its first progress tick):
-    that scan loses the oldest segment, the second one is whole."""
+def test_a_scan_holds_the_oldest_segments_it_listed(writer: MessageStore) -> None:
+    """Retention runs once while the scan is under way (from its first progress tick): the
+    scan holds the oldest segments mapped from its start (the ones retention deletes first),
+    reads the deleted one all the same and is whole, without starting over."""
+    rounds: list[list[str]] = []
+
+    def progress(done: int, total: int) -> None:
+        if not rounds:
+            rounds.append(delete_oldest(writer))
+
+    report = verify_read_only(writer.path, CONFIG, progress=progress)
+    assert len(rounds) == 1
+    assert report.ok, report.problems[:5]
+    assert report.restarts == 0
+    assert report.segments == len(segments(writer)) + 1
+    assert rounds[0][0] not in segments(writer)
+
+
+def test_a_scan_that_loses_a_file_starts_over(
+    writer: MessageStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, in a store of more segments than a scan holds (here: none held): the scan
+    loses the oldest segment, and the second one is whole."""
+    monkeypatch.setattr(state, "PINNED_SEGMENTS", 0)
     rounds: list[list[str]] = []
 
     def progress(done: int, total: int) -> None:
@@ -105,9 +128,12 @@ def test_a_scan_that_loses_a_file_starts_over(writer: MessageStore) -> None:
     assert rounds[0][0] not in segments(writer)
 
 
-def test_verify_gives_up_after_its_attempts_naming_the_file(writer: MessageStore) -> None:
+def test_verify_gives_up_after_its_attempts_naming_the_file(
+    writer: MessageStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Retention deleting under every scan: after ``attempts`` scans verify fails, naming the
     store and the file, and says what to do."""
+    monkeypatch.setattr(state, "PINNED_SEGMENTS", 0)
     rounds: list[list[str]] = []
     last = [-1]
 

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from rocketstore.pipeline.errors import OffsetOutOfRangeError, StoreError
+from rocketstore.pipeline.errors import OffsetOutOfRangeError, SegmentGoneError, StoreError
 from rocketstore.pipeline.files import failpoints, visibility
 from rocketstore.pipeline.files.mappedfile import MappedFile, segment_name
 from rocketstore.pipeline.files.mappings import MappingCache
@@ -49,6 +49,8 @@ from rocketstore.pipeline.layout import CQ_UNIT_SIZE, PRE_BLANK_SIZE, UNIT, UNIT
 RESERVE_AHEAD = 64 * 1024
 
 Units = npt.NDArray[np.void]
+# Listings a read-only view's load tries before a file gone under it is an error.
+RELISTS = 16
 
 
 class Peek(NamedTuple):
@@ -197,7 +199,17 @@ class ConsumeQueue:
 
         ``length`` is the queue's length as the last flush recorded it: when the unit before it
         is valid and the one at it is not, that is the end, and no file is scanned (so loading
-        does not grow with the queue)."""
+        does not grow with the queue). A read-only view whose listing retention overtook (a
+        file gone before it was read) lists the directory again, up to :data:`RELISTS` times
+        (retention deletes a queue's oldest files, never its last)."""
+        for _ in range(RELISTS if self.read_only else 0):
+            try:
+                return self._load_listed(length)
+            except SegmentGoneError:
+                continue
+        return self._load_listed(length)
+
+    def _load_listed(self, length: int | None) -> SegmentQueue:
         self._recorded = None
         seg = self._new_segments()
         try:

@@ -42,6 +42,8 @@ Piece = tuple[native.Walk, int, I64]
 
 # Segment arrays the scan keeps at once (see Scan.array).
 KEPT_ARRAYS = 4
+# The oldest segments a scan of a view keeps mapped throughout (a descriptor each).
+PINNED_SEGMENTS = 32
 
 
 @dataclasses.dataclass
@@ -143,6 +145,10 @@ class Scan:
                 self.log_end = min(self.log_end, store.commitlog.max_offset)
             self.report.snapshot_end = self.log_end
         self._arrays: dict[int, npt.NDArray[np.uint8]] = {}
+        # A view of the oldest segments, held for the scan: retention deletes from the oldest
+        # on, and a segment mapped (and exported) stays readable after its name goes, so a
+        # scan of a live store is not started over for them (see verify_read_only).
+        self._pins = [mf.buffer for mf in self.files[:PINNED_SEGMENTS]] if store.read_only else []
         self._counts: dict[tuple[str, str], int] = {}
         self.topic_ids: dict[bytes, int] = {}
         self.topics: list[str] = []
@@ -177,6 +183,7 @@ class Scan:
     def release(self) -> None:
         """Drop the segment arrays: views of the mappings must not outlive the scan."""
         self._arrays.clear()
+        self._pins.clear()
 
     def array(self, i: int) -> npt.NDArray[np.uint8]:
         """Segment ``i`` as a byte array. Only the last few are kept: each pins its segment's
