@@ -30,7 +30,7 @@ import collections
 import json
 import os
 import random
-import select
+import selectors
 import signal
 import subprocess
 import sys
@@ -101,7 +101,9 @@ class Writer:
 
     def _line(self) -> str:
         assert self.proc is not None and self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], READY_TIMEOUT_S)
+        with selectors.DefaultSelector() as waiting:  # poll: any descriptor number
+            waiting.register(self.proc.stdout, selectors.EVENT_READ)
+            ready = waiting.select(READY_TIMEOUT_S)
         return self.proc.stdout.readline().strip() if ready else "(no answer)"
 
     def failure(self) -> str:
@@ -333,6 +335,9 @@ def test_one_writer_killed_at_random_and_every_reader_beside_it(spark: Any, tmp_
         ]
         while time.monotonic() < deadline:
             rng.choice(turns)()
+            readers.counts["most descriptors"] = max(
+                readers.counts["most descriptors"], len(os.listdir("/proc/self/fd"))
+            )
             writer.check_alive()
             if time.monotonic() >= kill_at:
                 writer.kill()

@@ -144,7 +144,11 @@ class ConsumeQueue:
         """The queue's files, listed (and the queue's end found) now if they were not yet."""
         seg = self._segments
         if seg is None:
-            seg = self._load(self._recorded)
+            self._load(self._recorded)
+            # The load's own checks may have listed the directory once more (a view meeting
+            # retention): the files are the ones it ended with.
+            seg = self._segments
+            assert seg is not None
         return seg
 
     def _segment_queue(self, *, read_only: bool) -> SegmentQueue:
@@ -234,7 +238,8 @@ class ConsumeQueue:
             # Refused, or a file gone under it (retention on a live store): looked at again
             # when next used, from a new listing.
             seg.close()
-            self._segments, self._recorded = None, length
+            if self._segments is seg:
+                self._segments, self._recorded = None, length
             raise
         return seg
 
@@ -296,9 +301,16 @@ class ConsumeQueue:
 
     def correct_min_offset(self, min_commitlog_offset: int) -> None:
         """Skip leading units whose messages the CommitLog no longer holds (RocketMQ's
-        ``correctMinOffset``)."""
-        if self.segments.first is not None:
-            self.min_logic_offset = self.corrected_min_logic_offset(min_commitlog_offset)
+        ``correctMinOffset``). A read-only view whose first file retention deleted meanwhile
+        forgets it (:meth:`forget_deleted_head`) and looks at the next."""
+        while True:
+            try:
+                if self.segments.first is not None:
+                    self.min_logic_offset = self.corrected_min_logic_offset(min_commitlog_offset)
+                return
+            except SegmentGoneError:
+                if not self.forget_deleted_head():
+                    raise
 
     def corrected_min_logic_offset(self, min_commitlog_offset: int, first_file: int = 0) -> int:
         """The min logic offset :meth:`correct_min_offset` sets, computed as if the files before
@@ -323,10 +335,18 @@ class ConsumeQueue:
         view listed them (see :meth:`SegmentQueue.forget_deleted_head`); its min offset moves
         to the first file left. Returns whether any was forgotten."""
         seg = self._segments
-        if seg is None or not seg.forget_deleted_head():
+        if seg is None or not self.read_only:
             return False
-        self.min_logic_offset = max(self.min_logic_offset, seg.min_offset)
-        return True
+        if seg.forget_deleted_head():
+            self.min_logic_offset = max(self.min_logic_offset, seg.min_offset)
+            return True
+        if seg.files and not seg.files[0].path.exists():
+            # Even the last file it listed is gone (the writer made newer ones since, and
+            # retention deleted the rest): the queue is listed again when next used.
+            seg.close()
+            self._segments = None
+            return True
+        return False
 
     def close(self) -> None:
         if self._segments is not None:
