@@ -344,6 +344,8 @@ def test_one_writer_killed_at_random_and_every_reader_beside_it(spark: Any, tmp_
                 writer.start()
                 kill_at = time.monotonic() + rng.uniform(2, 8)
             failed = source.query.exception()
+            if failed is not None:
+                print(failed)
             assert failed is None, str(failed)[:5000]
         writer.stop()
     finally:

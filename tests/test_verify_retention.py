@@ -22,7 +22,7 @@ from rocketstore.pipeline.engine.retentionpolicy import RetentionPolicy
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import SegmentGoneError
 from rocketstore.pipeline.format.message import Message
-from rocketstore.pipeline.tools.verify import state
+from rocketstore.pipeline.tools.verify import load, state
 from rocketstore.pipeline.tools.verify.check import verify, verify_read_only
 
 CONFIG = StoreConfig(
@@ -106,6 +106,26 @@ def test_a_scan_holds_the_oldest_segments_it_listed(writer: MessageStore) -> Non
     assert report.restarts == 0
     assert report.segments == len(segments(writer)) + 1
     assert rounds[0][0] not in segments(writer)
+
+
+def test_a_scan_whose_queue_files_retention_deleted_before_it_listed_them(
+    writer: MessageStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention runs after the scan took hold of the oldest segments and before it listed the
+    queues' files: the records of the deleted segment are still read, their units' file is
+    gone with them, and that is not a missing unit."""
+    listed = load.QueueLoader.list_files
+    rounds: list[list[str]] = []
+
+    def delete_then_list(self: load.QueueLoader) -> None:
+        rounds.append(delete_oldest(writer))
+        listed(self)
+
+    monkeypatch.setattr(load.QueueLoader, "list_files", delete_then_list)
+    report = verify_read_only(writer.path, CONFIG)
+    assert len(rounds) == 1 and not (writer.path / "consumequeue" / "T" / "0" / ("0" * 20)).exists()
+    assert report.ok, report.problems[:5]
+    assert report.restarts == 0 and report.records == MESSAGES
 
 
 def test_a_scan_that_loses_a_file_starts_over(

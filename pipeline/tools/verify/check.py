@@ -122,10 +122,13 @@ Thread-safety: reads only. Run it on a store opened read-only, or from the write
 between puts.
 
 A live store: a read-only open lists the files once, and retention may delete the oldest of
-them before the scan reads them (:class:`~rocketstore.pipeline.errors.SegmentGoneError`).
-:func:`verify_read_only` opens the store again and starts over when that happens, up to
-:data:`ATTEMPTS` scans, and counts the restarts in the report; the CLI, the console and the soak
-bench verify through it.
+them before the scan reads them. The scan maps the oldest CommitLog segments (up to
+:data:`~rocketstore.pipeline.tools.verify.state.PINNED_SEGMENTS`) when it starts and holds them
+to its end, so they stay readable; a record among them whose unit's file retention deleted
+before the queues were listed is not reported missing. A file lost all the same raises
+:class:`~rocketstore.pipeline.errors.SegmentGoneError`: :func:`verify_read_only` opens the
+store again and starts over when that happens, up to :data:`ATTEMPTS` scans, and counts the
+restarts in the report; the CLI, the console and the soak bench verify through it.
 """
 
 from __future__ import annotations

@@ -129,6 +129,7 @@ class QueueLoader:
                 files = list(seg.files)
             self._files[key] = files
             self.scan.total += cq.file_size * len(files)
+        self.scan.note_retention()
 
     def file_units(
         self, q: QueueRecord, n: int, start: int = 0, stop: int | None = None

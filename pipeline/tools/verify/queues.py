@@ -279,6 +279,10 @@ class QueueChecker(QueueLoader):
             topic = self.scan.topic_name(int(seg.topic_ids[r]))
             qid, qoff = int(seg.queue_ids[r]), int(seg.queue_offsets[r])
             phys = int(seg.phys[r])
+            if phys < self.scan.retained_from:
+                q = self.queue_of.get((int(seg.topic_ids[r]), qid))
+                if q is None or qoff < q.first:
+                    continue  # retention deleted the record and its unit's file during the scan
             pos = qoff * CQ_UNIT_SIZE
             base = pos - pos % file_size
             where = root / topic / str(qid)

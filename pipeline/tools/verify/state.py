@@ -149,6 +149,9 @@ class Scan:
         # on, and a segment mapped (and exported) stays readable after its name goes, so a
         # scan of a live store is not started over for them (see verify_read_only).
         self._pins = [mf.buffer for mf in self.files[:PINNED_SEGMENTS]] if store.read_only else []
+        # Where the log began once the queues were listed (note_retention): records before it
+        # were deleted by retention during the scan, and their queues' files with them.
+        self.retained_from = self.base0
         self._counts: dict[tuple[str, str], int] = {}
         self.topic_ids: dict[bytes, int] = {}
         self.topics: list[str] = []
@@ -163,6 +166,12 @@ class Scan:
         for f in index_files:
             self.total += index_file_size(f.slot_num, f.index_num)
         # The ConsumeQueue files are added when they are listed (QueueChecker.list_files).
+
+    def note_retention(self) -> None:
+        """Take :attr:`retained_from` as the first segment of the scan still in the directory
+        now (the scan holds the oldest ones mapped, see ``_pins``, but retention may have
+        deleted the ConsumeQueue files that pointed into them before they were listed)."""
+        self.retained_from = next((mf.base for mf in self.files if mf.path.exists()), self.log_end)
 
     def problem(self, kind: str, path: str | Path, offset: int, detail: str) -> None:
         """Report a problem; past ``max_per_kind`` of its kind in its file, only count it."""
