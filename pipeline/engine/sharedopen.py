@@ -114,4 +114,4 @@ class PublishedView:
 
     def hide(self, cq: ConsumeQueue) -> None:
         """End the view of ``cq`` (loaded) at the published point."""
-        cq.hide_from(min(self.point.queue_length(cq.topic, cq.queue_id), cq.first_past(self.end)))
+        cq.hide_past(self.end, self.point.queue_length(cq.topic, cq.queue_id))

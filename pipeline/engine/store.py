@@ -270,7 +270,7 @@ class MessageStore(StoreReads):
     def _end_at_view(self, cq: ConsumeQueue) -> None:
         """A view is the store as it opened: the units a writer added since point past the
         log's end the view fixed then, and are not there for it (not damage either)."""
-        cq.hide_from(cq.first_past(self.commitlog.max_offset))
+        cq.hide_past(self.commitlog.max_offset)
 
     def _take_epoch(self) -> None:
         """Record this writer's epoch, after fencing off an unclean end (rocketstore.pipeline.engine.fencing)."""

@@ -634,6 +634,20 @@ class ConsumeQueue:
         self.segments.truncate(end, sync=sync, written_to=disk_end)
         return (disk_end - end) // CQ_UNIT_SIZE
 
+    def hide_past(self, phys_end: int, length: int | None = None) -> None:
+        """A read-only view: units whose record does not end by ``phys_end`` (the view's log
+        end), and those at queue offset ``length`` and past, are not there (see
+        :meth:`hide_from`). Files retention deleted since the view listed them are forgotten
+        (:meth:`forget_deleted_head`) on the way."""
+        while True:
+            try:
+                past = self.first_past(phys_end)
+                self.hide_from(past if length is None else min(length, past))
+                return
+            except SegmentGoneError:
+                if not self.forget_deleted_head():
+                    raise
+
     def hide_from(self, length: int) -> None:
         """A read-only view: units at queue offset ``length`` and past are not there (nothing
         on disk changes). For what a writer on another host has not published yet."""
