@@ -2,7 +2,7 @@
 acknowledged (tests/kit/livemodel.py).
 
 The writer (tests/procs/model_writer.py) puts batches and single messages over a few hot queues
-and many cold ones, runs retention every quarter of a second (segments live 1.5 s), and is
+and many cold ones, runs retention every half second (segments live 4 s), and is
 killed with SIGKILL at random moments and started again. Beside it, in turn: read-only opens
 reading queues through, `rocketstore dump`, `verify`, `queues` and `lag`, the console's pages,
 and a Spark streaming query over two topics. Every message any of them reads is checked to be

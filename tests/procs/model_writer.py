@@ -33,8 +33,8 @@ from tests.kit.livemodel import CONFIG, Shape, message
 
 # Segments are kept this long; the store's clock runs fileReservedTime (1 h) less this ahead,
 # so that a retention round finds every segment older than this expired.
-KEEP_MS = 1500
-CLEAN_EVERY_S = 0.25
+KEEP_MS = 4000
+CLEAN_EVERY_S = 0.5
 MAX_BATCH = 300
 
 
