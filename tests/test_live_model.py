@@ -139,7 +139,9 @@ class Readers:
 
     def damage(self, who: str, text: str) -> None:
         if GONE in text:
-            kind = next((k for k in ("commitlog", "consumequeue", "index") if f"/{k}/" in text), "?")
+            kind = next(
+                (k for k in ("commitlog", "consumequeue", "index") if f"/{k}/" in text), "?"
+            )
             self.counts[f"{who}: {kind} file gone"] += 1
         else:
             self.model.problem(f"{who}: {text[-2000:]}")

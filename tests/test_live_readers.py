@@ -21,8 +21,8 @@ from rocketstore.pipeline import cli
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine import queueread
 from rocketstore.pipeline.engine.store import MessageStore
-from rocketstore.pipeline.format import native
 from rocketstore.pipeline.files.mappedfile import segment_name
+from rocketstore.pipeline.format import native
 from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.tools import commands
