@@ -467,3 +467,37 @@ def look_with_the_cli(
         assert (found[0]["queueId"], found[0]["queueOffset"]) == (queue_id, end - 1)
         looked += 1
     return looked
+
+
+RESUMED = "Resumed"
+FILLER = "Filler"
+
+
+def test_a_queue_resumed_after_retention_is_served_at_its_offsets(
+    cluster: StockCluster, tmp_path: Path
+) -> None:
+    """A queue none of whose records the log holds any more (retention deleted them, then its
+    ConsumeQueue directory was lost) is rebuilt ending where its offsets ended, with units
+    that point below the log's first record. A stock broker serving the directory takes it as
+    RocketMQ's own expired units: its next message gets the next offset, not 0, and the
+    consumer reads it there; rocketstore reads the same."""
+    store_dir = tmp_path / "broker-0"
+    later = int(time.time() * 1000) + 100 * 3_600_000
+    with MessageStore(store_dir, SMALL_CONFIG, background=False) as store:
+        for first in range(0, 120, 40):
+            store.put_batch([Message(RESUMED, b"old %d" % i) for i in range(first, first + 40)])
+        for _ in range(40):
+            store.put_batch([Message(FILLER, b"f" * 1000, queue_id=q % 4) for q in range(80)])
+    with MessageStore(store_dir, SMALL_CONFIG, background=False, clock_ms=lambda: later) as store:
+        store.clean(force_expired=True, max_files=100)
+        assert store.commitlog.min_offset > 120 * 200  # every RESUMED record is gone
+    for unit_file in (store_dir / "consumequeue" / RESUMED / "0").iterdir():
+        unit_file.unlink()
+    with MessageStore(store_dir, SMALL_CONFIG, background=False, full_check=True) as store:
+        assert store.recovery.queues_resumed == {f"{RESUMED}/0": 120}  # `rocketstore recover`
+
+    with cluster.serving([store_dir], *BROKER_CONF):
+        cluster.produce(RESUMED, 10)
+        consumed = cluster.consume(RESUMED)
+    assert sorted(r.queue_offset for r in consumed) == list(range(120, 130))
+    assert sorted(as_consumed(store_dir, RESUMED)) == sorted(consumed)
