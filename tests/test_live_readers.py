@@ -275,6 +275,37 @@ def test_a_view_whose_recovery_meets_retention_opens(
             assert got.messages[-1].body == b"unflushed"
 
 
+def test_a_view_whose_index_listing_retention_overtook_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention deletes the two oldest IndexFiles while a view opens them one by one, after
+    it opened the first: the view forgets both and opens with the rest."""
+    from rocketstore.pipeline.files import indexfile, indexservice
+
+    path = tmp_path / "s"
+    later = lambda: int(time.time() * 1000) + 100 * 3_600_000  # noqa: E731
+    with MessageStore(path, CONFIG, background=False, clock_ms=later) as writer:
+        for n in range(TOTAL // 3):
+            writer.put_batch([Message("T0", b"%d" % n + b"x" * 900, keys=f"k{n}")] * 3)
+        opened: list[Path] = []
+        real = indexfile.IndexFile
+
+        def index_file(path: Path, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("read_only") and opened == [
+                path.parent / sorted(path.parent.iterdir())[0].name
+            ]:
+                for old in sorted(path.parent.iterdir())[:2]:
+                    old.unlink()  # as retention would, oldest first
+            made = real(path, *args, **kwargs)
+            opened.append(path)
+            return made
+
+        monkeypatch.setattr(indexservice, "IndexFile", index_file)
+        with MessageStore(path, CONFIG, read_only=True) as view:
+            assert [f.path for f in view.index.files] == sorted((path / "index").iterdir())
+            assert [m.body[:3] for m in view.query_by_key("T0", "k119")] == [b"119"] * 3
+
+
 @pytest.fixture
 def retained_after_open(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -128,6 +128,26 @@ def test_a_scan_whose_queue_files_retention_deleted_before_it_listed_them(
     assert report.restarts == 0 and report.records == MESSAGES
 
 
+def test_a_scan_holds_the_queue_files_it_listed(
+    writer: MessageStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention runs after the scan listed the queues' files and before it read them: the
+    scan holds each queue's files but its last (those retention deletes) mapped from the
+    listing on, reads the deleted ones all the same, and is whole, without starting over."""
+    loaded = load.QueueLoader.load
+    rounds: list[list[str]] = []
+
+    def delete_then_load(self: load.QueueLoader) -> None:
+        rounds.append(delete_oldest(writer))
+        loaded(self)
+
+    monkeypatch.setattr(load.QueueLoader, "load", delete_then_load)
+    report = verify_read_only(writer.path, CONFIG)
+    assert len(rounds) == 1 and not (writer.path / "consumequeue" / "T" / "0" / ("0" * 20)).exists()
+    assert report.ok, report.problems[:5]
+    assert report.restarts == 0 and report.records == MESSAGES
+
+
 def test_a_scan_that_loses_a_file_starts_over(
     writer: MessageStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -111,9 +111,14 @@ class IndexService:
                     ahead=self.ahead,
                 )
             except SegmentGoneError:
-                if self.files:
+                if self.files and not self.read_only:
                     raise  # not the oldest: retention deletes from the oldest file on
-                continue  # deleted by retention since the listing
+                # Deleted by retention since the listing, and so (oldest first) is every file
+                # a view opened before it: those are forgotten too.
+                for older in self.files:
+                    older.close()
+                self.files.clear()
+                continue
             self.files.append(opened)
 
     def close(self) -> None:

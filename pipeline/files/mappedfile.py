@@ -275,6 +275,33 @@ class MappedFile:
                 self._fd, self._borrowed = -1, False
                 os.close(fd)
 
+    @contextlib.contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Keep the file readable for the block, whether or not its name is deleted meanwhile
+        (a read-only scan of a live store, whose retention deletes the oldest files): a
+        descriptor of its own, which the cache does not release, serves every read, mapping
+        and look at its data in the block. Raises :class:`SegmentGoneError` for a file
+        already gone. Not counted in the process's descriptor budget: the caller bounds how
+        many it pins."""
+        if self._fd >= 0 and self._borrowed:
+            yield  # pinned (or borrowed) already: that descriptor holds for the block
+            return
+        fd = self._open_checked()
+        if self._cache is not None:
+            self._cache.work.opened += 1
+        if self._fd >= 0:  # the cache's: this one replaces it
+            old, self._fd = self._fd, -1
+            os.close(old)
+            if self._cache is not None:
+                self._cache.gave_back(self, mapping=False, holds_more=self._mm is not None)
+        self._fd, self._borrowed = fd, True
+        try:
+            yield
+        finally:
+            if self._borrowed and self._fd == fd:  # not closed meanwhile (close() does)
+                self._fd, self._borrowed = -1, False
+                os.close(fd)
+
     def _io_descriptor(self) -> tuple[int, bool]:
         """A descriptor for one read or write, and whether the caller must close it after
         that call: the file's own when it holds one or the process has room for one more (see

@@ -129,6 +129,7 @@ class QueueLoader:
                 files = list(seg.files)
             self._files[key] = files
             self.scan.total += cq.file_size * len(files)
+            self.scan.hold(files[:-1])
         self.scan.note_retention()
 
     def file_units(

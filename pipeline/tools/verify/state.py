@@ -18,6 +18,7 @@ A scan has three jobs, each in its own module: walking the CommitLog
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +28,9 @@ import numpy as np
 import numpy.typing as npt
 
 from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files import mappings
 from rocketstore.pipeline.files.lock import is_locked_elsewhere
+from rocketstore.pipeline.files.mappedfile import MappedFile
 from rocketstore.pipeline.files.progress import FlushProgress
 from rocketstore.pipeline.format import native, record
 from rocketstore.pipeline.layout import index_file_size
@@ -42,8 +45,11 @@ Piece = tuple[native.Walk, int, I64]
 
 # Segment arrays the scan keeps at once (see Scan.array).
 KEPT_ARRAYS = 4
-# The oldest segments a scan of a view keeps mapped throughout (a descriptor each).
+# The oldest segments a scan of a view keeps mapped throughout (a descriptor each), and at most
+# how many ConsumeQueue files besides (those before each queue's last: retention deletes a
+# queue's oldest files, never its last), within a share of the process's descriptor budget.
 PINNED_SEGMENTS = 32
+PINNED_QUEUE_FILES = 1024
 
 
 @dataclasses.dataclass
@@ -145,10 +151,14 @@ class Scan:
                 self.log_end = min(self.log_end, store.commitlog.max_offset)
             self.report.snapshot_end = self.log_end
         self._arrays: dict[int, npt.NDArray[np.uint8]] = {}
-        # A view of the oldest segments, held for the scan: retention deletes from the oldest
-        # on, and a segment mapped (and exported) stays readable after its name goes, so a
-        # scan of a live store is not started over for them (see verify_read_only).
-        self._pins = [mf.buffer for mf in self.files[:PINNED_SEGMENTS]] if store.read_only else []
+        # The oldest segments, held open for the scan: retention deletes from the oldest on,
+        # and a file held open stays readable after its name goes, so a scan of a live store
+        # is not started over for them (see verify_read_only).
+        self._pins = contextlib.ExitStack()
+        self._queue_pins = 0
+        if store.read_only:
+            for mf in self.files[:PINNED_SEGMENTS]:
+                self._pins.enter_context(mf.pinned())
         # Where the log began once the queues were listed (note_retention): records before it
         # were deleted by retention during the scan, and their queues' files with them.
         self.retained_from = self.base0
@@ -166,6 +176,18 @@ class Scan:
         for f in index_files:
             self.total += index_file_size(f.slot_num, f.index_num)
         # The ConsumeQueue files are added when they are listed (QueueChecker.list_files).
+
+    def hold(self, files: list[MappedFile]) -> None:
+        """Keep ``files`` (a queue's, all but its last) readable to the end of a view's scan,
+        as the oldest segments are (``_pins``, :meth:`MappedFile.pinned`), while fewer than
+        :data:`PINNED_QUEUE_FILES` and a quarter of the descriptor budget are held: retention
+        may delete them before the scan reads them."""
+        if not self.store.read_only:
+            return
+        room = min(PINNED_QUEUE_FILES, mappings.descriptor_budget() // 4) - self._queue_pins
+        for mf in files[: max(0, room)]:
+            self._pins.enter_context(mf.pinned())
+            self._queue_pins += 1
 
     def note_retention(self) -> None:
         """Take :attr:`retained_from` as the first segment of the scan still in the directory
@@ -192,7 +214,7 @@ class Scan:
     def release(self) -> None:
         """Drop the segment arrays: views of the mappings must not outlive the scan."""
         self._arrays.clear()
-        self._pins.clear()
+        self._pins.close()
 
     def array(self, i: int) -> npt.NDArray[np.uint8]:
         """Segment ``i`` as a byte array. Only the last few are kept: each pins its segment's
