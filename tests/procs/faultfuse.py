@@ -68,6 +68,7 @@ import ctypes
 import ctypes.util
 import dataclasses
 import errno
+import faulthandler
 import fnmatch
 import json
 import os
@@ -163,7 +164,15 @@ def _libfuse() -> ctypes.CDLL:
 
 
 def _serve(backing: Path, mount: Path) -> int:
+    # mfusepy takes libfuse 2 when both are installed (ceph-fuse and ceph-osd bring it); the
+    # stale view needs libfuse 3's config and invalidation, and a struct fuse from one library
+    # handed to the other crashes the server.
+    os.environ["FUSE_LIBRARY_NAME"] = "fuse3"
     import mfusepy
+
+    if mfusepy.fuse_version_major != 3:
+        sys.stderr.write(f"faultfuse needs libfuse 3; mfusepy loaded {mfusepy._libfuse_path}\n")
+        return 2
 
     libfuse = _libfuse()
 
@@ -423,4 +432,7 @@ def _reply(obj: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
+    # A crash in libfuse or in a ctypes call leaves no Python traceback: this prints the stacks
+    # of every thread to the server's log (its standard error) when one happens.
+    faulthandler.enable(all_threads=True)
     sys.exit(_serve(Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve()))
