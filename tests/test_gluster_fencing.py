@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,6 +93,36 @@ def test_a_taker_right_after_another_hosts_take_records_its_epoch_after_it(
             pass
         assert ours.epoch == theirs.epoch + 1, "host B's taker wrote over host A's epoch"
         assert fencing.read_epochs(a)[-2:] == [theirs, ours]
+
+
+def test_an_older_versions_file_is_read_right_after_another_hosts_append(
+    gluster_volume: Any,
+) -> None:
+    """A file an older version wrote is its slots and nothing more, small enough for a client
+    to hold its content: host B reads it right after host A's older writer appended a slot;
+    B's taker then records its epoch after it and pads the file."""
+    for i in range(TRIES):
+        a, b = store_on_both(gluster_volume, f"store{i}")
+        path = fencing.path_of(a)
+        first = fencing.read_epochs(a)
+        older = fencing.Epoch(1, 0, 0, int(time.time() * 1000), 1)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.ftruncate(fd, fencing.SLOT.size)
+            os.fsync(fd)
+            assert fencing.read_epochs(b) == first
+            # The older version's take: its slot, the file cut after it, synced.
+            os.pwrite(fd, older.pack(), fencing.SLOT.size)
+            os.ftruncate(fd, 2 * fencing.SLOT.size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        seen = fencing.read_epochs(b)
+        assert seen == [*first, older], f"host B read {len(seen)} epochs, not 2"
+        with taken_by(b) as ours:
+            pass
+        assert fencing.read_epochs(a) == [*first, older, ours]
+        assert path.stat().st_size == fencing.MIN_SIZE
 
 
 def test_a_writer_that_lost_its_lock_is_fenced_right_after_another_hosts_take(
