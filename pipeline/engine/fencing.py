@@ -137,7 +137,7 @@ import numpy as np
 
 from rocketstore.pipeline.errors import FencedError, SegmentCreateError, StoreLockedError
 from rocketstore.pipeline.files import durability, filesystem, visibility
-from rocketstore.pipeline.files.filecreation import TMP_SUFFIX
+from rocketstore.pipeline.files.filecreation import TMP_SUFFIX, limit_note
 from rocketstore.pipeline.files.fileio import io_error, pwrite_all
 from rocketstore.pipeline.files.lock import DirectoryLock
 from rocketstore.pipeline.format import record
@@ -267,6 +267,9 @@ def _create(path: Path) -> None:
     try:
         os.ftruncate(fd, MIN_SIZE)
         durability.fsync(fd, tmp)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     finally:
         os.close(fd)
     try:
@@ -383,7 +386,13 @@ class Fence:
                 os.close(fd)
             durability.fsync_dir(path.parent)
         except OSError as exc:
-            raise io_error(exc, f"recording the next epoch in {path}") from exc
+            # The file is MIN_SIZE long: a file size limit or a full disk may refuse it.
+            note = (
+                f" ({limit_note(exc, path.parent)})"
+                if exc.errno in (errno.EFBIG, errno.ENOSPC, errno.EDQUOT)
+                else ""
+            )
+            raise io_error(exc, f"recording the next epoch in {path}{note}") from exc
         return cls(store_dir, lock, e)
 
     def check(self, what: str) -> None:
