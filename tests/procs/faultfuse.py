@@ -163,6 +163,9 @@ def _libfuse() -> ctypes.CDLL:
 
 
 def _serve(backing: Path, mount: Path) -> int:
+    # mfusepy loads libfuse 2 where it is installed (ceph-fuse brings it), and this server's
+    # invalidation calls, made on libfuse 3 with mfusepy's ``struct fuse``, then crash it.
+    os.environ["FUSE_LIBRARY_NAME"] = "fuse3"
     import mfusepy
 
     libfuse = _libfuse()
