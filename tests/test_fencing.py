@@ -11,6 +11,7 @@ namespaces on GlusterFS.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,51 @@ def test_recovery_refuses_to_cut_valid_records_and_changes_nothing(
     )
     with MessageStore(tmp_path, cfg, read_only=True) as ro:
         assert verify(ro).ok
+
+
+# -- the epochs file --------------------------------------------------------------------------
+
+
+def test_the_epochs_file_is_made_whole_and_padded(tmp_path: Path) -> None:
+    """The first writer creates the file at its least size (zeros after the slot), under a
+    temporary name of its own that it then drops, and removes one an earlier creation that
+    crashed left; each writer after it writes its slot in place."""
+    (tmp_path / "config").mkdir()
+    leftover = tmp_path / "config" / f"{fencing.FILE_NAME}.4242.creating"
+    leftover.write_bytes(b"a crashed creation's")
+    with MessageStore(tmp_path, CONFIG):
+        pass
+    with MessageStore(tmp_path, CONFIG):
+        pass
+    data = fencing.path_of(tmp_path).read_bytes()
+    assert len(data) == fencing.MIN_SIZE
+    assert [e.epoch for e in fencing.parse(data)] == [0, 1]
+    assert not any(data[2 * fencing.SLOT.size :])
+    assert sorted(
+        p.name for p in (tmp_path / "config").iterdir() if fencing.FILE_NAME in p.name
+    ) == [fencing.FILE_NAME]
+
+
+def test_an_older_versions_epochs_file_is_read_and_padded_by_the_next_writer(
+    tmp_path: Path,
+) -> None:
+    """A file an older version wrote is its slots and nothing more, here with a torn append
+    after them: the next writer records its epoch after the whole slots, zeros the torn bytes
+    after its own and pads the file."""
+    with MessageStore(tmp_path, CONFIG):
+        pass
+    with MessageStore(tmp_path, CONFIG):
+        pass
+    path = fencing.path_of(tmp_path)
+    slots = path.read_bytes()[: 2 * fencing.SLOT.size]
+    torn = fencing.Epoch(2, 0, 0, 0, 0).pack()[:30]
+    path.write_bytes(slots + torn + slots[: fencing.SLOT.size])  # a slot, then bytes after it
+    assert [e.epoch for e in fencing.read_epochs(tmp_path)] == [0, 1]
+    with MessageStore(tmp_path, CONFIG):
+        pass
+    data = path.read_bytes()
+    assert len(data) == fencing.MIN_SIZE
+    assert data[: 2 * fencing.SLOT.size] == slots
+    epochs = fencing.parse(data)
+    assert [e.epoch for e in epochs] == [0, 1, 2] and epochs[2].pid == os.getpid()
+    assert not any(data[3 * fencing.SLOT.size :])

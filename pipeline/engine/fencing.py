@@ -16,7 +16,7 @@ the setting (:func:`applies`):
   publishes (after it has pushed out the pages written while the writer owned the store),
   :meth:`Fence.check` takes the lock again on the writer's own descriptor (a no-op while it is
   held; refused while another writer holds it; ``EBADFD`` or ``ENOTCONN`` when the client lost
-  it), then reads the file: anything past its own slot means a newer writer took over; then
+  it), then reads the file: a slot after its own means a newer writer took over; then
   looks at ``abort``: gone, or another inode than this writer's open left, means another
   writer had the store and closed it. Any of these and the writer is fenced (:class:`~rocketstore.pipeline.errors.FencedError`) and takes no more
   writes.
@@ -56,10 +56,39 @@ Takers that record no epoch. The fence is only as good as every taker's trace, s
   by ``abort``: its clean stop removes the file this writer's open left (a broker that
   crashes leaves it, and then only the epochs of later rocketstore writers fence the old one).
 
-Stale reads. The epochs file is read from the file system, never from this host's cache
-(``O_DIRECT`` on FUSE, where the client then asks its servers; a local disk has one cache):
-a taker that read a cached copy would write its slot over a newer writer's, and recovery
-would miss a dead region.
+Stale reads. What fencing reads must be what the servers hold, not what this host's client
+cached a moment ago: a taker that read an old copy of the epochs file would write its slot over
+a newer writer's, and a writer that lost its lock would pass its check. A FUSE client (GlusterFS
+measured, 10.3 with default options) holds three caches in the way: the kernel's pages, which
+``O_DIRECT`` skips; the kernel's attributes (1 s), which make a direct read that starts at or
+past the size it cached return nothing without asking; and, on GlusterFS, quick-read, which
+answers every read of a file up to 64 KiB (1000 KB at most, whatever the volume sets) from the
+content a look-up fetched, ``O_DIRECT`` or not, for ``performance.quick-read-cache-timeout``
+(1 s). So:
+
+* The epochs file is never shorter than :data:`MIN_SIZE` (1 MiB, zeros past the last slot, a
+  hole): no quick-read caches it. It is created whole under a temporary name; the first writer
+  that takes a store whose file an older version wrote (a run of slots, no more) pads it.
+* It is read ``O_DIRECT`` on FUSE, in whole 4 KiB blocks (a brick that opened the file
+  ``O_DIRECT`` refuses others), each read starting below the size this host has seen: the
+  whole file from offset 0; the check, from the block of the writer's own slot on.
+* Before the whole file is read, its directory is listed: a FUSE client that lists with
+  ``READDIRPLUS`` (GlusterFS) takes the attributes of each name from the servers then, and
+  GlusterFS's quick-read drops a cached file whose time changed: the file as an older version
+  left it is read fresh too.
+* ``abort`` is looked for in a listing of the store directory (name and inode number; the
+  check lists through a descriptor of the directory it holds), not by ``stat``: a client
+  answers a stat from the name and attributes it cached for a second, which still show a file
+  another host removed or replaced.
+
+Measured on the test volume, host B reading right after host A wrote (10 tries each): a direct
+read of a one-slot file A had just appended to returned the old copy 10 times of 10 (fresh
+after 0.9-1.0 s), also with a lock taken first or ``statx(AT_STATX_FORCE_SYNC)``; with
+quick-read off a 1-byte direct read past the old size still returned nothing 10 times of 10;
+a file of 1 MiB, or a listing first, returned A's slot 10 times of 10; a ``stat`` of a name A had
+removed found it 10 times of 10, a listing never (tests/test_gluster_fencing.py). A local disk
+has one cache. Cost of a check there: 1.3-1.6 ms, was 0.5-0.8 (0.4 ms the direct read, which
+never reached the servers before, 0.4 ms the listing).
 
 What the store alone cannot close is the time between a check and the write it allows, and
 the pages a writer dirtied while it owned the store (under ASYNC_FLUSH, up to a flush interval's
@@ -74,21 +103,26 @@ write off the new writer's CommitLog records, and the new inodes keep it off its
 units and index entries (rocketstore.pipeline.engine.renewal).
 
 The file, ``config/rocketstore-epochs``: a run of 48-byte slots, slot ``n`` for epoch ``n``
-(big-endian; RocketMQ ignores files it does not know in ``config/``)::
+(big-endian; RocketMQ ignores files it does not know in ``config/``), then zeros up to at least
+:data:`MIN_SIZE` bytes (a file written before that rule has none)::
 
     0  magic "RSEP"       4  CRC-32 of bytes 8..47   8  epoch (long)
     16 fenced end X (long)  24 start S (long)        32 taken at, ms since epoch (long)
     40 pid (int)            44 reserved (int, 0)
 
-A slot that is not whole (a torn append) ends the run; the next writer writes its slot there.
+A slot that is not whole (a torn append) ends the run; the next writer writes its slot there and
+zeros whatever follows it.
 
 Thread-safety: a :class:`Fence` is used under the store's lock. Crash behaviour: a taker that
 dies before its slot is durable wrote nothing else; one that dies after it leaves an epoch whose
-dead region recovery honours whether or not a record ever followed.
+dead region recovery honours whether or not a record ever followed. One that dies while it
+creates the file leaves at most ``rocketstore-epochs.<pid>.creating``, which the next taker
+removes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import errno
@@ -103,6 +137,7 @@ import numpy as np
 
 from rocketstore.pipeline.errors import FencedError, SegmentCreateError, StoreLockedError
 from rocketstore.pipeline.files import durability, filesystem, visibility
+from rocketstore.pipeline.files.filecreation import TMP_SUFFIX, limit_note
 from rocketstore.pipeline.files.fileio import io_error, pwrite_all
 from rocketstore.pipeline.files.lock import DirectoryLock
 from rocketstore.pipeline.format import record
@@ -115,6 +150,15 @@ FILE_NAME = "rocketstore-epochs"
 MAGIC = b"RSEP"
 SLOT = struct.Struct(">4sIqqqqii")
 _BODY = struct.Struct(">qqqqii")
+# The file's least size: more than the largest file GlusterFS's quick-read caches (its
+# max-file-size: 64 KiB by default, 1000 KB at most), so that no client answers a read of it
+# from a copy (see the module).
+MIN_SIZE = 1 << 20
+# Reads start and end on multiples of it: a brick that opened the file O_DIRECT refuses others.
+_BLOCK = 4096
+_ZEROS = bytes(_BLOCK)
+# The first read of the whole file: 1,365 slots, and no more bytes of padding to move.
+_FIRST_READ = 64 << 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,13 +187,26 @@ def path_of(store_dir: Path) -> Path:
 
 def read_epochs(store_dir: Path) -> list[Epoch]:
     """The recorded epochs, oldest first, up to the first slot that is not whole; read from the
-    file system itself, never from pages this host cached (see the module)."""
+    file system itself, never from what this host cached (see the module)."""
+    read = _read_fresh(store_dir)
+    return parse(read[0]) if read is not None else []
+
+
+def _read_fresh(store_dir: Path) -> tuple[bytes, bool] | None:
+    """The epochs file as the file system holds it (:func:`_read_all`), or None when there is
+    none."""
+    path = path_of(store_dir)
+    # A file an older version wrote can be small enough for a client to cache its content:
+    # listing the directory makes a FUSE client ask the servers for each name's attributes,
+    # and GlusterFS drops the content it cached of a file whose time changed (see the module).
+    with contextlib.suppress(OSError):
+        os.listdir(path.parent)
     try:
-        fd = os.open(path_of(store_dir), os.O_RDONLY | _direct_flag(store_dir))
+        fd = os.open(path, os.O_RDONLY | _direct_flag(store_dir))
     except FileNotFoundError:
-        return []
+        return None
     try:
-        return parse(_read_all(fd, path_of(store_dir)))
+        return _read_all(fd, path)
     finally:
         os.close(fd)
 
@@ -168,23 +225,57 @@ def parse(data: bytes) -> list[Epoch]:
     return epochs
 
 
-def _read_all(fd: int, path: Path) -> bytes:
-    """The whole file behind ``fd``, asked of the file system: through ``O_DIRECT`` where
-    ``fd`` has it (a FUSE client then asks its servers); where the file system refuses a direct
-    read of this length (``EINVAL``), with this host's cached pages of it dropped first."""
-    parts: list[bytes] = []
-    at = 0
+def _read_all(fd: int, path: Path) -> tuple[bytes, bool]:
+    """The epochs file behind ``fd``, asked of the file system, from offset 0: all of it
+    (``True``), or up to a block of zeros, past which it holds zeros only (``False``: its slots
+    are one run from offset 0, and a torn append touches the slot after the run only).
+
+    Where ``fd`` has ``O_DIRECT``, every read starts at offset 0 (a FUSE kernel passes a direct
+    read that starts below the size it cached on to the server whole: it cuts none short at
+    that size) and is of whole blocks, a longer one from offset 0 again where the first did not
+    reach the end of the run. Where the file system refuses a direct read (``EINVAL``), the
+    file is read whole, this host's cached pages of it dropped first."""
+    size = _FIRST_READ
     try:
-        while chunk := os.pread(fd, _STEP, at):
-            parts.append(chunk)
-            at += len(chunk)
-        return b"".join(parts)
+        while True:
+            data = os.pread(fd, size, 0)
+            if len(data) < size:
+                return data, True
+            if data.endswith(_ZEROS):
+                return data, False
+            size *= 4
     except OSError as exc:
         if exc.errno != errno.EINVAL:
             raise
     visibility.drop_cached(path)
     with open(path, "rb", buffering=0) as f:
-        return f.read()
+        return f.read(), True
+
+
+def _blocks(n: int) -> int:
+    """``n`` rounded up to whole blocks."""
+    return -(-n // _BLOCK) * _BLOCK
+
+
+def _create(path: Path) -> None:
+    """Create the epochs file whole: :data:`MIN_SIZE` zeros, synced, under a temporary name,
+    then linked to its name, so that no host ever sees it shorter (one that cached it empty
+    could not read it directly). A file another writer created meanwhile is kept, and so are
+    its bytes."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}{TMP_SUFFIX}")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, MIN_SIZE)
+        durability.fsync(fd, tmp)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(fd)
+    try:
+        durability.place_new(tmp, path)
+    except FileExistsError:
+        durability.remove(tmp)
 
 
 def applies(store_dir: Path, shared: bool) -> bool:
@@ -220,12 +311,21 @@ def take_over(
 
 
 def abort_identity(store_dir: Path) -> int | None:
-    """``abort``'s inode number, None when it is missing (see the module). Not its times: a
-    replicated file system may answer them from any replica, each with its own."""
+    """``abort``'s inode number, None when it is missing, as a listing of the store directory
+    gives them (see the module). Not its times: a replicated file system may answer them from
+    any replica, each with its own."""
     try:
-        return os.stat(store_dir / "abort").st_ino
+        with os.scandir(store_dir) as entries:
+            return _abort_in(entries)
     except FileNotFoundError:
         return None
+
+
+def _abort_in(entries: Iterator[os.DirEntry[str]]) -> int | None:
+    for entry in entries:
+        if entry.name == "abort":
+            return entry.inode()
+    return None
 
 
 def dead_regions(epochs: list[Epoch]) -> list[tuple[int, int]]:
@@ -241,10 +341,17 @@ class Fence:
         self.lock = lock
         self.epoch = epoch
         self._next_slot = (epoch.epoch + 1) * SLOT.size
-        self._fd: int | None = os.open(path_of(store_dir), os.O_RDONLY | _direct_flag(store_dir))
         self.fenced: FencedError | None = None
-        # ``abort`` as this writer's open left it; a taker that records no epoch changes it.
-        self._abort = abort_identity(store_dir)
+        self._fd: int | None = os.open(path_of(store_dir), os.O_RDONLY | _direct_flag(store_dir))
+        # The store directory, listed through this descriptor at each check: on GlusterFS a
+        # third of the cost of a listing by name (0.4 ms, not 1.1: no open and release).
+        self._dir: int | None = None
+        try:
+            # ``abort`` as this writer's open left it; a taker that records no epoch changes it.
+            self._abort = self._abort_now()
+        except BaseException:
+            self.close()
+            raise
 
     @classmethod
     def take(
@@ -253,20 +360,39 @@ class Fence:
         """Record the next epoch (durable on return) and hold it. The caller holds ``lock``."""
         path = path_of(store_dir)
         try:
-            # Read from the file system (read_epochs): a slot this host cached before another
-            # host's writer appended would put this epoch over that one's.
-            e = Epoch(len(read_epochs(store_dir)), fenced_end, start, now_ms, os.getpid())
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            for leftover in path.parent.glob(f"{FILE_NAME}.*{TMP_SUFFIX}"):
+                durability.remove(leftover)  # of a taker that died creating the file
+            # Read from the file system (see the module): a slot this host cached before
+            # another host's writer appended would put this epoch over that one's.
+            read = _read_fresh(store_dir)
+            if read is None:
+                _create(path)
+                read = _read_fresh(store_dir) or (b"", True)
+            data, whole = read
+            e = Epoch(len(parse(data)), fenced_end, start, now_ms, os.getpid())
+            at = e.epoch * SLOT.size
+            fd = os.open(path, os.O_RDWR)
             try:
-                pwrite_all(fd, e.pack(), e.epoch * SLOT.size)
+                if whole and len(data) < MIN_SIZE:
+                    # An older version's file, whose true size was just read: padded.
+                    os.ftruncate(fd, MIN_SIZE)
                 # Anything after the slot (a torn later append) would read as a newer epoch.
-                os.ftruncate(fd, (e.epoch + 1) * SLOT.size)
+                junk = len(data[at + SLOT.size :].rstrip(b"\0"))
+                if junk:
+                    pwrite_all(fd, bytes(junk), at + SLOT.size)
+                pwrite_all(fd, e.pack(), at)
                 durability.fsync(fd, path)
             finally:
                 os.close(fd)
             durability.fsync_dir(path.parent)
         except OSError as exc:
-            raise io_error(exc, f"recording the next epoch in {path}") from exc
+            # The file is MIN_SIZE long: a file size limit or a full disk may refuse it.
+            note = (
+                f" ({limit_note(exc, path.parent)})"
+                if exc.errno in (errno.EFBIG, errno.ENOSPC, errno.EDQUOT)
+                else ""
+            )
+            raise io_error(exc, f"recording the next epoch in {path}{note}") from exc
         return cls(store_dir, lock, e)
 
     def check(self, what: str) -> None:
@@ -310,9 +436,9 @@ class Fence:
                 )
             return f"a newer epoch is being written to {path_of(self.store_dir)}"
         try:
-            abort = abort_identity(self.store_dir)
+            abort = self._abort_now()
         except OSError as exc:
-            return f"{self.store_dir / 'abort'} cannot be read ({exc.strerror or exc})"
+            return f"{self.store_dir} cannot be listed ({exc.strerror or exc})"
         if abort != self._abort:
             self.lock.release()
             return (
@@ -322,24 +448,47 @@ class Fence:
         return None
 
     def _read_next(self) -> bool:
-        """Whether anything follows this writer's slot, read from the file system itself."""
+        """Whether the slot after this writer's holds anything, read from the file system."""
         fd = self._fd
         if fd is None:
             raise OSError(errno.EBADF, "fence closed")
+        # From the block of this writer's own slot, which is below the size this host has seen
+        # of the file: a FUSE kernel passes the read on, whatever size it cached (see the module).
+        start = self.epoch.epoch * SLOT.size // _BLOCK * _BLOCK
+        length = _blocks(self._next_slot + SLOT.size - start)
         try:
-            return bool(os.pread(fd, 1, self._next_slot))
+            data = os.pread(fd, length, start)
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise
-        # O_DIRECT refused for this length or offset: a fresh open, which a FUSE client serves
-        # from the servers (it drops its cached pages of a file when it is opened).
-        with open(path_of(self.store_dir), "rb", buffering=0) as f:
-            return bool(os.pread(f.fileno(), 1, self._next_slot))
+            # O_DIRECT refused: this host's cached pages dropped, then a fresh open.
+            path = path_of(self.store_dir)
+            visibility.drop_cached(path)
+            with open(path, "rb", buffering=0) as f:
+                data = os.pread(f.fileno(), length, start)
+        return any(data[self._next_slot - start : self._next_slot - start + SLOT.size])
+
+    def _abort_now(self) -> int | None:
+        """``abort``'s identity now (:func:`abort_identity`), listed through the descriptor of
+        the store directory; through a new one where that one fails (a client that lost its
+        servers for a while may refuse the descriptors it had)."""
+        if self._dir is not None:
+            try:
+                os.lseek(self._dir, 0, os.SEEK_SET)
+                with os.scandir(self._dir) as entries:
+                    return _abort_in(entries)
+            except OSError:
+                os.close(self._dir)
+                self._dir = None
+        self._dir = os.open(self.store_dir, os.O_RDONLY | os.O_DIRECTORY)
+        with os.scandir(self._dir) as entries:
+            return _abort_in(entries)
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        for fd in (self._fd, self._dir):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._dir = None
 
 
 def _dead_parts(log: CommitLog, x: int, s: int) -> Iterator[tuple[MappedFile, int, bytes]]:

@@ -161,7 +161,9 @@ class MessageStore(StoreReads):
     def _open(self) -> None:
         """Open the files, recover them and get ready to write: the plain open, with the steps
         shared storage adds around it (rocketstore.pipeline.engine.sharedopen)."""
-        self.abort_file_found = (self.path / "abort").exists()
+        # From a listing: a stat may answer from a name this host cached, which another host
+        # may have removed a moment ago (rocketstore.pipeline.engine.fencing, "Stale reads").
+        self.abort_file_found = fencing.abort_identity(self.path) is not None
         if self._lock is not None:  # a writer
             for sub in ("commitlog", "consumequeue", "index", "config"):
                 durability.make_dirs(self.path / sub)
