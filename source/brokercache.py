@@ -52,14 +52,14 @@ import os
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
+from rocketstore.pipeline.errors import SegmentGoneError
 from rocketstore.pipeline.files import visibility
-from rocketstore.pipeline.files.mappedfile import segment_name
+from rocketstore.pipeline.files.localsegments import LocalSegments
 from rocketstore.pipeline.files.progress import FILE_NAME as PROGRESS_FILE
 from rocketstore.pipeline.files.progress import FlushProgress
-from rocketstore.pipeline.files.segments import list_segments
+from rocketstore.pipeline.files.segmentread import locate
 from rocketstore.pipeline.format import record
 from rocketstore.source.brokerview import BrokerView, QueueBounds, Tails
-from rocketstore.source.segfiles import listed_size
 
 _HEAD = record.SIZE_MAGIC  # a record's TOTALSIZE and MAGIC (signed, as MAGIC is)
 FileId = tuple[int, int, int, int]  # st_ino, st_size, st_mtime_ns, st_ctime_ns
@@ -84,13 +84,14 @@ class Stamp:
 
     progress_path: str
     progress: FileId
-    first_segment: str
-    # The last flushed record: the segment file it is in, where, and its size; then where the
-    # next record would start (the same file, or the next one when the record filled it).
-    record_file: str
+    log: str  # the CommitLog's directory
+    first_segment: int  # the base of its first segment
+    # The last flushed record: the base of the segment it is in, where, and its size; then
+    # where the next record would start (the same segment, or the next when it filled it).
+    record_base: int
     record_pos: int
     record_size: int
-    next_file: str
+    next_base: int
     next_pos: int
 
 
@@ -102,16 +103,13 @@ def _file_id(path: str) -> FileId | None:
     return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
-def _pread(path: str, n: int, offset: int) -> bytes:
-    """``n`` bytes of ``path`` at ``offset`` (fewer past its end; none when it is not there)."""
+def _read(log: LocalSegments, base: int, position: int, n: int) -> bytes:
+    """``n`` bytes of the segment at ``base`` (zeros past its end; none when it is not
+    there)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+        return log.read(base, position, n)
+    except SegmentGoneError:
         return b""
-    try:
-        return os.pread(fd, n, offset)
-    finally:
-        os.close(fd)
 
 
 # The last record and the bytes after it in one read, when it is no bigger than this.
@@ -122,12 +120,13 @@ def _ends_at_flushed(stamp: Stamp) -> bool:
     """Whether the last flushed record is still there, of its size, and nothing follows it
     (zeros, or no segment file for it yet)."""
     n = _HEAD.size
-    if stamp.next_file == stamp.record_file and stamp.record_size <= _ONE_READ:
-        raw = _pread(stamp.record_file, stamp.record_size + n, stamp.record_pos)
+    log = LocalSegments(stamp.log)
+    if stamp.next_base == stamp.record_base and stamp.record_size <= _ONE_READ:
+        raw = _read(log, stamp.record_base, stamp.record_pos, stamp.record_size + n)
         head, after = raw[:n], raw[stamp.record_size :]
     else:
-        head = _pread(stamp.record_file, n, stamp.record_pos)
-        after = _pread(stamp.next_file, n, stamp.next_pos)
+        head = _read(log, stamp.record_base, stamp.record_pos, n)
+        after = _read(log, stamp.next_base, stamp.next_pos, n)
     if len(head) < n or _HEAD.unpack(head) != (stamp.record_size, record.MAGIC):
         return False
     return not any(after)
@@ -155,22 +154,25 @@ def take_stamp(view: BrokerView) -> tuple[Stamp, FlushProgress] | None:
     if progress is None:
         return None
     last, end = progress.last_record_offset, progress.flushed_offset
-    segments = list_segments(view.path / "commitlog")
+    log = LocalSegments(view.path / "commitlog")
+    segments = log.listed()
     if not segments or not 0 <= last < end:
         return None
-    size = listed_size(segments)
+    size = log.file_size()
     if size <= 0:
         return None
-    log = str(view.path / "commitlog")
+    record_base, record_pos = locate(last, size)
+    next_base, next_pos = locate(end, size)
     stamp = Stamp(
         path,
         before,
-        str(segments[0][1]),
-        os.path.join(log, segment_name(last - last % size)),
-        last % size,
+        log.location,
+        segments[0],
+        record_base,
+        record_pos,
         end - last,
-        os.path.join(log, segment_name(end - end % size)),
-        end % size,
+        next_base,
+        next_pos,
     )
     if not view.shared and not _ends_at_flushed(stamp):
         return None
@@ -184,7 +186,7 @@ def holds(view: BrokerView, stamp: Stamp) -> bool:
             os.listdir(os.path.dirname(stamp.progress_path))
     if _file_id(stamp.progress_path) != stamp.progress:
         return False
-    if _file_id(stamp.first_segment) is None:
+    if LocalSegments(stamp.log).size_of(stamp.first_segment) < 0:
         return False
     return view.shared or _ends_at_flushed(stamp)
 

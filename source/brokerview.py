@@ -17,14 +17,15 @@ it is.
 The first readable offset (``min``) follows retention: the first unit that still points into
 the CommitLog (RocketMQ's ``correctMinOffset``), past any pre-blank units.
 
-A file past the last one this host lists (:class:`rocketstore.pipeline.files.segments.SegmentListing`) is one a
+A file past the last one this host lists (:class:`rocketstore.pipeline.files.localsegments.LocalSegments`) is one a
 writer on another host created since: on shared storage the directory is listed again once
 for it, and what is still not listed is not offered yet, never taken for damage. Planning does
 not wait for it: a later trigger offers it, and the executors reading what was offered wait
 for the files they need (:mod:`rocketstore.source.read`).
 
 Thread-safety: a :class:`BrokerView` holds no open files between calls; each call opens what it
-reads and closes it. Files that retention deletes during a call make the call start again.
+reads, through the read seam (:mod:`rocketstore.pipeline.files.segmentread`), and closes it.
+Files that retention deletes during a call make the call start again.
 """
 
 from __future__ import annotations
@@ -35,12 +36,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
-from rocketstore.pipeline.errors import StoreError
+from rocketstore.pipeline.errors import SegmentGoneError, StoreError
 from rocketstore.pipeline.files import visibility
-from rocketstore.pipeline.files.segments import SegmentListing
+from rocketstore.pipeline.files.localsegments import LocalSegments
+from rocketstore.pipeline.files.segmentread import (
+    OpenSegments,
+    locate,
+    unit_index,
+    unit_position,
+)
 from rocketstore.pipeline.format import native, record
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE, PRE_BLANK_SIZE, UNIT
-from rocketstore.source.segfiles import listed_size
 
 TAIL_CHECK_UNITS = 16  # how far back an incomplete tail is looked past before trusting units
 RETRIES = 5
@@ -69,21 +75,24 @@ Tails = dict[tuple[str, int], Tail]
 
 
 class _Files:
-    """File descriptors opened on first use and closed together; reads by ``pread``."""
+    """The segment files one call opens, CommitLog and ConsumeQueues alike, through the read
+    seam (:mod:`rocketstore.pipeline.files.segmentread`): each read with ``pread`` through a
+    descriptor opened on first use, and all closed together."""
 
     def __init__(self) -> None:
-        self._fds: dict[Path, int] = {}
+        self._open: list[OpenSegments] = []
 
-    def pread(self, path: Path, n: int, offset: int) -> bytes:
-        fd = self._fds.get(path)
-        if fd is None:
-            fd = self._fds[path] = os.open(path, os.O_RDONLY)
-        return os.pread(fd, n, offset)
+    def of(self, directory: Path) -> tuple[LocalSegments, OpenSegments]:
+        """The segments of ``directory``, and the ones opened there by this call."""
+        files = LocalSegments(directory)
+        opened = OpenSegments(files)
+        self._open.append(opened)
+        return files, opened
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        for opened in self._open:
+            opened.close()
+        self._open.clear()
 
 
 @contextlib.contextmanager
@@ -100,11 +109,11 @@ def _retrying(what: str, call: Callable[[], T]) -> T:
     for _ in range(RETRIES - 1):
         try:
             return call()
-        except FileNotFoundError:
+        except SegmentGoneError:
             continue
     try:
         return call()
-    except FileNotFoundError as exc:
+    except SegmentGoneError as exc:
         raise StoreError(f"{what}: files keep disappearing while reading ({exc})") from None
 
 
@@ -113,15 +122,14 @@ class _CommitLog:
     offset past them is asked for (see the module docstring)."""
 
     def __init__(self, directory: Path, files: _Files) -> None:
-        self.listing = SegmentListing(directory)
-        self.segments = self.listing.entries
-        self.files = files
-        self.segment_size = listed_size(self.segments)
+        self.files, self.open = files.of(directory)
+        self.segments = self.files.listed()
+        self.segment_size = self.files.file_size()
         self._relist = True
 
     @property
     def min_offset(self) -> int:
-        return self.segments[0][0] if self.segments else 0
+        return self.segments[0] if self.segments else 0
 
     def listed(self, phys: int) -> bool:
         """Whether a listed segment holds ``phys``; one past them lists the directory again
@@ -132,34 +140,27 @@ class _CommitLog:
         return past and self._relisted() and self._holds(phys)
 
     def _holds(self, phys: int) -> bool:
-        if not self.segments or phys < self.min_offset:
+        if not self.segments or not self.segment_size or phys < self.min_offset:
             return False
-        return (phys - self.min_offset) // self.segment_size < len(self.segments)
+        return self.files.is_listed(locate(phys, self.segment_size)[0])
 
     def _relisted(self) -> bool:
         """List the directory again, the first time it is asked for; whether it was."""
         if not self._relist:
             return False
         self._relist = False
-        self.listing.relist()
-        self.segments = self.listing.entries
+        self.files.relist()
+        self.segments = self.files.listed()
         if self.segments and not self.segment_size:
-            self.segment_size = listed_size(self.segments)
+            self.segment_size = self.files.file_size()
         return True
 
-    def _locate(self, phys: int) -> tuple[Path, int] | None:
+    def read(self, phys: int, n: int) -> bytes | None:
         if not self.listed(phys):
             return None
-        base, path = self.segments[(phys - self.min_offset) // self.segment_size]
-        return path, phys - base
-
-    def read(self, phys: int, n: int) -> bytes | None:
-        where = self._locate(phys)
-        if where is None:
-            return None
-        path, rel = where
+        base, rel = locate(phys, self.segment_size)
         n = min(n, self.segment_size - rel)
-        return self.files.pread(path, n, rel)
+        return self.open.get(base).read(rel, n)
 
     def store_timestamp(self, phys: int) -> int:
         raw = self.read(phys, record.OFF_BORNHOST + 20 + 8)
@@ -173,36 +174,29 @@ class _Queue:
     queue offset."""
 
     def __init__(self, directory: Path, files: _Files) -> None:
-        self.files = files
-        self.listing = SegmentListing(directory)
+        self.files, self.open = files.of(directory)
         self._take_listing()
 
     def relist(self) -> None:
-        self.listing.relist()
+        self.files.relist()
         self._take_listing()
 
     def _take_listing(self) -> None:
-        self.segments = list(self.listing.entries)
+        self.segments = self.files.listed()
         # A writer that creates a file and then sizes it (RocketMQ does) can leave an empty
         # file at the end for a moment; it holds no units.
-        if self.segments and self.segments[-1][1].stat().st_size == 0:
+        if self.segments and self.files.size_of(self.segments[-1]) == 0:
             self.segments.pop()
-        self.file_size = listed_size(self.segments) if self.segments else 0
-        self.per_file = self.file_size // CQ_UNIT_SIZE
+        self.file_size = self.files.file_size() if self.segments else 0
+        self.per_file = unit_index(0, self.file_size)
 
     @property
     def first(self) -> int:
-        return self.segments[0][0] // CQ_UNIT_SIZE if self.segments else 0
+        return unit_index(self.segments[0], 0) if self.segments else 0
 
     def unit(self, i: int) -> tuple[int, int, int]:
-        base0 = self.segments[0][0]
-        pos = i * CQ_UNIT_SIZE
-        idx = (pos - base0) // self.file_size
-        base, path = self.segments[idx]
-        raw = self.files.pread(path, CQ_UNIT_SIZE, pos - base)
-        if len(raw) < CQ_UNIT_SIZE:
-            return 0, 0, 0
-        offset, size, tags = UNIT.unpack(raw)
+        base, position = unit_position(i, self.file_size)
+        offset, size, tags = UNIT.unpack(self.open.get(base).read(position, CQ_UNIT_SIZE))
         return offset, size, tags
 
     def valid(self, i: int) -> bool:
@@ -216,14 +210,14 @@ class _Queue:
         the search runs (from the hint, in steps that double, when the queue only grew within
         its last file: a few units more cost a few reads, not a search of the whole file)."""
         if hint is not None and self.segments:
-            first = self.segments[-1][0] // CQ_UNIT_SIZE
-            last = first + self.per_file
+            first = unit_index(self.segments[-1], 0)
+            last = unit_index(self.segments[-1], self.file_size)
             if first < hint <= last and self.valid(hint - 1):
                 if hint == last or not self.valid(hint):
                     return hint
                 return _first_true_from(hint + 1, last, lambda i: not self.valid(i))
         for idx in range(len(self.segments) - 1, -1, -1):
-            first = self.segments[idx][0] // CQ_UNIT_SIZE
+            first = unit_index(self.segments[idx], 0)
 
             def invalid(k: int, first: int = first) -> bool:
                 return not self.valid(first + k)
@@ -346,8 +340,8 @@ class BrokerView:
                 # lacks the newest, or it still caches older pages of the last ones. Ask the
                 # file system again.
                 cq.relist()
-                for _, path in cq.segments[-2:]:
-                    visibility.drop_cached(path)
+                for base in cq.segments[-2:]:
+                    cq.files.forget_cached(base)
                 raw_end = cq.end(None)
             raw_end = max(cq.first, min(raw_end, want))
         if last is not None and last == Tail(raw_end, raw_end):
@@ -358,8 +352,8 @@ class BrokerView:
             if point is not None and end < raw_end:
                 # Records below the published point that do not check out here: older
                 # pages of the segment they are in, cached on this host.
-                for _, path in log.segments[-2:]:
-                    visibility.drop_cached(path)
+                for base in log.segments[-2:]:
+                    log.files.forget_cached(base)
                 end = self._complete_end(cq, log, queue_id, raw_end)
         if tails is not None:
             tails[(topic, queue_id)] = Tail(raw_end, end)
@@ -420,6 +414,8 @@ class BrokerView:
                     return bounds.max
 
                 def at_or_after(i: int) -> bool:
+                    if i < cq.first:
+                        return False  # deleted by retention since the bounds: stored before
                     offset, _, _ = cq.unit(i)
                     return log.store_timestamp(offset) >= timestamp
 

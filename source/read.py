@@ -18,7 +18,9 @@ loss: :class:`~rocketstore.source.errors.DataLossError` with ``failOnDataLoss=tr
 skipped and a warning logged. On shared storage a file past the last one this host lists is
 not lost but not visible here yet (a planner on another host saw it): it is looked for in the
 directory listed again for up to ``visibilityWaitMs``
-(:class:`rocketstore.pipeline.files.segments.SegmentListing`), then :class:`~rocketstore.pipeline.errors.NotVisibleError`.
+(:class:`rocketstore.pipeline.files.localsegments.LocalSegments`), then :class:`~rocketstore.pipeline.errors.NotVisibleError`.
+Every file is reached through the read seam (:mod:`rocketstore.pipeline.files.segmentread`),
+and where a unit sits is :func:`~rocketstore.pipeline.files.segmentread.unit_position`'s.
 
 Thread-safety: no shared state; each call works on its own files.
 """
@@ -26,12 +28,9 @@ Thread-safety: no shared state; each call works on its own files.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -40,11 +39,16 @@ import pyarrow.compute as pc
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.root import StoreRoot
-from rocketstore.pipeline.errors import ConfigError, CorruptRecordError, StoreError
+from rocketstore.pipeline.errors import (
+    ConfigError,
+    CorruptRecordError,
+    SegmentGoneError,
+    StoreError,
+)
 from rocketstore.pipeline.files import visibility
-from rocketstore.pipeline.files.indexservice import IndexService
-from rocketstore.pipeline.files.mappedfile import segment_name
-from rocketstore.pipeline.files.segments import SegmentListing, list_segments
+from rocketstore.pipeline.files.indexservice import IndexService, list_index_files
+from rocketstore.pipeline.files.localsegments import LocalSegments
+from rocketstore.pipeline.files.segmentread import locate, unit_index, unit_position
 from rocketstore.pipeline.format import bodyformat, native, record
 from rocketstore.pipeline.format.subscription import Subscription
 from rocketstore.pipeline.layout import (
@@ -58,14 +62,12 @@ from rocketstore.pipeline.layout import (
 )
 from rocketstore.source.errors import DataLossError
 from rocketstore.source.planning import KeyRange, QueueRange
-from rocketstore.source.segfiles import SegmentCache, listed_size, segment_file
+from rocketstore.source.segfiles import SegmentCache
 
 log = logging.getLogger("rocketstore.source")
 
 CHUNK_UNITS = 1 << 16  # units per record batch: bounds memory, amortises the fixed costs
 CHUNK_BYTES = 64 << 20
-
-T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,10 +114,10 @@ def _read_units(
 ) -> tuple[npt.NDArray[np.void], list[tuple[int, int]]]:
     """Units ``[start, end)`` of a ConsumeQueue (exactly those bytes are read; units past the
     end of a file read as zeros) and the sub-ranges whose files are gone. A file past this
-    host's listing is waited for up to ``wait_ms`` (see :func:`~rocketstore.source.segfiles.segment_file`)."""
-    listing = SegmentListing(cq_dir, wait_ms)
-    first = listing.first() if start < end else None  # lists again when none is listed
-    file_size = listed_size(listing.entries) if first else 0
+    host's listing is waited for up to ``wait_ms`` (see :meth:`LocalSegments.has`)."""
+    files = LocalSegments(cq_dir, wait_ms)
+    first = files.first() if start < end else None  # lists again when none is listed
+    file_size = files.file_size() if first is not None else 0
     pieces: list[tuple[int, npt.NDArray[np.void]]] = []
     missing: list[tuple[int, int]] = []
     pos = start
@@ -123,16 +125,14 @@ def _read_units(
         if file_size <= 0:
             missing.append((pos, end))
             break
-        per_file = file_size // CQ_UNIT_SIZE
-        base = (pos * CQ_UNIT_SIZE // file_size) * file_size
-        stop = min(end, base // CQ_UNIT_SIZE + per_file)
-        length, offset = (stop - pos) * CQ_UNIT_SIZE, pos * CQ_UNIT_SIZE - base
-        raw = segment_file(listing, base, functools.partial(_pread, n=length, at=offset))
-        if raw is None:
+        base, position = unit_position(pos, file_size)
+        stop = min(end, unit_index(base, file_size))
+        try:
+            raw = files.read(base, position, (stop - pos) * CQ_UNIT_SIZE)
+        except SegmentGoneError:
             missing.append((pos, stop))
         else:
-            got = np.frombuffer(raw, dtype=UNIT_DTYPE, count=len(raw) // CQ_UNIT_SIZE)
-            pieces.append((pos - start, got))
+            pieces.append((pos - start, np.frombuffer(raw, dtype=UNIT_DTYPE)))
         pos = stop
     if len(pieces) == 1 and len(pieces[0][1]) == end - start:
         return pieces[0][1], missing  # the usual case: one whole read, used as it is
@@ -142,18 +142,13 @@ def _read_units(
     return out, missing
 
 
-def _pread(path: Path, *, n: int, at: int) -> bytes:
-    with open(path, "rb") as f:
-        return os.pread(f.fileno(), n, at)
-
-
 def _unit_location(cq_dir: Path, queue_offset: int) -> tuple[str, int]:
-    listed = list_segments(cq_dir)
-    size = listed_size(listed)
+    files = LocalSegments(cq_dir)
+    size = files.file_size()
     if not size:
         return str(cq_dir), queue_offset * CQ_UNIT_SIZE
-    base = (queue_offset * CQ_UNIT_SIZE // size) * size
-    return str(cq_dir / segment_name(base)), queue_offset * CQ_UNIT_SIZE - base
+    base, position = unit_position(queue_offset, size)
+    return files.where(base), position
 
 
 # -- columns --------------------------------------------------------------------------------------
@@ -260,7 +255,7 @@ def read_queue_range(rng: QueueRange, ctx: ReadContext) -> Iterator[pa.RecordBat
     shared = visibility.is_shared(broker, config.shared_storage)
     wait_ms = config.visibility_wait_ms if shared else None
     segments = SegmentCache(broker / "commitlog", wait_ms)
-    builder = BatchBuilder(ctx, rng.broker, lambda phys: str(segments.path_of(phys)))
+    builder = BatchBuilder(ctx, rng.broker, segments.path_of)
     try:
         pos = rng.start
         while pos < rng.end:
@@ -273,8 +268,7 @@ def read_queue_range(rng: QueueRange, ctx: ReadContext) -> Iterator[pa.RecordBat
 
                 def refresh(pos: int = pos, stop: int = stop) -> None:
                     segments.drop()
-                    for path in _unit_files(cq_dir, pos, stop):
-                        visibility.drop_cached(path)
+                    _forget_units(cq_dir, pos, stop)
 
                 parts = visibility.wait_until_valid(
                     chunk,
@@ -303,7 +297,7 @@ def _read_chunk(
 ) -> list[pa.RecordBatch]:
     """The records of units ``[pos, stop)`` of the partition's queue, checked to be theirs.
     ConsumeQueue files past this host's listing are waited for as ``segments``' are."""
-    units, missing = _read_units(cq_dir, pos, stop, segments.listing.wait_ms)
+    units, missing = _read_units(cq_dir, pos, stop, segments.files.wait_ms)
     _lost(ctx, rng, [(a, b, "its ConsumeQueue file was deleted") for a, b in missing])
     offsets = np.arange(pos, stop, dtype=np.int64)
     size = units["size"].astype(np.int64)
@@ -334,14 +328,17 @@ def _read_chunk(
     return parts
 
 
-def _unit_files(cq_dir: Path, start: int, end: int) -> list[Path]:
-    """The ConsumeQueue files that hold units ``[start, end)``."""
-    listed = list_segments(cq_dir)
-    if not listed:
-        return []
-    size = listed_size(listed) or 1
-    lo, hi = start * CQ_UNIT_SIZE, end * CQ_UNIT_SIZE
-    return [p for base, p in listed if base < hi and base + size > lo]
+def _forget_units(cq_dir: Path, start: int, end: int) -> None:
+    """Drop this host's cached pages of the ConsumeQueue files that hold units
+    ``[start, end)`` (``start < end``)."""
+    files = LocalSegments(cq_dir)
+    size = files.file_size()
+    if not size:
+        return
+    lo, hi = unit_position(start, size)[0], unit_position(end - 1, size)[0]
+    for base in files.listed():
+        if lo <= base <= hi:
+            files.forget_cached(base)
 
 
 def _one_batch(parts: list[pa.RecordBatch]) -> pa.RecordBatch:
@@ -388,8 +385,7 @@ def _decode_units(
         return parts, offsets[:0]
     if segments.segment_size == 0:
         return parts, offsets  # the CommitLog has no segment left at all
-    seg_size = segments.segment_size
-    bases = phys - phys % seg_size
+    bases, _ = locate(phys, segments.segment_size)
     cuts = np.flatnonzero(np.diff(bases)) + 1
     for idx in np.split(np.arange(len(phys)), cuts):
         base = int(bases[idx[0]])
@@ -398,7 +394,7 @@ def _decode_units(
             lost.append(offsets[idx])
             continue
         recs = native.decode(
-            seg.mm, phys[idx] - base, base, path=str(seg.path), sizes=size[idx], columns=columns
+            seg.buffer, phys[idx] - base, base, path=seg.where, sizes=size[idx], columns=columns
         )
         _check_owner(recs, rng, offsets[idx], cq_dir)
         parts.append(recs)
@@ -436,11 +432,7 @@ def index_geometry(index_dir: Path, config: StoreConfig | None) -> tuple[int, in
     """(maxHashSlotNum, maxIndexNum) of a broker's IndexFiles: the configuration's when its
     IndexFile size is the files' (the files are the truth for a reader), else from the file
     size, assuming RocketMQ's 1:4 ratio of slots to entries."""
-    files = (
-        sorted(p for p in index_dir.iterdir() if p.is_file() and p.name.isdigit())
-        if index_dir.is_dir()
-        else []
-    )
+    files = list_index_files(index_dir)
     if not files:
         return None
     size = files[0].stat().st_size
@@ -465,7 +457,7 @@ def read_key(kr: KeyRange, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
     broker = Path(kr.broker_path)
     geometry = index_geometry(broker / "index", ctx.config)
     if geometry is None:
-        if list_segments(broker / "commitlog"):
+        if LocalSegments(broker / "commitlog").listed():
             raise StoreError(
                 f"{broker / 'index'}: no IndexFiles, so option key cannot be looked up on "
                 f"broker {kr.broker} (was it written with messageIndexEnable=false?)"
@@ -493,7 +485,7 @@ def read_key(kr: KeyRange, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
     segments = SegmentCache(
         broker / "commitlog", config.visibility_wait_ms if point is not None else None
     )
-    builder = BatchBuilder(ctx, kr.broker, lambda phys: str(segments.path_of(phys)))
+    builder = BatchBuilder(ctx, kr.broker, segments.path_of)
     try:
         live = (
             candidates[candidates >= segments.min_offset]
@@ -537,19 +529,20 @@ def _read_key_records(
     """The records at CommitLog offsets ``live`` whose key is ``kr.key``. An offset where no
     record starts is skipped, or with ``strict`` raises :class:`CorruptRecordError`."""
     parts: list[pa.RecordBatch] = []
-    bases = live - live % max(segments.segment_size, 1)
+    bases, _ = locate(live, max(segments.segment_size, 1))
     columns = ctx.columns | native.Columns.KEYS | native.Columns.UNIQ_KEY
     for base in np.unique(bases).tolist():
         seg = segments.get(base)
         if seg is None:
             continue
         rel = live[bases == base] - base
-        starts = native.record_starts(seg.mm, rel, base)
+        buffer = seg.buffer
+        starts = native.record_starts(buffer, rel, base)
         if strict and not starts.all():
             at = int(rel[np.flatnonzero(~starts)[0]])
-            raise CorruptRecordError(str(seg.path), at, "an index entry names no record here")
+            raise CorruptRecordError(seg.where, at, "an index entry names no record here")
         rel = rel[starts]
-        recs = native.decode(seg.mm, rel, base, path=str(seg.path), columns=columns)
+        recs = native.decode(buffer, rel, base, path=seg.where, columns=columns)
         parts.append(recs.filter(_key_matches(recs, kr)))
     return parts
 

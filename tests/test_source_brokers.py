@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files.localsegments import LocalSegments, list_segments
 from rocketstore.pipeline.files.progress import FlushProgress
-from rocketstore.pipeline.files.segments import list_segments
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.source import brokercache, options
 from rocketstore.source.planning import Planner
@@ -116,13 +116,20 @@ def test_a_plan_whose_listing_retention_overtook_reads_the_broker(
     with MessageStore(broker, SMALL) as store:
         for k in range(12):
             store.put_batch(message_table("orders", list(range(k * 100, k * 100 + 100)), 2))
-    listing = list_segments(broker / "commitlog")
-    assert len(listing) > 2
-    listing[0][1].unlink()
-    monkeypatch.setattr(brokercache, "list_segments", lambda _directory: listing)
+    assert len(list_segments(broker / "commitlog")) > 2
+    deleted: list[Path] = []
+
+    class ListedThenDeleted(LocalSegments):
+        def relist(self, leftovers: list[Path] | None = None) -> None:
+            super().relist(leftovers)
+            if not deleted:
+                deleted.append(self.entries[0][1])
+                deleted[0].unlink()  # retention, right after the plan's listing
+
+    monkeypatch.setattr(brokercache, "LocalSegments", ListedThenDeleted)
     p = planner(tmp_path)
     assert p.latest() == planner(tmp_path).latest()
-    assert p.work.read == 1
+    assert p.work.read == 1 and deleted and not deleted[0].exists()
 
 
 def test_a_tail_cut_back_makes_the_broker_read_again(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.files.mappedfile import MappedFile
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.source import brokerview, options, schema
 from rocketstore.source.brokerview import BrokerView, QueueBounds
@@ -79,16 +80,17 @@ class Reads:
 
 @pytest.fixture
 def planning_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[Reads]:
-    """Counts what the broker view reads (every read it makes goes through ``_Files.pread``)."""
+    """Counts what the broker view reads (every read it makes is a ``read`` of a segment it
+    opened through the read seam, a :class:`MappedFile`)."""
     reads = Reads()
-    real = brokerview._Files.pread
+    real = MappedFile.read
 
-    def counted(self: brokerview._Files, path: Path, n: int, offset: int) -> bytes:
-        got = real(self, path, n, offset)
-        reads.add(str(path), len(got))
+    def counted(self: MappedFile, position: int, n: int) -> bytes:
+        got = real(self, position, n)
+        reads.add(self.where, len(got))
         return got
 
-    monkeypatch.setattr(brokerview._Files, "pread", counted)
+    monkeypatch.setattr(MappedFile, "read", counted)
     yield reads
 
 

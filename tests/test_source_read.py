@@ -8,7 +8,6 @@ import os
 import struct
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +19,7 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import CorruptRecordError, StoreError
-from rocketstore.pipeline.files.segments import list_segments
+from rocketstore.pipeline.files.localsegments import list_segments
 from rocketstore.pipeline.format import record
 from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
@@ -367,13 +366,13 @@ def test_a_consume_queue_file_deleted_between_the_listing_and_the_read(
     start, end = planner.batch_range()
     (rng,) = planner.ranges(start, end)
 
-    class ListedThenDeleted(read.SegmentListing):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
+    class ListedThenDeleted(read.LocalSegments):
+        def relist(self, leftovers: list[Path] | None = None) -> None:
+            super().relist(leftovers)
             if self.entries and self.entries[0][1].parent.name == "0":
                 self.entries[0][1].unlink(missing_ok=True)
 
-    monkeypatch.setattr(read, "SegmentListing", ListedThenDeleted)
+    monkeypatch.setattr(read, "LocalSegments", ListedThenDeleted)
     rows = pa.Table.from_batches(list(read_queue_range(rng, ctx))).to_pylist()
     assert [r["queueOffset"] for r in rows] == list(range(50, 120))
 
@@ -454,14 +453,13 @@ def test_a_segment_deleted_between_the_listing_and_its_size_is_passed_over(
             store.put(Message("T", b"x" * 100, keys=[f"k{i}"]))
     segments = list_segments(store_dir / "commitlog")
     assert len(segments) >= 3
-    real = read_module.SegmentListing
 
-    def listed_then_deleted(directory: Path, wait_ms: int | None = None) -> object:
-        listing = real(directory, wait_ms)
-        segments[0][1].unlink()  # retention, right after the listing
-        return listing
+    class ListedThenDeleted(read_module.LocalSegments):
+        def relist(self, leftovers: list[Path] | None = None) -> None:
+            super().relist(leftovers)
+            segments[0][1].unlink(missing_ok=True)  # retention, right after the listing
 
-    monkeypatch.setattr(read_module, "SegmentListing", listed_then_deleted)
+    monkeypatch.setattr(read_module, "LocalSegments", ListedThenDeleted)
     cache = read_module.SegmentCache(store_dir / "commitlog")
     assert cache.min_offset == segments[1][0]
     assert cache.segment_size == SMALL.mapped_file_size_commitlog

@@ -27,8 +27,9 @@ from rocketstore.pipeline.errors import (
 )
 from rocketstore.pipeline.files import visibility
 from rocketstore.pipeline.files.indexservice import IndexService
+from rocketstore.pipeline.files.localsegments import list_segments
 from rocketstore.pipeline.files.mappedfile import segment_name
-from rocketstore.pipeline.files.segments import SegmentQueue, list_segments
+from rocketstore.pipeline.files.segments import SegmentQueue
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.source import options, schema
 from rocketstore.source.brokerview import BrokerView

@@ -49,10 +49,11 @@ from rocketstore.pipeline.errors import RenewalError
 from rocketstore.pipeline.files import durability, failpoints, visibility
 from rocketstore.pipeline.files.filecreation import TMP_SUFFIX
 from rocketstore.pipeline.files.fileio import PAGE, data_extents, pwrite_all
-from rocketstore.pipeline.files.indexservice import NAME_LENGTH
+from rocketstore.pipeline.files.indexservice import list_index_files
+from rocketstore.pipeline.files.localsegments import list_segments
 from rocketstore.pipeline.files.progress import FlushProgress
-from rocketstore.pipeline.files.segments import list_segments
-from rocketstore.pipeline.layout import CQ_UNIT_SIZE, INDEX_BEGIN_PHY_OFFSET_AT
+from rocketstore.pipeline.files.segmentread import unit_position
+from rocketstore.pipeline.layout import INDEX_BEGIN_PHY_OFFSET_AT
 
 _STEP = 1 << 20  # bytes read at a time; a multiple of PAGE
 _ZEROS = bytes(_STEP)
@@ -149,15 +150,11 @@ def derived_tails(store_dir: Path, cq_file_size: int, progress: FlushProgress | 
     for topic in topics:
         for qdir in sorted(q for q in topic.iterdir() if q.is_dir() and q.name.isdigit()):
             length = lengths.get(f"{topic.name}/{qdir.name}")
-            past = -1 if length is None else length * CQ_UNIT_SIZE
-            found += [p for base, p in list_segments(qdir) if base + cq_file_size > past]
-    index_dir = store_dir / "index"
-    if index_dir.is_dir():
-        files = sorted(
-            p
-            for p in index_dir.iterdir()
-            if len(p.name) == NAME_LENGTH and p.name.isdigit() and p.is_file()
-        )
+            # The file holding the unit at the recorded length, and those after it.
+            past = 0 if length is None else unit_position(length, cq_file_size)[0]
+            found += [p for base, p in list_segments(qdir) if base >= past]
+    files = list_index_files(store_dir / "index")
+    if files:
         first = 0
         if progress is not None:
             for i, p in enumerate(files):

@@ -133,6 +133,7 @@ from rocketstore.pipeline.engine.retentionreport import (
 )
 from rocketstore.pipeline.errors import DiskFullError, ReadOnlyStoreError, StoreClosedError
 from rocketstore.pipeline.files.mappedfile import MappedFile
+from rocketstore.pipeline.files.segmentread import unit_index
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 
 if TYPE_CHECKING:
@@ -468,7 +469,7 @@ class RetentionService:
                     cq.correct_min_offset(min_phy)
                     new = cq.min_offset
                 else:
-                    new = cq.corrected_min_logic_offset(min_phy, done) // CQ_UNIT_SIZE
+                    new = unit_index(cq.corrected_min_logic_offset(min_phy, done), 0)
                 if new != old:
                     rnd.queues.append(QueueMinOffset(topic, queue_id, old, new))
             if not complete:

@@ -25,6 +25,7 @@ import numpy.typing as npt
 from rocketstore.pipeline.errors import CorruptRecordError, OffsetOutOfRangeError, StoreError
 from rocketstore.pipeline.files import durability
 from rocketstore.pipeline.files.mappedfile import MappedFile
+from rocketstore.pipeline.files.segmentread import locate
 from rocketstore.pipeline.files.segments import SegmentQueue
 from rocketstore.pipeline.format import native, record
 
@@ -78,7 +79,7 @@ class CommitLog:
         ends = np.cumsum(sizes)
         done = 0
         while done < n:
-            file_end = (pos // seg + 1) * seg
+            file_end = locate(pos, seg)[0] + seg
             base = int(ends[done - 1]) if done else 0
             # Record k fits while pos + (ends[k] - base) + 8 <= file_end.
             fit = int(
@@ -93,7 +94,7 @@ class CommitLog:
                 pos += int(ends[done + fit - 1]) - base
                 done += fit
             if done < n:
-                if pos % seg:
+                if locate(pos, seg)[1]:
                     blanks.append(pos)
                 pos = file_end
         return phys, blanks
@@ -154,7 +155,8 @@ class CommitLog:
         return, the new segment's name included."""
         files = self.segments.files
         end = self.max_offset
-        if not files or (end % self.segment_size == 0 and end >= files[-1].base + files[-1].size):
+        at_boundary = locate(end, self.segment_size)[1] == 0
+        if not files or (at_boundary and end >= files[-1].base + files[-1].size):
             return end  # no file reaches past the end: nothing of an old writer's can land there
         at = end
         for mf in list(files):

@@ -31,7 +31,8 @@ import numpy.typing as npt
 
 from rocketstore.pipeline.errors import OffsetOutOfRangeError, SegmentGoneError, StoreError
 from rocketstore.pipeline.files import failpoints, visibility
-from rocketstore.pipeline.files.mappedfile import MappedFile, segment_name
+from rocketstore.pipeline.files.localsegments import LocalSegments
+from rocketstore.pipeline.files.mappedfile import MappedFile
 from rocketstore.pipeline.files.mappings import MappingCache
 from rocketstore.pipeline.files.queueend import (
     end_at,
@@ -41,6 +42,7 @@ from rocketstore.pipeline.files.queueend import (
     valid_below,
 )
 from rocketstore.pipeline.files.queuetime import offset_by_time
+from rocketstore.pipeline.files.segmentread import unit_index, unit_position
 from rocketstore.pipeline.files.segments import SegmentQueue
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE, PRE_BLANK_SIZE, UNIT, UNIT_DTYPE
 
@@ -104,7 +106,7 @@ class ConsumeQueue:
         self._root = root
         self._directory: Path | None = None
         self.file_size = file_size
-        self.units_per_file = file_size // CQ_UNIT_SIZE
+        self.units_per_file = unit_index(0, file_size)
         self.read_only = read_only
         self._segment_args = (cache, ahead, visibility_wait_ms)
         self._segments: SegmentQueue | None = None
@@ -129,10 +131,12 @@ class ConsumeQueue:
             d = self._directory = self._root.joinpath(self.topic, str(self.queue_id))
         return d
 
-    def _file_name(self, base: int) -> str:
-        """The path of the queue's file at ``base``, as a string (cheaper to make than a
-        :class:`Path`, for a look at one file)."""
-        return f"{self._root}/{self.topic}/{self.queue_id}/{segment_name(base)}"
+    def _files(self) -> LocalSegments:
+        """The queue's files through the read seam, not listed (for a look at one file
+        without loading the queue)."""
+        d = self._directory
+        where = d if d is not None else f"{self._root}/{self.topic}/{self.queue_id}"
+        return LocalSegments(where, segment_size=self.file_size)
 
     # -- loading ----------------------------------------------------------------------------
     @property
@@ -246,10 +250,9 @@ class ConsumeQueue:
     def units_past(self, length: int) -> bool:
         """Whether a valid unit lies at queue offset ``length`` (written after the flush that
         recorded ``length``), read with one ``pread`` and without loading the queue."""
-        pos = length * CQ_UNIT_SIZE
         if self._segments is not None:
             return self.max_offset > length
-        return unit_in_file(self._file_name(pos - pos % self.file_size), pos % self.file_size)
+        return unit_in_file(self._files(), *unit_position(length, self.file_size))
 
     def peek(self, min_commitlog_offset: int, log_end: int) -> Peek | None:
         """The bounds and first and last units of a read-only queue not loaded yet, as loading
@@ -274,7 +277,7 @@ class ConsumeQueue:
             or not 0 < length < self.units_per_file
         ):
             return None
-        units = ends_in_file(self._file_name(0), self.file_size, length, min_commitlog_offset)
+        units = ends_in_file(self._files(), length, min_commitlog_offset)
         if units is None:
             return None
         cache = self._segment_args[0]
@@ -340,7 +343,7 @@ class ConsumeQueue:
         if seg.forget_deleted_head():
             self.min_logic_offset = max(self.min_logic_offset, seg.min_offset)
             return True
-        if seg.files and not seg.files[0].path.exists():
+        if seg.files and not seg.exists(seg.files[0]):
             # Even the last file it listed is gone (the writer made newer ones since, and
             # retention deleted the rest): the queue is listed again when next used.
             seg.close()
@@ -387,7 +390,7 @@ class ConsumeQueue:
         """Queue offset of the first readable unit."""
         if self._segments is None:
             self._load(self._recorded)
-        return self.min_logic_offset // CQ_UNIT_SIZE
+        return unit_index(self.min_logic_offset, 0)
 
     @property
     def max_offset(self) -> int:
@@ -395,16 +398,16 @@ class ConsumeQueue:
         not loaded yet ends where the last flush recorded (see :meth:`defer`)."""
         if self._segments is None and self._recorded is not None and not self.read_only:
             return self._recorded
-        return self.segments.max_offset // CQ_UNIT_SIZE
+        return unit_index(self.segments.max_offset, 0)
 
     def unit_location(self, queue_offset: int) -> tuple[str, int]:
         """(file, byte position in it) of a unit, for error messages."""
-        pos = queue_offset * CQ_UNIT_SIZE
+        base, position = unit_position(queue_offset, self.file_size)
         try:
-            mf = self.segments.find(pos)
+            mf = self.segments.find(base)
         except OffsetOutOfRangeError:
-            return str(self.directory), pos
-        return str(mf.path), pos - mf.base
+            return str(self.directory), queue_offset * CQ_UNIT_SIZE
+        return mf.where, position
 
     # -- reading ----------------------------------------------------------------------------
     def read(self, start: int, count: int) -> Units:
@@ -417,11 +420,11 @@ class ConsumeQueue:
         raw = out.view(np.uint8).data
         pos = start
         while pos < stop:
-            mf = self.segments.find(pos * CQ_UNIT_SIZE)
-            first_unit = mf.base // CQ_UNIT_SIZE
-            n = min(stop, first_unit + self.units_per_file) - pos
+            base, position = unit_position(pos, self.file_size)
+            mf = self.segments.find(base)
+            n = min(stop, unit_index(base, self.file_size)) - pos
             at = (pos - start) * CQ_UNIT_SIZE
-            mf.read_into((pos - first_unit) * CQ_UNIT_SIZE, raw[at : at + n * CQ_UNIT_SIZE])
+            mf.read_into(position, raw[at : at + n * CQ_UNIT_SIZE])
             pos += n
         return out
 
@@ -551,7 +554,7 @@ class ConsumeQueue:
     def _fill_pre_blank(self, start: int) -> None:
         pos = start * CQ_UNIT_SIZE
         mf = self.segments.segment_for_write(pos)
-        blanks = (pos - mf.base) // CQ_UNIT_SIZE
+        blanks = start - unit_index(mf.base, 0)
         if blanks:
             mf.write_at(
                 0, make_units([0] * blanks, [PRE_BLANK_SIZE] * blanks, [0] * blanks).tobytes()
@@ -569,7 +572,7 @@ class ConsumeQueue:
             raise StoreError(f"{self.directory}: cannot resume a queue that holds units")
         pos = offset * CQ_UNIT_SIZE
         mf = self.segments.segment_for_write(pos)
-        n = (pos - mf.base) // CQ_UNIT_SIZE
+        n = offset - unit_index(mf.base, 0)
         if n:
             mf.write_at(0, make_units([below - 1] * n, [1] * n, [0] * n).tobytes())
         self.min_logic_offset = pos

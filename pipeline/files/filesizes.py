@@ -8,7 +8,9 @@ or written; :func:`check_file_sizes` says so before a writable open changes anyt
 exactly as it was and the next open with the right settings is a normal one, not a crash
 recovery.
 
-Only reads directory listings and file sizes; never opens a file.
+Only reads directory listings (segments through the read seam's local face,
+:class:`~rocketstore.pipeline.files.localsegments.LocalSegments`) and file sizes; never opens
+a file.
 """
 
 from __future__ import annotations
@@ -19,48 +21,46 @@ from pathlib import Path
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import NotAStoreError
-from rocketstore.pipeline.files.indexservice import NAME_LENGTH as INDEX_NAME_LENGTH
-from rocketstore.pipeline.files.mappedfile import parse_segment_name
+from rocketstore.pipeline.files.indexservice import list_index_files
+from rocketstore.pipeline.files.localsegments import LocalSegments
+from rocketstore.pipeline.files.mappedfile import listed_size
 
 
-def _entries(directory: Path, *, dirs: bool = False) -> Iterator[os.DirEntry[str]]:
-    """Regular files (or, with ``dirs``, subdirectories) of ``directory``; none if it is
-    missing."""
+def _dirs(directory: Path) -> Iterator[os.DirEntry[str]]:
+    """Subdirectories of ``directory``; none if it is missing."""
     try:
         with os.scandir(directory) as entries:
-            for e in entries:
-                if (e.is_dir if dirs else e.is_file)(follow_symlinks=False):
-                    yield e
+            yield from (e for e in entries if e.is_dir(follow_symlinks=False))
     except FileNotFoundError:
         return
 
 
-def _segments(directory: Path) -> Iterator[os.DirEntry[str]]:
-    return (e for e in _entries(directory) if parse_segment_name(Path(e.name)) is not None)
+def _segments(directory: str | Path) -> Iterator[tuple[str, int]]:
+    """(name, size) of each segment file of ``directory`` (-1: gone since the listing)."""
+    files = LocalSegments(directory)
+    return ((files.where(base), files.size_of(base)) for base in files.listed())
 
 
-def _files(path: Path, index: bool) -> Iterator[tuple[os.DirEntry[str], str]]:
-    """(file, kind) of every CommitLog segment and IndexFile of the store at ``path``
+def _files(path: Path, index: bool) -> Iterator[tuple[str, int, str]]:
+    """(file, size, kind) of every CommitLog segment and IndexFile of the store at ``path``
     (IndexFiles only with ``index``: a store that keeps no index never opens them), and of the
     files of the first ConsumeQueue found: settings that differ from the store's show in every
     file of a kind, and a store of 40,000 queues is not listed whole to open it (each queue's
     files are checked when it loads)."""
-    for entry in _segments(path / "commitlog"):
-        yield entry, "commitlog"
-    cq_root = path / "consumequeue"
-    for topic in _entries(cq_root, dirs=True):
+    for name, size in _segments(path / "commitlog"):
+        yield name, size, "commitlog"
+    for topic in _dirs(path / "consumequeue"):
         found = False
-        for queue in _entries(Path(topic.path), dirs=True):
-            for entry in _segments(Path(queue.path)):
+        for queue in _dirs(Path(topic.path)):
+            for name, size in _segments(queue.path):
                 found = True
-                yield entry, "consumequeue"
+                yield name, size, "consumequeue"
             if found:
                 break
         if found:
             break
-    for entry in _entries(path / "index") if index else ():
-        if len(entry.name) == INDEX_NAME_LENGTH and entry.name.isdigit():
-            yield entry, "index"
+    for p in list_index_files(path / "index") if index else ():
+        yield str(p), listed_size(p), "index"
 
 
 def check_file_sizes(path: Path, config: StoreConfig) -> None:
@@ -83,12 +83,12 @@ def check_file_sizes(path: Path, config: StoreConfig) -> None:
             f"({config.index_file_size} bytes)",
         ),
     }
-    for entry, kind in _files(path, config.message_index_enable):
-        size = entry.stat(follow_symlinks=False).st_size
+    for name, size, kind in _files(path, config.message_index_enable):
         want, setting = expected[kind]
-        if size and size != want:
+        # Empty (being sized) and gone (retention, since the listing) files say nothing.
+        if size > 0 and size != want:
             raise NotAStoreError(
-                f"{entry.path}: {kind} file is {size} bytes, but {setting} (from "
+                f"{name}: {kind} file is {size} bytes, but {setting} (from "
                 f"{config.origin}); the store was written with other settings: open it with "
                 "those (--config FILE, or the sink's and source's option config)"
             )

@@ -15,6 +15,7 @@ Thread-safety: none (one writer per store).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +32,25 @@ from rocketstore.pipeline.files.mappings import MappingCache
 from rocketstore.pipeline.format.javahash import index_key_hash
 
 NAME_LENGTH = 17
+
+
+def list_index_files(directory: Path) -> list[Path]:
+    """The IndexFiles of ``directory`` as this host lists it now, oldest first (their names are
+    their creation times); none when there is no such directory. Anything else there, a
+    ``*.creating`` leftover included, is not an IndexFile. The one listing of IndexFiles: they
+    are not offset-named segments (:mod:`rocketstore.pipeline.files.segmentread`), but looked
+    up by key, newest first."""
+    try:
+        with os.scandir(directory) as entries:
+            found = [
+                Path(e.path)
+                for e in entries
+                if len(e.name) == NAME_LENGTH and e.name.isdigit() and e.is_file()
+            ]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found.sort()
+    return found
 
 
 def index_file_name(ms: int) -> str:
@@ -87,11 +107,7 @@ class IndexService:
     def _take_listed(self) -> None:
         """Open the files of a listing of the directory named after the newest one held."""
         after = self.files[-1].path.name if self.files else ""
-        names = sorted(
-            p
-            for p in self.directory.iterdir()
-            if len(p.name) == NAME_LENGTH and p.name.isdigit() and p.name > after and p.is_file()
-        )
+        names = [p for p in list_index_files(self.directory) if p.name > after]
         # A stock broker creates an IndexFile empty and sizes it as it maps it: a view of a live
         # broker can list a newest file of 0 bytes, and a broker that died between the two
         # leaves one. It holds nothing, so it is left out (and removed by a writable open), as

@@ -75,9 +75,10 @@ def segment_name(base_offset: int) -> str:
     return f"{base_offset:0{NAME_DIGITS}d}"
 
 
-def parse_segment_name(path: Path) -> int | None:
-    """Base offset encoded in a segment's name, or None if the name is not a segment name."""
-    name = path.name
+def parse_segment_name(path: str | Path) -> int | None:
+    """Base offset encoded in a segment file's name (``path``: the name, or a path), or None if
+    the name is not a segment name."""
+    name = path if isinstance(path, str) else path.name
     if len(name) != NAME_DIGITS or not name.isdigit():
         return None
     return int(name)
@@ -92,11 +93,23 @@ def listed_size(path: Path) -> int:
         return -1
 
 
+def size_check(path: str | Path, actual: int, expected: int) -> None:
+    """Raise :class:`NotAStoreError` unless a segment file is of its store's segment size."""
+    if actual != expected:
+        raise NotAStoreError(
+            f"{path}: segment is {actual} bytes, expected exactly {expected} "
+            "(check the mappedFileSize* settings match the store)"
+        )
+
+
 class MappedFile:
     """A segment of ``size`` bytes whose first byte is log offset ``base``.
 
     Without ``cache`` the file is mapped at once and stays mapped until :meth:`close`; with it,
     the file is only checked here, and mapped, or opened, when its bytes are first used.
+    ``map_now`` says which, whatever ``cache`` is (a reader that only reads a few units through
+    the file's descriptor maps nothing; one that decodes many records maps the file now, so
+    that it stays readable if retention unlinks it).
 
     Identity. A writable segment remembers the file it first opened (``st_dev``, ``st_ino``).
     Its descriptor, once open, is where every write, read and sync of the unmapped file goes;
@@ -143,6 +156,7 @@ class MappedFile:
         ahead: int = RESERVE_AHEAD,
         deferred: bool = False,
         stat: os.stat_result | None = None,
+        map_now: bool | None = None,
     ):
         self.path = path
         self.base = base
@@ -175,7 +189,9 @@ class MappedFile:
                 self._allocated = size
             if cache is not None:
                 cache.work.created += 1
-        if cache is None:
+        if map_now is None:
+            map_now = cache is None
+        if map_now:
             self._map()
         elif not create:
             st = stat
@@ -206,11 +222,7 @@ class MappedFile:
         return StoreError(f"cannot open segment {self.path}: {exc.strerror}")
 
     def _check_size(self, actual: int) -> None:
-        if actual != self.size:
-            raise NotAStoreError(
-                f"{self.path}: segment is {actual} bytes, expected exactly {self.size} "
-                "(check the mappedFileSize* settings match the store)"
-            )
+        size_check(self.path, actual, self.size)
 
     def _open_checked(self) -> int:
         """Open the file by its name, check its size and, for a writer, that it is the file
@@ -347,16 +359,23 @@ class MappedFile:
     def mapped(self) -> bool:
         return self._view is not None
 
+    @property
+    def where(self) -> str:
+        """The file's path, for messages."""
+        return str(self.path)
+
     def read(self, position: int, n: int) -> bytes:
-        """A copy of ``n`` bytes at ``position``, read without mapping an unmapped file."""
+        """A copy of exactly ``n`` bytes at ``position`` (``position + n`` within the file;
+        zeros where the file's bytes end early), read without mapping an unmapped file."""
         if self._view is not None:
             return bytes(self._view[position : position + n])
         fd, once = self._io_descriptor()
         try:
-            return os.pread(fd, n, position)
+            raw = os.pread(fd, n, position)
         finally:
             if once:
                 os.close(fd)
+        return raw if len(raw) == n else raw + bytes(n - len(raw))
 
     def read_into(self, position: int, out: memoryview) -> None:
         """Fill ``out`` with the bytes at ``position`` (zeros past the end of the file), read

@@ -8,8 +8,9 @@ settles it with one look at two units (:func:`end_at`); otherwise the files are 
 (:func:`valid_below`).
 
 Without loading the queue, :func:`ends_in_file` and :func:`unit_in_file` look at the units
-around a recorded length with a ``pread`` or two (a tool that shows 40,000 queues must not
-load them all).
+around a recorded length with a read or two through the read seam
+(:mod:`rocketstore.pipeline.files.segmentread`; a tool that shows 40,000 queues must not load
+them all).
 
 :func:`end_at` and :func:`scan_end` set the write and flush positions of the queue's files to
 the end they find and return the end of the last unit's record (``commitLogOffset + size``),
@@ -20,12 +21,11 @@ nothing to them; not thread-safe (the queue's files belong to one owner).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from rocketstore.pipeline.errors import OffsetOutOfRangeError
+from rocketstore.pipeline.errors import OffsetOutOfRangeError, SegmentGoneError, StoreError
 from rocketstore.pipeline.files.mappedfile import MappedFile
+from rocketstore.pipeline.files.segmentread import SegmentDir, unit_index, unit_position
 from rocketstore.pipeline.files.segments import SegmentQueue
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE, PRE_BLANK_SIZE, UNIT, UNIT_DTYPE
 
@@ -57,7 +57,7 @@ def scan_end(files: list[MappedFile], units_per_file: int, known: int = 0) -> in
         return None
     mf = files[i]
     per_file = units_per_file
-    k = min(per_file, max(0, known - mf.base // CQ_UNIT_SIZE))
+    k = min(per_file, max(0, known - unit_index(mf.base, 0)))
     count, chunk = per_file, _SCAN_FIRST
     while k < per_file:
         n = min(chunk, per_file - k)
@@ -83,23 +83,23 @@ def end_at(seg: SegmentQueue, length: int, file_size: int) -> int | None:
     directory again for the file holding it (:meth:`SegmentQueue.find`); one that stays
     unlisted leaves the queue to end where this host's files do."""
     files = seg.files
-    pos = length * CQ_UNIT_SIZE
-    if pos <= 0 or (files and pos <= files[0].base):
+    if length <= 0 or (files and length <= unit_index(files[0].base, 0)):
         return None
+    base, position = unit_position(length - 1, file_size)
     try:
-        mf = seg.find(pos - CQ_UNIT_SIZE)
+        mf = seg.find(base)
     except OffsetOutOfRangeError:
         return None
     files = seg.files
-    at = (mf.base - files[0].base) // file_size
-    rel = pos - mf.base
+    at = seg.index_of(base)
+    rel = position + CQ_UNIT_SIZE  # where the file's units end
     if rel < file_size:
         # The last unit and the one after it, in one read.
-        pair = mf.read(rel - CQ_UNIT_SIZE, 2 * CQ_UNIT_SIZE)
+        pair = mf.read(position, 2 * CQ_UNIT_SIZE)
         last = UNIT.unpack_from(pair, 0)
         following: tuple[int, int, int] | None = UNIT.unpack_from(pair, CQ_UNIT_SIZE)
     else:
-        last = UNIT.unpack(mf.read(rel - CQ_UNIT_SIZE, CQ_UNIT_SIZE))
+        last = UNIT.unpack(mf.read(position, CQ_UNIT_SIZE))
         after = files[at + 1] if at + 1 < len(files) else None
         following = UNIT.unpack(after.read(0, CQ_UNIT_SIZE)) if after is not None else None
     if last[0] < 0 or last[1] <= 0:
@@ -116,57 +116,42 @@ def valid_below(seg: SegmentQueue, length: int | None) -> int:
     flush recorded: a scan for its end may start there), else 0."""
     if not length:
         return 0
-    pos = (length - 1) * CQ_UNIT_SIZE
+    base, position = unit_position(length - 1, seg.segment_size)
     try:
-        mf = seg.find(pos)
+        mf = seg.find(base)
     except OffsetOutOfRangeError:
         return 0
-    return length if valid_unit(UNIT.unpack(mf.read(pos - mf.base, CQ_UNIT_SIZE))) else 0
+    return length if valid_unit(UNIT.unpack(mf.read(position, CQ_UNIT_SIZE))) else 0
 
 
-def unit_in_file(path: str, position: int) -> bool:
-    """Whether a valid unit lies at byte ``position`` of the queue file at ``path`` (one
-    ``pread``; a missing file holds none)."""
+def unit_in_file(files: SegmentDir, base: int, position: int) -> bool:
+    """Whether a valid unit lies at byte ``position`` of the queue's file at ``base`` (one
+    read; a missing file holds none)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+        raw = files.read(base, position, CQ_UNIT_SIZE)
+    except SegmentGoneError:
         return False
-    try:
-        raw = os.pread(fd, CQ_UNIT_SIZE, position)
-    finally:
-        os.close(fd)
-    if len(raw) < CQ_UNIT_SIZE:
-        return False
-    offset, size, _ = UNIT.unpack(raw)
-    return bool(offset >= 0 and size > 0)
+    return valid_unit(UNIT.unpack(raw))
 
 
 def ends_in_file(
-    path: str, file_size: int, length: int, min_commitlog_offset: int
+    files: SegmentDir, length: int, min_commitlog_offset: int
 ) -> tuple[tuple[int, int], tuple[int, int]] | None:
     """The first and last units, ``(commitLogOffset, size)`` each, of a queue of ``length``
-    units held by its first file at ``path``, read with one ``pread`` (two for a long file);
-    None unless the file has its full size, the unit before ``length`` is valid and the one at
-    it not (as :func:`end_at` checks), and the first unit points at a record at or past
-    ``min_commitlog_offset`` that is no pre-blank."""
+    units held by its first file (base 0), read with one read (two for a long file); None
+    unless the file is there with its full size (``files`` checks it), the unit before
+    ``length`` is valid and the one at it not (as :func:`end_at` checks), and the first unit
+    points at a record at or past ``min_commitlog_offset`` that is no pre-blank."""
+    end = (length + 1) * CQ_UNIT_SIZE
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        if os.fstat(fd).st_size != file_size:
-            return None  # loading it says what is wrong
-        end = (length + 1) * CQ_UNIT_SIZE
         if end <= PEEK_BYTES:
-            raw = os.pread(fd, end, 0)
+            raw = files.read(0, 0, end)
             first, pair = raw[:CQ_UNIT_SIZE], raw[-2 * CQ_UNIT_SIZE :]
         else:
-            first = os.pread(fd, CQ_UNIT_SIZE, 0)
-            pair = os.pread(fd, 2 * CQ_UNIT_SIZE, end - 2 * CQ_UNIT_SIZE)
-    finally:
-        os.close(fd)
-    if len(first) < CQ_UNIT_SIZE or len(pair) < 2 * CQ_UNIT_SIZE:
-        return None
+            first = files.read(0, 0, CQ_UNIT_SIZE)
+            pair = files.read(0, end - 2 * CQ_UNIT_SIZE, 2 * CQ_UNIT_SIZE)
+    except StoreError:
+        return None  # gone, or not of its full size: loading it says what is wrong
     last_offset, last_size, _ = UNIT.unpack_from(pair, 0)
     next_offset, next_size, _ = UNIT.unpack_from(pair, CQ_UNIT_SIZE)
     offset, size, _ = UNIT.unpack(first)

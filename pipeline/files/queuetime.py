@@ -12,6 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rocketstore.pipeline.files.mappedfile import MappedFile
+from rocketstore.pipeline.files.segmentread import unit_index
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE, UNIT_DTYPE
 
 
@@ -40,7 +41,7 @@ def offset_by_time(
             break
     if chosen is None:
         return 0
-    base_unit = chosen.base // CQ_UNIT_SIZE
+    base_unit = unit_index(chosen.base, 0)
     low = max(min_offset - base_unit, 0)
     high = chosen.wrote_position // CQ_UNIT_SIZE - 1
     units = np.frombuffer(chosen.buffer, dtype=UNIT_DTYPE, count=high + 1)

@@ -11,15 +11,12 @@ With a :class:`~rocketstore.pipeline.files.mappings.MappingCache` the segments a
 and mapped on first use (see :mod:`rocketstore.pipeline.files.mappings`); without one they are mapped when loaded.
 
 Finding the file that holds an offset is where the visibility rule for shared storage meets
-directory listings (:mod:`rocketstore.pipeline.files.visibility`): a client of a shared file system may answer a
-listing from its cache, so a segment another host created a moment ago can be missing from
-this host's listing although the writer has published data in it. Segments are created in
-offset order and deleted from the front, so a segment past the last one listed is one created
-since the listing: not visible yet, never damage and never lost. :class:`SegmentListing`
-lists the directory again for it, for up to ``visibilityWaitMs``, before it gives up with
-:class:`NotVisibleError`; the store's read-only views (:meth:`SegmentQueue.find`) and the
-source's readers (:mod:`rocketstore.source.read`, :mod:`rocketstore.source.brokerview`) all look segments up through
-it.
+directory listings: a read-only queue lists and opens its segments through
+:class:`~rocketstore.pipeline.files.localsegments.LocalSegments` (the local face of the read
+seam, :mod:`rocketstore.pipeline.files.segmentread`), so an offset past the segments listed is
+looked for as every other reader looks for it, for up to ``visibilityWaitMs``, before
+:class:`NotVisibleError`. A writer opens and creates its own files (read-write, checked for
+identity: :mod:`rocketstore.pipeline.files.mappedfile`) from the same listing.
 
 Every file created or deleted here is made durable with an fsync of the directory
 (:mod:`rocketstore.pipeline.files.durability`); bytes zeroed by :meth:`SegmentQueue.truncate` are synced at once.
@@ -30,9 +27,8 @@ Thread-safety: none; one writer per store. Read-only queues never create or chan
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 from rocketstore.pipeline.errors import (
     NotAStoreError,
@@ -41,119 +37,11 @@ from rocketstore.pipeline.errors import (
     SegmentGoneError,
     StoreError,
 )
-from rocketstore.pipeline.files import durability, visibility
-from rocketstore.pipeline.files.filecreation import TMP_SUFFIX
-from rocketstore.pipeline.files.mappedfile import (
-    NAME_DIGITS,
-    RESERVE_AHEAD,
-    MappedFile,
-    segment_name,
-)
+from rocketstore.pipeline.files import durability
+from rocketstore.pipeline.files.localsegments import LocalSegments
+from rocketstore.pipeline.files.mappedfile import RESERVE_AHEAD, MappedFile, segment_name
 from rocketstore.pipeline.files.mappings import MappingCache
-
-T = TypeVar("T")
-
-
-def list_segments(directory: Path, leftovers: list[Path] | None = None) -> list[tuple[int, Path]]:
-    """(base offset, path) of the segment files in ``directory`` as this host lists it now, in
-    offset order; none when there is no such directory. Names that are not 20-digit offsets
-    (a ``*.creating`` leftover, anything else) are left out; ``leftovers`` collects the
-    ``*.creating`` ones. Every call reads the directory again, which is how a shared file
-    system's client is made to ask its servers instead of answering from a listing it
-    cached."""
-    found: list[tuple[int, Path]] = []
-    try:
-        with os.scandir(directory) as entries:
-            for entry in entries:
-                name = entry.name
-                if len(name) == NAME_DIGITS and name.isdigit():
-                    if entry.is_file():
-                        found.append((int(name), Path(entry.path)))
-                elif leftovers is not None and name.endswith(TMP_SUFFIX):
-                    leftovers.append(Path(entry.path))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    found.sort()
-    return found
-
-
-class SegmentListing:
-    """The segment files of one directory as this host listed them (see the module docstring),
-    and the look-up of a segment by its base offset that the visibility rule needs.
-
-    ``wait_ms`` None: the listing is taken as the directory (the writer's own store, or a
-    store on one host), so a segment it lacks is not there. A number: a segment past the last
-    one listed is looked for in the directory listed again, pausing a little longer each time
-    (:func:`rocketstore.pipeline.files.visibility.wait_until_valid`), for up to that many ms; 0 lists it again
-    once, without pausing.
-
-    Thread-safety: none; each reader keeps its own. Lists directories, never changes them."""
-
-    def __init__(
-        self, directory: Path, wait_ms: int | None = None, leftovers: list[Path] | None = None
-    ) -> None:
-        self.directory = directory
-        self.wait_ms = wait_ms
-        self.entries: list[tuple[int, Path]] = []
-        self._paths: dict[int, Path] = {}
-        self.relist(leftovers)
-
-    def relist(self, leftovers: list[Path] | None = None) -> None:
-        """Read the directory again (``leftovers``: see :func:`list_segments`)."""
-        self.entries = list_segments(self.directory, leftovers)
-        self._paths = dict(self.entries)
-
-    def first(self) -> tuple[int, Path] | None:
-        """The first listed segment. With none listed, the directory is listed again as for a
-        segment past the listing (a store whose first file this host does not list yet)."""
-        if self.entries or self.wait_ms is None:
-            return self.entries[0] if self.entries else None
-        return self._relisted(
-            lambda: self.entries[0] if self.entries else None, lambda: False, "any segment"
-        )
-
-    def get(self, base: int) -> Path | None:
-        """The file of the segment at ``base``; None when it is not there: not listed although
-        the listing goes past it (deleted by retention), or, with no ``wait_ms``, not listed.
-        Raises :class:`NotVisibleError` when a segment past the listing stays unlisted for the
-        whole wait."""
-        path = self._paths.get(base)
-        if path is not None or self.wait_ms is None or self._listed_past(base):
-            return path
-        return self._relisted(
-            lambda: self._paths.get(base),
-            lambda: self._listed_past(base),
-            f"segment {segment_name(base)}",
-        )
-
-    def _listed_past(self, base: int) -> bool:
-        return bool(self.entries) and self.entries[-1][0] > base
-
-    def _relisted(
-        self, found: Callable[[], T | None], gone: Callable[[], bool], what: str
-    ) -> T | None:
-        """``found()`` after listing the directory again, until it is not None or ``gone()``
-        (the listing went past what is looked for: deleted meanwhile, None); raises
-        :class:`NotVisibleError` when neither happens within ``wait_ms``."""
-        assert self.wait_ms is not None
-        wait_ms = self.wait_ms
-
-        def look() -> T | None:
-            self.relist()
-            got = found()
-            if got is not None or gone():
-                return got
-            last = self.entries[-1][1].name if self.entries else "none"
-            raise NotVisibleError(
-                f"{self.directory}: {what} is not in this host's listing of the directory "
-                f"after {wait_ms} ms of listing it again (the last segment listed is {last}): "
-                "published by a writer on another host and not visible here yet; this is not "
-                "damage (sharedStorage, visibilityWaitMs)"
-            )
-
-        return visibility.wait_until_valid(
-            look, lambda exc: isinstance(exc, NotVisibleError), lambda: None, wait_ms
-        )
+from rocketstore.pipeline.files.segmentread import locate
 
 
 def _without_empty_tail(
@@ -205,14 +93,15 @@ class SegmentQueue:
         self.visibility_wait_ms = visibility_wait_ms
         self.files: list[MappedFile] = []
         self.empty_removed: list[Path] = []
-        self._listing: SegmentListing | None = None
+        self._listing: LocalSegments | None = None
 
     # -- loading ----------------------------------------------------------------------------
     def load(self) -> None:
         """Open every segment in the directory, in offset order. Write positions start at full;
         the owner sets the last segments' positions after scanning them."""
         leftovers: list[Path] = []
-        self._listing = SegmentListing(self.directory, self.visibility_wait_ms, leftovers)
+        self._listing = self._local()
+        self._listing.relist(leftovers)
         if not self.read_only:
             for leftover in leftovers:
                 durability.remove(leftover)
@@ -248,18 +137,37 @@ class SegmentQueue:
                 continue
             expected = base + self.segment_size
 
+    def _local(self) -> LocalSegments:
+        return LocalSegments(
+            self.directory,
+            self.visibility_wait_ms,
+            segment_size=self.segment_size,
+            cache=self.cache,
+        )
+
+    def _local_listing(self) -> LocalSegments:
+        """The listing the queue was loaded from (one not read yet, before a load)."""
+        if self._listing is None:
+            self._listing = self._local()
+        return self._listing
+
     def _open(
         self, base: int, path: Path, written: int, stat: os.stat_result | None = None
     ) -> None:
-        mf = MappedFile(
-            path,
-            base,
-            self.segment_size,
-            read_only=self.read_only,
-            cache=self.cache,
-            ahead=self.ahead,
-            stat=stat,
-        )
+        if self.read_only:
+            # A view reads its files as every other reader does (the read seam); one without a
+            # mapping cache maps each file as it opens it, as a writer's files are.
+            mf = self._local_listing().open(base, whole=self.cache is None, stat=stat)
+        else:
+            mf = MappedFile(
+                path,
+                base,
+                self.segment_size,
+                read_only=False,
+                cache=self.cache,
+                ahead=self.ahead,
+                stat=stat,
+            )
         mf.wrote_position = mf.flushed_position = written
         self.files.append(mf)
 
@@ -296,13 +204,13 @@ class SegmentQueue:
         """The segment holding ``offset``; raises :class:`OffsetOutOfRangeError` outside them.
 
         With ``visibility_wait_ms``, an offset past the segments held is looked for in the
-        directory listed again (:class:`SegmentListing`); the segments found there are taken
+        directory listed again (:meth:`LocalSegments.has`); the segments found there are taken
         in with nothing written (their owner sets the end it trusts, :meth:`set_end`), and
         one still unlisted after the wait raises :class:`NotVisibleError`."""
         files = self.files
         if files:
             first = files[0].base
-            idx = (offset - first) // self.segment_size
+            idx = self.index_of(offset)
             if offset >= first and idx < len(files):
                 return files[idx]
             if offset >= first and self.visibility_wait_ms is not None:
@@ -315,13 +223,16 @@ class SegmentQueue:
             return self._find_listed_since(offset)
         raise OffsetOutOfRangeError(f"{self.directory}: offset {offset}: no segments")
 
+    def index_of(self, offset: int) -> int:
+        """The place in :attr:`files` of the segment holding ``offset`` (not checked against
+        their number): the files are a contiguous run of bases."""
+        return (locate(offset, self.segment_size)[0] - self.files[0].base) // self.segment_size
+
     def _find_listed_since(self, offset: int) -> MappedFile:
         """:meth:`find` of an offset past the segments held, in a listing read again."""
-        listing = self._listing
-        if listing is None:
-            listing = self._listing = SegmentListing(self.directory, self.visibility_wait_ms)
-        base = offset - offset % self.segment_size
-        listing.get(base)  # lists the directory again, waiting for the segment; may raise
+        listing = self._local_listing()
+        base, _ = locate(offset, self.segment_size)
+        listing.has(base)  # lists the directory again, waiting for the segment; may raise
         expected = self.files[-1].base + self.segment_size if self.files else None
         for b, path in _without_empty_tail(listing.entries)[0]:
             if expected is None and b <= base and b % self.segment_size == 0:
@@ -331,7 +242,7 @@ class SegmentQueue:
             self._open(b, path, 0)
             expected = b + self.segment_size
         if self.files and self.files[0].base <= offset < self.files[-1].base + self.segment_size:
-            return self.files[(offset - self.files[0].base) // self.segment_size]
+            return self.files[self.index_of(offset)]
         raise NotVisibleError(
             f"{self.directory}: offset {offset}: no segment of this host's listing holds it "
             "(the segment file is listed empty, or after a gap)"
@@ -340,8 +251,7 @@ class SegmentQueue:
     def segments_from(self, offset: int) -> Iterator[MappedFile]:
         if not self.files:
             return
-        start = max(0, (offset - self.files[0].base) // self.segment_size)
-        yield from self.files[start:]
+        yield from self.files[max(0, self.index_of(offset)) :]
 
     def delete_first(self) -> bool:
         """Retention: close, forget and unlink the first segment, which must not be the last
@@ -358,6 +268,11 @@ class SegmentQueue:
         durability.remove(mf.path)
         return True
 
+    def exists(self, mf: MappedFile) -> bool:
+        """Whether the directory still holds ``mf``'s file (retention may have deleted it since
+        it was opened)."""
+        return self._local_listing().size_of(mf.base) >= 0
+
     def forget_deleted_head(self) -> bool:
         """A read-only view: forget the first segments that retention deleted since the view
         listed them (those it holds open go too: retention deletes the oldest first, so a
@@ -365,7 +280,7 @@ class SegmentQueue:
         if they had gone before it opened. Returns whether any was forgotten. Never the last
         listed segment."""
         gone = 0
-        while self.read_only and gone < len(self.files) - 1 and not self.files[gone].path.exists():
+        while self.read_only and gone < len(self.files) - 1 and not self.exists(self.files[gone]):
             gone += 1
         for mf in self.files[:gone]:
             mf.close()
@@ -376,7 +291,7 @@ class SegmentQueue:
     def segment_for_write(self, offset: int) -> MappedFile:
         """The segment ``offset`` falls in, creating it (and only it) when it is the next one.
         A segment created ahead by :meth:`prepare` is returned as it is."""
-        base = offset - offset % self.segment_size
+        base, _ = locate(offset, self.segment_size)
         last = self.last
         if last is not None and last.base >= base:
             return self.find(offset)
@@ -391,7 +306,7 @@ class SegmentQueue:
     def _create(self, base: int) -> MappedFile:
         self.new_dirs += durability.make_dirs(self.directory, sync=not self.deferred)
         mf = MappedFile(
-            self.directory / segment_name(base),
+            Path(self._local_listing().where(base)),
             base,
             self.segment_size,
             read_only=self.read_only,

@@ -26,7 +26,7 @@ The rule on shared storage, as Kafka's high watermark:
   file, an IndexFile) can be missing from this host's listing while the published point, a
   unit, an index entry or a msgId already names an offset in it. A file past the last one
   listed is not visible yet: the reader lists the directory again, pausing, for up to
-  ``visibilityWaitMs`` (:class:`rocketstore.pipeline.files.segments.SegmentListing`); after that it is
+  ``visibilityWaitMs`` (:class:`rocketstore.pipeline.files.localsegments.LocalSegments`); after that it is
   :class:`~rocketstore.pipeline.errors.NotVisibleError`, and a read-only view ends at what it can see.
 
 A published point can only be late, never ahead: a reader that sees an older progress file (a

@@ -30,6 +30,7 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.results import PutResult
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import InvalidMessageError, ProgressNotRecordedError, StoreError
+from rocketstore.pipeline.files.segmentread import locate
 from rocketstore.pipeline.format import batchcolumns, record
 from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.format.record import MessageExt
@@ -365,7 +366,7 @@ def _records_from(args: argparse.Namespace, start: int, limit: int) -> list[Mess
         pos, end = start, ro.max_phy_offset
         while pos < end and len(found) < limit:
             if not ro.commitlog.starts_record(pos):
-                pos = (pos // seg + 1) * seg  # an END_OF_FILE blank: the next segment
+                pos = locate(pos, seg)[0] + seg  # an END_OF_FILE blank: the next segment
                 continue
             msg = ro.get_message(pos)
             found.append(msg)

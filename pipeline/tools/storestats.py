@@ -51,11 +51,13 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine import fencing
 from rocketstore.pipeline.engine.retentionpolicy import statvfs_used_ratio
 from rocketstore.pipeline.engine.store import MessageStore
-from rocketstore.pipeline.errors import StoreError
+from rocketstore.pipeline.errors import SegmentGoneError, StoreError
 from rocketstore.pipeline.files.checkpoint import StoreCheckpoint
 from rocketstore.pipeline.files.consumequeue import ConsumeQueue
+from rocketstore.pipeline.files.localsegments import LocalSegments
 from rocketstore.pipeline.files.lock import is_locked_elsewhere
 from rocketstore.pipeline.files.progress import FlushProgress
+from rocketstore.pipeline.files.segmentread import locate, unit_index, unit_position
 from rocketstore.pipeline.format import record
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE, PRE_BLANK_SIZE, UNIT
 
@@ -109,23 +111,6 @@ class BrokerStats:
     read_at: float
 
 
-def _segments(directory: Path) -> list[tuple[int, Path]]:
-    """The files named by a 20-digit offset in ``directory``, by offset."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    return sorted((int(n), directory / n) for n in names if len(n) == 20 and n.isdigit())
-
-
-def _pread(path: str | Path, size: int, offset: int) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return os.pread(fd, size, offset)
-    finally:
-        os.close(fd)
-
-
 def _header_time(head: bytes) -> int | None:
     """The store time of the record whose header ``head`` starts with, ``None`` when it is
     not a record's header (a blank, a file cut short)."""
@@ -136,11 +121,11 @@ def _header_time(head: bytes) -> int | None:
     return None
 
 
-def _record_time(segment: Path, rel: int) -> int | None:
-    """The store time of the record at ``rel`` of a CommitLog segment, ``None`` when no
-    record starts there."""
-    with contextlib.suppress(OSError):
-        return _header_time(_pread(segment, _HEADER_READ, rel))
+def _record_time(log: LocalSegments, base: int) -> int | None:
+    """The store time of the record at the start of the CommitLog segment at ``base``,
+    ``None`` when no record starts there (or the segment is gone)."""
+    with contextlib.suppress(StoreError, OSError):
+        return _header_time(log.read(base, 0, _HEADER_READ))
     return None
 
 
@@ -149,24 +134,25 @@ def record_times(broker: Path, config: StoreConfig, offsets: Iterable[int]) -> d
     directory, each segment opened once however many of them it holds. An offset with no
     record (deleted by retention, not written) is left out."""
     size = config.mapped_file_size_commitlog
-    by_segment: dict[int, list[int]] = {}
+    by_segment: dict[int, list[tuple[int, int]]] = {}
     for phys in offsets:
-        by_segment.setdefault(phys - phys % size, []).append(phys)
+        base, position = locate(phys, size)
+        by_segment.setdefault(base, []).append((phys, position))
     out: dict[int, int] = {}
-    directory = os.path.join(broker, "commitlog")
+    log = LocalSegments(os.path.join(broker, "commitlog"), segment_size=size)
     for base, wanted in by_segment.items():
         try:
-            fd = os.open(os.path.join(directory, f"{base:020d}"), os.O_RDONLY)
-        except OSError:
+            seg = log.open(base)
+        except (StoreError, OSError):
             continue
         try:
-            for phys in wanted:
-                with contextlib.suppress(OSError):
-                    at = _header_time(os.pread(fd, _HEADER_READ, phys - base))
+            for phys, position in wanted:
+                with contextlib.suppress(StoreError, OSError):
+                    at = _header_time(seg.read(position, min(_HEADER_READ, size - position)))
                     if at is not None:
                         out[phys] = at
         finally:
-            os.close(fd)
+            seg.close()
     return out
 
 
@@ -175,13 +161,10 @@ def unit_offset(queue_dir: str, config: StoreConfig, offset: int) -> int | None:
     ``queue_dir`` (one read of its unit); ``None`` when the unit is not there (not written yet,
     deleted by retention) or holds no message."""
     cq_size = config.mapped_file_size_consume_queue
-    pos = offset * CQ_UNIT_SIZE
-    base = pos - pos % cq_size
+    base, position = unit_position(offset, cq_size)
     try:
-        raw = _pread(f"{queue_dir}/{base:020d}", CQ_UNIT_SIZE, pos - base)
-    except OSError:
-        return None
-    if len(raw) < CQ_UNIT_SIZE:
+        raw = LocalSegments(queue_dir).read(base, position, CQ_UNIT_SIZE)
+    except (StoreError, OSError):
         return None
     phys, size, _ = UNIT.unpack(raw)
     if phys < 0 or size <= 0 or size == PRE_BLANK_SIZE:
@@ -189,32 +172,26 @@ def unit_offset(queue_dir: str, config: StoreConfig, offset: int) -> int | None:
     return int(phys)
 
 
-_FIRST_FILE = f"{0:020d}"
-
-
 def _first_unit_min(queue_dir: str, commitlog_min: int) -> int | None:
     """A queue's min offset when its first unit points at a live record (the usual case: one
     read, of the file at offset 0 when there is one, else of the first a listing finds);
     ``None`` when that does not settle it (after retention, a pre-blank)."""
-    base, first = 0, f"{queue_dir}/{_FIRST_FILE}"
+    files = LocalSegments(queue_dir)
+    base = 0
     try:
-        raw = _pread(first, CQ_UNIT_SIZE, 0)
-    except FileNotFoundError:
-        files = _segments(Path(queue_dir))
-        if not files:
-            return 0
-        base = files[0][0]
         try:
-            raw = _pread(files[0][1], CQ_UNIT_SIZE, 0)
-        except OSError:
-            return None
-    except OSError:
-        return None
-    if len(raw) < CQ_UNIT_SIZE:
+            raw = files.read(0, 0, CQ_UNIT_SIZE)
+        except SegmentGoneError:
+            first = files.first()
+            if first is None:
+                return 0
+            base = first
+            raw = files.read(base, 0, CQ_UNIT_SIZE)
+    except (StoreError, OSError):
         return None
     phys, size, _ = UNIT.unpack(raw)
     if phys >= commitlog_min and 0 < size != PRE_BLANK_SIZE:
-        return base // CQ_UNIT_SIZE
+        return unit_index(base, 0)
     return None
 
 
@@ -309,8 +286,9 @@ class StoreStats:
     def broker(self, name: str, path: Path) -> BrokerStats:
         """The figures of the broker directory ``path``; :class:`StoreError` or ``OSError``
         when it cannot be read."""
-        segments = _segments(path / "commitlog")
-        commitlog_min = segments[0][0] if segments else 0
+        log = LocalSegments(path / "commitlog")
+        segments = log.listed()
+        commitlog_min = segments[0] if segments else 0
         progress = _progress(path)
         if _described(path, progress):
             assert progress is not None
@@ -322,11 +300,9 @@ class StoreStats:
             source = "open"
             bounds, end = self._bounds_opened(path)
             newest = None
-        oldest = _record_time(segments[0][1], 0) if segments else None
-        sizes = 0
-        for _, seg in segments:
-            with contextlib.suppress(OSError):  # deleted by retention since the listing
-                sizes += seg.stat().st_size
+        oldest = _record_time(log, segments[0]) if segments else None
+        # Files retention deleted since the listing count nothing.
+        sizes = sum(max(0, log.size_of(base)) for base in segments)
         try:
             flushed = (path / "config" / "rocketstore.json").stat().st_mtime_ns // 1_000_000
         except OSError:

@@ -20,13 +20,12 @@ Not thread-safe; one scan's.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
 from rocketstore.pipeline.files.consumequeue import ConsumeQueue
-from rocketstore.pipeline.files.mappedfile import MappedFile
+from rocketstore.pipeline.files.segmentread import SegmentFile, unit_index, unit_position
 from rocketstore.pipeline.files.segments import SegmentQueue
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE, PRE_BLANK_SIZE, UNIT_DTYPE
 from rocketstore.pipeline.tools.verify.state import I64, Bools, Scan
@@ -45,7 +44,7 @@ class UnitFile:
     """One ConsumeQueue file of a queue: the units of it to check are ``[lo, hi)`` (relative to
     the file), whose offsets lie in ``[min_off, max_off]`` (``min_off > max_off``: none)."""
 
-    mf: MappedFile
+    mf: SegmentFile
     k0: int  # unit number (relative to the queue's first) of the file's unit 0
     lo: int
     hi: int
@@ -60,7 +59,7 @@ class QueueRecord:
     from ``lead`` to ``last``, whether it matched its record."""
 
     cq: ConsumeQueue
-    files: list[MappedFile]
+    files: list[SegmentFile]
     index: int  # in QueueChecker.queues
     tid: int  # store-wide topic id
     first: int  # queue offset of unit 0 of its first file
@@ -84,7 +83,7 @@ class QueueLoader:
         self.queues: list[QueueRecord] = []
         self.queue_of: dict[tuple[int, int], QueueRecord] = {}
         # Each queue's files (see list_files), and the listings made for the scan.
-        self._files: dict[tuple[str, int], list[MappedFile]] = {}
+        self._files: dict[tuple[str, int], list[SegmentFile]] = {}
         self._listings: list[SegmentQueue] = []
         # Every file of every queue, in queue order: the range of its checked units' offsets,
         # its queue (an index into ``queues``) and its number in the queue.
@@ -121,6 +120,7 @@ class QueueLoader:
         :meth:`release`), so that a store of 40,000 queues does not load them all, nor keep
         them loaded after the scan."""
         for key, cq in sorted(self.scan.store.queues.items()):
+            files: list[SegmentFile]
             if cq.loaded:
                 files = list(cq.segments.files)
             else:
@@ -252,11 +252,11 @@ class QueueLoader:
             self.scan.done += q.cq.file_size * len(q.files)
         self.scan.tick(self.scan.done)  # once a batch: a store of 40,000 queues is 40,000
 
-    def _record(self, cq: ConsumeQueue, files: list[MappedFile]) -> QueueRecord:
+    def _record(self, cq: ConsumeQueue, files: list[SegmentFile]) -> QueueRecord:
         """A queue's record, with the units each of its files holds (see
         :attr:`QueueRecord.held`), its ends not found yet."""
         per_file = cq.units_per_file
-        first = files[0].base // CQ_UNIT_SIZE
+        first = unit_index(files[0].base, 0)
         length = per_file * len(files)
         if self.scan.queue_lengths is not None:
             # A writer is appending: units past the snapshot's length are not checked.
@@ -373,9 +373,9 @@ class QueueLoader:
             )
         q.held_units = read is not None and self.columns.take(checked_units)
 
-    def unit_location(self, q: QueueRecord, k: int) -> tuple[Path, int]:
-        per_file = q.cq.units_per_file
-        return q.files[k // per_file].path, (k % per_file) * CQ_UNIT_SIZE
+    def unit_location(self, q: QueueRecord, k: int) -> tuple[str, int]:
+        base, position = unit_position(q.first + k, q.cq.file_size)
+        return next(f.where for f in q.files if f.base == base), position
 
     def unit_problem(self, q: QueueRecord, k: int, kind: str, detail: str) -> None:
         path, pos = self.unit_location(q, k)

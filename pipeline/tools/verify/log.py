@@ -207,7 +207,7 @@ class LogWalker:
                 if g is not None:
                     self.scan.problem(
                         "commitlog-garbage-after-blank",
-                        mf.path,
+                        mf.where,
                         g,
                         f"non-zero bytes after the END_OF_FILE blank at {phys}",
                     )
@@ -234,7 +234,7 @@ class LogWalker:
             g = self.first_nonzero(phys, self.scan.log_end)
             self.scan.problem(
                 "commitlog-garbage-after-end",
-                self.scan.files[self.scan.seg_index(phys)].path,
+                self.scan.record_path(phys),
                 phys,
                 f"{detail}; no valid record follows (first non-zero byte at {g})",
             )

@@ -13,7 +13,8 @@ import dataclasses
 
 import numpy as np
 
-from rocketstore.pipeline.files.mappedfile import segment_name
+from rocketstore.pipeline.files.localsegments import LocalSegments
+from rocketstore.pipeline.files.segmentread import unit_position
 from rocketstore.pipeline.format import native
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.pipeline.tools.verify.load import (
@@ -265,7 +266,7 @@ class QueueChecker(QueueLoader):
             mf.buffer,
             np.array([phys - mf.base], dtype=np.int64),
             mf.base,
-            path=str(mf.path),
+            path=mf.where,
             limit=min(mf.size, self.scan.log_end - mf.base),
             columns=native.Columns.TAGS,
         )
@@ -283,13 +284,15 @@ class QueueChecker(QueueLoader):
                 q = self.queue_of.get((int(seg.topic_ids[r]), qid))
                 if q is None or qoff < q.first:
                     continue  # retention deleted the record and its unit's file during the scan
-            pos = qoff * CQ_UNIT_SIZE
-            base = pos - pos % file_size
             where = root / topic / str(qid)
+            path, pos = str(where), qoff * CQ_UNIT_SIZE
+            if qoff >= 0:
+                base, pos = unit_position(qoff, file_size)
+                path = LocalSegments(where).where(base)
             self.scan.problem(
                 "cq-missing-unit",
-                where / segment_name(base) if pos >= 0 else where,
-                pos - base if pos >= 0 else pos,
+                path,
+                pos,
                 f"no unit points at the record at {phys} ({topic}/{qid} offset {qoff})"
                 + self.scan.repair_note(phys),
             )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,8 @@ import numpy.typing as npt
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.files import mappings
 from rocketstore.pipeline.files.lock import is_locked_elsewhere
-from rocketstore.pipeline.files.mappedfile import MappedFile
 from rocketstore.pipeline.files.progress import FlushProgress
+from rocketstore.pipeline.files.segmentread import SegmentFile
 from rocketstore.pipeline.format import native, record
 from rocketstore.pipeline.layout import index_file_size
 from rocketstore.pipeline.tools.verify.report import Problem, VerifyReport
@@ -129,7 +129,7 @@ class Scan:
         self.report = VerifyReport(str(store.path))
         self.progress = progress
         self.log = store.commitlog
-        self.files = self.log.segments.files
+        self.files: Sequence[SegmentFile] = self.log.segments.files
         self.seg_size = self.log.segment_size
         self.base0 = self.files[0].base if self.files else 0
         self.log_end = self.files[-1].base + self.seg_size if self.files else 0
@@ -177,9 +177,9 @@ class Scan:
             self.total += index_file_size(f.slot_num, f.index_num)
         # The ConsumeQueue files are added when they are listed (QueueChecker.list_files).
 
-    def hold(self, files: list[MappedFile]) -> None:
+    def hold(self, files: Sequence[SegmentFile]) -> None:
         """Keep ``files`` (a queue's, all but its last) readable to the end of a view's scan,
-        as the oldest segments are (``_pins``, :meth:`MappedFile.pinned`), while fewer than
+        as the oldest segments are (``_pins``, :meth:`SegmentFile.pinned`), while fewer than
         :data:`PINNED_QUEUE_FILES` and a quarter of the descriptor budget are held: retention
         may delete them before the scan reads them."""
         if not self.store.read_only:
@@ -193,7 +193,10 @@ class Scan:
         """Take :attr:`retained_from` as the first segment of the scan still in the directory
         now (the scan holds the oldest ones mapped, see ``_pins``, but retention may have
         deleted the ConsumeQueue files that pointed into them before they were listed)."""
-        self.retained_from = next((mf.base for mf in self.files if mf.path.exists()), self.log_end)
+        self.retained_from = next(
+            (mf.base for mf in self.log.segments.files if self.log.segments.exists(mf)),
+            self.log_end,
+        )
 
     def problem(self, kind: str, path: str | Path, offset: int, detail: str) -> None:
         """Report a problem; past ``max_per_kind`` of its kind in its file, only count it."""
@@ -248,7 +251,8 @@ class Scan:
         )
 
     def seg_index(self, phys: int) -> int:
-        return (phys - self.base0) // self.seg_size
+        """The place in :attr:`files` of the segment holding ``phys``."""
+        return self.log.segments.index_of(phys)
 
     def topic_name(self, tid: int) -> str:
         return self.topics[tid] if 0 <= tid < len(self.topics) else "?"
@@ -268,8 +272,8 @@ class Scan:
             self.topics.append(topic)
         return tid
 
-    def record_path(self, phys: int) -> Path:
-        return self.files[self.seg_index(phys)].path
+    def record_path(self, phys: int) -> str:
+        return self.files[self.seg_index(phys)].where
 
     def record_at(self, phys: int) -> native.Walk | None:
         """The one whole, valid record (UTF-8 topic included) at ``phys``, or None."""
