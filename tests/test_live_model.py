@@ -195,7 +195,9 @@ class Readers:
             self.counts["verify across a kill"] += 1
             return
         self.damage("verify", done.stdout[:3000] + done.stderr)
-        (self.root.parent / f"verify-failed-{self.counts['verify']}.json").write_text(done.stdout)
+        kept = self.root.parent / f"verify-failed-{self.counts['verify']}"
+        kept.with_suffix(".json").write_text(done.stdout)
+        kept.with_suffix(".stderr").write_text(done.stderr)
 
     def queues(self) -> None:
         done = run_cli("queues", str(self.broker), "--config", str(self.conf), "--json")
