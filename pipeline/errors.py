@@ -109,12 +109,15 @@ class DiskFullError(StoreError):
     stored before is lost; puts are accepted again once retention has freed space.
     """
 
-    def __init__(self, store: str, used_ratio: float, threshold: float) -> None:
+    def __init__(
+        self, store: str, used_ratio: float, threshold: float, tier_backlog: str | None = None
+    ) -> None:
         super().__init__(
             f"{store}: disk is {used_ratio:.1%} full, above the {threshold:.0%} at which puts "
             "are refused (diskSpaceWarningLevelRatio); free space or let retention delete old "
-            "CommitLog files"
+            "CommitLog files" + (f"; {tier_backlog}" if tier_backlog else "")
         )
+        self.tier_backlog = tier_backlog
         self.store = store
         self.used_ratio = used_ratio
         self.threshold = threshold
