@@ -54,8 +54,8 @@ import pyarrow as pa
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine import fencing, sharedopen, storehost
 from rocketstore.pipeline.engine.appender import Appender
-from rocketstore.pipeline.engine.earlyroll import EarlyRoll
 from rocketstore.pipeline.engine.background import PeriodicTask
+from rocketstore.pipeline.engine.earlyroll import EarlyRoll
 from rocketstore.pipeline.engine.publish import MAX_NOTES, FlushPointRecorder
 from rocketstore.pipeline.engine.reads import StoreReads
 from rocketstore.pipeline.engine.recovery import (
