@@ -80,6 +80,13 @@ class DamagedLogError(CorruptRecordError):
     log, not a torn tail. Recovery refuses to cut (which would drop them) and changes nothing."""
 
 
+class CorruptIndexError(CorruptRecordError):
+    """A segment index object of the tier (``B/index/<base>``,
+    :mod:`rocketstore.pipeline.format.segmentindex`) failed its checks: magic, version, CRC,
+    lengths, order. ``path`` names the object and ``offset`` is the byte of the object at
+    fault."""
+
+
 class NotFoundError(StoreError, LookupError):
     """What was asked for (a topic, a queue, a record at an offset, a message by id) is not in
     the store. Nothing is wrong with the store."""
