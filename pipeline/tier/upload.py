@@ -7,7 +7,8 @@ every byte of it is on disk, so it never changes again. The last segment never i
 
 **One segment, in this order** (:meth:`Uploader.upload_segment`):
 
-1. its segment index is built from its records (``build_segment_index``, the layout of
+1. its segment index is built from its records
+   (:func:`~rocketstore.pipeline.format.segmentindex.build_segment_index`, the layout of
    docs/tiering.md), which also finds its data end: the END_OF_FILE blank's end. A record
    that fails its checks stops the upload, naming the segment and offset: damage is never
    uploaded;
@@ -38,7 +39,6 @@ import dataclasses
 import hashlib
 import logging
 import os
-import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -53,6 +53,7 @@ from rocketstore.pipeline.errors import (
 )
 from rocketstore.pipeline.files.localsegments import LocalSegments
 from rocketstore.pipeline.files.progress import FlushProgress
+from rocketstore.pipeline.format.segmentindex import NeedMore, SegmentIndex, build_segment_index
 from rocketstore.pipeline.tier import localstate
 from rocketstore.pipeline.tier.localstate import TierState
 from rocketstore.pipeline.tier.manifest import (
@@ -66,12 +67,6 @@ from rocketstore.pipeline.tier.manifest import (
 from rocketstore.pipeline.tier.objects import ObjectStore
 
 log = logging.getLogger(__name__)
-
-# The segment index's header and queue rows (docs/tiering.md#the-segment-index): what the
-# manifest records of a segment is read back from the index built for it.
-_HEADER = struct.Struct(">4siqqiiiiqqii")
-_ROW = struct.Struct(">iiiiqq")
-_MAGIC = b"RSIX"
 
 
 def broker_name(store: Path, config: StoreConfig) -> str:
@@ -96,36 +91,21 @@ def sealed_bases(segments: LocalSegments, size: int, flushed: int) -> list[int]:
     return [b for b in bases[:-1] if flushed >= b + size]
 
 
-@dataclasses.dataclass(frozen=True)
-class IndexSummary:
-    """What the manifest records of a segment, read from its index's header and queue table."""
-
-    data_end: int
-    records: int
-    min_store_timestamp: int
-    max_store_timestamp: int
-    queues: dict[str, dict[str, int]]
+def index_summary(index: bytes, base: int, where: str) -> SegmentIndex:
+    """The segment index built for the segment at ``base``, read back (checked) for what the
+    manifest records of the segment: data end, records, store times, queues."""
+    parsed = SegmentIndex.parse_head(index, where=where, length=len(index))
+    if isinstance(parsed, NeedMore) or parsed.base != base:
+        raise TierError(f"{where}: the segment index built for base {base} does not read back")
+    return parsed
 
 
-def summarize_index(index: bytes, base: int, where: str) -> IndexSummary:
-    """Read the header and queue rows of a segment index built for the segment at ``base``."""
-    if len(index) < _HEADER.size:
-        raise TierError(f"{where}: segment index of {len(index)} bytes, shorter than its header")
-    magic, _v, ibase, end, records, nqueues, _keys, names_len, tmin, tmax, _crc, _r = (
-        _HEADER.unpack_from(index)
-    )
-    if magic != _MAGIC or ibase != base:
-        raise TierError(f"{where}: segment index for base {ibase} (magic {magic!r}), not {base}")
-    names_at = _HEADER.size + _ROW.size * nqueues
-    names = index[names_at : names_at + names_len]
-    queues: dict[str, dict[str, int]] = {}
-    for k in range(nqueues):
-        name_off, name_len, qid, units, first, _start = _ROW.unpack_from(
-            index, _HEADER.size + _ROW.size * k
-        )
-        topic = names[name_off : name_off + name_len].decode("utf-8", "replace")
-        queues.setdefault(topic, {})[str(qid)] = first + units
-    return IndexSummary(end, records, tmin, tmax, queues)
+def queue_ends(index: SegmentIndex) -> dict[str, dict[str, int]]:
+    """Each queue's next offset after the segment: its first unit's offset plus its units."""
+    out: dict[str, dict[str, int]] = {}
+    for row in index.rows:
+        out.setdefault(row.topic, {})[str(row.queue_id)] = row.first + row.units
+    return out
 
 
 def merged_queues(
@@ -246,7 +226,7 @@ class Uploader:
             index = self._index(seg.buffer, base)
         finally:
             seg.close()
-        summary = summarize_index(index, base, str(path))
+        summary = index_summary(index, base, str(path))
         key = segment_key(self.prefix, base)
         sha = hashlib.sha256()
         etag, _ = self.objects.put_file_hashed(key, path, summary.data_end, sha256=sha)
@@ -282,7 +262,7 @@ class Uploader:
                 )
             if m.segments and m.end > base:
                 return None  # another uploader of this store named it first
-            return m.extended(entry, merged_queues(m.queues, summary.queues))
+            return m.extended(entry, merged_queues(m.queues, queue_ends(summary)))
 
         done = self.manifests.commit(update)
         if done.manifest is None or base not in done.manifest.bases():
@@ -300,8 +280,6 @@ class Uploader:
     def _index(self, buffer: memoryview, base: int) -> bytes:
         build = self._build_index
         if build is None:
-            from rocketstore.pipeline.format.segmentindex import build_segment_index
-
             build = build_segment_index
         return build(buffer, base, len(buffer))
 
