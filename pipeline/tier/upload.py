@@ -302,6 +302,7 @@ class Uploader:
         *,
         interval_s: float = 1.0,
         on_error: Callable[[TierError], None] | None = None,
+        on_report: Callable[[UploadReport], None] | None = None,
     ) -> None:
         """:meth:`run_once` every ``interval_s`` until ``stop`` is set. An unavailable object
         store is waited out (reported to ``on_error``, tried again with a growing pause up
@@ -309,8 +310,10 @@ class Uploader:
         pause = interval_s
         while not stop.is_set():
             try:
-                self.run_once(stop)
+                report = self.run_once(stop)
                 pause = interval_s
+                if on_report is not None:
+                    on_report(report)
             except TierUnavailableError as exc:
                 if on_error is not None:
                     on_error(exc)
