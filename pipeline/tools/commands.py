@@ -398,7 +398,10 @@ def cmd_config(args: argparse.Namespace) -> int:
         return 0
     print_table(
         ("setting", "value"),
-        [[k, "(unset)" if v is None else plain_cell(v)] for k, v in settings.items()],
+        [
+            [k, "(unset)" if v is None else '""' if v == "" else plain_cell(v)]
+            for k, v in settings.items()
+        ],
     )
     sys.stdout.write(f"from: {config.origin}\n")
     if config.broker_ip1 is None or config.listen_port is None:
