@@ -65,3 +65,16 @@ def test_a_secret_is_never_in_an_error() -> None:
     with pytest.raises(ConfigError) as caught:
         StoreConfig().with_overrides({"objectStoreSecretKey": "s3cr3t-value"})
     assert "s3cr3t-value" not in str(caught.value)
+
+
+def test_config_command_masks_the_secret(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rocketstore.pipeline import cli
+
+    conf = tmp_path / "s.toml"
+    conf.write_text('objectStoreAccessKey = "AKID"\nobjectStoreSecretKey = "s3cr3t-value"\n')
+    for extra in ([], ["--json"]):
+        assert cli.main(["config", "--config", str(conf), *extra]) == 0
+        out = capsys.readouterr().out
+        assert "s3cr3t-value" not in out and "AKID" in out and "***" in out
