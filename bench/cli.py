@@ -17,6 +17,7 @@ from bench import (
     latency,
     metrics,
     recovery,
+    s3clients,
     scale,
     segindex,
     shared,
@@ -48,11 +49,12 @@ PARTS: dict[str, Callable[[Options], PartResult]] = {
     "metrics": metrics.run,
     "scale": scale.run,
     "brokers": brokers.run,
+    "s3clients": s3clients.run,
 }
 # Parts that run only when named: the soak takes half an hour; the console and the metrics
 # write a root of ten million messages (about 3 GB); the scale part builds stores of up to
-# 40,000 queues (about 20 minutes).
-ON_REQUEST = ("soak", "console", "metrics", "scale")
+# 40,000 queues (about 20 minutes); the S3 clients part starts a Ceph (root, ../shared).
+ON_REQUEST = ("soak", "console", "metrics", "scale", "s3clients")
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[list[str], Options, bool]:
