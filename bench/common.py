@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import gc
 import json
 import os
 import platform
@@ -16,9 +17,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +27,7 @@ import pyarrow as pa
 BENCH_DIR = Path(__file__).resolve().parent
 PROJECT_DIR = BENCH_DIR.parent
 DEFAULT_OUT_DIR = BENCH_DIR / "out"
+T = TypeVar("T")
 MB = 1_000_000  # MB/s in the tables is 10^6 bytes per second
 
 
@@ -64,6 +66,11 @@ class Row:
     target: str = ""
     met: bool | None = None
 
+    @classmethod
+    def of(cls, name: str, unit: str, values: dict[str, float], **rest: Any) -> Row:
+        """A row of the median, min and max of a :func:`spread`."""
+        return cls(name, unit, values["median"], values["min"], values["max"], **rest)
+
 
 @dataclasses.dataclass
 class PartResult:
@@ -94,6 +101,15 @@ def percentiles(samples: Sequence[float], qs: Sequence[float]) -> dict[str, floa
 
 def spread(values: Sequence[float]) -> dict[str, float]:
     return {"median": median(values), "min": float(min(values)), "max": float(max(values))}
+
+
+def timed(fn: Callable[[], T]) -> tuple[float, T]:
+    """(seconds, result) of ``fn()``, garbage collected first so that no earlier run's
+    leftovers are collected inside the timing."""
+    gc.collect()
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
 
 
 # -- machine -----------------------------------------------------------------------------------

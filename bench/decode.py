@@ -22,12 +22,9 @@ same run (raw copy time / decode time), and the machine's load average before an
 
 from __future__ import annotations
 
-import gc
 import mmap
 import os
-import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -41,6 +38,7 @@ from bench.common import (
     pinned_to_one_cpu,
     scratch_dir,
     spread,
+    timed,
 )
 from bench.store import make_table
 from rocketstore.pipeline.config import StoreConfig
@@ -87,13 +85,6 @@ def _decode_all(
     ]
 
 
-def _timed(fn: Any) -> tuple[float, Any]:
-    gc.collect()
-    t0 = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t0, out
-
-
 def run(options: Options) -> PartResult:
     n = 50_000 if options.quick else 1_000_000
     cols = _source_columns()
@@ -121,12 +112,12 @@ def run(options: Options) -> PartResult:
             with pinned_to_one_cpu(options.pin) as cpu:
                 log(f"decode: pinned to CPU {cpu}" if cpu is not None else "decode: not pinned")
                 for i in range(options.runs):
-                    dec_s, got = _timed(lambda: _decode_all(mm, rel, sizes, str(seg), cols))
+                    dec_s, got = timed(lambda: _decode_all(mm, rel, sizes, str(seg), cols))
                     rows = sum(b.num_rows for b in got)
                     del got
-                    ipc_s, table = _timed(lambda: pa.ipc.open_stream(ipc).read_all())
+                    ipc_s, table = timed(lambda: pa.ipc.open_stream(ipc).read_all())
                     del table
-                    raw_s, _ = _timed(lambda: bytes(mm[0:end]))
+                    raw_s, _ = timed(lambda: bytes(mm[0:end]))
                     if rows != n:
                         raise RuntimeError(f"decoded {rows} records of {n}")
                     runs.append(

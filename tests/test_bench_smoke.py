@@ -131,6 +131,23 @@ def test_decode_benchmark_quick(
     assert not list((out / "tmp").iterdir()), "scratch stores must be removed"
 
 
+def test_segindex_benchmark_quick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+    from bench.cli import main
+
+    out = tmp_path / "out"
+    assert main(["segindex", "--quick", "--runs", "2", "--out", str(out), "--no-pin"]) == 0
+    assert "build the index of a 8 MiB segment" in capsys.readouterr().out
+    data = json.loads((out / "segindex-latest.json").read_text())
+    assert data["records"] > 0 and 0 < data["data_end"] <= data["segment_bytes"]
+    assert len(data["runs"]) == 2
+    for key in ("build_records_per_s", "parse_records_per_s", "build_over_raw"):
+        _positive(data[key])
+    assert not list((out / "tmp").iterdir()), "scratch stores must be removed"
+
+
 def test_startup_benchmark_quick(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import base64
 import collections
 import contextlib
+import dataclasses
+import hashlib
 import json
 import random
 import subprocess
@@ -501,3 +503,49 @@ def test_a_queue_resumed_after_retention_is_served_at_its_offsets(
         consumed = cluster.consume(RESUMED)
     assert sorted(r.queue_offset for r in consumed) == list(range(120, 130))
     assert sorted(as_consumed(store_dir, RESUMED)) == sorted(consumed)
+
+
+ROLLED = "Rolled"
+
+
+def test_early_rolled_segments_are_served_and_kept_by_a_stock_broker(
+    cluster: StockCluster, tmp_path: Path
+) -> None:
+    """With the tier on, rocketstore ends a segment early (an END_OF_FILE blank part-way,
+    the next file created at once; rocketstore.pipeline.engine.earlyroll). A stock broker
+    loads the directory, serves every message at dense offsets, appends after the last roll,
+    and leaves every rolled segment byte for byte as it was: what the tier uploaded stays
+    the local file."""
+    store_dir = tmp_path / "broker-0"
+    config = dataclasses.replace(
+        SMALL_CONFIG,
+        tiered_storage_level="NOT_IN_DISK",
+        object_store_bucket="unused",
+        tiered_store_group_commit_timeout=1000,
+    )
+    now = [time.time_ns() // 1_000_000 - 600_000]
+    want: collections.Counter[tuple[str, str, str, bytes]] = collections.Counter()
+    with MessageStore(store_dir, config, clock_ms=lambda: now[0]) as store:
+        for turn in range(3):
+            for i in range(20):
+                body = f"rolled {turn} {i}".encode()
+                store.put(Message(ROLLED, body, queue_id=i % 4, keys=[f"r{turn}-{i}"], tags="R"))
+                want[(ROLLED, f"r{turn}-{i}", "R", body)] += 1
+            now[0] += 2000  # the next put (or the close) ends this segment early
+    segments = sorted(p for p in (store_dir / "commitlog").iterdir() if p.name.isdigit())
+    assert len(segments) == 4  # three rolled, and the empty one the last roll created
+    rolled = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in segments[:-1]}
+
+    with cluster.serving([store_dir], *BROKER_CONF):
+        cluster.produce(ROLLED, 30)
+        want += collections.Counter(
+            (ROLLED, f"k{i}", "ABC"[i % 3], f"hello {i}".encode()) for i in range(30)
+        )
+        consumed = cluster.consume(ROLLED)
+    assert content(consumed) == want
+    assert_dense(consumed)
+    assert {
+        name: hashlib.sha256((store_dir / "commitlog" / name).read_bytes()).hexdigest()
+        for name in rolled
+    } == rolled
+    assert sorted(as_consumed(store_dir, ROLLED)) == sorted(consumed)

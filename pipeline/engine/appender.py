@@ -281,7 +281,7 @@ class Appender:
         next offset once the batch is stored (taken only when the put succeeds); and the rows
         that get units, split by queue, for the dispatch. Vectorised: one look-up per queue."""
         offsets = np.zeros(b.n, dtype=np.int64)
-        rows = np.flatnonzero(dispatch.consume_queue_mask(b.sys_flags))
+        rows = np.flatnonzero(record.consume_queue_mask(b.sys_flags))
         runs = dispatch.group_runs(b.topics, b.topic_codes, b.queue_ids, rows)
         if not len(runs):
             return offsets, {}, runs

@@ -175,13 +175,6 @@ def group_runs(
     )
 
 
-def consume_queue_mask(sys_flags: npt.NDArray[np.int32]) -> npt.NDArray[np.bool_]:
-    tx = sys_flags & record.TRANSACTION_MASK
-    return np.asarray(
-        (tx == record.TRANSACTION_NOT_TYPE) | (tx == record.TRANSACTION_COMMIT_TYPE), dtype=bool
-    )
-
-
 def apply(
     batch: DispatchBatch, queue: Callable[[str, int], ConsumeQueue], index: IndexService | None
 ) -> None:
@@ -191,7 +184,7 @@ def apply(
         return
     runs = batch.runs
     if runs is None:
-        rows = np.flatnonzero(consume_queue_mask(batch.sys_flags))
+        rows = np.flatnonzero(record.consume_queue_mask(batch.sys_flags))
         runs = group_runs(batch.topics, batch.topic_codes, batch.queue_ids, rows)
     if len(runs):
         # Every unit of the batch in one array, run after run: a queue's units are a slice.

@@ -56,6 +56,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from rocketstore.pipeline import _native
 from rocketstore.pipeline.errors import CorruptRecordError, InvalidMessageError
@@ -139,6 +140,13 @@ def body_crc(body: bytes | bytearray | memoryview) -> int:
 
 def transaction_type(sys_flag: int) -> int:
     return sys_flag & TRANSACTION_MASK
+
+
+def consume_queue_mask(sys_flags: npt.NDArray[np.int32]) -> npt.NDArray[np.bool_]:
+    """Which records get a ConsumeQueue unit: RocketMQ gives none to PREPARED and ROLLBACK
+    transaction records (the dispatch and the segment index both follow this rule)."""
+    tx = sys_flags & TRANSACTION_MASK
+    return np.asarray((tx == TRANSACTION_NOT_TYPE) | (tx == TRANSACTION_COMMIT_TYPE), dtype=bool)
 
 
 # -- hosts ---------------------------------------------------------------------------------
