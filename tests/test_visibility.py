@@ -239,6 +239,8 @@ class StaleListings:
         self._frozen[str(directory)] = (shown, [lag])
 
     def _shown(self, directory: Any) -> set[str] | None:
+        if isinstance(directory, int):
+            return None  # a directory opened as a descriptor (fencing's) is never frozen
         frozen = self._frozen.get(os.fspath(directory) if directory is not None else ".")
         if frozen is None or frozen[1][0] <= 0:
             return None
