@@ -34,6 +34,7 @@ class MemoryObjects:
         self.objects: dict[str, bytes] = {}
         self.gets = 0
         self.bytes_read = 0
+        self.commitlog_bytes_read = 0  # of B/commitlog/ objects alone
 
     def put(self, key: str, data: bytes) -> str:
         self.objects[key] = bytes(data)
@@ -57,6 +58,8 @@ class MemoryObjects:
             raise StoreError(f"memory://{key}: range [{start}, {end}) of {len(data)} bytes")
         self.gets += 1
         self.bytes_read += min(end, len(data)) - start
+        if "/commitlog/" in key:
+            self.commitlog_bytes_read += min(end, len(data)) - start
         return data[start:end]  # past the end: short, as S3 answers a range it holds part of
 
     def head(self, key: str) -> tuple[int, str] | None:
