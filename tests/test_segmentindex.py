@@ -120,7 +120,7 @@ def test_index_matches_the_model(
             for r in head.rows:
                 a, b = sorted(data.draw(st.integers(r.first - 1, r.end + 1)) for _ in range(2))
                 lo, hi = head.unit_range(r, a, b)
-                got = head.units(r, ranged(lo, hi))["offset"].tolist()
+                got = head.units(r, ranged(lo, hi), lo)["offset"].tolist()
                 all_units = [u[0] for u in expected_rows(held)[(r.topic, r.queue_id)]]
                 assert (
                     got
@@ -223,7 +223,8 @@ def test_parser_fed_random_or_mutated_bytes_raises_only_its_error(
     ranged = reader(blob, strict=False)
     try:
         for r in head.rows:
-            head.units(r, ranged(*head.unit_range(r, r.first, r.end)))
+            lo, hi = head.unit_range(r, r.first, r.end)
+            head.units(r, ranged(lo, hi), lo)
         head.key_offsets(data.draw(st.integers(0, 2**31 - 1)), ranged, window=2)
     except CorruptIndexError:
         pass

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rocketstore.pipeline.errors import OffsetOutOfRangeError, StoreError
 from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.tier.remote import RemoteQueue, RemoteSegments
 from rocketstore.source import schema
@@ -118,3 +119,33 @@ def test_offsets_below_the_tier_are_data_loss() -> None:
         write_manifest(objects, PREFIX, 4096, [], deleted_below=put[-1][0] + 4096, generation=2)
         tier.relist()
         assert list(read_tier_range(rng, lax, tier)) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_a_damaged_index_object_fails_the_read_or_changes_nothing(data: st.DataObject) -> None:
+    """A byte of an index object changed in the bucket: the read raises a StoreError naming an
+    object, or (a tags code or a store time, which the records themselves hold) returns the
+    model's messages all the same. Never another exception, never other messages."""
+    batch = [Message(f"T{i % 2}", bytes(50), queue_id=i % 3, tags="t") for i in range(60)]
+    with written([(batch, 1)] * 3, 4096) as w:
+        objects = MemoryObjects()
+        put = upload_sealed(objects, PREFIX, w.path, 4096)
+        base = data.draw(st.sampled_from([b for b, _ in put]))
+        key = f"{PREFIX}index/{base:020d}"
+        raw = bytearray(objects.objects[key])
+        at = data.draw(st.integers(0, len(raw) - 1))
+        raw[at] ^= data.draw(st.integers(1, 255))
+        objects.objects[key] = bytes(raw)
+        tier = RemoteSegments(objects, PREFIX, name="mem://")
+        ctx = ReadContext(schema=schema.arrow_schema(None), root=str(w.path.parent))
+        tier_end = put[-1][0] + len(put[-1][1])
+        for (topic, queue_id), stored in sorted(w.model.queues.items()):
+            want = [s.ext.queue_offset for s in stored if s.ext.commit_log_offset < tier_end]
+            rng = QueueRange(topic, "broker-a", str(w.path), queue_id, 0, len(want))
+            try:
+                rows = pa.Table.from_batches(list(read_tier_range(rng, ctx, tier)), ctx.schema)
+            except StoreError as exc:
+                assert "mem://" in str(exc) or isinstance(exc, OffsetOutOfRangeError), exc
+                continue
+            assert rows.column("queueOffset").to_pylist() == want

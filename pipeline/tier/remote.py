@@ -413,7 +413,7 @@ class RemoteSegments:
         """The row's units of queue offsets [lo, hi) in the segment at ``base``."""
         index = self.index(base)
         start, end = index.unit_range(row, lo, hi)
-        return index.units(row, self.fetch(self.index_key(base), start, end, base))
+        return index.units(row, self.fetch(self.index_key(base), start, end, base), start)
 
     def read_records(
         self, base: int, rel: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64], gap: int = GAP
