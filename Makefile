@@ -16,7 +16,7 @@ NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs
 # The editable install is a tree of links (build/__editable__.*) to the files of these folders,
 # which mypy and PySpark's data source lookup can follow: a file added or removed (a folder's
 # time changes) installs it again.
-PACKAGE_DIRS := pipeline pipeline/format pipeline/files pipeline/engine pipeline/tools pipeline/tools/verify pipeline/console sink source datasource datasource/pyspark_rocketstore jobs
+PACKAGE_DIRS := pipeline pipeline/format pipeline/files pipeline/engine pipeline/tier pipeline/tools pipeline/tools/verify pipeline/console sink source datasource datasource/pyspark_rocketstore jobs
 
 # The install compiles the native core: say so before pip does, when cargo is missing.
 $(STAMP): pyproject.toml $(NATIVE_SOURCES) $(PACKAGE_DIRS)

@@ -18,6 +18,7 @@ Commands (``rocketstore COMMAND --help`` for each)::
     console ROOT [--checkpoint DIR ...]         a read-only web console on 127.0.0.1
     exporter ROOT [--checkpoint [NAME=]DIR ...] Prometheus metrics on 127.0.0.1:9560
     config                                      the effective store settings
+    tier status|upload STORE [--follow]         tiered storage: what is where; upload it
 
 Contract:
 
@@ -102,6 +103,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     _repair_commands(c)
     _lag_command(c)
     _serving_commands(c)
+    _tier_command(c)
     c.add(
         "config",
         run.config,
@@ -504,6 +506,37 @@ def _serving_commands(c: _Commands) -> None:
         "(default: the path as given) (repeatable)",
     )
     _served(p, 9560)
+
+
+def _tier_command(c: _Commands) -> None:
+    """``tier status|upload STORE``: tiered storage (docs/tiering.md)."""
+    p = c.add(
+        "tier",
+        run.tier,
+        "Tiered storage: what of a store is local, in the bucket and pending; upload it",
+        "status: the local segments, the bucket's (from its manifest), what is sealed and not "
+        "uploaded yet (segments, bytes, the upload lag in seconds) and leftovers of uploads "
+        "that died; reads only. upload: upload the sealed segments not in the bucket yet, "
+        "each confirmed, then named in the manifest (once; --follow: continuously until "
+        "SIGTERM or Ctrl-C). Needs tieredStorageLevel = NOT_IN_DISK and objectStoreBucket; "
+        "credentials from the settings or the AWS chain (AWS_ACCESS_KEY_ID, AWS_PROFILE). "
+        "Needs the 'tier' extra: pip install 'rocketstore[tier]'.",
+        [c.conf, c.as_json],
+    )
+    p.add_argument("action", choices=("status", "upload"), help="what to do")
+    p.add_argument("store", metavar="STORE", help="the broker store directory")
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="upload: keep uploading what is sealed until SIGTERM or Ctrl-C",
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="upload --follow: seconds between looks for sealed segments (default 1)",
+    )
 
 
 def _version() -> str:

@@ -111,3 +111,9 @@ def config() -> Handler:
     from rocketstore.pipeline.tools.commands import cmd_config
 
     return cmd_config
+
+
+def tier() -> Handler:
+    from rocketstore.pipeline.tools.tier import cmd_tier
+
+    return cmd_tier

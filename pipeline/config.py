@@ -24,7 +24,7 @@ import dataclasses
 import ipaddress
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,25 @@ _FIELDS: dict[str, tuple[str, type]] = {
     "visibilityWaitMs": ("visibility_wait_ms", int),
     "brokerIP1": ("broker_ip1", str),
     "listenPort": ("listen_port", int),
+    # Tiered storage (docs/tiering.md), named after RocketMQ 5's tiered store where one fits.
+    "tieredStorageLevel": ("tiered_storage_level", str),
+    "objectStoreEndpoint": ("object_store_endpoint", str),
+    "objectStoreBucket": ("object_store_bucket", str),
+    "objectStorePrefix": ("object_store_prefix", str),
+    "objectStoreRegion": ("object_store_region", str),
+    "objectStoreAccessKey": ("object_store_access_key", str),
+    "objectStoreSecretKey": ("object_store_secret_key", str),
+    "brokerName": ("broker_name", str),
+    "tieredStoreGroupCommitTimeout": ("tiered_store_group_commit_timeout", int),
+    "tieredStoreFileReservedTime": ("tiered_store_file_reserved_time", int),
 }
+
+# tieredStorageLevel: the tier off, or sealed segments uploaded and read from the bucket.
+TIER_DISABLE = "DISABLE"
+TIER_NOT_IN_DISK = "NOT_IN_DISK"
+TIER_LEVELS = (TIER_DISABLE, TIER_NOT_IN_DISK)
+# Settings whose value a tool must never print (rocketstore config shows them masked).
+SECRET_SETTINGS = frozenset({"objectStoreSecretKey"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +119,19 @@ class StoreConfig:
     # Not a RocketMQ setting: added to a listenPort that is set or defaulted, never to one
     # taken from the directory (a root's broker b: 10 * b; rocketstore.pipeline.engine.storehost).
     listen_port_offset: int = 0
+    # Tiered storage (docs/tiering.md). Unset strings (None) leave the value to the standard
+    # AWS chain (environment, AWS_PROFILE and ~/.aws), which is where credentials belong.
+    tiered_storage_level: str = TIER_DISABLE
+    object_store_endpoint: str | None = None
+    object_store_bucket: str | None = None
+    object_store_prefix: str = ""
+    object_store_region: str | None = None
+    object_store_access_key: str | None = None
+    object_store_secret_key: str | None = None
+    # None: the name of the store directory (so the brokers of a root get their own prefixes).
+    broker_name: str | None = None
+    tiered_store_group_commit_timeout: int = 60_000
+    tiered_store_file_reserved_time: int = 72
     ignored_keys: tuple[str, ...] = dataclasses.field(default=(), compare=False)
     # Where the settings came from (a file, or BUILT_IN), for messages; not a setting.
     origin: str = dataclasses.field(default=BUILT_IN, compare=False)
@@ -113,6 +144,8 @@ class StoreConfig:
         def need(cond: bool, name: str, what: str) -> None:
             if not cond:
                 value = getattr(self, _FIELDS[name][0])
+                if name in SECRET_SETTINGS:
+                    value = "***"
                 raise ConfigError(f"{name}={value!r}: {what}")
 
         need(self.mapped_file_size_commitlog >= 4096, "mappedFileSizeCommitLog", "must be >= 4096")
@@ -172,6 +205,7 @@ class StoreConfig:
                 ipaddress.ip_address(self.broker_ip1)
             except ValueError:
                 need(False, "brokerIP1", "must be an IPv4 or IPv6 address")
+        self._check_tier(need)
         # RocketMQ rounds the ConsumeQueue file size up to whole units; so do we, but say so
         # loudly rather than silently changing the geometry of an existing store.
         need(
@@ -180,7 +214,58 @@ class StoreConfig:
             f"must be a multiple of {CQ_UNIT_SIZE} (one ConsumeQueue unit)",
         )
 
+    def _check_tier(self, need: Callable[[bool, str, str], None]) -> None:
+        need(
+            self.tiered_storage_level in TIER_LEVELS,
+            "tieredStorageLevel",
+            f"must be one of {', '.join(TIER_LEVELS)}",
+        )
+        need(
+            self.tiered_store_group_commit_timeout >= 1,
+            "tieredStoreGroupCommitTimeout",
+            "must be >= 1 ms",
+        )
+        need(
+            self.tiered_store_file_reserved_time >= 0,
+            "tieredStoreFileReservedTime",
+            "must be >= 0 hours (0: the bucket keeps segments for ever)",
+        )
+        if self.broker_name is not None:
+            need(
+                _is_key_part(self.broker_name),
+                "brokerName",
+                "must be a non-empty name without '/' (it is a folder of the bucket's keys)",
+            )
+        need(
+            not self.object_store_prefix.startswith("/"),
+            "objectStorePrefix",
+            "must not start with '/' (keys are relative to the bucket)",
+        )
+        if self.object_store_endpoint is not None:
+            need(
+                self.object_store_endpoint.startswith(("http://", "https://")),
+                "objectStoreEndpoint",
+                "must be an http:// or https:// URL (e.g. http://127.0.0.1:7480)",
+            )
+        need(
+            (self.object_store_access_key is None) == (self.object_store_secret_key is None),
+            "objectStoreAccessKey",
+            "objectStoreAccessKey and objectStoreSecretKey are set together or not at all "
+            "(prefer AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE)",
+        )
+        if self.tier_on:
+            need(
+                bool(self.object_store_bucket),
+                "objectStoreBucket",
+                f"is required with tieredStorageLevel={self.tiered_storage_level}",
+            )
+
     # -- derived values ---------------------------------------------------------------------
+    @property
+    def tier_on(self) -> bool:
+        """Whether sealed segments go to the bucket (tieredStorageLevel is not DISABLE)."""
+        return self.tiered_storage_level != TIER_DISABLE
+
     @property
     def index_file_size(self) -> int:
         return index_file_size(self.max_hash_slot_num, self.max_index_num)
@@ -338,6 +423,10 @@ def _coerce(name: str, typ: type, raw: Any) -> Any:
     if not isinstance(raw, str | int):
         raise ConfigError(f"{name}={raw!r}: expected a string")
     return str(raw).strip()
+
+
+def _is_key_part(text: str) -> bool:
+    return bool(text) and "/" not in text and text not in (".", "..")
 
 
 def _is_hour(text: str) -> bool:

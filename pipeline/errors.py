@@ -116,12 +116,15 @@ class DiskFullError(StoreError):
     stored before is lost; puts are accepted again once retention has freed space.
     """
 
-    def __init__(self, store: str, used_ratio: float, threshold: float) -> None:
+    def __init__(
+        self, store: str, used_ratio: float, threshold: float, tier_backlog: str | None = None
+    ) -> None:
         super().__init__(
             f"{store}: disk is {used_ratio:.1%} full, above the {threshold:.0%} at which puts "
             "are refused (diskSpaceWarningLevelRatio); free space or let retention delete old "
-            "CommitLog files"
+            "CommitLog files" + (f"; {tier_backlog}" if tier_backlog else "")
         )
+        self.tier_backlog = tier_backlog
         self.store = store
         self.used_ratio = used_ratio
         self.threshold = threshold
@@ -159,3 +162,54 @@ class NativeError(StoreError):
     """The native core failed inside (a Rust panic): a bug in rocketstore, or a buffer the
     caller lent it changed while it was in use. What the call was writing may be incomplete,
     as after any failed write: the store fail-stops as usual."""
+
+
+class TierError(StoreError):
+    """Tiered storage (the S3 bucket of sealed segments, docs/tiering.md) failed. Every
+    message names the bucket and the key (or prefix) at fault; ``bucket`` and ``key`` hold
+    them. Nothing local is deleted because of it: local retention waits for uploads."""
+
+    def __init__(self, message: str, bucket: str = "", key: str = "") -> None:
+        super().__init__(message)
+        self.bucket = bucket
+        self.key = key
+
+
+class TierConfigError(TierError, ConfigError):
+    """The bucket cannot be used as configured: wrong or missing credentials, an endpoint that
+    does not answer, a bucket that does not exist. ``setting`` names what to fix (a setting, or
+    the AWS variable it can come from)."""
+
+    def __init__(self, message: str, bucket: str, setting: str) -> None:
+        super().__init__(message, bucket)
+        self.setting = setting
+
+
+class TierUnavailableError(TierError):
+    """The object store did not answer (refused, timed out, a server error) after the client's
+    retries. Transient: the upload is tried again later; nothing local was deleted."""
+
+
+class PreconditionFailedError(TierError):
+    """A conditional write lost (HTTP 412): ``If-None-Match: *`` on a key that exists, or
+    ``If-Match`` with an ETag that is no longer the object's. Read again and decide again."""
+
+
+class ObjectNotFoundError(TierError, NotFoundError):
+    """A key the tier needs is not in the bucket (deleted there, or never written)."""
+
+
+class ObjectMismatchError(TierError):
+    """An object is not what was written or what its manifest says: another size, ETag or
+    checksum, or a range shorter than asked for. The message names the object and offset."""
+
+
+class ManifestError(TierError):
+    """A manifest that cannot be used: not valid JSON, a field missing or out of range,
+    segments not contiguous, or (:class:`ManifestOwnerError`) another store's."""
+
+
+class ManifestOwnerError(ManifestError):
+    """The prefix's manifest belongs to another store (its ``storeId`` is not this one's): two
+    stores never share a prefix. Give one of them another ``brokerName`` or
+    ``objectStorePrefix``."""

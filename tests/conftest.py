@@ -183,6 +183,30 @@ def netcluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
         yield made
 
 
+CEPH_FIXTURES = frozenset({"ceph", "bucket"})
+
+
+@pytest.fixture(scope="session")
+def ceph() -> Iterator[Any]:
+    """A single-node Ceph with radosgw, one for the session (the tier's real S3;
+    tests/kit/ceph.py), stopped and purged at the end. Skipped where the machine cannot run
+    one (no ../shared, not root)."""
+    from tests.kit.ceph import SKIP, cluster, unavailable
+
+    why = unavailable()
+    if why is not None:
+        pytest.skip(f"{SKIP} {why}")
+    with cluster() as made:
+        yield made
+
+
+@pytest.fixture
+def bucket(ceph: Any) -> str:
+    """A fresh, empty bucket of the session's radosgw."""
+    name: str = ceph.new_bucket()
+    return name
+
+
 # -- the quick tier -------------------------------------------------------------------------
 #
 # `make check` runs the tests not marked ``heavy``: those that start no other process (no Spark
@@ -195,6 +219,7 @@ def netcluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
 # named here because they are the common case).
 HEAVY_FIXTURES = frozenset(
     {"spark", "connect_server", "connect_url", "gluster_daemon", "gluster_volume", "netcluster"}
+    | CEPH_FIXTURES
 )
 # Marks that say a test is slow or shares a machine-wide resource.
 HEAVY_MARKERS = ("slow", "gluster", "xdist_group")
@@ -312,12 +337,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     starve each other, and share the nodes' Python built once per worker. Clusters with a
     network (``netcluster``) share nothing with those (a glusterd, state and namespaces of
     their own) and run in a group of their own: one at a time, so that the take-over times
-    they measure do not also measure another cluster's load."""
+    they measure do not also measure another cluster's load. The tier's tests share one
+    Ceph (``ceph``) and run in a group of their own too."""
     for item in items:
         if _heavy(item):
             item.add_marker(pytest.mark.heavy)
         if "netcluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("netcluster"))
+        elif CEPH_FIXTURES & set(getattr(item, "fixturenames", ())):
+            # One Ceph a session: its tests in one worker, so that one is started.
+            item.add_marker(pytest.mark.xdist_group("ceph"))
         elif (
             "gluster_volume" in getattr(item, "fixturenames", ())
             or item.get_closest_marker("gluster")

@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -604,15 +605,15 @@ def test_config_command(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
     assert "ignored" not in out
 
     props = tmp_path / "broker.conf"
-    props.write_text("brokerName=broker-a\nnamesrvAddr=localhost:9876\nmaxMessageSize=1024\n")
+    props.write_text("brokerId=0\nnamesrvAddr=localhost:9876\nmaxMessageSize=1024\n")
     rc, out, _ = run(capsys, "config", "--config", props)
-    assert "maxMessageSize              1024" in out
-    assert "ignored (not store settings): brokerName, namesrvAddr" in out
+    assert re.search(r"\nmaxMessageSize +1024\n", out)
+    assert "ignored (not store settings): brokerId, namesrvAddr" in out
     rc, out, _ = run(capsys, "config", "--config", props, "--json")
     (conf,) = jsonl(out)
     assert conf["settings"]["maxMessageSize"] == 1024
     assert conf["settings"]["flushDiskType"] == "ASYNC_FLUSH"
-    assert conf["ignoredKeys"] == ["brokerName", "namesrvAddr"]
+    assert conf["ignoredKeys"] == ["brokerId", "namesrvAddr"]
 
     toml = tmp_path / "store.toml"
     toml.write_text('[store]\nflushDiskType = "SYNC_FLUSH"\n')

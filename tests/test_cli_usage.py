@@ -91,6 +91,10 @@ ARGS: dict[str, tuple[list[str], list[list[str]]]] = {
             ["--config", "c.toml"],
         ],
     ),
+    "tier": (
+        ["upload", "S"],
+        [["--follow"], ["--interval", "0.5"], ["--json"], ["--config", "c.toml"]],
+    ),
 }
 
 

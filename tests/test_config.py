@@ -70,14 +70,23 @@ def test_repo_toml_sets_every_setting() -> None:
     # whose default is to be unset is there commented out.
     text = (ROOT / "conf" / "store.toml").read_text()
     unset = {name for name, value in StoreConfig().to_rocketmq().items() if value is None}
-    assert unset == {"brokerIP1", "listenPort"}
+    assert unset == {
+        "brokerIP1",
+        "listenPort",
+        "objectStoreEndpoint",
+        "objectStoreBucket",
+        "objectStoreRegion",
+        "objectStoreAccessKey",
+        "objectStoreSecretKey",
+        "brokerName",
+    }
     for name in StoreConfig.names():
         assert f"\n{'# ' if name in unset else ''}{name} = " in text, name
 
 
 def test_broker_conf_unknown_keys_are_listed() -> None:
     loaded = StoreConfig.load(ROOT / "conf" / "broker.conf")
-    assert set(loaded.ignored_keys) == {"brokerClusterName", "brokerName", "brokerId"}
+    assert set(loaded.ignored_keys) == {"brokerClusterName", "brokerId"}
 
 
 def test_load_none_and_overrides() -> None:

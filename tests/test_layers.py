@@ -16,10 +16,15 @@ pytest.importorskip("importlinter")
 
 from importlinter.api import read_configuration  # noqa: E402
 from importlinter.contracts.acyclic_siblings import AcyclicSiblingsContract  # noqa: E402
+from importlinter.contracts.forbidden import ForbiddenContract  # noqa: E402
 from importlinter.contracts.layers import LayersContract  # noqa: E402
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
-KINDS: dict[str, Any] = {"layers": LayersContract, "acyclic_siblings": AcyclicSiblingsContract}
+KINDS: dict[str, Any] = {
+    "layers": LayersContract,
+    "acyclic_siblings": AcyclicSiblingsContract,
+    "forbidden": ForbiddenContract,
+}
 
 
 @functools.cache
@@ -84,6 +89,18 @@ def test_the_code_keeps_every_contract() -> None:
         ),
         # the console's entry point is the command line, not the reverse
         ("rocketstore.pipeline.console.server", "rocketstore.pipeline.cli", "pipeline's layers"),
+        # the tier reaching up into the engine
+        (
+            "rocketstore.pipeline.tier.upload",
+            "rocketstore.pipeline.engine.store",
+            "pipeline's layers",
+        ),
+        # a writer talking to the bucket: the engine reads only the tier's local record
+        (
+            "rocketstore.pipeline.engine.retention",
+            "rocketstore.pipeline.tier.objects",
+            "The engine reads only",
+        ),
         # the engine importing a Spark face
         ("rocketstore.pipeline.engine.store", "rocketstore.sink.writer", "The Spark faces"),
         # a circle inside one layer: segments is what commitlog is built on

@@ -28,6 +28,14 @@ oldest first, until the disk is back at or below that ratio or only the last seg
 most 85, the default 75 included, that is always the case, so the difference only shows with a
 higher ratio.)
 
+**With the tier on** (``tieredStorageLevel`` not ``DISABLE``, docs/tiering.md), a segment is
+deleted only when it also lies wholly below ``uploadedEnd``
+(``config/rocketstore-tier.json``, read again at every round): the bucket holds it and the
+manifest names it. Nothing else overrides that, not even the forced trigger: a stalled tier
+fills the disk, and the put path then refuses puts with a :class:`DiskFullError` naming the
+tier's backlog (the segments not uploaded, and their bytes), never deleting data the bucket
+does not hold.
+
 At most :attr:`RetentionPolicy.max_files_per_run` segments (10, RocketMQ's
 ``DELETE_FILES_BATCH_MAX``) go per call, so one call holds the store's lock for a bounded time
 (unlinking a 1 GiB segment can take a while); the next call continues.
@@ -135,6 +143,7 @@ from rocketstore.pipeline.errors import DiskFullError, ReadOnlyStoreError, Store
 from rocketstore.pipeline.files.mappedfile import MappedFile
 from rocketstore.pipeline.files.segmentread import unit_index
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
+from rocketstore.pipeline.tier.localstate import uploaded_end
 
 if TYPE_CHECKING:
     from rocketstore.pipeline.files.commitlog import CommitLog
@@ -212,6 +221,8 @@ class RetentionService:
         # CommitLog min offset the ConsumeQueues and index were last cleaned for; -1 makes the
         # first run check them all (after a crash between the CommitLog and them).
         self._derived_clean_for = -1
+        # With the tier on: the segments not uploaded at the last round, for DiskFullError.
+        self._tier_backlog: str | None = None
         # The queues still to look at for the min offset ``_pending_for`` (see _clean_derived).
         self._pending: list[tuple[str, int]] = []
         self._pending_for = -1
@@ -231,7 +242,10 @@ class RetentionService:
         """Raise :class:`DiskFullError` if puts must be refused. For the put path: cheap."""
         if self._disk_full:
             raise DiskFullError(
-                str(self.store.path), self._used_ratio, self.policy.warning_level_ratio
+                str(self.store.path),
+                self._used_ratio,
+                self.policy.warning_level_ratio,
+                self._tier_backlog,
             )
 
     def refresh(self) -> float:
@@ -372,6 +386,7 @@ class RetentionService:
         limit = p.max_files_per_run if max_files is None else max_files
         segments = self.store.commitlog.segments
         files = segments.files
+        tier_end = self._tier_end(files)
         freed = 0
         done = 0
         while True:
@@ -379,6 +394,8 @@ class RetentionService:
             if k >= len(files) - 1:
                 break  # only the segment being written is left
             mf = files[k]
+            if tier_end is not None and mf.base + mf.size > tier_end:
+                break  # not in the bucket yet: never deleted, whatever the disk
             size, allocated, mtime = _stat(mf.path)
             expired = now >= mtime + p.reserved_ms
             if expired and on_time:
@@ -404,6 +421,26 @@ class RetentionService:
                 if 0 <= now_ratio <= p.clean_forcibly_ratio:
                     forcibly = False
         return files[done if not rnd.execute else 0].base if files else 0
+
+    def _tier_end(self, files: list[MappedFile]) -> int | None:
+        """With the tier on, ``uploadedEnd`` (read again now), and the backlog above it noted
+        for :meth:`check_put`; None with the tier off."""
+        if not self.store.config.tier_on:
+            self._tier_backlog = None
+            return None
+        end = uploaded_end(self.store.path)
+        # The last segment is being written: the backlog is what is sealed and not uploaded.
+        waiting = [mf for mf in files[:-1] if mf.base + mf.size > end]
+        self._tier_backlog = (
+            f"the tier's upload backlog is {len(waiting)} segments "
+            f"({sum(_stat(mf.path)[1] for mf in waiting)} bytes) above uploadedEnd {end} "
+            "(config/rocketstore-tier.json); local retention deletes only segments the bucket "
+            "holds: run `rocketstore tier upload`, or see why it stalls (`rocketstore tier "
+            "status`)"
+            if waiting
+            else None
+        )
+        return end
 
     def _queues_to_clean(self) -> list[tuple[str, int]]:
         """The queues a new CommitLog min offset may change, in order: those loaded (their

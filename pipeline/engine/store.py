@@ -55,6 +55,7 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine import fencing, sharedopen, storehost
 from rocketstore.pipeline.engine.appender import Appender
 from rocketstore.pipeline.engine.background import PeriodicTask
+from rocketstore.pipeline.engine.earlyroll import EarlyRoll
 from rocketstore.pipeline.engine.publish import MAX_NOTES, FlushPointRecorder
 from rocketstore.pipeline.engine.reads import StoreReads
 from rocketstore.pipeline.engine.recovery import (
@@ -241,6 +242,7 @@ class MessageStore(StoreReads):
             ),
             stop_writes=self._stop_writes,
         )
+        self._roll = EarlyRoll(cfg, self.commitlog, self._appender)
         self._recorder = FlushPointRecorder(
             self.path,
             commitlog=self.commitlog,
@@ -380,6 +382,8 @@ class MessageStore(StoreReads):
         if self.read_only:
             raise ReadOnlyStoreError(f"{self.path}: store was opened read-only")
         with self._mutex:
+            if self._failure is None:
+                self._roll_if_due(self.clock_ms())
             # After a failed put the files still flush, but the progress file keeps naming the
             # last point every derived file reached, so recovery redoes the failed put's tail.
             end = self._appender.dispatched_end
@@ -562,6 +566,7 @@ class MessageStore(StoreReads):
             if self.retention is not None:
                 self.retention.check_put()
             now = self.clock_ms()
+            self._roll_if_due(now)
             done = self._appender.put_one(message, now)
             if done is None:
                 return next(self._put_batch([message], now).results())
@@ -587,9 +592,18 @@ class MessageStore(StoreReads):
             # Refused before anything is encoded or written; the cached verdict of the last
             # disk check, so the put path never measures the disk itself.
             self.retention.check_put()
-        done = self._appender.put_batch(batch, self.clock_ms() if now is None else now)
+        now = self.clock_ms() if now is None else now
+        self._roll_if_due(now)
+        done = self._appender.put_batch(batch, now)
         self._flush_if_due()
         return done
+
+    def _roll_if_due(self, now: int) -> None:
+        """With the tier on, end the current segment when its first record is older than
+        tieredStoreGroupCommitTimeout (rocketstore.pipeline.engine.earlyroll): at a put, a
+        flush and so at close."""
+        with self._fail_stop("early roll of the CommitLog segment"):
+            self._roll.check(now)
 
     def _flush_if_due(self) -> None:
         """After a put: publish it now under SYNC_FLUSH on shared storage, else flush when a

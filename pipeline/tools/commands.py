@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.config import SECRET_SETTINGS, StoreConfig
 from rocketstore.pipeline.engine import queueread, storehost
 from rocketstore.pipeline.engine.reads import MAX_TIMESTAMP
 from rocketstore.pipeline.engine.store import MessageStore
@@ -384,6 +384,9 @@ def cmd_config(args: argparse.Namespace) -> int:
     """The effective settings, and where they came from."""
     config = StoreConfig.effective(args.config)
     settings = config.to_rocketmq()
+    for name in SECRET_SETTINGS & settings.keys():
+        if settings[name] is not None:
+            settings[name] = "***"  # a secret is never printed, only whether it is set
     if args.json:
         emit(
             {
@@ -395,7 +398,10 @@ def cmd_config(args: argparse.Namespace) -> int:
         return 0
     print_table(
         ("setting", "value"),
-        [[k, "(unset)" if v is None else plain_cell(v)] for k, v in settings.items()],
+        [
+            [k, "(unset)" if v is None else '""' if v == "" else plain_cell(v)]
+            for k, v in settings.items()
+        ],
     )
     sys.stdout.write(f"from: {config.origin}\n")
     if config.broker_ip1 is None or config.listen_port is None:

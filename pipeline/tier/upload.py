@@ -1,0 +1,333 @@
+"""The uploader: a store's sealed CommitLog segments to its bucket, each confirmed, in order.
+
+**Sealed.** A CommitLog segment is sealed when a later segment exists and the store's
+published flushed point (``config/rocketstore.json``,
+:mod:`rocketstore.pipeline.files.progress`) has reached its end: the writer moved past it and
+every byte of it is on disk, so it never changes again. The last segment never is.
+
+**One segment, in this order** (:meth:`Uploader.upload_segment`):
+
+1. its segment index is built from its records
+   (:func:`~rocketstore.pipeline.format.segmentindex.build_segment_index`, the layout of
+   docs/tiering.md), which also finds its data end: the END_OF_FILE blank's end. A record
+   that fails its checks stops the upload, naming the segment and offset: damage is never
+   uploaded;
+2. ``B/commitlog/<base>``: bytes ``[0, data end)``, each part with its Content-MD5 (the
+   server refuses a body changed on the way), the SHA-256 taken of the same bytes as they are
+   sent; then a HEAD confirms size and ETag (the server's MD5 of what it holds);
+3. ``B/index/<base>``: the index, the same way;
+4. the manifest names the segment (a conditional commit: :mod:`.manifest`);
+5. ``config/rocketstore-tier.json`` gets the new ``uploadedEnd`` (:mod:`.localstate`), and
+   only from then on may local retention delete the segment.
+
+Segments go strictly in order, from the manifest's end: the tier is always one contiguous run.
+
+Owns: nothing of the store (it reads it read-only, through
+:class:`~rocketstore.pipeline.files.localsegments.LocalSegments`, and never takes the writer's
+lock); the tier's objects under its prefix; the local tier record. Thread-safety: an
+:class:`Uploader` is used by one thread (its :class:`ObjectStore` sends a segment's parts from
+a few). Two uploaders of one store (or two stores on one prefix) are kept apart by the
+manifest's conditional writes. Crash behaviour: killed at any point, what the manifest names
+is whole and confirmed (it names a segment only after both its objects are); an object it does
+not name is written again by the next run, and multipart uploads left open are aborted at the
+start of a run. Requires: the tier's settings (``tieredStorageLevel`` on, a bucket).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.errors import (
+    ManifestError,
+    ObjectMismatchError,
+    TierError,
+    TierUnavailableError,
+)
+from rocketstore.pipeline.files.localsegments import LocalSegments
+from rocketstore.pipeline.files.progress import FlushProgress
+from rocketstore.pipeline.format.segmentindex import NeedMore, SegmentIndex, build_segment_index
+from rocketstore.pipeline.tier import localstate
+from rocketstore.pipeline.tier.localstate import TierState
+from rocketstore.pipeline.tier.manifest import (
+    IndexObject,
+    Manifest,
+    ManifestStore,
+    TierSegment,
+    index_key,
+    segment_key,
+)
+from rocketstore.pipeline.tier.objects import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+def broker_name(store: Path, config: StoreConfig) -> str:
+    """``brokerName``, else the store directory's name."""
+    return config.broker_name or store.resolve().name
+
+
+def tier_prefix(store: Path, config: StoreConfig) -> str:
+    """``<objectStorePrefix><brokerName>/``: where the store's objects are."""
+    return f"{config.object_store_prefix}{broker_name(store, config)}/"
+
+
+def flushed_offset(store: Path) -> int:
+    """The store's published flushed point; 0 when it published none."""
+    progress = FlushProgress.read(store / "config")
+    return progress.flushed_offset if progress is not None else 0
+
+
+def sealed_bases(segments: LocalSegments, size: int, flushed: int) -> list[int]:
+    """The bases of the sealed segments listed (see the module docstring)."""
+    bases = segments.listed()
+    return [b for b in bases[:-1] if flushed >= b + size]
+
+
+def index_summary(index: bytes, base: int, where: str) -> SegmentIndex:
+    """The segment index built for the segment at ``base``, read back (checked) for what the
+    manifest records of the segment: data end, records, store times, queues."""
+    parsed = SegmentIndex.parse_head(index, where=where, length=len(index))
+    if isinstance(parsed, NeedMore) or parsed.base != base:
+        raise TierError(f"{where}: the segment index built for base {base} does not read back")
+    return parsed
+
+
+def queue_ends(index: SegmentIndex) -> dict[str, dict[str, int]]:
+    """Each queue's next offset after the segment: its first unit's offset plus its units."""
+    out: dict[str, dict[str, int]] = {}
+    for row in index.rows:
+        out.setdefault(row.topic, {})[str(row.queue_id)] = row.first + row.units
+    return out
+
+
+def merged_queues(
+    old: Mapping[str, Mapping[str, int]], new: Mapping[str, Mapping[str, int]]
+) -> dict[str, dict[str, int]]:
+    """Each queue's next offset after both (the larger; a queue in one only keeps its own)."""
+    out = {t: dict(q) for t, q in old.items()}
+    for topic, q in new.items():
+        mine = out.setdefault(topic, {})
+        for qid, nxt in q.items():
+            mine[qid] = max(mine.get(qid, 0), nxt)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class UploadReport:
+    """What one :meth:`Uploader.run_once` did."""
+
+    uploaded: list[int]  # bases, in order
+    bytes: int
+    uploaded_end: int
+    pending: list[int]  # sealed segments still not in the bucket (after an error, or none)
+
+
+class Uploader:
+    """Uploads the sealed segments of the store at ``store`` (see the module docstring).
+    Made with the tier's settings; opens the bucket (a :class:`TierConfigError` now for wrong
+    credentials or a missing bucket) and takes or makes the store's identity."""
+
+    def __init__(
+        self,
+        store: str | Path,
+        config: StoreConfig,
+        *,
+        objects: ObjectStore | None = None,
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        build_index: Callable[..., bytes] | None = None,
+    ) -> None:
+        if not config.tier_on:
+            raise TierError(
+                f"{store}: tieredStorageLevel={config.tiered_storage_level}: the tier is off; "
+                "set it to NOT_IN_DISK (and objectStoreBucket) to upload"
+            )
+        self.store = Path(store)
+        self.config = config
+        self.size = config.mapped_file_size_commitlog
+        self.clock_ms = clock_ms
+        self.objects = objects if objects is not None else ObjectStore(config)
+        self.prefix = tier_prefix(self.store, config)
+        self.broker = broker_name(self.store, config)
+        self._build_index = build_index
+        state = localstate.read(self.store)
+        if state is None:
+            # The identity is on disk before anything names it in the bucket.
+            state = TierState.new()
+            localstate.write(self.store, state)
+        self.state = state
+        self.manifests = ManifestStore(self.objects, self.prefix, state.store_id)
+        self.segments = LocalSegments(self.store / "commitlog", segment_size=self.size)
+
+    # -- what there is ----------------------------------------------------------------------
+    def manifest(self) -> Manifest | None:
+        loaded = self.manifests.load()
+        return loaded[0] if loaded is not None else None
+
+    def pending(self, manifest: Manifest | None) -> list[int]:
+        """The sealed local segments the bucket does not hold yet, in upload order."""
+        self.segments.relist()
+        sealed = sealed_bases(self.segments, self.size, flushed_offset(self.store))
+        start = manifest.end if manifest is not None and manifest.segments else None
+        if start is None:
+            return sealed
+        todo = [b for b in sealed if b >= start]
+        if todo and todo[0] != start:
+            raise TierError(
+                f"{self.segments.where(start)}: the tier ends at {start} but the store's "
+                f"first sealed segment not uploaded is {todo[0]}: segments were deleted "
+                "locally before they were uploaded (was retention run with the tier off?)",
+                self.objects.bucket,
+                segment_key(self.prefix, start),
+            )
+        return todo
+
+    # -- uploading --------------------------------------------------------------------------
+    def run_once(self, stop: threading.Event | None = None) -> UploadReport:
+        """Upload every sealed segment not in the bucket yet, in order; stops early when
+        ``stop`` is set (between segments). Raises the first error (nothing after the failed
+        segment is uploaded; what was confirmed before it stays)."""
+        self.objects.abort_uploads(self.prefix + "commitlog/")
+        manifest = self.manifest()
+        self._catch_up(manifest)
+        todo = self.pending(manifest)
+        done: list[int] = []
+        sent = 0
+        for base in todo:
+            if stop is not None and stop.is_set():
+                break
+            manifest, length = self.upload_segment(base)
+            done.append(base)
+            sent += length
+        return UploadReport(done, sent, self.state.uploaded_end, todo[len(done) :])
+
+    def _catch_up(self, manifest: Manifest | None) -> None:
+        """The local record follows the manifest (a run killed between the two)."""
+        if manifest is not None and manifest.segments and manifest.end > self.state.uploaded_end:
+            self._record(manifest.end)
+
+    def _record(self, end: int) -> None:
+        self.state = dataclasses.replace(self.state, uploaded_end=end)
+        localstate.write(self.store, self.state)
+
+    def upload_segment(self, base: int) -> tuple[Manifest, int]:
+        """Upload the sealed segment at ``base`` (see the module docstring), commit it to the
+        manifest and record the new end locally; returns the manifest and the bytes sent."""
+        path = Path(self.segments.where(base))
+        seg = self.segments.open(base, whole=True)
+        try:
+            index = self._index(seg.buffer, base)
+        finally:
+            seg.close()
+        summary = index_summary(index, base, str(path))
+        key = segment_key(self.prefix, base)
+        sha = hashlib.sha256()
+        etag, _ = self.objects.put_file_hashed(key, path, summary.data_end, sha256=sha)
+        self._confirm(key, summary.data_end, etag)
+        ikey = index_key(self.prefix, base)
+        ietag = self.objects.put(ikey, index)
+        self._confirm(ikey, len(index), hashlib.md5(index).hexdigest())
+        if ietag != hashlib.md5(index).hexdigest():
+            raise ObjectMismatchError(
+                f"{self.objects.target.url(ikey)}: stored with ETag {ietag}, the index sent "
+                f"has {hashlib.md5(index).hexdigest()}",
+                self.objects.bucket,
+                ikey,
+            )
+        entry = TierSegment(
+            base=base,
+            length=summary.data_end,
+            sha256=sha.hexdigest(),
+            records=summary.records,
+            min_store_timestamp=summary.min_store_timestamp,
+            max_store_timestamp=summary.max_store_timestamp,
+            index=IndexObject(len(index), hashlib.sha256(index).hexdigest()),
+            uploaded_at=self.clock_ms(),
+        )
+
+        def update(m: Manifest | None) -> Manifest | None:
+            if m is None:
+                m = Manifest(self.state.store_id, self.broker, self.size)
+            if m.segment_size != self.size:
+                raise ManifestError(
+                    f"{self.manifests.where}: segmentSize {m.segment_size}, this store's "
+                    f"mappedFileSizeCommitLog is {self.size}"
+                )
+            if m.segments and m.end > base:
+                return None  # another uploader of this store named it first
+            return m.extended(entry, merged_queues(m.queues, queue_ends(summary)))
+
+        done = self.manifests.commit(update)
+        if done.manifest is None or base not in done.manifest.bases():
+            raise ManifestError(f"{self.manifests.where}: segment {base:020d} was not committed")
+        self._record(done.manifest.end)
+        log.info(
+            "uploaded %s (%d bytes, %d records) to %s",
+            path,
+            summary.data_end,
+            summary.records,
+            self.objects.target.url(key),
+        )
+        return done.manifest, summary.data_end
+
+    def _index(self, buffer: memoryview, base: int) -> bytes:
+        build = self._build_index
+        if build is None:
+            build = build_segment_index
+        return build(buffer, base, len(buffer))
+
+    def _confirm(self, key: str, length: int, etag: str) -> None:
+        """HEAD: the object is there, ``length`` bytes, with the ETag of what was sent."""
+        got = self.objects.head(key)
+        if got != (length, etag):
+            raise ObjectMismatchError(
+                f"{self.objects.target.url(key)}: after the upload the bucket holds "
+                f"{'nothing' if got is None else f'{got[0]} bytes with ETag {got[1]}'}, not "
+                f"{length} bytes with ETag {etag}",
+                self.objects.bucket,
+                key,
+            )
+
+    # -- continuously -----------------------------------------------------------------------
+    def follow(
+        self,
+        stop: threading.Event,
+        *,
+        interval_s: float = 1.0,
+        on_error: Callable[[TierError], None] | None = None,
+        on_report: Callable[[UploadReport], None] | None = None,
+    ) -> None:
+        """:meth:`run_once` every ``interval_s`` until ``stop`` is set. An unavailable object
+        store is waited out (reported to ``on_error``, tried again with a growing pause up
+        to a minute); any other error ends the loop (it needs an operator)."""
+        pause = interval_s
+        while not stop.is_set():
+            try:
+                report = self.run_once(stop)
+                pause = interval_s
+                if on_report is not None:
+                    on_report(report)
+            except TierUnavailableError as exc:
+                if on_error is not None:
+                    on_error(exc)
+                pause = min(max(pause * 2, interval_s), 60.0)
+            stop.wait(pause)
+
+
+def upload_lag_s(store: Path, pending: list[int], segments: LocalSegments, now_ms: int) -> float:
+    """Seconds since the oldest sealed segment not uploaded yet was sealed (its last write,
+    the END_OF_FILE blank); 0 when nothing is pending."""
+    for base in pending:
+        try:
+            mtime_ns = os.stat(segments.where(base)).st_mtime_ns
+        except FileNotFoundError:
+            continue
+        return max(0.0, (now_ms - mtime_ns // 1_000_000) / 1000)
+    return 0.0
