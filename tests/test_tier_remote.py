@@ -177,11 +177,7 @@ def test_gone_not_visible_missing_and_short_objects_say_so(
     with pytest.raises(NotVisibleError, match="not uploaded yet"):
         remote.open(last + segment)
     # The tier's retention removes the first segment: the manifest no longer names it.
-    entries = [
-        {"base": b, "length": len(o), "minStoreTimestamp": 0, "maxStoreTimestamp": 0,
-         "index": {"length": len(objects.objects[f"{PREFIX}index/{b:020d}"])}}
-        for b, o in put
-    ]  # fmt: skip
+    entries = list(remote.manifest.segments)
     seg0 = remote.open(put[0][0])
     write_manifest(objects, PREFIX, segment, entries[1:], deleted_below=put[1][0], generation=2)
     del objects.objects[f"{PREFIX}commitlog/{put[0][0]:020d}"]

@@ -25,17 +25,13 @@ naming the key (and the byte, where there is one). Index objects that fail their
 
 Owns: the manifest it read, the index heads and read-ahead windows it fetched (memory only).
 Thread-safety: none; each reader keeps its own (the object store client may be shared).
-Crash behaviour: reads only. Requires: an :class:`ObjectStore` (below) whose missing keys raise
-a :class:`~rocketstore.pipeline.errors.NotFoundError`, and a manifest whose segments are
-contiguous (the uploader writes it so).
+Crash behaviour: reads only. Requires: the bucket's reads (:class:`ObjectReads`: :class:`ObjectStore` on S3), and a
+manifest as :mod:`rocketstore.pipeline.tier.manifest` writes it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import itertools
-import json
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -61,6 +57,14 @@ from rocketstore.pipeline.format.segmentindex import (
     Units,
     unit_at_time,
 )
+from rocketstore.pipeline.tier import manifest
+from rocketstore.pipeline.tier.manifest import (
+    Manifest,
+    TierSegment,
+    index_key,
+    manifest_key,
+    segment_key,
+)
 
 READ_AHEAD = 8 << 20  # bytes a sequential read fetches at once
 HEAD_GUESS = 64 << 10  # the first GET of an index: the whole head of up to ~1,500 queues
@@ -71,10 +75,10 @@ RECORD_GUESS = 4 << 10  # the first GET of one record (a key look-up's candidate
 GAP = 64 << 10
 
 
-class ObjectStore(Protocol):
-    """What the read side needs of the bucket (``pipeline/tier/objects.py`` is the S3 one).
-    A missing key raises a :class:`~rocketstore.pipeline.errors.NotFoundError` (a
-    ``StoreError``) naming it."""
+class ObjectReads(Protocol):
+    """The reads the read side makes of the bucket: :class:`ObjectStore` has them (S3), and so
+    has any stand-in a test gives. A missing key raises a
+    :class:`~rocketstore.pipeline.errors.NotFoundError` naming it."""
 
     def get(self, key: str) -> tuple[bytes, str]:
         """The object's bytes and its ETag."""
@@ -93,75 +97,14 @@ class ObjectStore(Protocol):
         ...
 
 
-# -- the manifest, as a reader sees it ----------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class TierSegment:
-    """One segment the manifest names: its base, its object's length (the segment's data end),
-    its index object's length, its records' store times."""
-
-    base: int
-    length: int
-    index_length: int
-    min_store_timestamp: int
-    max_store_timestamp: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Manifest:
-    """The fields of ``B/manifest.json`` a reader uses (docs/tiering.md, "The manifest")."""
-
-    generation: int
-    segment_size: int
-    segments: tuple[TierSegment, ...]
-    deleted_below: int
-
-    @classmethod
-    def parse(cls, raw: bytes, where: str) -> Manifest:
-        """The manifest from its JSON; raises :class:`CorruptRecordError` naming ``where``
-        and what is wrong."""
-        try:
-            doc = json.loads(raw)
-            if doc["format"] != 1:
-                raise ValueError(f"format {doc['format']}, this reader knows 1")
-            size = int(doc["segmentSize"])
-            segments = tuple(
-                TierSegment(
-                    int(s["base"]),
-                    int(s["length"]),
-                    int(s["index"]["length"]),
-                    int(s["minStoreTimestamp"]),
-                    int(s["maxStoreTimestamp"]),
-                )
-                for s in doc["segments"]
-            )
-            deleted = int(doc.get("deleted", {}).get("below", 0))
-            generation = int(doc["generation"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptRecordError(where, 0, f"not a tier manifest: {exc!r}") from None
-        for prev, seg in itertools.pairwise(segments):
-            if seg.base != prev.base + size:
-                raise CorruptRecordError(
-                    where, 0, f"segment {seg.base} does not follow {prev.base} (size {size})"
-                )
-        if size <= 0 or any(not 0 < s.length <= size or s.base % size for s in segments):
-            raise CorruptRecordError(where, 0, f"a segment's base or length does not fit {size}")
-        return cls(generation, size, segments, deleted)
-
-
-def manifest_key(prefix: str) -> str:
-    return f"{prefix}manifest.json"
-
-
-def read_manifest(objects: ObjectStore, prefix: str) -> Manifest | None:
+def read_manifest(objects: ObjectReads, prefix: str) -> Manifest | None:
     """The manifest under ``prefix`` (``B/``), or None when the tier holds nothing yet."""
     key = manifest_key(prefix)
     try:
         raw, _ = objects.get(key)
     except NotFoundError:
         return None
-    return Manifest.parse(raw, key)
+    return manifest.decode(raw, key)
 
 
 # -- segments -----------------------------------------------------------------------------------
@@ -239,7 +182,7 @@ class RemoteSegments:
 
     def __init__(
         self,
-        objects: ObjectStore,
+        objects: ObjectReads,
         prefix: str,
         *,
         name: str = "",
@@ -275,7 +218,7 @@ class RemoteSegments:
     def relist(self) -> None:
         """Read the manifest again."""
         got = read_manifest(self.objects, self.prefix)
-        self._take(got or Manifest(0, 0, (), 0))
+        self._take(got or Manifest(store_id="", broker="", segment_size=0))
 
     @property
     def entries(self) -> tuple[TierSegment, ...]:
@@ -308,10 +251,10 @@ class RemoteSegments:
         return f"{self._name}{self.commitlog_key(base)}"
 
     def commitlog_key(self, base: int) -> str:
-        return f"{self.prefix}commitlog/{segment_name(base)}"
+        return segment_key(self.prefix, base)
 
     def index_key(self, base: int) -> str:
-        return f"{self.prefix}index/{segment_name(base)}"
+        return index_key(self.prefix, base)
 
     def entry(self, base: int) -> TierSegment:
         """The manifest's entry of the segment at ``base``; raises :class:`SegmentGoneError`
@@ -392,11 +335,11 @@ class RemoteSegments:
         entry = self.entry(base)
         key = self.index_key(base)
         where = f"{self._name}{key}"
-        raw = self.fetch(key, 0, min(HEAD_GUESS, entry.index_length), base)
-        got = SegmentIndex.parse_head(raw, where=where, length=entry.index_length)
+        raw = self.fetch(key, 0, min(HEAD_GUESS, entry.index.length), base)
+        got = SegmentIndex.parse_head(raw, where=where, length=entry.index.length)
         if isinstance(got, NeedMore):
             raw = self.fetch(key, 0, got.length, base)
-            got = SegmentIndex.parse_head(raw, where=where, length=entry.index_length)
+            got = SegmentIndex.parse_head(raw, where=where, length=entry.index.length)
             if isinstance(got, NeedMore):
                 raise CorruptIndexError(where, len(raw), f"head longer than it said ({got.length})")
         if got.base != base or got.data_end != entry.length:

@@ -11,7 +11,6 @@ and one that ends past it is short, a listing is sorted by key. ``gets`` counts 
 from __future__ import annotations
 
 import hashlib
-import json
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import NotFoundError, StoreError
 from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.format.segmentindex import SegmentIndex, build_segment_index
+from rocketstore.pipeline.tier import manifest
 from tests.kit.model import Stored, StoreModel, java_hash
 
 TMP_BASE = "/dev/shm" if Path("/dev/shm").is_dir() else None
@@ -162,19 +162,19 @@ def upload_sealed(
         index = build_segment_index(raw, base, len(raw))
         parsed = SegmentIndex.parse(index, where="upload")
         data = raw[: parsed.data_end]
-        objects.put(f"{prefix}commitlog/{base:020d}", data)
-        objects.put(f"{prefix}index/{base:020d}", index)
+        objects.put(manifest.segment_key(prefix, base), data)
+        objects.put(manifest.index_key(prefix, base), index)
         entries.append(
-            {
-                "base": base,
-                "length": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(),
-                "records": parsed.records,
-                "minStoreTimestamp": parsed.min_store_timestamp,
-                "maxStoreTimestamp": parsed.max_store_timestamp,
-                "index": {"length": len(index), "sha256": hashlib.sha256(index).hexdigest()},
-                "uploadedAt": 0,
-            }
+            manifest.TierSegment(
+                base=base,
+                length=len(data),
+                sha256=hashlib.sha256(data).hexdigest(),
+                records=parsed.records,
+                min_store_timestamp=parsed.min_store_timestamp,
+                max_store_timestamp=parsed.max_store_timestamp,
+                index=manifest.IndexObject(len(index), hashlib.sha256(index).hexdigest()),
+                uploaded_at=0,
+            )
         )
         put.append((base, data))
     write_manifest(objects, prefix, segment_size, entries)
@@ -185,19 +185,18 @@ def write_manifest(
     objects: MemoryObjects,
     prefix: str,
     segment_size: int,
-    entries: list[dict[str, object]],
+    entries: list[manifest.TierSegment],
     *,
     deleted_below: int = 0,
     generation: int = 1,
 ) -> None:
-    doc = {
-        "format": 1,
-        "storeId": "test",
-        "broker": prefix.rstrip("/"),
-        "segmentSize": segment_size,
-        "generation": generation,
-        "segments": entries,
-        "queues": {},
-        "deleted": {"below": deleted_below},
-    }
-    objects.put(f"{prefix}manifest.json", json.dumps(doc).encode())
+    """Put the manifest naming ``entries`` (the tier's own codec writes it)."""
+    doc = manifest.Manifest(
+        store_id="test",
+        broker=prefix.rstrip("/") or "broker",
+        segment_size=segment_size,
+        generation=generation,
+        segments=tuple(entries),
+        deleted_below=deleted_below,
+    )
+    objects.put(manifest.manifest_key(prefix), manifest.encode(doc))
