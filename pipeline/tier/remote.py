@@ -25,8 +25,9 @@ naming the key (and the byte, where there is one). Index objects that fail their
 
 Owns: the manifest it read, the index heads and read-ahead windows it fetched (memory only).
 Thread-safety: none; each reader keeps its own (the object store client may be shared).
-Crash behaviour: reads only. Requires: the bucket's reads (:class:`ObjectReads`: :class:`ObjectStore` on S3), and a
-manifest as :mod:`rocketstore.pipeline.tier.manifest` writes it.
+Crash behaviour: reads only. Requires: the bucket's reads (:class:`ObjectReads`; on S3,
+:class:`rocketstore.pipeline.tier.objects.ObjectStore`), and a manifest as
+:mod:`rocketstore.pipeline.tier.manifest` writes it.
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ GAP = 64 << 10
 
 
 class ObjectReads(Protocol):
-    """The reads the read side makes of the bucket: :class:`ObjectStore` has them (S3), and so
-    has any stand-in a test gives. A missing key raises a
+    """The reads the read side makes of the bucket: the S3 face (``objects.ObjectStore``) has
+    them, and so has any stand-in a test gives. A missing key raises a
     :class:`~rocketstore.pipeline.errors.NotFoundError` naming it."""
 
     def get(self, key: str) -> tuple[bytes, str]:
