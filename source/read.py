@@ -279,7 +279,7 @@ def read_queue_range(rng: QueueRange, ctx: ReadContext) -> Iterator[pa.RecordBat
             else:
                 parts = chunk()
             if parts:
-                batch = builder.build(_one_batch(parts), rng.topic)
+                batch = builder.build(one_batch(parts), rng.topic)
                 if batch is not None:
                     yield batch
             pos = stop
@@ -298,7 +298,7 @@ def _read_chunk(
     """The records of units ``[pos, stop)`` of the partition's queue, checked to be theirs.
     ConsumeQueue files past this host's listing are waited for as ``segments``' are."""
     units, missing = _read_units(cq_dir, pos, stop, segments.files.wait_ms)
-    _lost(ctx, rng, [(a, b, "its ConsumeQueue file was deleted") for a, b in missing])
+    report_lost(ctx, rng, [(a, b, "its ConsumeQueue file was deleted") for a, b in missing])
     offsets = np.arange(pos, stop, dtype=np.int64)
     size = units["size"].astype(np.int64)
     phys = units["offset"].astype(np.int64)
@@ -324,7 +324,7 @@ def _read_chunk(
         segments, phys[want], size[want], offsets[want], rng, cq_dir, ctx.columns
     )
     lost_ranges = _runs(offsets[expired]) + _runs(lost)
-    _lost(ctx, rng, [(a, b, "its CommitLog segment was deleted") for a, b in lost_ranges])
+    report_lost(ctx, rng, [(a, b, "its CommitLog segment was deleted") for a, b in lost_ranges])
     return parts
 
 
@@ -341,7 +341,7 @@ def _forget_units(cq_dir: Path, start: int, end: int) -> None:
             files.forget_cached(base)
 
 
-def _one_batch(parts: list[pa.RecordBatch]) -> pa.RecordBatch:
+def one_batch(parts: list[pa.RecordBatch]) -> pa.RecordBatch:
     # Concatenating copies every buffer, which a chunk within one segment does not need.
     return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
 
@@ -356,7 +356,7 @@ def _runs(offsets: npt.NDArray[np.int64]) -> list[tuple[int, int]]:
     return [(int(offsets[a]), int(offsets[b]) + 1) for a, b in zip(starts, ends, strict=True)]
 
 
-def _lost(ctx: ReadContext, rng: QueueRange, ranges: list[tuple[int, int, str]]) -> None:
+def report_lost(ctx: ReadContext, rng: QueueRange, ranges: list[tuple[int, int, str]]) -> None:
     if not ranges:
         return
     where = f"{rng.topic}/{rng.broker}/{rng.queue_id}"
@@ -396,25 +396,26 @@ def _decode_units(
         recs = native.decode(
             seg.buffer, phys[idx] - base, base, path=seg.where, sizes=size[idx], columns=columns
         )
-        _check_owner(recs, rng, offsets[idx], cq_dir)
+        check_owner(recs, rng, offsets[idx], lambda i: _unit_location(cq_dir, i))
         parts.append(recs)
     return parts, np.concatenate(lost) if lost else offsets[:0]
 
 
-def _check_owner(
+def check_owner(
     recs: pa.RecordBatch,
     rng: QueueRange,
     offsets: npt.NDArray[np.int64],
-    cq_dir: Path,
+    unit_at: Callable[[int], tuple[str, int]],
 ) -> None:
-    """Each record must be its unit's: a unit pointing elsewhere is the ConsumeQueue's fault."""
+    """Each record must be its unit's: a unit pointing elsewhere is the fault of the file
+    that holds the unit (``unit_at``: its name and the byte of queue offset ``i``)."""
     queue_id = np.asarray(recs.column("queueId"))
     queue_offset = np.asarray(recs.column("queueOffset"))
     topic_ok = np.asarray(pc.equal(recs.column("topic"), rng.topic))
     wrong = (queue_id != rng.queue_id) | (queue_offset != offsets) | ~topic_ok
     if wrong.any():
         i = int(np.flatnonzero(wrong)[0])
-        path, at = _unit_location(cq_dir, int(offsets[i]))
+        path, at = unit_at(int(offsets[i]))
         other = "" if topic_ok[i] else "another topic's "
         raise CorruptRecordError(
             path,
@@ -512,7 +513,7 @@ def read_key(kr: KeyRange, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
             except CorruptRecordError:
                 parts = read(False)
         if parts:
-            batch = builder.build(_one_batch(parts), kr.topic)
+            batch = builder.build(one_batch(parts), kr.topic)
             if batch is not None:
                 yield batch
     finally:

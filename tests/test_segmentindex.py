@@ -17,18 +17,13 @@
 from __future__ import annotations
 
 import random
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import CorruptIndexError, CorruptRecordError
 from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.format.segmentindex import (
@@ -37,12 +32,8 @@ from rocketstore.pipeline.format.segmentindex import (
     build_segment_index,
     unit_at_time,
 )
-from tests.kit.model import Stored, StoreModel, java_hash
 from tests.kit.strategies import messages
-
-TMP_BASE = "/dev/shm" if Path("/dev/shm").is_dir() else None
-START = 1_700_000_000_000
-ROLLBACK, PREPARED, TX_MASK = 0xC, 0x4, 0xC
+from tests.kit.tiermodel import Written, expected_keys, expected_rows, key_hash, written
 
 
 def reader(blob: bytes, *, strict: bool = True) -> Callable[[int, int], bytes]:
@@ -54,76 +45,6 @@ def reader(blob: bytes, *, strict: bool = True) -> Callable[[int, int], bytes]:
         return blob[start:end]
 
     return read
-
-
-def key_hash(topic: str, key: str) -> int:
-    h = java_hash(f"{topic}#{key}")
-    return 0 if h == -(2**31) else abs(h)
-
-
-class Written:
-    """A store written through the store's writer, and the model of what it holds."""
-
-    def __init__(self, path: Path, segment: int) -> None:
-        self.path = path
-        self.segment = segment
-        self.model = StoreModel(
-            segment_size=segment,
-            cq_file_size=140,
-            store_ip="127.0.0.1",
-            store_port=10911,
-            max_msgs_num_batch=64,
-        )
-
-    def segments(self) -> list[tuple[int, bytes]]:
-        files = sorted((self.path / "commitlog").iterdir())
-        return [(int(f.name), f.read_bytes()) for f in files]
-
-    def held(self, base: int) -> list[Stored]:
-        return [
-            s for s in self.model.messages if base <= s.ext.commit_log_offset < base + self.segment
-        ]
-
-
-@contextmanager
-def written(batches: list[tuple[list[Message], int]], segment: int) -> Iterator[Written]:
-    with tempfile.TemporaryDirectory(prefix="segindex-", dir=TMP_BASE) as tmp:
-        w = Written(Path(tmp) / "store", segment)
-        now = START
-        config = StoreConfig(mapped_file_size_commitlog=segment, max_message_size=4096)  # type: ignore[call-arg]
-        with MessageStore(w.path, config, clock_ms=lambda: now) as store:
-            for batch, step in batches:
-                now += step
-                results = list(store.put_batch(batch).results())
-                w.model.put_batch(batch, now, [r.uniq_key for r in results])
-        yield w
-
-
-def expected_rows(held: list[Stored]) -> dict[tuple[str, int], list[tuple[int, int, int, int]]]:
-    rows: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
-    for s in held:
-        if s.consumable:
-            e = s.ext
-            unit = (
-                e.commit_log_offset,
-                e.store_size,
-                java_hash(e.tags) if e.tags else 0,
-                e.store_timestamp,
-            )
-            rows.setdefault((e.topic, e.queue_id), []).append(unit)
-    return rows
-
-
-def expected_keys(held: list[Stored]) -> set[tuple[int, int]]:
-    keys = set()
-    for s in held:
-        if s.tx == ROLLBACK:
-            continue
-        names = set(s.tokens)
-        if s.ext.uniq_key is not None:
-            names.add(s.ext.uniq_key)
-        keys |= {(key_hash(s.ext.topic, k), s.ext.commit_log_offset) for k in names}
-    return keys
 
 
 def check_index(w: Written, base: int, raw: bytes, index: bytes) -> SegmentIndex:
@@ -199,7 +120,7 @@ def test_index_matches_the_model(
             for r in head.rows:
                 a, b = sorted(data.draw(st.integers(r.first - 1, r.end + 1)) for _ in range(2))
                 lo, hi = head.unit_range(r, a, b)
-                got = head.units(r, ranged(lo, hi))["offset"].tolist()
+                got = head.units(r, ranged(lo, hi), lo)["offset"].tolist()
                 all_units = [u[0] for u in expected_rows(held)[(r.topic, r.queue_id)]]
                 assert (
                     got
@@ -302,14 +223,15 @@ def test_parser_fed_random_or_mutated_bytes_raises_only_its_error(
     ranged = reader(blob, strict=False)
     try:
         for r in head.rows:
-            head.units(r, ranged(*head.unit_range(r, r.first, r.end)))
+            lo, hi = head.unit_range(r, r.first, r.end)
+            head.units(r, ranged(lo, hi), lo)
         head.key_offsets(data.draw(st.integers(0, 2**31 - 1)), ranged, window=2)
     except CorruptIndexError:
         pass
 
 
 def test_empty_queue_table_and_no_keys_round_trip() -> None:
-    """A segment whose records are all PREPARED and ROLLBACK: no queue row, ROLLBACK no keys."""
+    """A segment whose records are all ROLLBACK: no queue row and no key entry."""
     batch = [Message("T", bytes(300), sys_flag=0xC, keys=["a"]) for _ in range(30)]
     with written([(batch, 1)], 4096) as w:
         base, raw = w.segments()[0]

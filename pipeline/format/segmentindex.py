@@ -364,24 +364,10 @@ class SegmentIndex:
         return index
 
     def _check_order(self) -> None:
-        """Checks only a whole object can have: units within the segment, keys sorted."""
+        """Checks only a whole object can have: every row's units (as :meth:`units` checks
+        them), the keys sorted and within the segment."""
         for row in self.rows:
-            units = self.units(row)
-            if len(units):
-                offsets = units["offset"].astype(np.int64)
-                bad = np.flatnonzero(
-                    (offsets < self.base)
-                    | (offsets + units["size"] > self.base + self.data_end)
-                    | (np.diff(offsets, prepend=self.base - 1) <= 0)
-                )
-                if len(bad):
-                    raise CorruptIndexError(
-                        self.where,
-                        row.start + UNIT_SIZE * int(bad[0]),
-                        f"unit {row.first + int(bad[0])} of {row.topic}:{row.queue_id} at "
-                        f"CommitLog offset {int(offsets[bad[0]])} is out of order or outside "
-                        "the segment",
-                    )
+            self.units(row)
         keys = self._key_array(self.read(self.keys_start, self.length))
         packed = (keys["hash"].astype(np.int64) << 32) | (
             keys["offset"].astype(np.int64) - self.base
@@ -415,17 +401,37 @@ class SegmentIndex:
         hi = min(max(hi, lo), row.end)
         return row.start + UNIT_SIZE * (lo - row.first), row.start + UNIT_SIZE * (hi - row.first)
 
-    def units(self, row: QueueRow, raw: bytes | None = None) -> Units:
+    def units(self, row: QueueRow, raw: bytes | None = None, at: int | None = None) -> Units:
         """The row's units as a read-only array (fields ``offset``, ``size``, ``tags_code``,
-        ``store_ts``): from ``raw``, the bytes :meth:`unit_range` named, or from the whole
-        object."""
+        ``store_ts``): from ``raw``, the bytes at byte ``at`` that :meth:`unit_range` named,
+        or from the whole object. Checked: each record inside the segment, offsets rising (a
+        unit read by range has no CRC; a damaged one must not send a reader to another
+        segment); :class:`CorruptIndexError` names the unit's byte."""
         if raw is None:
-            raw = self.read(row.start, row.start + UNIT_SIZE * row.units)
+            raw, at = self.read(row.start, row.start + UNIT_SIZE * row.units), row.start
+        at = row.start if at is None else at
         if len(raw) % UNIT_SIZE:
             raise CorruptIndexError(
-                self.where, row.start, f"{len(raw)} bytes of units, not whole 28-byte units"
+                self.where, at, f"{len(raw)} bytes of units, not whole 28-byte units"
             )
-        return np.frombuffer(raw, dtype=UNIT_DTYPE)
+        units = np.frombuffer(raw, dtype=UNIT_DTYPE)
+        offsets = units["offset"].astype(np.int64)
+        bad = np.flatnonzero(
+            (offsets < self.base)
+            | (units["size"] <= 0)
+            | (offsets + units["size"] > self.base + self.data_end)
+            | (np.diff(offsets, prepend=self.base - 1) <= 0)
+        )
+        if len(bad):
+            i = int(bad[0])
+            raise CorruptIndexError(
+                self.where,
+                at + UNIT_SIZE * i,
+                f"unit at byte {at + UNIT_SIZE * i} of {row.topic}:{row.queue_id} names "
+                f"{int(units['size'][i])} bytes at CommitLog offset {int(offsets[i])}: out of "
+                f"order or outside the segment [{self.base}, {self.base + self.data_end})",
+            )
+        return units
 
     def read(self, start: int, end: int) -> bytes:
         """Bytes [start, end) of the whole object (parsed whole only)."""
