@@ -210,7 +210,9 @@ class SegmentQueue:
         files = self.files
         if files:
             first = files[0].base
-            idx = self.index_of(offset)
+            # index_of, inlined: every read of a record goes through here. Bases are multiples
+            # of the segment size, so this is the segment's place in the contiguous run.
+            idx = (offset - first) // self.segment_size
             if offset >= first and idx < len(files):
                 return files[idx]
             if offset >= first and self.visibility_wait_ms is not None:
