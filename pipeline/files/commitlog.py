@@ -254,8 +254,9 @@ class CommitLog:
             return False
         if rel + record.OFF_SYSFLAG > mf.wrote_position:
             return False
-        magic = record.INT.unpack_from(mf.buffer, rel + record.OFF_MAGIC)[0]
-        field = record.LONG.unpack_from(mf.buffer, rel + record.OFF_PHYSICALOFFSET)[0]
+        buf = mf.buffer
+        magic = record.INT.unpack_from(buf, rel + record.OFF_MAGIC)[0]
+        field = record.LONG.unpack_from(buf, rel + record.OFF_PHYSICALOFFSET)[0]
         return bool(magic == record.MAGIC or field == phys)
 
     def store_timestamp(self, phys: int, size: int) -> int:
