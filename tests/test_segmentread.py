@@ -168,6 +168,13 @@ def test_bytes_past_where_the_file_ends_read_as_zeros(tmp_path: Path) -> None:
     assert LocalSegments(tmp_path).read(0, 1, 6) == b"bc" + bytes(4)
 
 
+def test_an_empty_segment_reads_as_zeros_whatever_the_size_expected(tmp_path: Path) -> None:
+    """A reader on another host of a shared file system can see a new file's name before its
+    size: the read is of a file not sized yet, not of a store with other settings."""
+    tmp_path.joinpath(segment_name(SIZE)).write_bytes(b"")
+    assert LocalSegments(tmp_path, segment_size=SIZE).read(SIZE, 40, 20) == bytes(20)
+
+
 def test_a_segment_of_another_size_is_refused(tmp_path: Path) -> None:
     segment(tmp_path, 0, size=SIZE // 2)
     files = LocalSegments(tmp_path, segment_size=SIZE)

@@ -229,7 +229,9 @@ class LocalSegments:
     def read(self, base: int, position: int, n: int) -> bytes:
         """:meth:`SegmentDir.read`: the file opened by its name, checked against
         ``segment_size`` when one was given (:class:`NotAStoreError` for another size, as
-        :meth:`open` checks), read once, closed."""
+        :meth:`open` checks), read once, closed. An empty file is not checked: it reads as
+        zeros, as a file not sized yet does (another host's client of a shared file system can
+        show a new file's name before its size)."""
         path = self.where(base)
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -241,8 +243,9 @@ class LocalSegments:
             except FileNotFoundError:
                 raise _gone(path) from None
         try:
-            if self.segment_size is not None:
-                size_check(path, os.fstat(fd).st_size, self.segment_size)
+            size = os.fstat(fd).st_size
+            if self.segment_size is not None and size:
+                size_check(path, size, self.segment_size)
             raw = os.pread(fd, n, position)
         finally:
             os.close(fd)
