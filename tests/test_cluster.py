@@ -292,9 +292,11 @@ def node_python(base: Path, wheel: Path) -> Path:
 
 
 # What executors import besides rocketstore (docs/cluster.md lists it): pyspark itself comes
-# from the Spark installation the workers run, pandas with its own dependencies.
+# from the Spark installation the workers run, pandas with its own dependencies (six is
+# python-dateutil's: without it pandas fails to import, and pyarrow, which imports pandas when
+# it first converts a Python value, then fails with a misleading TypeError).
 EXECUTOR_PACKAGES = (
-    "pyarrow", "fastavro", "numpy", "pandas", "python-dateutil", "pytz", "tzdata",
+    "pyarrow", "fastavro", "numpy", "pandas", "python-dateutil", "six", "pytz", "tzdata",
 )  # fmt: skip
 
 
