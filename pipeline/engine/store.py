@@ -602,6 +602,8 @@ class MessageStore(StoreReads):
         """With the tier on, end the current segment when its first record is older than
         tieredStoreGroupCommitTimeout (rocketstore.pipeline.engine.earlyroll): at a put, a
         flush and so at close."""
+        if self._roll.timeout_ms is None:
+            return  # the tier is off: no context manager on every put for nothing
         with self._fail_stop("early roll of the CommitLog segment"):
             self._roll.check(now)
 

@@ -210,9 +210,7 @@ class SegmentQueue:
         files = self.files
         if files:
             first = files[0].base
-            # index_of, inlined: every read of a record goes through here. Bases are multiples
-            # of the segment size, so this is the segment's place in the contiguous run.
-            idx = (offset - first) // self.segment_size
+            idx = (offset - first) // self.segment_size  # index_of, inlined: the hot path
             if offset >= first and idx < len(files):
                 return files[idx]
             if offset >= first and self.visibility_wait_ms is not None:
@@ -228,7 +226,7 @@ class SegmentQueue:
     def index_of(self, offset: int) -> int:
         """The place in :attr:`files` of the segment holding ``offset`` (not checked against
         their number): the files are a contiguous run of bases."""
-        return (locate(offset, self.segment_size)[0] - self.files[0].base) // self.segment_size
+        return (offset - self.files[0].base) // self.segment_size  # bases: multiples of it
 
     def _find_listed_since(self, offset: int) -> MappedFile:
         """:meth:`find` of an offset past the segments held, in a listing read again."""
