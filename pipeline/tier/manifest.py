@@ -280,6 +280,17 @@ class Commit:
     attempts: int
 
 
+def read_manifest(objects: ObjectStore, prefix: str) -> tuple[Manifest, str] | None:
+    """The manifest under ``prefix`` and its ETag, whoever owns it (one GET); None when there
+    is none yet."""
+    key = manifest_key(prefix)
+    try:
+        body, etag = objects.get(key)
+    except ObjectNotFoundError:
+        return None
+    return decode(body, objects.target.url(key)), etag
+
+
 class ManifestStore:
     """The manifest of the store ``store_id`` under ``prefix`` (``<objectStorePrefix>
     <brokerName>/``) in ``objects``' bucket."""
@@ -297,13 +308,10 @@ class ManifestStore:
     def load(self) -> tuple[Manifest, str] | None:
         """The manifest and its ETag; None when there is none yet. Another store's is
         :class:`ManifestOwnerError`."""
-        try:
-            body, etag = self.objects.get(self.key)
-        except ObjectNotFoundError:
-            return None
-        m = decode(body, self.where)
-        self._own(m)
-        return m, etag
+        loaded = read_manifest(self.objects, self.prefix)
+        if loaded is not None:
+            self._own(loaded[0])
+        return loaded
 
     def _own(self, m: Manifest) -> None:
         if m.store_id != self.store_id:

@@ -30,10 +30,9 @@ from rocketstore.pipeline.errors import TierError
 from rocketstore.pipeline.files.localsegments import LocalSegments
 from rocketstore.pipeline.tier import localstate
 from rocketstore.pipeline.tier.manifest import (
-    Manifest,
-    decode,
     index_key,
     manifest_key,
+    read_manifest,
     segment_key,
 )
 from rocketstore.pipeline.tier.objects import ObjectStore
@@ -72,10 +71,9 @@ def tier_status(store: Path, config: StoreConfig, now_ms: int) -> dict[str, Any]
     sealed = sealed_bases(segments, size, flushed_offset(store))
     objects = ObjectStore(config)
     prefix = tier_prefix(store, config)
-    manifest: Manifest | None = None
     key = manifest_key(prefix)
-    if objects.head(key) is not None:
-        manifest = decode(objects.get(key)[0], objects.target.url(key))
+    loaded = read_manifest(objects, prefix)
+    manifest = loaded[0] if loaded is not None else None
     state = localstate.read(store)
     named = {
         k
