@@ -13,9 +13,10 @@ import pyarrow as pa
 
 from rocketstore.pipeline import Message, MessageStore
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.tier.manifest import tier_prefix
 from rocketstore.pipeline.tier.objects import ObjectStore
 from rocketstore.pipeline.tier.remote import RemoteQueue, RemoteSegments
-from rocketstore.pipeline.tier.upload import Uploader, tier_prefix
+from rocketstore.pipeline.tier.upload import Uploader
 from rocketstore.source import schema
 from rocketstore.source.planning import QueueRange
 from rocketstore.source.read import ReadContext, read_queue_range

@@ -38,8 +38,10 @@ import dataclasses
 import json
 import re
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
+from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import (
     ManifestError,
     ManifestOwnerError,
@@ -54,6 +56,16 @@ MANIFEST_NAME = "manifest.json"
 # re-reads at once, so only a writer starved by many others reaches this.
 MAX_ATTEMPTS = 50
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def broker_name(store: Path, config: StoreConfig) -> str:
+    """``brokerName``, else the store directory's name."""
+    return config.broker_name or store.resolve().name
+
+
+def tier_prefix(store: Path, config: StoreConfig) -> str:
+    """``<objectStorePrefix><brokerName>/``: where the store's objects are."""
+    return f"{config.object_store_prefix}{broker_name(store, config)}/"
 
 
 def segment_key(prefix: str, base: int) -> str:

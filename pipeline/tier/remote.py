@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import (
     CorruptIndexError,
     CorruptRecordError,
@@ -65,7 +67,9 @@ from rocketstore.pipeline.tier.manifest import (
     index_key,
     manifest_key,
     segment_key,
+    tier_prefix,
 )
+from rocketstore.pipeline.tier.objects import ObjectStore
 
 READ_AHEAD = 8 << 20  # bytes a sequential read fetches at once
 HEAD_GUESS = 64 << 10  # the first GET of an index: the whole head of up to ~1,500 queues
@@ -106,6 +110,23 @@ def read_manifest(objects: ObjectReads, prefix: str) -> Manifest | None:
     except NotFoundError:
         return None
     return manifest.decode(raw, key)
+
+
+def open_tier(
+    store: Path, config: StoreConfig, objects: ObjectReads | None = None
+) -> RemoteSegments | None:
+    """The tier of the store directory ``store`` as ``config`` sets it (the bucket, the
+    prefix ``<objectStorePrefix><brokerName>/``), or None with the tier off. Without
+    ``objects``, a client is made from the settings and the bucket asked for once, so wrong
+    credentials or a missing bucket fail here naming the setting (:class:`ObjectStore`)."""
+    if not config.tier_on:
+        return None
+    if objects is None:
+        store_client = ObjectStore(config)
+        objects, name = store_client, store_client.target.url()
+    else:
+        name = f"s3://{config.object_store_bucket}/"
+    return RemoteSegments(objects, tier_prefix(store, config), name=name)
 
 
 # -- segments -----------------------------------------------------------------------------------

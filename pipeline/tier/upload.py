@@ -61,22 +61,14 @@ from rocketstore.pipeline.tier.manifest import (
     Manifest,
     ManifestStore,
     TierSegment,
+    broker_name,
     index_key,
     segment_key,
+    tier_prefix,
 )
 from rocketstore.pipeline.tier.objects import ObjectStore
 
 log = logging.getLogger(__name__)
-
-
-def broker_name(store: Path, config: StoreConfig) -> str:
-    """``brokerName``, else the store directory's name."""
-    return config.broker_name or store.resolve().name
-
-
-def tier_prefix(store: Path, config: StoreConfig) -> str:
-    """``<objectStorePrefix><brokerName>/``: where the store's objects are."""
-    return f"{config.object_store_prefix}{broker_name(store, config)}/"
 
 
 def flushed_offset(store: Path) -> int:

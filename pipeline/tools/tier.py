@@ -34,13 +34,13 @@ from rocketstore.pipeline.tier.manifest import (
     manifest_key,
     read_manifest,
     segment_key,
+    tier_prefix,
 )
 from rocketstore.pipeline.tier.objects import ObjectStore
 from rocketstore.pipeline.tier.upload import (
     Uploader,
     flushed_offset,
     sealed_bases,
-    tier_prefix,
     upload_lag_s,
 )
 from rocketstore.pipeline.tools.output import emit, print_table
