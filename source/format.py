@@ -46,7 +46,8 @@ from rocketstore.pipeline.errors import ConfigError
 from rocketstore.source import offsets, options, schema
 from rocketstore.source.offsets import QueueKey
 from rocketstore.source.planning import KeyRange, Limit, Planner, QueueRange, pack_ranges
-from rocketstore.source.read import ReadContext, read_key, read_queue_range
+from rocketstore.source.read import ReadContext
+from rocketstore.source.tierread import read_key_range, read_range
 
 
 class QueuePartition(InputPartition):
@@ -99,9 +100,9 @@ def _queue_partitions(
 def _read(partition: InputPartition, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
     if isinstance(partition, QueuePartition):
         for rng in partition.ranges:
-            yield from read_queue_range(rng, ctx)
+            yield from read_range(rng, ctx)
     elif isinstance(partition, KeyPartition):
-        yield from read_key(partition.key_range, ctx)
+        yield from read_key_range(partition.key_range, ctx)
     # Anything else is Spark's placeholder for a batch with no partitions: nothing to read.
 
 

@@ -8,8 +8,8 @@ RocketMQ's connector's ``subExpression`` for tags:
 =========================== ========================================================== ==========
 option                      accepted values                                            default
 =========================== ========================================================== ==========
-path                        a store root (``broker-N/`` directories) or one RocketMQ   required
-                            store directory
+path                        a store root (``broker-N/`` directories), one RocketMQ     required
+                            store directory, or ``s3://BUCKET/PREFIX/``: the tier alone
 topic                       a topic, or several separated by commas                    required
 startingOffsets             ``earliest``, ``latest``, offsets JSON (-2 / -1) or        streams:
                             ``group:NAME``: a RocketMQ consumer group's offsets        latest;
@@ -38,6 +38,9 @@ includeMsgId                ``true`` or ``false``: add ``msgId``                
 includeFlags                ``true`` or ``false``: add ``flag``, ``sysFlag``,          false
                             ``reconsumeTimes``
 includeAll                  ``true`` or ``false``: all of the four above               false
+objectStoreEndpoint,        the tier's settings (docs/tiering.md), over the config     config's
+objectStoreRegion,          file's: ``NOT_IN_DISK`` reads the tier too
+tieredStorageLevel
 =========================== ========================================================== ==========
 
 The ``include*`` options widen the row beyond the default columns (see :mod:`rocketstore.source.schema`),
@@ -74,9 +77,12 @@ from rocketstore.pipeline.files.topicconfig import TopicConfigError, read_topics
 from rocketstore.pipeline.format.bodyformat import check_format
 from rocketstore.pipeline.wholenumbers import parse_count
 from rocketstore.source.offsets import OffsetSpec, parse_option, parse_timestamps_option
+from rocketstore.source.tiers import BucketRoot, bucket_config, parse_bucket_path
 
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
 
+# Settings of the tier a reader may give as options, over the configuration file's.
+TIER_OPTIONS = ("tieredStorageLevel", "objectStoreEndpoint", "objectStoreRegion")
 STREAM_ONLY = ("maxMessagesPerTrigger", "minMessagesPerTrigger", "maxTriggerDelay")
 BATCH_ONLY = ("endingOffsets", "key", "startTimestamp", "endTimestamp")
 _TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
@@ -121,6 +127,16 @@ class ReadOptions:
     @property
     def root(self) -> StoreRoot:
         return StoreRoot(self.path)
+
+    @property
+    def bucket(self) -> tuple[str, str] | None:
+        """``(bucket, prefix)`` when the path is a bucket's (``s3://``): a reader of the tier
+        alone."""
+        return parse_bucket_path(self.path)
+
+    @property
+    def store_config(self) -> StoreConfig:
+        return self.config or StoreConfig()
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:
@@ -198,7 +214,8 @@ def parse(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
 
     ``streaming`` None (the schema, asked before Spark says which kind of read it is) skips
     the checks of options that belong to one kind only."""
-    path, topics = _path_and_topics(options)
+    config = _config(options)
+    path, topics = _path_and_topics(options, config)
     _check_kind(options, streaming)
     starting = _starting(options, topics, bool(streaming))
     ending = OffsetSpec("latest")
@@ -209,7 +226,6 @@ def parse(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
     fail_text = _get(options, "failOnDataLoss")
     fmt_text = _get(options, "bodyFormat")
     key, start_ts, end_ts = _key_read(options)
-    config = _config(options)
     sub = _get(options, "subExpression")
     return ReadOptions(
         path=path,
@@ -232,24 +248,36 @@ def parse(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
     )
 
 
-def _path_and_topics(options: Mapping[str, str]) -> tuple[str, tuple[str, ...]]:
-    """Options path (a readable store root or store directory) and topic (each one the root
-    knows)."""
+def _path_and_topics(
+    options: Mapping[str, str], config: StoreConfig
+) -> tuple[str, tuple[str, ...]]:
+    """Options path (a readable store root or store directory, or a bucket's tier) and topic
+    (each one the root knows)."""
     path = _get(options, "path")
     if not path:
         raise ConfigError(
-            "option path is required: a store root (with broker-N directories) or a RocketMQ "
-            "store directory"
+            "option path is required: a store root (with broker-N directories), a RocketMQ "
+            "store directory, or the tier in a bucket (s3://BUCKET/PREFIX/)"
         )
-    root = StoreRoot(path)
-    try:
-        root.check_readable("path")
-        topics_in_root = known_topics(root)
-    except NotAStoreError as exc:
-        raise ConfigError(
-            f"{exc}; expected a store root (broker-N directories and topics.json) or a RocketMQ "
-            "store directory (with commitlog/)"
-        ) from None
+    if parse_bucket_path(path) is not None:
+        fmt = _get(options, "bodyFormat")
+        if fmt is not None and fmt.strip().lower() != "binary":
+            raise ConfigError(
+                f"option bodyFormat={fmt}: a read of the tier alone ({path}) gives bodies as "
+                "binary; the body schemas are in the store root's schemas/, which the bucket "
+                "does not hold"
+            )
+        topics_in_root = BucketRoot(path, config).topics()
+    else:
+        root = StoreRoot(path)
+        try:
+            root.check_readable("path")
+            topics_in_root = known_topics(root)
+        except NotAStoreError as exc:
+            raise ConfigError(
+                f"{exc}; expected a store root (broker-N directories and topics.json), a "
+                "RocketMQ store directory (with commitlog/) or s3://BUCKET/PREFIX/"
+            ) from None
     topics = parse_topics(_get(options, "topic"))
     unknown = [t for t in topics if t not in topics_in_root]
     if unknown:
@@ -340,9 +368,15 @@ def _config(options: Mapping[str, str]) -> StoreConfig:
             "file (.toml or broker.conf)"
         )
     try:
-        return StoreConfig.effective(config_text)
+        config = StoreConfig.effective(config_text)
     except StoreError as exc:
         raise ConfigError(f"option config={config_text!r}: {exc}") from None
+    tier = {name: v for name in TIER_OPTIONS if (v := _get(options, name)) is not None}
+    if tier:
+        config = config.with_overrides(tier)
+    path = _get(options, "path")
+    found = parse_bucket_path(path) if path else None
+    return bucket_config(config, found[0]) if found is not None else config
 
 
 def _optional_columns(options: Mapping[str, str]) -> frozenset[str]:

@@ -23,12 +23,14 @@ import logging
 import math
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from pathlib import Path
 from typing import TypeVar
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.groups import broker_offsets, require_group
 from rocketstore.pipeline.errors import ConfigError, NotFoundError
+from rocketstore.pipeline.tier.manifest import tier_prefix
+from rocketstore.pipeline.tier.objects import ObjectStore
+from rocketstore.pipeline.tier.remote import RemoteSegments
 from rocketstore.source.brokercache import BoundsCache, PlanWork
 from rocketstore.source.brokerview import BrokerView, QueueBounds, Tails
 from rocketstore.source.errors import DataLossError
@@ -42,6 +44,7 @@ from rocketstore.source.offsets import (
     sort_key,
 )
 from rocketstore.source.options import ReadOptions
+from rocketstore.source.tiers import BucketRoot, TierView
 
 log = logging.getLogger("rocketstore.source")
 
@@ -58,6 +61,10 @@ class QueueRange:
     queue_id: int
     start: int
     end: int
+    # The broker's objects in the tier (``<objectStorePrefix><brokerName>/``), "" without one;
+    # ``cold``: the range is read from the tier rather than the broker directory.
+    tier: str = ""
+    cold: bool = False
 
     @property
     def key(self) -> QueueKey:
@@ -78,6 +85,7 @@ class KeyRange:
     key: str
     begin: int
     end: int
+    tier: str = ""  # the broker's objects in the tier, as QueueRange.tier
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +108,36 @@ class Loss:
     @property
     def count(self) -> int:
         return self.now_min - self.start
+
+
+@dataclasses.dataclass
+class Look:
+    """What one look at the brokers found: every queue's readable offsets across both tiers,
+    where each broker is (its directory, or its tier's location when it has no directory
+    here), each broker's tier prefix, and for each queue the tier holds older messages of
+    than its directory, the offset where the directory takes over (below it: the tier)."""
+
+    bounds: dict[QueueKey, QueueBounds]
+    paths: dict[str, str]
+    tiers: dict[str, str] = dataclasses.field(default_factory=dict)
+    cold: dict[QueueKey, int] = dataclasses.field(default_factory=dict)
+
+
+def merge_cold(look: Look, q: QueueKey, cold: QueueBounds) -> None:
+    """Add what the tier holds of queue ``q`` (``cold``) to ``look``. The directory is read
+    wherever it holds the offsets (it is local, and its tail is newer than any upload): the
+    tier serves the offsets below the directory's first, up to the tier's last. Offsets in
+    neither (the directory's retention ran before the tier held them) are below the first the
+    look offers, or read as lost."""
+    local = look.bounds.get(q)
+    if local is None:
+        look.bounds[q] = cold
+        look.cold[q] = cold.max
+        return
+    takes_over = min(local.min, cold.max)
+    if cold.min < takes_over:
+        look.bounds[q] = QueueBounds(cold.min, local.max)
+        look.cold[q] = takes_over
 
 
 def describe_losses(losses: Iterable[Loss]) -> str:
@@ -289,6 +327,19 @@ class Planner:
         self._cache = BoundsCache()
         self._views: dict[str, BrokerView] = {}
         self._root = options.root  # one, so that it keeps its brokers' paths
+        # Each broker's tier (source.tiers), with the tier on; a path that is a bucket has
+        # nothing else.
+        self._tiers: dict[str, TierView] = {}
+        self._last_cold: dict[QueueKey, int] = {}
+        self._bucket: BucketRoot | None = None
+        self._objects: ObjectStore | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        # Spark pickles the stream reader, planner included, to its executors, which never
+        # plan: the S3 clients (which do not pickle) stay behind, and come back on first use.
+        state = dict(self.__dict__)
+        state.update(_tiers={}, _bucket=None, _objects=None)
+        return state
 
     @property
     def work(self) -> PlanWork:
@@ -309,12 +360,40 @@ class Planner:
             views.append(view)
         return views
 
-    def bounds(self) -> dict[QueueKey, QueueBounds]:
-        """Readable offsets of every queue of the query's topics on every broker, now."""
-        return self._look()[0]
+    def tiers(self) -> dict[str, TierView]:
+        """Each broker's tier now (none with the tier off), its manifest read again when it
+        is older than a second (:class:`TierView`)."""
+        config = self.options.store_config
+        if not config.tier_on:
+            return {}
+        if self.options.bucket is not None:
+            if self._bucket is None:
+                self._bucket = BucketRoot(self.options.path, config)
+            found = self._bucket.brokers()
+            objects = self._bucket.objects
+        else:
+            if self._objects is None:
+                self._objects = ObjectStore(config)
+            objects = self._objects
+            found = [(v.name, tier_prefix(v.path, config)) for v in self.brokers()]
+        tiers: dict[str, TierView] = {}
+        for name, prefix in found:
+            view = self._tiers.get(name)
+            if view is None or view.prefix != prefix:
+                segments = RemoteSegments(objects, prefix, name=objects.target.url())
+                view = TierView(name, segments, self.clock_ms)
+            view.refresh()
+            tiers[name] = view
+        self._tiers = tiers
+        return tiers
 
-    def _look(self) -> tuple[dict[QueueKey, QueueBounds], dict[str, Path]]:
-        """:meth:`bounds`, and the broker directories they were read from."""
+    def bounds(self) -> dict[QueueKey, QueueBounds]:
+        """Readable offsets of every queue of the query's topics on every broker, now, across
+        both tiers."""
+        return self._look().bounds
+
+    def _look(self) -> Look:
+        """:meth:`bounds`, where they were read from, and where each queue's tier ends."""
         out: dict[QueueKey, QueueBounds] = {}
         views = self.brokers()
         self._cache.keep_only({v.name for v in views})
@@ -323,7 +402,15 @@ class Planner:
             for topic, queues in self._cache.bounds(broker, self.options.topics, tails).items():
                 for qid, b in queues.items():
                     out[(topic, broker.name, qid)] = b
-        return out, {v.name: v.path for v in views}
+        look = Look(out, {v.name: str(v.path) for v in views})
+        self._last_cold = look.cold
+        for name, tier in self.tiers().items():
+            look.tiers[name] = tier.prefix
+            look.paths.setdefault(name, tier.segments.location.removesuffix("commitlog"))
+            for topic in self.options.topics:
+                for qid, cold in tier.bounds(topic).items():
+                    merge_cold(look, (topic, name, qid), cold)
+        return look
 
     def latest(self) -> Offsets:
         return {q: b.max for q, b in self.bounds().items()}
@@ -339,14 +426,9 @@ class Planner:
         if spec.kind == "latest":
             return {q: b.max for q, b in bounds.items()}
         if spec.kind == "timestamp":
-            views = {v.name: v for v in self.brokers()}
-            return {
-                q: views[q[1]].offset_for_time(q[0], q[2], spec.timestamp, b)
-                for q, b in bounds.items()
-            }
+            return {q: self._offset_for_time(q, spec.timestamp, b) for q, b in bounds.items()}
         named = self.group_offsets(spec.group) if spec.kind == "group" else spec.mapping
         out: Offsets = {}
-        views = {v.name: v for v in self.brokers()} if spec.kind == "timestamps" else {}
         for q in set(bounds) | set(named):
             b = bounds.get(q, QueueBounds(0, 0))
             value = named.get(q, EARLIEST)
@@ -355,11 +437,27 @@ class Planner:
             elif value == LATEST:
                 out[q] = b.max
             elif spec.kind == "timestamps":
-                view = views.get(q[1])
-                out[q] = b.max if view is None else view.offset_for_time(q[0], q[2], value, b)
+                out[q] = b.max if q not in bounds else self._offset_for_time(q, value, b)
             else:
                 out[q] = value
         return out
+
+    def _offset_for_time(self, q: QueueKey, timestamp: int, b: QueueBounds) -> int:
+        """The first offset of queue ``q`` in ``b`` stored at or after ``timestamp``: in the
+        tier below where its local files take over, else in the broker directory."""
+        topic, broker, queue_id = q
+        local_from = b.min
+        tier = self._tiers.get(broker)
+        cold = self._last_cold.get(q)
+        if tier is not None and cold is not None and b.min < cold:
+            found = tier.offset_for_time(topic, queue_id, timestamp)
+            if found is not None and found < cold:
+                return max(int(found), b.min)
+            local_from = cold
+        view = next((v for v in self.brokers() if v.name == broker), None)
+        if view is None or local_from >= b.max:
+            return b.max
+        return view.offset_for_time(topic, queue_id, timestamp, QueueBounds(local_from, b.max))
 
     def group_offsets(self, group: str) -> Offsets:
         """What the RocketMQ consumer group ``group`` committed for the query's topics, read
@@ -367,6 +465,12 @@ class Planner:
         :class:`ConfigError` when it committed nothing for them (a misspelt group must not
         start from the earliest offsets), and
         :class:`~rocketstore.pipeline.engine.groups.ConsumerOffsetsError` for a damaged file."""
+        if self.options.bucket is not None:
+            raise ConfigError(
+                f"option startingOffsets=group:{group}: a consumer group's offsets are in the "
+                f"store root's broker directories (config/consumerOffset.json), and path "
+                f"{self.options.path} is a bucket's tier; read them from the store root"
+            )
         root = self.options.root.path
         try:
             found = require_group(root, broker_offsets(root), group, self.options.topics)
@@ -425,7 +529,8 @@ class Planner:
         """The partitions of the micro-batch ``(start, end]``; a queue missing from ``start``
         (new since) reads from its earliest offset. Checks for data loss again: a batch
         replayed after a restart may find its first messages deleted."""
-        bounds, paths = self._look()
+        look = self._look()
+        bounds, paths = look.bounds, look.paths
         out: list[QueueRange] = []
         losses: list[Loss] = []
         for q in sorted(end, key=sort_key):
@@ -443,7 +548,13 @@ class Planner:
             if path is None:
                 losses.append(Loss(q, s, e))  # the whole broker directory is gone
                 continue
-            out.append(QueueRange(q[0], q[1], str(path), q[2], s, e))
+            tier = look.tiers.get(q[1], "")
+            cold = look.cold.get(q)
+            if cold is not None and s < cold:
+                out.append(QueueRange(q[0], q[1], path, q[2], s, min(e, cold), tier, True))
+                s = min(e, cold)
+            if s < e:
+                out.append(QueueRange(q[0], q[1], path, q[2], s, e, tier))
         self._report(losses)
         return split_ranges(out, self.options.min_partitions)
 
@@ -470,15 +581,21 @@ class Planner:
     def key_ranges(self) -> list[KeyRange]:
         key = self.options.key
         assert key is not None
+        opts = self.options
+        tiers = self.tiers()
+        brokers = {v.name: str(v.path) for v in self.brokers()}
+        for name, tier in tiers.items():
+            brokers.setdefault(name, tier.segments.location.removesuffix("commitlog"))
         return [
             KeyRange(
                 topic,
                 name,
-                str(path),
+                path,
                 key,
-                self.options.start_timestamp,
-                self.options.end_timestamp,
+                opts.start_timestamp,
+                opts.end_timestamp,
+                tiers[name].prefix if name in tiers else "",
             )
-            for topic in self.options.topics
-            for name, path in self.options.root.brokers()
+            for topic in opts.topics
+            for name, path in sorted(brokers.items())
         ]

@@ -66,6 +66,9 @@ from rocketstore.source.segfiles import SegmentCache
 
 log = logging.getLogger("rocketstore.source")
 
+# A chunk's records, and the offset ranges [a, b) retention deleted, with why.
+Chunk = tuple[list[pa.RecordBatch], list[tuple[int, int, str]]]
+
 CHUNK_UNITS = 1 << 16  # units per record batch: bounds memory, amortises the fixed costs
 CHUNK_BYTES = 64 << 20
 
@@ -242,13 +245,23 @@ class BatchBuilder:
 # -- queue ranges ---------------------------------------------------------------------------------
 
 
-def read_queue_range(rng: QueueRange, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
+LostReader = Callable[[QueueRange], Iterator[pa.RecordBatch]]
+
+
+def read_queue_range(
+    rng: QueueRange, ctx: ReadContext, lost: LostReader | None = None
+) -> Iterator[pa.RecordBatch]:
     """The messages of one partition (see the module docstring), as record batches.
 
     On shared storage (:mod:`rocketstore.pipeline.files.visibility`) the range was planned, perhaps on another
     host, below what the writer published, so a unit or record that does not check out here
     has not reached this host yet: the chunk is read again, past this host's cached pages,
-    for up to ``visibilityWaitMs``, before it is reported as damage."""
+    for up to ``visibilityWaitMs``, before it is reported as damage.
+
+    Offsets whose files retention deleted while the partition read (after planning) are
+    data loss, reported as ``failOnDataLoss`` says; with ``lost``, they are read through it
+    instead (from the tier, where every segment local retention deletes was uploaded first),
+    before the rest of their chunk."""
     broker = Path(rng.broker_path)
     cq_dir = broker / "consumequeue" / rng.topic / str(rng.queue_id)
     config = ctx.config or StoreConfig()
@@ -261,7 +274,7 @@ def read_queue_range(rng: QueueRange, ctx: ReadContext) -> Iterator[pa.RecordBat
         while pos < rng.end:
             stop = min(rng.end, pos + ctx.chunk_units)
 
-            def chunk(pos: int = pos, stop: int = stop) -> list[pa.RecordBatch]:
+            def chunk(pos: int = pos, stop: int = stop) -> Chunk:
                 return _read_chunk(rng, ctx, cq_dir, segments, pos, stop)
 
             if shared:
@@ -270,14 +283,19 @@ def read_queue_range(rng: QueueRange, ctx: ReadContext) -> Iterator[pa.RecordBat
                     segments.drop()
                     _forget_units(cq_dir, pos, stop)
 
-                parts = visibility.wait_until_valid(
+                parts, gone = visibility.wait_until_valid(
                     chunk,
                     lambda exc: isinstance(exc, CorruptRecordError),
                     refresh,
                     config.visibility_wait_ms,
                 )
             else:
-                parts = chunk()
+                parts, gone = chunk()
+            if lost is None:
+                report_lost(ctx, rng, gone)
+            else:
+                for a, b, _ in gone:
+                    yield from lost(dataclasses.replace(rng, start=a, end=b))
             if parts:
                 batch = builder.build(one_batch(parts), rng.topic)
                 if batch is not None:
@@ -294,11 +312,11 @@ def _read_chunk(
     segments: SegmentCache,
     pos: int,
     stop: int,
-) -> list[pa.RecordBatch]:
-    """The records of units ``[pos, stop)`` of the partition's queue, checked to be theirs.
-    ConsumeQueue files past this host's listing are waited for as ``segments``' are."""
+) -> Chunk:
+    """The records of units ``[pos, stop)`` of the partition's queue, checked to be theirs,
+    and the offset ranges retention deleted (with why), ascending. ConsumeQueue files past
+    this host's listing are waited for as ``segments``' are."""
     units, missing = _read_units(cq_dir, pos, stop, segments.files.wait_ms)
-    report_lost(ctx, rng, [(a, b, "its ConsumeQueue file was deleted") for a, b in missing])
     offsets = np.arange(pos, stop, dtype=np.int64)
     size = units["size"].astype(np.int64)
     phys = units["offset"].astype(np.int64)
@@ -323,9 +341,10 @@ def _read_chunk(
     parts, lost = _decode_units(
         segments, phys[want], size[want], offsets[want], rng, cq_dir, ctx.columns
     )
-    lost_ranges = _runs(offsets[expired]) + _runs(lost)
-    report_lost(ctx, rng, [(a, b, "its CommitLog segment was deleted") for a, b in lost_ranges])
-    return parts
+    deleted = [(a, b, "its ConsumeQueue file was deleted") for a, b in missing]
+    deleted += [(a, b, "its CommitLog segment was deleted") for a, b in _runs(offsets[expired])]
+    deleted += [(a, b, "its CommitLog segment was deleted") for a, b in _runs(lost)]
+    return parts, sorted(deleted)
 
 
 def _forget_units(cq_dir: Path, start: int, end: int) -> None:
@@ -544,11 +563,11 @@ def _read_key_records(
             raise CorruptRecordError(seg.where, at, "an index entry names no record here")
         rel = rel[starts]
         recs = native.decode(buffer, rel, base, path=seg.where, columns=columns)
-        parts.append(recs.filter(_key_matches(recs, kr)))
+        parts.append(recs.filter(key_matches(recs, kr)))
     return parts
 
 
-def _key_matches(recs: pa.RecordBatch, kr: KeyRange) -> npt.NDArray[np.bool_]:
+def key_matches(recs: pa.RecordBatch, kr: KeyRange) -> npt.NDArray[np.bool_]:
     keys = recs.column("keys")
     has_key = np.zeros(recs.num_rows, dtype=bool)
     parent = np.asarray(pc.list_parent_indices(keys), dtype=np.int64)

@@ -24,17 +24,88 @@ Thread-safety: none; each partition read makes its own :class:`RemoteSegments`.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import OffsetOutOfRangeError, SegmentGoneError
+from rocketstore.pipeline.files.localsegments import LocalSegments
 from rocketstore.pipeline.files.segmentread import locate
 from rocketstore.pipeline.format import native
 from rocketstore.pipeline.format.segmentindex import UNIT_SIZE
 from rocketstore.pipeline.tier.remote import RemoteQueue, RemoteSegments
-from rocketstore.source.planning import QueueRange
-from rocketstore.source.read import BatchBuilder, ReadContext, check_owner, one_batch, report_lost
+from rocketstore.source.planning import KeyRange, QueueRange
+from rocketstore.source.read import (
+    BatchBuilder,
+    ReadContext,
+    check_owner,
+    key_matches,
+    one_batch,
+    read_key,
+    read_queue_range,
+    report_lost,
+)
+from rocketstore.source.tiers import tier_segments
+
+
+def read_range(rng: QueueRange, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
+    """One partition's queue range from where the planner found it: the broker directory,
+    or the tier (``rng.cold``); a directory's offsets that retention deleted after planning
+    are read from the tier, which was given every segment before retention could delete it."""
+    if not rng.tier:
+        yield from read_queue_range(rng, ctx)
+        return
+    config = ctx.config or StoreConfig()
+
+    def from_tier(part: QueueRange) -> Iterator[pa.RecordBatch]:
+        return read_tier_range(part, ctx, tier_segments(config, rng.tier))
+
+    if rng.cold:
+        yield from from_tier(rng)
+    else:
+        yield from read_queue_range(rng, ctx, from_tier)
+
+
+def read_key_range(kr: KeyRange, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
+    """One broker's messages with the key ``kr.key`` (:func:`read_key`), across both tiers:
+    those below the broker directory's first segment from the tier, the rest from the
+    directory's IndexFiles; in CommitLog order."""
+    if not kr.tier:
+        yield from read_key(kr, ctx)
+        return
+    tier = tier_segments(ctx.config or StoreConfig(), kr.tier)
+    local = Path(kr.broker_path)
+    listed = LocalSegments(local / "commitlog").listed() if local.is_dir() else []
+    below = listed[0] if listed else tier.end()
+    yield from _tier_key(kr, ctx, tier, below)
+    if listed:
+        yield from read_key(kr, ctx)
+
+
+def _tier_key(
+    kr: KeyRange, ctx: ReadContext, tier: RemoteSegments, below: int
+) -> Iterator[pa.RecordBatch]:
+    """The tier's messages with the key, stored below CommitLog offset ``below``: every
+    candidate record read, decoded with every check, and matched (a collision is no hit)."""
+    columns = ctx.columns | native.Columns.KEYS | native.Columns.UNIQ_KEY
+    parts: list[pa.RecordBatch] = []
+    for entry, phys in tier.key_candidates(kr.topic, kr.key, begin=kr.begin, end=kr.end):
+        if phys >= below:
+            continue
+        raw = tier.record_bytes(entry, phys)
+        recs = native.decode(
+            raw, np.zeros(1, np.int64), phys, path=tier.where(entry.base), columns=columns
+        )
+        parts.append(recs.filter(key_matches(recs, kr)))
+    if not parts:
+        return
+    size = tier.file_size()
+    builder = BatchBuilder(ctx, kr.broker, lambda phys: tier.where(locate(phys, size)[0]))
+    batch = builder.build(one_batch(parts[::-1]), kr.topic)  # oldest first
+    if batch is not None:
+        yield batch
 
 
 def read_tier_range(

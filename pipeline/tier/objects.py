@@ -223,6 +223,22 @@ class ObjectStore:
         except ObjectNotFoundError:
             return None
 
+    def list_dirs(self, prefix: str) -> list[str]:
+        """The "folders" right under ``prefix``: each distinct key part up to the next ``/``
+        (ending with it), in key order; one request per 1,000 of them, however many objects
+        each holds."""
+
+        def call() -> list[str]:
+            out: list[str] = []
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=prefix, Delimiter="/"
+            )
+            for page in pages:
+                out.extend(p["Prefix"] for p in page.get("CommonPrefixes", ()))
+            return out
+
+        return self._call(prefix, call)
+
     def list(self, prefix: str) -> list[tuple[str, int]]:
         """(key, size) of every object whose key starts with ``prefix``, in key order."""
 

@@ -408,15 +408,14 @@ class RemoteSegments:
             yield start, self.fetch(key, start, end, base), idx
 
     # -- keys -------------------------------------------------------------------------------
-    def query_key(
-        self, topic: str, key: str, *, begin: int = 0, end: int = 2**63 - 1, limit: int = 64
-    ) -> list[MessageExt]:
-        """The messages of ``topic`` with key ``key`` (a ``KEYS`` token or the ``UNIQ_KEY``)
-        stored in [begin, end] ms, newest first, at most ``limit``: segments newest first
-        whose times overlap, each's key entries of the hash (:meth:`SegmentIndex.key_offsets`,
-        ranged), each candidate record read and checked (a hash collision is not a hit)."""
+    def key_candidates(
+        self, topic: str, key: str, *, begin: int = 0, end: int = 2**63 - 1
+    ) -> Iterator[tuple[TierSegment, int]]:
+        """(segment, CommitLog offset) of the records that may have key ``key`` of ``topic``
+        and a store time in [begin, end] ms, newest first: segments newest first whose times
+        overlap, each's key entries of the hash (:meth:`SegmentIndex.key_offsets`, ranged).
+        A hash collision is a candidate: the record must be read to tell."""
         key_hash = index_key_hash(topic, key)
-        found: list[MessageExt] = []
         for entry in reversed(self.entries):
             if entry.max_store_timestamp < begin or entry.min_store_timestamp > end:
                 continue
@@ -426,29 +425,39 @@ class RemoteSegments:
             def ranged(a: int, b: int, ikey: str = ikey, base: int = entry.base) -> bytes:
                 return self.fetch(ikey, a, b, base)
 
-            offsets = index.key_offsets(key_hash, ranged)
-            for phys in offsets[::-1].tolist():
-                msg = self._record(entry, phys)
-                if (
-                    msg.topic == topic
-                    and begin <= msg.store_timestamp <= end
-                    and (key in msg.keys or msg.uniq_key == key)
-                ):
-                    found.append(msg)
-                    if len(found) >= limit:
-                        return found
+            for phys in index.key_offsets(key_hash, ranged)[::-1].tolist():
+                yield entry, phys
+
+    def query_key(
+        self, topic: str, key: str, *, begin: int = 0, end: int = 2**63 - 1, limit: int = 64
+    ) -> list[MessageExt]:
+        """The messages of ``topic`` with key ``key`` (a ``KEYS`` token or the ``UNIQ_KEY``)
+        stored in [begin, end] ms, newest first, at most ``limit``: each candidate
+        (:meth:`key_candidates`) read and checked, so a hash collision is never a hit."""
+        found: list[MessageExt] = []
+        for entry, phys in self.key_candidates(topic, key, begin=begin, end=end):
+            raw = self.record_bytes(entry, phys)
+            msg = native.decode_one(raw, 0, phys, path=self.where(entry.base), limit=len(raw))
+            if (
+                msg.topic == topic
+                and begin <= msg.store_timestamp <= end
+                and (key in msg.keys or msg.uniq_key == key)
+            ):
+                found.append(msg)
+                if len(found) >= limit:
+                    return found
         return found
 
-    def _record(self, entry: TierSegment, phys: int) -> MessageExt:
-        """The record at ``phys`` of the segment, read with one small GET (two for a record
-        longer than the guess) and decoded with every check."""
+    def record_bytes(self, entry: TierSegment, phys: int) -> bytes:
+        """The bytes of the record at ``phys`` of the segment (as its size field says, within
+        the object), read with one small GET (two for a record longer than the guess)."""
         rel = phys - entry.base
         key = self.commitlog_key(entry.base)
         raw = self.fetch(key, rel, min(entry.length, rel + RECORD_GUESS), entry.base)
         size = int.from_bytes(raw[:4], "big", signed=True) if len(raw) >= 4 else 0
         if len(raw) < size <= entry.length - rel:
             raw = self.fetch(key, rel, rel + size, entry.base)
-        return native.decode_one(raw, 0, phys, path=self.where(entry.base), limit=len(raw))
+        return raw
 
 
 class RemoteQueue:

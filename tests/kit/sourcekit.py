@@ -16,7 +16,8 @@ from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.source import options, schema
 from rocketstore.source.planning import Planner
-from rocketstore.source.read import ReadContext, read_key, read_queue_range
+from rocketstore.source.read import ReadContext
+from rocketstore.source.tierread import read_key_range, read_range
 from tests.kit.readtxt import born_text, store_text
 
 SMALL = StoreConfig(
@@ -111,11 +112,11 @@ def read_all(opts: Mapping[str, str], *, streaming: bool = False) -> pa.Table:
     batches: list[pa.RecordBatch] = []
     if parsed.key is not None:
         for kr in planner.key_ranges():
-            batches.extend(read_key(kr, ctx))
+            batches.extend(read_key_range(kr, ctx))
     else:
         start, end = planner.batch_range()
         for rng in planner.ranges(start, end):
-            batches.extend(read_queue_range(rng, ctx))
+            batches.extend(read_range(rng, ctx))
     return pa.Table.from_batches(batches, schema=ctx.schema)
 
 
