@@ -18,6 +18,7 @@ is read is left out. Requires: the store's ``commitlog/`` directory (missing: no
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 from rocketstore.pipeline.config import StoreConfig
@@ -44,17 +45,27 @@ def backlog(store: Path, config: StoreConfig, uploaded_end: int, now_ms: int) ->
     ``now_ms`` (wall time, ms) for the lag."""
     size = config.mapped_file_size_commitlog
     segments = LocalSegments(store / "commitlog", segment_size=size)
-    local = segments.listed()
+    # One stat per file, of the listing's own paths: a scrape of a store of thousands of
+    # segments would spend more on building paths again than on the stats.
+    sizes = {base: _size(path) for base, path in segments.entries}
     sealed = sealed_bases(segments, size, flushed_offset(store))
     pending = [b for b in sealed if b >= uploaded_end]
     return Backlog(
-        local,
-        sum(max(0, segments.size_of(b)) for b in local),
+        list(sizes),
+        sum(sizes.values()),
         sealed,
         pending,
-        sum(max(0, segments.size_of(b)) for b in pending),
+        sum(sizes[b] for b in pending),
         upload_lag_s(store, pending, segments, now_ms),
     )
+
+
+def _size(path: Path) -> int:
+    """A listed file's size; 0 when retention deleted it since the listing."""
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
 
 
 def recorded_backlog(
