@@ -10,6 +10,7 @@ page is open appear on it by its own refresh. Ctrl-C (SIGINT) stops the server c
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import shutil
@@ -19,6 +20,11 @@ from typing import Any
 
 import pytest
 
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.tier import localstate
+from rocketstore.pipeline.tier.localstate import TierState
 from tests.kit.consolekit import ConsoleProcess as Server
 from tests.kit.consolekit import append_orders, make_root
 
@@ -206,5 +212,50 @@ def test_a_console_bound_off_loopback_needs_its_token(tmp_path: Path, browser: A
         d.get(url + "?token=" + token)
         assert d.current_url == url  # the token left the address
         assert _text(d, 'tr[data-topic="orders"] td.count') == "90"
+    finally:
+        assert server.interrupt() == 0
+
+
+def test_the_tier_table_in_chromium(tmp_path: Path, browser: Any, shots: Path) -> None:
+    """With the tier on, the overview's tier table: the segments as the files are, what the
+    uploader recorded (written here by hand), and its refresh showing a failed run counted
+    while the page is open."""
+    conf = tmp_path / "tier.toml"
+    conf.write_text(
+        "mappedFileSizeCommitLog = 65536\nmaxHashSlotNum = 1000\nmaxIndexNum = 20000\n"
+        'tieredStorageLevel = "NOT_IN_DISK"\nobjectStoreBucket = "never-asked"\n'
+    )
+    store = tmp_path / "root" / "broker-0"
+    config = StoreConfig.load(conf)
+    with MessageStore(store, config) as s:
+        s.put_batch([Message("T", bytes(1000), queue_id=k % 2) for k in range(300)])
+    files = sorted((store / "commitlog").iterdir())
+    record = TierState("id", int(files[1].name), bucket_segments=1, upload_errors=2)
+    localstate.write(store, record)
+    server = Server([str(tmp_path / "root"), "--config", str(conf), "--port", "0"])
+    try:
+        d = browser
+        d.get(server.url)
+        row = d.find_elements(By.CSS_SELECTOR, '#tiers tr[data-broker="broker-0"] td')
+        texts = [c.text for c in row]
+        # Local: every file; bucket: the record's one; pending: sealed (all but the last)
+        # from the second on.
+        assert [texts[k] for k in (0, 1, 3, 5, 9)] == [
+            "broker-0",
+            str(len(files)),
+            "1",
+            str(len(files) - 2),
+            "2",
+        ]
+        _shot(d, shots, "tiers")
+        localstate.write(store, dataclasses.replace(record, upload_errors=3))
+        WebDriverWait(d, 60, poll_frequency=0.5).until(
+            lambda drv: (
+                drv.find_element(
+                    By.CSS_SELECTOR, '#tiers tr[data-broker="broker-0"] td:nth-child(10)'
+                ).text
+                == "3"
+            )
+        )
     finally:
         assert server.interrupt() == 0

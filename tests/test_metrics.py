@@ -31,9 +31,6 @@ from tests.kit.consolekit import (
 
 pytest.importorskip("prometheus_client", reason="the metrics need the 'console' extra")
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-
 from rocketstore.pipeline import cli
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine import fencing
@@ -43,25 +40,7 @@ from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.tools.metrics import StoreCollector, Target
 from rocketstore.pipeline.tools.storestats import StoreStats
 from tests.kit.files import snapshot
-
-Series = dict[tuple[tuple[str, str], ...], float]
-
-
-def scrape(collector: StoreCollector) -> dict[str, Series]:
-    """Sample name -> {sorted labels: value}, through the text format Prometheus reads."""
-    registry = CollectorRegistry()
-    registry.register(collector)
-    text = generate_latest(registry).decode()
-    out: dict[str, Series] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
-    return out
-
-
-def by(series: Series, *names: str) -> dict[tuple[str, ...], float]:
-    """``series`` keyed by the values of the labels ``names`` (each series must have them)."""
-    return {tuple(dict(k)[n] for n in names): v for k, v in series.items()}
+from tests.kit.samples import by, scrape
 
 
 def cli_json(*argv: str) -> list[dict[str, object]]:

@@ -35,7 +35,7 @@ def exported() -> set[str]:
 
 @needs_promtool
 def test_promtool_checks_and_unit_tests_the_rules() -> None:
-    assert "SUCCESS: 8 rules found" in promtool("check", "rules", "rocketstore-rules.yml")
+    assert "SUCCESS: 10 rules found" in promtool("check", "rules", "rocketstore-rules.yml")
     assert "SUCCESS" in promtool("test", "rules", "rocketstore-rules.test.yml")
     assert "is valid prometheus config file syntax" in promtool("check", "config", "prometheus.yml")
 

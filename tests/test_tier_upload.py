@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -75,14 +76,22 @@ def test_upload_sealed_segments(ceph: Any, bucket: str, tmp_path: Path) -> None:
     local = sorted((store / "commitlog").iterdir())
     assert len(local) >= 3
     up = Uploader(store, config)
+    started = time.time_ns() // 1_000_000
     report = up.run_once()
+    ended = time.time_ns() // 1_000_000
     sealed = [int(p.name) for p in local[:-1]]
     assert report.uploaded == sealed
     assert report.pending == []
     end = sealed[-1] + SEG
-    assert localstate.read(store) == localstate.TierState(up.state.store_id, end)
+    state = localstate.read(store)
+    assert state is not None and (state.store_id, state.uploaded_end) == (up.state.store_id, end)
+    assert started <= state.last_upload_ms <= ended
+    assert (state.upload_errors, state.last_error_ms) == (0, 0)
 
     got = ceph.objects(bucket, "pre/broker-a/")
+    # The record's figures of the bucket: its segment and index objects.
+    assert state.bucket_segments == len(sealed)
+    assert state.bucket_bytes == sum(len(v) for k, v in got.items() if "/manifest" not in k)
     manifest = json.loads(got["pre/broker-a/manifest.json"])
     assert manifest["storeId"] == up.state.store_id
     assert manifest["broker"] == "broker-a" and manifest["segmentSize"] == SEG

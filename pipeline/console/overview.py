@@ -1,5 +1,8 @@
 """What the console's overview shows: a store root's brokers and topics with their counts,
-bytes and time spans, disk use, and the last hour's write rate per broker.
+bytes and time spans, disk use, and the last hour's write rate per broker; with the tier on,
+each broker's segments and bytes local, in the bucket and waiting for their upload, with the
+upload lag and errors (:func:`tier_row`: the store's files and its tier record, as the metrics
+read them; the bucket is not asked).
 
 Bytes, time spans and the rate come from a sample of each queue's units, so that what a page
 costs stays bounded however many queues there are: :data:`SIZE_SAMPLE` and
@@ -21,12 +24,16 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.console import rates
 from rocketstore.pipeline.console.views import HOUR_MS, Console, now_ms
 from rocketstore.pipeline.engine.results import QueueEnds
 from rocketstore.pipeline.engine.retentionpolicy import statvfs_used_ratio
 from rocketstore.pipeline.engine.root import TopicMeta
 from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.errors import StoreError
+from rocketstore.pipeline.tier.backlog import recorded_backlog
+from rocketstore.pipeline.tier.localstate import TierState
 
 SIZE_SAMPLE = 16  # units read per queue to estimate a topic's bytes and time span
 HOUR_SAMPLE = 120  # units read per queue for the last hour's write rate
@@ -65,6 +72,25 @@ class TopicRow:
     sampled: bool
 
 
+@dataclasses.dataclass(frozen=True)
+class TierRow:
+    """A broker's tiers (see the module docstring); ``problem``: why they could not be read
+    (the other figures are then 0). Times are ms since the epoch, None when there is none."""
+
+    name: str
+    local_segments: int = 0
+    local_bytes: int = 0
+    bucket_segments: int = 0
+    bucket_bytes: int = 0
+    pending_segments: int = 0
+    pending_bytes: int = 0
+    lag_s: float = 0.0
+    last_upload: int | None = None
+    errors: int = 0
+    last_error: int | None = None
+    problem: str | None = None
+
+
 @dataclasses.dataclass
 class Overview:
     brokers: list[BrokerRow]
@@ -80,6 +106,7 @@ class Overview:
     generated: int
     size_sample: int = SIZE_SAMPLE  # units a queue sampled at most, for bytes and spans
     hour_sample: int = HOUR_SAMPLE  # ... for the last hour's rate
+    tiers: list[TierRow] = dataclasses.field(default_factory=list)  # with the tier on
 
 
 def _dir_bytes(path: Path) -> int:
@@ -101,6 +128,28 @@ def _span(
     return (lo if old is None else min(old, lo)), (hi if new is None else max(new, hi))
 
 
+def tier_row(name: str, path: Path, config: StoreConfig, now: int) -> TierRow:
+    """The tiers of the broker ``name`` at ``path`` as of ``now`` (ms)."""
+    try:
+        local, record = recorded_backlog(path, config, now)
+    except (StoreError, OSError) as exc:
+        return TierRow(name, problem=str(exc).splitlines()[0] if str(exc) else repr(exc))
+    rec = record if record is not None else TierState("")  # never uploaded
+    return TierRow(
+        name,
+        len(local.local),
+        local.local_bytes,
+        rec.bucket_segments,
+        rec.bucket_bytes,
+        len(local.pending),
+        local.pending_bytes,
+        local.lag_s,
+        rec.last_upload_ms or None,
+        rec.upload_errors,
+        rec.last_error_ms or None,
+    )
+
+
 def overview(console: Console) -> Overview:
     """Brokers and topics with their counts, bytes and time spans, disk use, and the write
     rate of the last hour per broker. Bytes and the time spans come from a sample of each
@@ -114,6 +163,7 @@ def overview(console: Console) -> Overview:
     brokers: list[BrokerRow] = []
     topics: dict[str, TopicRow] = {}
     series: list[tuple[str, npt.NDArray[np.float64]]] = []
+    tiers: list[TierRow] = []
     rate_sampled = False
     sample = (SIZE_SAMPLE, HOUR_SAMPLE)
     for name, path in console.brokers():
@@ -145,6 +195,8 @@ def overview(console: Console) -> Overview:
         row.store_bytes = row.commitlog_bytes + cq_bytes + _dir_bytes(path / "index")
         brokers.append(row)
         series.append((name, per_minute))
+        if console.config.tier_on:
+            tiers.append(tier_row(name, path, console.config, now))
     for name, tm in meta.items():  # topics created in topics.json with nothing stored yet
         if name not in topics:
             topics[name] = TopicRow(name, tm.body_format, set(), 0, 0, 0.0, None, None, False)
@@ -162,6 +214,7 @@ def overview(console: Console) -> Overview:
         note,
         now,
         *sample,
+        tiers=tiers,
     )
 
 

@@ -20,6 +20,12 @@ every byte of it is on disk, so it never changes again. The last segment never i
 5. ``config/rocketstore-tier.json`` gets the new ``uploadedEnd`` (:mod:`.localstate`), and
    only from then on may local retention delete the segment.
 
+The same record keeps what monitoring reads without asking the bucket: the manifest's
+segments and bytes and the time of the last commit (written with every ``uploadedEnd``, and
+whenever a run finds the manifest other than recorded), and the runs that failed (a counter,
+with the time of the last; a run that fails to count leaves it as it was and says so in
+the log).
+
 Segments go strictly in order, from the manifest's end: the tier is always one contiguous run.
 
 Owns: nothing of the store (it reads it read-only, through
@@ -48,6 +54,7 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import (
     ManifestError,
     ObjectMismatchError,
+    StoreError,
     TierError,
     TierUnavailableError,
 )
@@ -185,7 +192,15 @@ class Uploader:
     def run_once(self, stop: threading.Event | None = None) -> UploadReport:
         """Upload every sealed segment not in the bucket yet, in order; stops early when
         ``stop`` is set (between segments). Raises the first error (nothing after the failed
-        segment is uploaded; what was confirmed before it stays)."""
+        segment is uploaded; what was confirmed before it stays), counted in the local record
+        first."""
+        try:
+            return self._run_once(stop)
+        except (StoreError, OSError):
+            self._count_error()
+            raise
+
+    def _run_once(self, stop: threading.Event | None) -> UploadReport:
         self.objects.abort_uploads(self.prefix + "commitlog/")
         manifest = self.manifest()
         self._catch_up(manifest)
@@ -201,13 +216,38 @@ class Uploader:
         return UploadReport(done, sent, self.state.uploaded_end, todo[len(done) :])
 
     def _catch_up(self, manifest: Manifest | None) -> None:
-        """The local record follows the manifest (a run killed between the two)."""
-        if manifest is not None and manifest.segments and manifest.end > self.state.uploaded_end:
-            self._record(manifest.end)
+        """The local record follows the manifest (a run killed between the two, or a manifest
+        another run changed)."""
+        if manifest is not None and self._recorded(manifest) != self.state:
+            self._record(manifest)
 
-    def _record(self, end: int) -> None:
-        self.state = dataclasses.replace(self.state, uploaded_end=end)
+    def _recorded(self, manifest: Manifest, *, uploaded_at: int = 0) -> TierState:
+        """The local record as ``manifest`` makes it: ``uploadedEnd`` only ever grows."""
+        end = manifest.end if manifest.segments else 0
+        return dataclasses.replace(
+            self.state,
+            uploaded_end=max(self.state.uploaded_end, end),
+            bucket_segments=len(manifest.segments),
+            bucket_bytes=sum(s.length + s.index.length for s in manifest.segments),
+            last_upload_ms=uploaded_at or self.state.last_upload_ms,
+        )
+
+    def _record(self, manifest: Manifest, *, uploaded_at: int = 0) -> None:
+        self.state = self._recorded(manifest, uploaded_at=uploaded_at)
         localstate.write(self.store, self.state)
+
+    def _count_error(self) -> None:
+        """One more failed run in the local record (for monitoring); a record that cannot be
+        written is logged, and the run's own error is the one raised."""
+        counted = dataclasses.replace(
+            self.state, upload_errors=self.state.upload_errors + 1, last_error_ms=self.clock_ms()
+        )
+        try:
+            localstate.write(self.store, counted)
+        except (StoreError, OSError) as exc:
+            log.warning("%s: the failed upload could not be counted: %s", self.store, exc)
+            return
+        self.state = counted
 
     def upload_segment(self, base: int) -> tuple[Manifest, int]:
         """Upload the sealed segment at ``base`` (see the module docstring), commit it to the
@@ -259,7 +299,7 @@ class Uploader:
         done = self.manifests.commit(update)
         if done.manifest is None or base not in done.manifest.bases():
             raise ManifestError(f"{self.manifests.where}: segment {base:020d} was not committed")
-        self._record(done.manifest.end)
+        self._record(done.manifest, uploaded_at=self.clock_ms())
         log.info(
             "uploaded %s (%d bytes, %d records) to %s",
             path,

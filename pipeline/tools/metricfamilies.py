@@ -128,6 +128,59 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Epochs taken from a writer that had not closed the store (it crashed or was fenced)",
         ("broker",),
     ),
+    "rocketstore_tier_up": (
+        "gauge",
+        "1 when the broker's tier figures (its CommitLog and config/rocketstore-tier.json) could "
+        "be read at this scrape, else 0; only with the tier on",
+        ("broker",),
+    ),
+    "rocketstore_tier_segments": (
+        "gauge",
+        "CommitLog segments in each tier: local (files of the store directory) and bucket (named "
+        "by the tier's manifest, as the uploader last recorded it)",
+        ("broker", "tier"),
+    ),
+    "rocketstore_tier_bytes": (
+        "gauge",
+        "Bytes in each tier: local (the segment files' apparent sizes) and bucket (segment and "
+        "index objects, as the uploader last recorded them)",
+        ("broker", "tier"),
+    ),
+    "rocketstore_tier_pending_segments": (
+        "gauge",
+        "Sealed CommitLog segments not uploaded yet",
+        ("broker",),
+    ),
+    "rocketstore_tier_pending_bytes": (
+        "gauge",
+        "Bytes of the sealed segments not uploaded yet (their files' apparent sizes)",
+        ("broker",),
+    ),
+    "rocketstore_tier_upload_lag_seconds": (
+        "gauge",
+        "Seconds since the oldest sealed segment not uploaded yet was sealed (0: none waits)",
+        ("broker",),
+    ),
+    "rocketstore_tier_uploaded_offset_bytes": (
+        "gauge",
+        "uploadedEnd: the CommitLog offset below which every segment is in the bucket",
+        ("broker",),
+    ),
+    "rocketstore_tier_upload_errors": (
+        "counter",
+        "Upload runs that failed (counted by the uploader in config/rocketstore-tier.json)",
+        ("broker",),
+    ),
+    "rocketstore_tier_last_upload_timestamp_seconds": (
+        "gauge",
+        "When the uploader last committed a segment to the bucket",
+        ("broker",),
+    ),
+    "rocketstore_tier_last_error_timestamp_seconds": (
+        "gauge",
+        "When an upload run last failed",
+        ("broker",),
+    ),
     "rocketmq_consumer_lag_messages": (
         "gauge",
         "Messages a RocketMQ consumer group has still to consume (as rocketstore lag counts)",

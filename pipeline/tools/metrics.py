@@ -17,7 +17,10 @@ is per broker, topic and consumer.
 Each scrape reads the files afresh through :class:`~rocketstore.pipeline.tools.storestats.StoreStats`
 (its caches and their freshness are described there) and computes lag with the functions
 ``rocketstore lag`` uses (:mod:`rocketstore.pipeline.tools.lag`), so PromQL's lag is the command's.
-Reads only: no store is locked or written.
+Reads only: no store is locked or written. With the tier on, each broker's ``rocketstore_tier_*``
+families come from its files and its tier record
+(:func:`rocketstore.pipeline.tier.backlog.recorded_backlog`): no request to the bucket, and
+with the tier off nothing of the tier is imported.
 
 Thread-safety: :meth:`StoreCollector.collect` may be called from several threads; scrapes
 run one at a time (a lock), so two scrapes at once cost one scrape's work twice in a row,
@@ -145,6 +148,8 @@ class StoreCollector(Collector):
             stats[name] = self.stats.broker(name, stats[name].path)
         for s in stats.values():
             self._broker(out, s, per_queue)
+            if cfg.tier_on:
+                self._tier(out, s)
         read = _bounds_reader(stats)
         ages: _Ages = {}
         self._groups(out, read, stats, per_queue, ages, groups)
@@ -193,6 +198,40 @@ class StoreCollector(Collector):
         if w.epoch is not None:
             out.add("rocketstore_writer_epoch", (b,), w.epoch)
         out.add("rocketstore_writer_unclean_takeovers", (b,), w.unclean_takeovers)
+
+    def _tier(self, out: Families, s: BrokerStats) -> None:
+        """The broker's tiers, from its files and its tier record: no request to the bucket
+        (what the bucket holds is what the uploader recorded)."""
+        # Here, not at the top: with the tier off nothing of it is imported.
+        from rocketstore.pipeline.tier.backlog import recorded_backlog
+        from rocketstore.pipeline.tier.localstate import TierState
+
+        b = s.name
+        try:
+            local, record = recorded_backlog(s.path, self.target.config, self.clock_ms())
+        except (StoreError, OSError):
+            out.add("rocketstore_tier_up", (b,), 0)
+            return
+        out.add("rocketstore_tier_up", (b,), 1)
+        # Never uploaded: the bucket holds nothing of it and no upload has failed.
+        rec = record if record is not None else TierState("")
+        for tier, segments, size in (
+            ("local", len(local.local), local.local_bytes),
+            ("bucket", rec.bucket_segments, rec.bucket_bytes),
+        ):
+            out.add("rocketstore_tier_segments", (b, tier), segments)
+            out.add("rocketstore_tier_bytes", (b, tier), size)
+        out.add("rocketstore_tier_pending_segments", (b,), len(local.pending))
+        out.add("rocketstore_tier_pending_bytes", (b,), local.pending_bytes)
+        out.add("rocketstore_tier_upload_lag_seconds", (b,), local.lag_s)
+        out.add("rocketstore_tier_uploaded_offset_bytes", (b,), rec.uploaded_end)
+        out.add("rocketstore_tier_upload_errors", (b,), rec.upload_errors)
+        for name, ms in (
+            ("rocketstore_tier_last_upload_timestamp_seconds", rec.last_upload_ms),
+            ("rocketstore_tier_last_error_timestamp_seconds", rec.last_error_ms),
+        ):
+            if ms > 0:
+                out.add(name, (b,), ms / 1000)
 
     def _lag(
         self,

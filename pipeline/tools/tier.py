@@ -27,8 +27,8 @@ from typing import Any
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import TierError
-from rocketstore.pipeline.files.localsegments import LocalSegments
 from rocketstore.pipeline.tier import localstate
+from rocketstore.pipeline.tier.backlog import backlog
 from rocketstore.pipeline.tier.manifest import (
     index_key,
     manifest_key,
@@ -37,12 +37,7 @@ from rocketstore.pipeline.tier.manifest import (
     tier_prefix,
 )
 from rocketstore.pipeline.tier.objects import ObjectStore
-from rocketstore.pipeline.tier.upload import (
-    Uploader,
-    flushed_offset,
-    sealed_bases,
-    upload_lag_s,
-)
+from rocketstore.pipeline.tier.upload import Uploader
 from rocketstore.pipeline.tools.output import emit, print_table
 
 
@@ -65,10 +60,6 @@ def cmd_tier(args: argparse.Namespace) -> int:
 
 def tier_status(store: Path, config: StoreConfig, now_ms: int) -> dict[str, Any]:
     """The figures ``tier status`` prints (see the module docstring), as one JSON object."""
-    segments = LocalSegments(store / "commitlog", segment_size=config.mapped_file_size_commitlog)
-    size = config.mapped_file_size_commitlog
-    local = segments.listed()
-    sealed = sealed_bases(segments, size, flushed_offset(store))
     objects = ObjectStore(config)
     prefix = tier_prefix(store, config)
     key = manifest_key(prefix)
@@ -82,8 +73,8 @@ def tier_status(store: Path, config: StoreConfig, now_ms: int) -> dict[str, Any]
     }
     listed = objects.list(prefix)
     leftovers = [k for k, _ in listed if k not in named and k != key]
-    tier_end = manifest.end if manifest is not None and manifest.segments else None
-    pending = [b for b in sealed if tier_end is None or b >= tier_end]
+    tier_end = manifest.end if manifest is not None and manifest.segments else 0
+    local = backlog(store, config, tier_end, now_ms)
     return {
         "store": str(store),
         "bucket": objects.bucket,
@@ -91,10 +82,10 @@ def tier_status(store: Path, config: StoreConfig, now_ms: int) -> dict[str, Any]
         "storeId": state.store_id if state is not None else None,
         "uploadedEnd": state.uploaded_end if state is not None else 0,
         "local": {
-            "segments": len(local),
-            "bytes": sum(max(0, segments.size_of(b)) for b in local),
-            "first": local[0] if local else None,
-            "sealed": len(sealed),
+            "segments": len(local.local),
+            "bytes": local.local_bytes,
+            "first": local.local[0] if local.local else None,
+            "sealed": len(local.sealed),
         },
         "tier": {
             "owner": manifest.store_id if manifest is not None else None,
@@ -106,9 +97,9 @@ def tier_status(store: Path, config: StoreConfig, now_ms: int) -> dict[str, Any]
             "leftovers": leftovers,
         },
         "pending": {
-            "segments": len(pending),
-            "bytes": sum(max(0, segments.size_of(b)) for b in pending),
-            "lagSeconds": round(upload_lag_s(store, pending, segments, now_ms), 3),
+            "segments": len(local.pending),
+            "bytes": local.pending_bytes,
+            "lagSeconds": round(local.lag_s, 3),
         },
     }
 
