@@ -10,7 +10,9 @@ the reader."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from rocketstore.pipeline.engine.retentionpolicy import RetentionPolicy
 from rocketstore.pipeline.errors import ConfigError
 from rocketstore.pipeline.tier.upload import Uploader
 from rocketstore.source import options
-from rocketstore.source.planning import Planner
+from rocketstore.source.planning import Limit, Planner
 from rocketstore.source.tierread import read_range
 from tests.kit.sourcekit import read_all
 from tests.test_source_spark import batch_read, flat, stream
@@ -46,7 +48,9 @@ class Broker:
     """``root/broker-0`` with the tier on in ``bucket``: what was written, uploads, and local
     retention as the store runs it."""
 
-    def __init__(self, root: Path, ceph: Any, bucket: str) -> None:
+    def __init__(
+        self, root: Path, ceph: Any, bucket: str, clock_ms: Callable[[], int] | None = None
+    ) -> None:
         self.root = root
         self.path = root / "broker-0"
         self.settings = {
@@ -58,7 +62,7 @@ class Broker:
         }
         self.config = StoreConfig().with_overrides(self.settings)
         self.conf = settings_file(root.parent / "store.toml", self.settings)
-        self.store = MessageStore(self.path, self.config)
+        self.store = MessageStore(self.path, self.config, clock_ms=clock_ms)
         self.rows: list[Row] = []
         self.offsets: dict[Row, int] = {}  # CommitLog offset of each row
         self.stamps: dict[Row, int] = {}
@@ -265,3 +269,71 @@ def test_a_bucket_reader_cannot_start_from_a_group(broker: Broker, ceph: Any, bu
     planner = Planner(options.parse(opts, streaming=True))
     with pytest.raises(ConfigError, match=r"consumerOffset\.json"):
         planner.initial_offsets()
+
+
+def test_a_live_writer_the_uploader_and_retention_beside_a_stream_every_message_once(
+    ceph: Any, bucket: str, tmp_path: Path
+) -> None:
+    """The writer puts and runs retention (every uploaded segment goes at once: its clock is
+    hours ahead), the uploader uploads what is sealed, and a stream started half-way plans and
+    reads from the earliest offset, 150 messages a batch, until it has caught up: every
+    message read once, at its offset, the tiers' seam moving under it."""
+    ahead = 2 * 3_600_000
+    (tmp_path / "root").mkdir()
+    broker = Broker(
+        tmp_path / "root", ceph, bucket, clock_ms=lambda: time.time_ns() // 1_000_000 + ahead
+    )
+    total = 3000
+    done, half = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            while len(broker.rows) < total:
+                broker.write(30)
+                broker.store.clean(force_expired=True)
+                if len(broker.rows) >= total // 2:
+                    half.set()
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            failures.append(exc)
+        finally:
+            done.set()
+
+    def upload() -> None:
+        try:
+            uploader = Uploader(broker.path, broker.config)
+            while not done.is_set():
+                uploader.run_once()
+        except BaseException as exc:
+            failures.append(exc)
+
+    broker.write(30)  # the topic exists before the query starts
+    threads = [threading.Thread(target=write), threading.Thread(target=upload)]
+    for t in threads:
+        t.start()
+    try:
+        # The query starts late, so that its first batches are in the bucket only.
+        half.wait(timeout=300)
+        planner = Planner(options.parse(broker.opts(startingOffsets="earliest"), streaming=True))
+        ctx = _context(planner.options)
+        start = planner.initial_offsets()
+        got: list[Row] = []
+        cold_reads = 0
+        while True:
+            finished = done.is_set()  # before planning: a plan after it sees every message
+            end = planner.next_end(start, Limit(max_rows=150))
+            for rng in planner.ranges(start, end):
+                cold_reads += rng.cold
+                got.extend(row for b in read_range(rng, ctx) for row in rows_of(b.to_pylist()))
+            start = end
+            if finished and sum(end.values()) == total:
+                break
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+        broker.store.close()
+    assert not failures
+    assert len(got) == len(set(got)) == total
+    assert sorted(got) == sorted(broker.rows)
+    assert cold_reads > 0  # the stream did read from the bucket
