@@ -80,7 +80,7 @@ def _context(opts: options.ReadOptions, spark_schema: StructType) -> ReadContext
         )
     return ReadContext(
         schema=to_arrow_schema(spark_schema, timezone="UTC"),
-        root=opts.path,
+        root=opts.catalog or opts.path,
         sub_expression=opts.sub_expression,
         fail_on_data_loss=opts.fail_on_data_loss,
         body_format=fmt,

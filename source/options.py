@@ -75,9 +75,10 @@ from rocketstore.pipeline.engine.root import StoreRoot
 from rocketstore.pipeline.errors import ConfigError, NotAStoreError, StoreError
 from rocketstore.pipeline.files.topicconfig import TopicConfigError, read_topics
 from rocketstore.pipeline.format.bodyformat import check_format
+from rocketstore.pipeline.tier.catalog import BucketCatalog
 from rocketstore.pipeline.wholenumbers import parse_count
 from rocketstore.source.offsets import OffsetSpec, parse_option, parse_timestamps_option
-from rocketstore.source.tiers import BucketRoot, bucket_config, parse_bucket_path
+from rocketstore.source.tiers import BucketRoot, bucket_catalog, bucket_config, parse_bucket_path
 
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
 
@@ -123,6 +124,13 @@ class ReadOptions:
     end_timestamp: int = 2**63 - 1
     config: StoreConfig | None = None
     optional_columns: frozenset[str] = frozenset()  # of OPTIONAL_COLUMNS, by the include* options
+    catalog: str = ""  # the root's topics and schemas: the path, or s3://... for a bucket's
+
+    def topic_catalog(self) -> StoreRoot | BucketCatalog:
+        """Each topic's body format and schemas: the root's, or the bucket's copy."""
+        if self.catalog and parse_bucket_path(self.catalog) is not None:
+            return bucket_catalog(self.catalog, self.store_config)
+        return self.root
 
     @property
     def root(self) -> StoreRoot:
@@ -215,7 +223,7 @@ def parse(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
     ``streaming`` None (the schema, asked before Spark says which kind of read it is) skips
     the checks of options that belong to one kind only."""
     config = _config(options)
-    path, topics = _path_and_topics(options, config)
+    path, topics, catalog = _path_and_topics(options, config)
     _check_kind(options, streaming)
     starting = _starting(options, topics, bool(streaming))
     ending = OffsetSpec("latest")
@@ -245,29 +253,27 @@ def parse(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
         end_timestamp=end_ts,
         config=config,
         optional_columns=_optional_columns(options),
+        catalog=catalog,
     )
 
 
 def _path_and_topics(
     options: Mapping[str, str], config: StoreConfig
-) -> tuple[str, tuple[str, ...]]:
-    """Options path (a readable store root or store directory, or a bucket's tier) and topic
-    (each one the root knows)."""
+) -> tuple[str, tuple[str, ...], str]:
+    """Options path (a readable store root or store directory, or a bucket's tier), topic
+    (each one the root knows), and where the root's topic catalog is (the path, or the
+    bucket's catalog)."""
     path = _get(options, "path")
     if not path:
         raise ConfigError(
             "option path is required: a store root (with broker-N directories), a RocketMQ "
             "store directory, or the tier in a bucket (s3://BUCKET/PREFIX/)"
         )
+    catalog = path
     if parse_bucket_path(path) is not None:
-        fmt = _get(options, "bodyFormat")
-        if fmt is not None and fmt.strip().lower() != "binary":
-            raise ConfigError(
-                f"option bodyFormat={fmt}: a read of the tier alone ({path}) gives bodies as "
-                "binary; the body schemas are in the store root's schemas/, which the bucket "
-                "does not hold"
-            )
-        topics_in_root = BucketRoot(path, config).topics()
+        bucket = BucketRoot(path, config)
+        topics_in_root = bucket.topics()
+        catalog = bucket.catalog_url
     else:
         root = StoreRoot(path)
         try:
@@ -285,7 +291,7 @@ def _path_and_topics(
             f"option topic: {', '.join(map(repr, unknown))} not found in {path}; topics there: "
             f"{', '.join(sorted(topics_in_root)) or '(none)'}"
         )
-    return path, topics
+    return path, topics, catalog
 
 
 def _check_kind(options: Mapping[str, str], streaming: bool | None) -> None:

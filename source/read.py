@@ -63,6 +63,7 @@ from rocketstore.pipeline.layout import (
 from rocketstore.source.errors import DataLossError
 from rocketstore.source.planning import KeyRange, QueueRange
 from rocketstore.source.segfiles import SegmentCache
+from rocketstore.source.tiers import bucket_catalog, parse_bucket_path
 
 log = logging.getLogger("rocketstore.source")
 
@@ -182,7 +183,13 @@ class BatchBuilder:
     def _load_schema(self, fingerprint: str) -> bodyformat.BodySchema:
         got = self._schemas.get(fingerprint)
         if got is None:
-            doc = StoreRoot(self.ctx.root).load_schema(fingerprint)
+            root = self.ctx.root
+            catalog = (
+                bucket_catalog(root, self.ctx.config or StoreConfig())
+                if parse_bucket_path(root) is not None
+                else StoreRoot(root)
+            )
+            doc = catalog.load_schema(fingerprint)
             got = self._schemas[fingerprint] = bodyformat.BodySchema.from_document(doc)
         return got
 

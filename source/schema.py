@@ -75,7 +75,7 @@ def body_format_and_schema(options: ReadOptions) -> tuple[str, BodySchema | None
     Without option bodyFormat, each topic's recorded format is used; topics read together must
     agree on the format and, for avro/json, on the schema's columns.
     """
-    root = options.root
+    root = options.topic_catalog()
     metas = {t: root.topic(t) for t in options.topics}
     formats = {t: (m.body_format if m is not None else "binary") for t, m in metas.items()}
     fmt = options.body_format

@@ -10,7 +10,8 @@ executors' clients.
 * :class:`BucketRoot` is ``path=s3://bucket/prefix/``: a root whose brokers are the folders
   under the prefix (``<objectStorePrefix><brokerName>/``, as the uploader writes them), or one
   broker when the prefix itself holds a ``manifest.json``. Its topics are those the manifests
-  name.
+  name; their body formats and schemas are in the root's catalog beside the brokers
+  (:func:`bucket_catalog`).
 * :func:`tier_segments` gives an executor the :class:`RemoteSegments` of a partition's broker,
   over one client per process and settings (a client costs ~0.4 s to make; Spark reuses its
   Python workers from task to task).
@@ -29,6 +30,8 @@ from urllib.parse import urlsplit
 
 from rocketstore.pipeline.config import TIER_NOT_IN_DISK, StoreConfig
 from rocketstore.pipeline.errors import ConfigError
+from rocketstore.pipeline.files.topicmeta import SCHEMAS_DIR
+from rocketstore.pipeline.tier.catalog import BucketCatalog
 from rocketstore.pipeline.tier.manifest import manifest_key
 from rocketstore.pipeline.tier.objects import ObjectStore
 from rocketstore.pipeline.tier.remote import RemoteQueue, RemoteSegments
@@ -128,12 +131,30 @@ class BucketRoot:
         self.objects = ObjectStore(self.config)
         self.single = self.objects.head(manifest_key(self.prefix)) is not None
 
+    @property
+    def catalog_prefix(self) -> str:
+        """Where the root's topic catalog is (:mod:`rocketstore.pipeline.tier.catalog`): the
+        prefix, or for one broker's prefix the one above it."""
+        if not self.single:
+            return self.prefix
+        parent = self.prefix.rstrip("/").rpartition("/")[0]
+        return f"{parent}/" if parent else ""
+
+    @property
+    def catalog_url(self) -> str:
+        return self.objects.target.url(self.catalog_prefix)
+
     def brokers(self) -> list[tuple[str, str]]:
         """``(brokerName, its prefix)`` of every broker under the prefix, in name order."""
         if self.single:
             name = self.prefix.rstrip("/").rsplit("/", 1)[-1] or self.objects.bucket
             return [(name, self.prefix)]
-        return [(d[len(self.prefix) : -1], d) for d in self.objects.list_dirs(self.prefix)]
+        schemas = f"{self.prefix}{SCHEMAS_DIR}/"  # the catalog's, not a broker's
+        return [
+            (d[len(self.prefix) : -1], d)
+            for d in self.objects.list_dirs(self.prefix)
+            if d != schemas
+        ]
 
     def segments(self, prefix: str) -> RemoteSegments:
         return RemoteSegments(self.objects, prefix, name=self.objects.target.url())
@@ -164,6 +185,15 @@ def objects_for(config: StoreConfig) -> ObjectStore:
         if got is None:
             got = _clients[key] = ObjectStore(config, check=False)
         return got
+
+
+def bucket_catalog(url: str, config: StoreConfig) -> BucketCatalog:
+    """The topic catalog at ``url`` (``s3://bucket/prefix/``), read through this process's
+    client."""
+    parsed = parse_bucket_path(url)
+    assert parsed is not None, url
+    objects = objects_for(config)
+    return BucketCatalog(objects, parsed[1], objects.target.url())
 
 
 def tier_segments(config: StoreConfig, prefix: str) -> RemoteSegments:

@@ -16,13 +16,16 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from rocketstore.pipeline import Message, MessageStore
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.retention import RetentionService
 from rocketstore.pipeline.engine.retentionpolicy import RetentionPolicy
+from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.errors import ConfigError
+from rocketstore.pipeline.format import bodyformat
 from rocketstore.pipeline.tier.upload import Uploader
 from rocketstore.source import options
 from rocketstore.source.planning import Limit, Planner
@@ -62,7 +65,8 @@ class Broker:
         }
         self.config = StoreConfig().with_overrides(self.settings)
         self.conf = settings_file(root.parent / "store.toml", self.settings)
-        self.store = MessageStore(self.path, self.config, clock_ms=clock_ms)
+        clock = {} if clock_ms is None else {"clock_ms": clock_ms}
+        self.store = MessageStore(self.path, self.config, **clock)
         self.rows: list[Row] = []
         self.offsets: dict[Row, int] = {}  # CommitLog offset of each row
         self.stamps: dict[Row, int] = {}
@@ -254,8 +258,6 @@ def test_a_bucket_reader_names_what_is_wrong(ceph: Any, bucket: str, tmp_path: P
         options.parse({**base, "path": f"s3://{bucket}/"}, streaming=False)
     with pytest.raises(ConfigError, match="no bucket"):
         options.parse({**base, "path": "s3:///pre/"}, streaming=False)
-    with pytest.raises(ConfigError, match="bodyFormat=avro: a read of the tier alone"):
-        options.parse({**base, "path": f"s3://{bucket}/", "bodyFormat": "avro"}, streaming=False)
 
 
 def test_a_bucket_reader_cannot_start_from_a_group(broker: Broker, ceph: Any, bucket: str) -> None:
@@ -337,3 +339,73 @@ def test_a_live_writer_the_uploader_and_retention_beside_a_stream_every_message_
     assert len(got) == len(set(got)) == total
     assert sorted(got) == sorted(broker.rows)
     assert cold_reads > 0  # the stream did read from the bucket
+
+
+def test_a_bucket_reader_decodes_avro_bodies_with_the_catalog(
+    ceph: Any, bucket: str, tmp_path: Path
+) -> None:
+    """The uploader copies the root's topics.json and schemas beside the brokers, so a reader
+    with only the bucket knows an avro topic's schemas (two versions here), as a reader of the
+    root does."""
+    root = tmp_path / "root"
+    root.mkdir()
+    broker = Broker(root, ceph, bucket)
+    meta = StoreRoot(root)
+    ids = list(range(1600))
+    v1 = pa.table({"id": pa.array(ids[:1500], pa.int64()), "name": [f"n{i}" for i in ids[:1500]]})
+    v2 = pa.table(
+        {
+            "id": pa.array(ids[1500:], pa.int64()),
+            "name": [f"n{i}" for i in ids[1500:]],
+            "score": pa.array([0.5] * 100, pa.float64()),
+        }
+    )
+    offsets: list[int] = []
+    try:
+        for table in (v1, v2):
+            body_schema = bodyformat.BodySchema.from_arrow(table.schema, "people")
+            meta.register_schema(body_schema.fingerprint, body_schema.document())
+            meta.ensure_topic("people", TopicMeta(1, 1, "avro", (body_schema.fingerprint,)))
+            n = len(table)
+            done = broker.store.put_batch(
+                pa.table(
+                    {
+                        "topic": pa.array(["people"] * n),
+                        "body": bodyformat.encode_bodies(table, body_schema, "avro"),
+                        "properties": pa.array(
+                            [[(bodyformat.SCHEMA_PROPERTY, body_schema.fingerprint)]] * n,
+                            pa.map_(pa.string(), pa.string()),
+                        ),
+                    }
+                )
+            )
+            offsets.extend(done.commit_log_offsets.tolist())
+        broker.store.flush()
+        last = broker.segments()[-1]
+        assert broker.upload()
+    finally:
+        broker.store.close()
+    objects = ceph.objects(bucket, "pre/")
+    assert objects["pre/topics.json"] == (root / "topics.json").read_bytes()
+    assert {k for k in objects if k.startswith("pre/schemas/")} == {
+        f"pre/schemas/{p.name}" for p in (root / "schemas").iterdir()
+    }
+    want = sorted(
+        (i, f"n{i}", 0.5 if i >= 1500 else None)
+        for i, o in zip(ids, offsets, strict=True)
+        if o < last
+    )
+    assert 0 < len(want) < len(ids)
+    creds = settings_file(
+        tmp_path / "s3.toml",
+        {"objectStoreAccessKey": ceph.access_key, "objectStoreSecretKey": ceph.secret_key},
+    )
+    for path in (f"s3://{bucket}/pre/", f"s3://{bucket}/pre/broker-0/"):
+        opts = {
+            "path": path,
+            "topic": "people",
+            "config": str(creds),
+            "objectStoreEndpoint": ceph.endpoint,
+        }
+        got = read_all(opts).to_pylist()
+        assert sorted((r["id"], r["name"], r["score"]) for r in got) == want

@@ -43,44 +43,18 @@ import pyarrow.compute as pc
 
 from rocketstore.pipeline.errors import ConfigError, NotAStoreError
 from rocketstore.pipeline.files import durability
+
+# TopicMeta and the file names are the root's: they live in files/ (the tier's copy of the
+# catalog reads them too, below the engine) and are the root's names to its users.
+from rocketstore.pipeline.files.topicmeta import SCHEMAS_DIR as SCHEMAS_DIR
+from rocketstore.pipeline.files.topicmeta import TOPICS_FILE as TOPICS_FILE
+from rocketstore.pipeline.files.topicmeta import TopicMeta as TopicMeta
+from rocketstore.pipeline.files.topicmeta import parse_topics_file
 from rocketstore.pipeline.format import javahash
 
-TOPICS_FILE = "topics.json"
-SCHEMAS_DIR = "schemas"
 BROKER_PREFIX = "broker-"
 DEFAULT_QUEUES = 4  # RocketMQ's defaultTopicQueueNums
 _BROKER_RE = re.compile(r"^broker-(\d+)$")
-
-
-@dataclasses.dataclass(frozen=True)
-class TopicMeta:
-    """What is fixed when a topic is first written to a root."""
-
-    brokers: int
-    queues: int
-    body_format: str = "binary"
-    schemas: tuple[str, ...] = ()
-
-    @property
-    def total_queues(self) -> int:
-        return self.brokers * self.queues
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "brokers": self.brokers,
-            "queues": self.queues,
-            "bodyFormat": self.body_format,
-            "schemas": list(self.schemas),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TopicMeta:
-        return cls(
-            brokers=int(data["brokers"]),
-            queues=int(data["queues"]),
-            body_format=str(data.get("bodyFormat", "binary")),
-            schemas=tuple(data.get("schemas", ())),
-        )
 
 
 def broker_name(index: int) -> str:
@@ -154,11 +128,7 @@ class StoreRoot:
             raw = (self.path / TOPICS_FILE).read_text()
         except FileNotFoundError:
             return {}
-        try:
-            data = json.loads(raw)
-            return {t: TopicMeta.from_json(v) for t, v in data["topics"].items()}
-        except (ValueError, KeyError, TypeError) as exc:
-            raise NotAStoreError(f"{self.path / TOPICS_FILE}: unreadable ({exc})") from None
+        return parse_topics_file(raw, str(self.path / TOPICS_FILE))
 
     def topic(self, name: str) -> TopicMeta | None:
         return self.topics().get(name)

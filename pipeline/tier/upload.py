@@ -62,6 +62,7 @@ from rocketstore.pipeline.files.localsegments import LocalSegments
 from rocketstore.pipeline.files.progress import FlushProgress
 from rocketstore.pipeline.format.segmentindex import NeedMore, SegmentIndex, build_segment_index
 from rocketstore.pipeline.tier import localstate
+from rocketstore.pipeline.tier.catalog import publish_catalog
 from rocketstore.pipeline.tier.localstate import TierState
 from rocketstore.pipeline.tier.manifest import (
     IndexObject,
@@ -202,6 +203,8 @@ class Uploader:
 
     def _run_once(self, stop: threading.Event | None) -> UploadReport:
         self.objects.abort_uploads(self.prefix + "commitlog/")
+        # Before any segment: a segment never names a body schema the bucket lacks.
+        publish_catalog(self.objects, self.store, self.config.object_store_prefix)
         manifest = self.manifest()
         self._catch_up(manifest)
         todo = self.pending(manifest)
