@@ -223,8 +223,10 @@ class ObjectStore:
         except ObjectNotFoundError:
             return None
 
-    def list(self, prefix: str) -> list[tuple[str, int]]:
-        """(key, size) of every object whose key starts with ``prefix``, in key order."""
+    def list(self, prefix: str, *, until: str | None = None) -> list[tuple[str, int]]:
+        """(key, size) of every object whose key starts with ``prefix``, in key order;
+        with ``until``, only the keys before it (the listing stops there: S3 lists in key
+        order, so the keys of old segments cost no page of the newer ones)."""
 
         def call() -> list[tuple[str, int]]:
             out: list[tuple[str, int]] = []
@@ -232,7 +234,10 @@ class ObjectStore:
                 Bucket=self.bucket, Prefix=prefix
             )
             for page in pages:
-                out.extend((o["Key"], int(o["Size"])) for o in page.get("Contents", ()))
+                for o in page.get("Contents", ()):
+                    if until is not None and o["Key"] >= until:
+                        return out
+                    out.append((o["Key"], int(o["Size"])))
             return out
 
         return self._call(prefix, call)

@@ -22,6 +22,9 @@ every byte of it is on disk, so it never changes again. The last segment never i
 
 Segments go strictly in order, from the manifest's end: the tier is always one contiguous run.
 
+**The tier's retention** follows the uploads in every run (:mod:`.retention`): segments older
+than ``tieredStoreFileReservedTime`` hours leave the manifest, then the bucket.
+
 Owns: nothing of the store (it reads it read-only, through
 :class:`~rocketstore.pipeline.files.localsegments.LocalSegments`, and never takes the writer's
 lock); the tier's objects under its prefix; the local tier record. Thread-safety: an
@@ -67,6 +70,7 @@ from rocketstore.pipeline.tier.manifest import (
     tier_prefix,
 )
 from rocketstore.pipeline.tier.objects import ObjectStore
+from rocketstore.pipeline.tier.retention import TierRetention
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +124,8 @@ class UploadReport:
     bytes: int
     uploaded_end: int
     pending: list[int]  # sealed segments still not in the bucket (after an error, or none)
+    removed: list[int] = dataclasses.field(default_factory=list)  # by the tier's retention
+    deleted_below: int = 0  # the manifest's deleted.below after the run
 
 
 class Uploader:
@@ -157,6 +163,9 @@ class Uploader:
         self.state = state
         self.manifests = ManifestStore(self.objects, self.prefix, state.store_id)
         self.segments = LocalSegments(self.store / "commitlog", segment_size=self.size)
+        self.retention = TierRetention(
+            self.objects, self.manifests, config.tiered_store_file_reserved_time, clock_ms
+        )
 
     # -- what there is ----------------------------------------------------------------------
     def manifest(self) -> Manifest | None:
@@ -167,9 +176,9 @@ class Uploader:
         """The sealed local segments the bucket does not hold yet, in upload order."""
         self.segments.relist()
         sealed = sealed_bases(self.segments, self.size, flushed_offset(self.store))
-        start = manifest.end if manifest is not None and manifest.segments else None
-        if start is None:
+        if manifest is None or not manifest.holds_any():
             return sealed
+        start = manifest.end
         todo = [b for b in sealed if b >= start]
         if todo and todo[0] != start:
             raise TierError(
@@ -183,9 +192,10 @@ class Uploader:
 
     # -- uploading --------------------------------------------------------------------------
     def run_once(self, stop: threading.Event | None = None) -> UploadReport:
-        """Upload every sealed segment not in the bucket yet, in order; stops early when
-        ``stop`` is set (between segments). Raises the first error (nothing after the failed
-        segment is uploaded; what was confirmed before it stays)."""
+        """Upload every sealed segment not in the bucket yet, in order, then apply the tier's
+        retention; stops early when ``stop`` is set (between segments). Raises the first
+        error (nothing after the failed segment is uploaded; what was confirmed before it
+        stays)."""
         self.objects.abort_uploads(self.prefix + "commitlog/")
         manifest = self.manifest()
         self._catch_up(manifest)
@@ -198,11 +208,19 @@ class Uploader:
             manifest, length = self.upload_segment(base)
             done.append(base)
             sent += length
-        return UploadReport(done, sent, self.state.uploaded_end, todo[len(done) :])
+        kept = self.retention.apply()
+        return UploadReport(
+            done,
+            sent,
+            self.state.uploaded_end,
+            todo[len(done) :],
+            kept.removed,
+            kept.deleted_below,
+        )
 
     def _catch_up(self, manifest: Manifest | None) -> None:
         """The local record follows the manifest (a run killed between the two)."""
-        if manifest is not None and manifest.segments and manifest.end > self.state.uploaded_end:
+        if manifest is not None and manifest.end > self.state.uploaded_end:
             self._record(manifest.end)
 
     def _record(self, end: int) -> None:
@@ -252,7 +270,7 @@ class Uploader:
                     f"{self.manifests.where}: segmentSize {m.segment_size}, this store's "
                     f"mappedFileSizeCommitLog is {self.size}"
                 )
-            if m.segments and m.end > base:
+            if m.holds_any() and m.end > base:
                 return None  # another uploader of this store named it first
             return m.extended(entry, merged_queues(m.queues, queue_ends(summary)))
 
