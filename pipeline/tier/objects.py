@@ -24,9 +24,10 @@ Conventions, so that callers need know nothing of boto3:
 boto3 is imported when an :class:`ObjectStore` is made (only with the tier on), so a store
 without the tier needs no boto3 (the ``tier`` extra).
 
-Owns: one boto3 client. Thread-safety: safe; boto3's clients are, and nothing else here is
-shared. Crash behaviour: a PUT is atomic on the server (the object is the old one or the new
-one); a multipart upload that dies leaves no object, only parts the bucket's lifecycle or
+Owns: one boto3 client. Thread-safety: safe; boto3's clients are, and the one other thing
+shared, the budget of part bodies in memory (:data:`PARTS_IN_MEMORY`), is a semaphore. Crash
+behaviour: a PUT is atomic on the server (the object is the old one or the new one); a
+multipart upload that dies leaves no object, only parts the bucket's lifecycle or
 :meth:`ObjectStore.abort_uploads` removes. Requires: a bucket that exists.
 """
 
@@ -36,6 +37,7 @@ import base64
 import contextlib
 import hashlib
 import os
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +59,9 @@ from rocketstore.pipeline.extras import check_dependencies
 PART_SIZE = 16 * 1024 * 1024
 # Parts sent at once by one put_file.
 PART_THREADS = 4
+# Part bodies in memory at once for all the put_files of one ObjectStore together (several
+# segments uploaded at once share them): 8 x 16 MiB, whatever tieredStoreUploadThreads says.
+PARTS_IN_MEMORY = 8
 # DeleteObjects takes at most this many keys a request.
 _DELETE_BATCH = 1000
 # What a server that does not answer costs before an error: each attempt waits this long to
@@ -128,9 +133,12 @@ class ObjectStore:
                 connect_timeout=CONNECT_TIMEOUT_S,
                 read_timeout=READ_TIMEOUT_S,
                 retries={"mode": "standard", "max_attempts": MAX_ATTEMPTS},
-                max_pool_connections=2 * PART_THREADS + 2,
+                # Every part in flight and each segment upload's own requests (HEADs, the
+                # index) have a connection: none is opened and dropped for want of one.
+                max_pool_connections=PARTS_IN_MEMORY + config.tiered_store_upload_threads + 2,
             ),
         )
+        self._parts = threading.BoundedSemaphore(PARTS_IN_MEMORY)
         self.target = Target(
             config.object_store_bucket, self.client.meta.endpoint_url, session.region_name
         )
@@ -262,7 +270,11 @@ class ObjectStore:
 
         def call() -> str:
             r = self.client.put_object(
-                Bucket=self.bucket, Key=key, Body=body, ContentMD5=content_md5(body), **extra
+                Bucket=self.bucket,
+                Key=key,
+                Body=body,
+                ContentMD5=content_md5(body),
+                **extra,
             )
             return _unquote(r["ETag"])
 
@@ -292,11 +304,13 @@ class ObjectStore:
                     key,
                 )
             if length < PART_SIZE:
-                body = _pread_exact(fd, 0, length, path)
-                if sha256 is not None:
-                    sha256.update(body)
-                expected = hashlib.md5(body).hexdigest()
-                etag = self.put(key, body)
+                with self._parts:
+                    body = _pread_exact(fd, 0, length, path)
+                    if sha256 is not None:
+                        sha256.update(body)
+                    expected = hashlib.md5(body).hexdigest()
+                    etag = self.put(key, body)
+                    del body
             else:
                 etag, expected = self._multipart(key, fd, path, length, sha256)
         finally:
@@ -333,7 +347,10 @@ class ObjectStore:
                 )
                 return _unquote(r["ETag"])
 
-            return self._call(key, call)
+            try:
+                return self._call(key, call)
+            finally:
+                self._parts.release()  # taken when the body was read
 
         try:
             md5s: list[bytes] = []
@@ -341,12 +358,19 @@ class ObjectStore:
                 futures = []
                 for number, start in enumerate(starts, 1):
                     # Read in order (the SHA-256 is of the whole) and bound what is in flight:
-                    # at most PART_THREADS parts beyond those sent.
-                    body = _pread_exact(fd, start, min(PART_SIZE, length - start), path)
-                    if sha256 is not None:
-                        sha256.update(body)
-                    md5s.append(hashlib.md5(body).digest())
-                    futures.append(pool.submit(send, number, body))
+                    # at most PART_THREADS parts beyond those sent, and PARTS_IN_MEMORY
+                    # bodies for every upload of this client together (released by send).
+                    self._parts.acquire()
+                    try:
+                        body = _pread_exact(fd, start, min(PART_SIZE, length - start), path)
+                        if sha256 is not None:
+                            sha256.update(body)
+                        md5s.append(hashlib.md5(body).digest())
+                        futures.append(pool.submit(send, number, body))
+                    except BaseException:
+                        self._parts.release()
+                        raise
+                    del body
                     if len(futures) > PART_THREADS:
                         futures[-PART_THREADS - 1].result()
                 etags = [f.result() for f in futures]

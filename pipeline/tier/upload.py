@@ -20,7 +20,12 @@ every byte of it is on disk, so it never changes again. The last segment never i
 5. ``config/rocketstore-tier.json`` gets the new ``uploadedEnd`` (:mod:`.localstate`), and
    only from then on may local retention delete the segment.
 
-Segments go strictly in order, from the manifest's end: the tier is always one contiguous run.
+**Several at once** (:meth:`Uploader.run_once`): up to ``tieredStoreUploadThreads`` segments
+go through steps 1-3 at the same time, each streaming its file (the parts in memory are
+bounded for all of them together: :class:`ObjectStore`); steps 4-5 stay strictly in order, from
+the manifest's end: a segment is named only once every segment below it is, so the tier is
+always one contiguous run. A segment that fails stops the run there: the ones above it that
+were sent are objects no manifest names (rewritten by the next run), never a gap.
 
 **The tier's retention** follows the uploads in every run (:mod:`.retention`): segments older
 than ``tieredStoreFileReservedTime`` hours leave the manifest, then the bucket.
@@ -28,8 +33,8 @@ than ``tieredStoreFileReservedTime`` hours leave the manifest, then the bucket.
 Owns: nothing of the store (it reads it read-only, through
 :class:`~rocketstore.pipeline.files.localsegments.LocalSegments`, and never takes the writer's
 lock); the tier's objects under its prefix; the local tier record. Thread-safety: an
-:class:`Uploader` is used by one thread (its :class:`ObjectStore` sends a segment's parts from
-a few). Two uploaders of one store (or two stores on one prefix) are kept apart by the
+:class:`Uploader` is used by one thread, which commits; its pool's threads only send objects
+(and its :class:`ObjectStore` sends a segment's parts from a few more). Two uploaders of one store (or two stores on one prefix) are kept apart by the
 manifest's conditional writes. Crash behaviour: killed at any point, what the manifest names
 is whole and confirmed (it names a segment only after both its objects are); an object it does
 not name is written again by the next run, and multipart uploads left open are aborted at the
@@ -44,7 +49,9 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from rocketstore.pipeline.config import StoreConfig
@@ -128,6 +135,16 @@ class UploadReport:
     deleted_below: int = 0  # the manifest's deleted.below after the run
 
 
+@dataclasses.dataclass(frozen=True)
+class Sent:
+    """A segment whose objects are in the bucket, confirmed, and not named yet: what the
+    manifest will say of it."""
+
+    path: Path
+    entry: TierSegment
+    queues: dict[str, dict[str, int]]
+
+
 class Uploader:
     """Uploads the sealed segments of the store at ``store`` (see the module docstring).
     Made with the tier's settings; opens the bucket (a :class:`TierConfigError` now for wrong
@@ -163,6 +180,7 @@ class Uploader:
         self.state = state
         self.manifests = ManifestStore(self.objects, self.prefix, state.store_id)
         self.segments = LocalSegments(self.store / "commitlog", segment_size=self.size)
+        self.threads = config.tiered_store_upload_threads
         self.retention = TierRetention(
             self.objects, self.manifests, config.tiered_store_file_reserved_time, clock_ms
         )
@@ -192,22 +210,15 @@ class Uploader:
 
     # -- uploading --------------------------------------------------------------------------
     def run_once(self, stop: threading.Event | None = None) -> UploadReport:
-        """Upload every sealed segment not in the bucket yet, in order, then apply the tier's
-        retention; stops early when ``stop`` is set (between segments). Raises the first
-        error (nothing after the failed segment is uploaded; what was confirmed before it
-        stays)."""
+        """Upload every sealed segment not in the bucket yet (several at once, named in
+        order), then apply the tier's retention; stops early when ``stop`` is set (no
+        segment is started after it). Raises the first error (no segment above the failed
+        one is named; what was named before it stays)."""
         self.objects.abort_uploads(self.prefix + "commitlog/")
         manifest = self.manifest()
         self._catch_up(manifest)
         todo = self.pending(manifest)
-        done: list[int] = []
-        sent = 0
-        for base in todo:
-            if stop is not None and stop.is_set():
-                break
-            manifest, length = self.upload_segment(base)
-            done.append(base)
-            sent += length
+        done, sent = self._upload_in_order(todo, stop)
         kept = self.retention.apply()
         return UploadReport(
             done,
@@ -217,6 +228,36 @@ class Uploader:
             kept.removed,
             kept.deleted_below,
         )
+
+    def _upload_in_order(
+        self, todo: list[int], stop: threading.Event | None
+    ) -> tuple[list[int], int]:
+        """Send up to :attr:`threads` of ``todo`` at once and name each as soon as it and all
+        below it are sent; returns the bases named and their bytes. On an error the segments
+        not started are dropped, those being sent finish (as leftovers), and it is raised."""
+        done: list[int] = []
+        sent = 0
+        queue = iter(todo)
+        running: deque[Future[Sent]] = deque()
+        with ThreadPoolExecutor(self.threads, thread_name_prefix="tier-upload") as pool:
+            try:
+                while True:
+                    while len(running) < self.threads and not (stop and stop.is_set()):
+                        base = next(queue, None)
+                        if base is None:
+                            break
+                        running.append(pool.submit(self.send_segment, base))
+                    if not running:
+                        break
+                    # The oldest first: a segment is named only after every one below it.
+                    got = running.popleft().result()
+                    self._commit(got)
+                    done.append(got.entry.base)
+                    sent += got.entry.length
+            finally:
+                for future in running:
+                    future.cancel()
+        return done, sent
 
     def _catch_up(self, manifest: Manifest | None) -> None:
         """The local record follows the manifest (a run killed between the two)."""
@@ -230,8 +271,15 @@ class Uploader:
     def upload_segment(self, base: int) -> tuple[Manifest, int]:
         """Upload the sealed segment at ``base`` (see the module docstring), commit it to the
         manifest and record the new end locally; returns the manifest and the bytes sent."""
+        got = self.send_segment(base)
+        return self._commit(got), got.entry.length
+
+    def send_segment(self, base: int) -> Sent:
+        """Steps 1-3 of the module docstring for the sealed segment at ``base``: its objects
+        in the bucket, confirmed; what the manifest will say of it. Names nothing."""
         path = Path(self.segments.where(base))
-        seg = self.segments.open(base, whole=True)
+        # A listing of its own: LocalSegments is not shared between threads.
+        seg = LocalSegments(path.parent, segment_size=self.size).open(base, whole=True)
         try:
             index = self._index(seg.buffer, base)
         finally:
@@ -261,6 +309,13 @@ class Uploader:
             index=IndexObject(len(index), hashlib.sha256(index).hexdigest()),
             uploaded_at=self.clock_ms(),
         )
+        return Sent(path, entry, queue_ends(summary))
+
+    def _commit(self, sent: Sent) -> Manifest:
+        """Steps 4-5: the manifest names the sent segment (the next after its end), then the
+        local record gets the new end."""
+        entry = sent.entry
+        base = entry.base
 
         def update(m: Manifest | None) -> Manifest | None:
             if m is None:
@@ -272,20 +327,20 @@ class Uploader:
                 )
             if m.holds_any() and m.end > base:
                 return None  # another uploader of this store named it first
-            return m.extended(entry, merged_queues(m.queues, queue_ends(summary)))
+            return m.extended(entry, merged_queues(m.queues, sent.queues))
 
         done = self.manifests.commit(update)
-        if done.manifest is None or base not in done.manifest.bases():
+        if done.manifest is None or done.manifest.end <= base:
             raise ManifestError(f"{self.manifests.where}: segment {base:020d} was not committed")
         self._record(done.manifest.end)
         log.info(
             "uploaded %s (%d bytes, %d records) to %s",
-            path,
-            summary.data_end,
-            summary.records,
-            self.objects.target.url(key),
+            sent.path,
+            entry.length,
+            entry.records,
+            self.objects.target.url(segment_key(self.prefix, base)),
         )
-        return done.manifest, summary.data_end
+        return done.manifest
 
     def _index(self, buffer: memoryview, base: int) -> bytes:
         build = self._build_index
