@@ -290,12 +290,13 @@ class Uploader:
         etag, _ = self.objects.put_file_hashed(key, path, summary.data_end, sha256=sha)
         self._confirm(key, summary.data_end, etag)
         ikey = index_key(self.prefix, base)
-        ietag = self.objects.put(ikey, index)
-        self._confirm(ikey, len(index), hashlib.md5(index).hexdigest())
-        if ietag != hashlib.md5(index).hexdigest():
+        imd5 = hashlib.md5(index).digest()
+        ietag = self.objects.put(ikey, index, md5=imd5)
+        self._confirm(ikey, len(index), imd5.hex())
+        if ietag != imd5.hex():
             raise ObjectMismatchError(
                 f"{self.objects.target.url(ikey)}: stored with ETag {ietag}, the index sent "
-                f"has {hashlib.md5(index).hexdigest()}",
+                f"has {imd5.hex()}",
                 self.objects.bucket,
                 ikey,
             )
