@@ -9,8 +9,8 @@ rewritten by the next), and the tier's ``deleted.below``. Changes nothing, here 
 bucket.
 
 ``upload`` uploads what is sealed (:class:`rocketstore.pipeline.tier.upload.Uploader`), once,
-or with ``--follow`` continuously until SIGTERM or Ctrl-C (each ends it between two segments,
-or at once while it waits). An object store that does not answer is waited out under
+or with ``--follow`` continuously until SIGTERM or Ctrl-C (each ends it once the segments
+being sent are named, starting no other, or at once while it waits). An object store that does not answer is waited out under
 ``--follow`` (each failure one line on stderr) and is an error without it. Each run (each
 round of ``--follow``) applies the tier's retention after its uploads.
 
