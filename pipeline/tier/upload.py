@@ -5,7 +5,7 @@ published flushed point (``config/rocketstore.json``,
 :mod:`rocketstore.pipeline.files.progress`) has reached its end: the writer moved past it and
 every byte of it is on disk, so it never changes again. The last segment never is.
 
-**One segment, in this order** (:meth:`Uploader.upload_segment`):
+**One segment, in this order** (:meth:`Uploader.send_segment`, then the commit):
 
 1. its segment index is built from its records
    (:func:`~rocketstore.pipeline.format.segmentindex.build_segment_index`, the layout of
@@ -34,8 +34,8 @@ Owns: nothing of the store (it reads it read-only, through
 :class:`~rocketstore.pipeline.files.localsegments.LocalSegments`, and never takes the writer's
 lock); the tier's objects under its prefix; the local tier record. Thread-safety: an
 :class:`Uploader` is used by one thread, which commits; its pool's threads only send objects
-(and its :class:`ObjectStore` sends a segment's parts from a few more). Two uploaders of one store (or two stores on one prefix) are kept apart by the
-manifest's conditional writes. Crash behaviour: killed at any point, what the manifest names
+(and its :class:`ObjectStore` sends a segment's parts from a few more). Two uploaders of one
+store (or two stores on one prefix) are kept apart by the manifest's conditional writes. Crash behaviour: killed at any point, what the manifest names
 is whole and confirmed (it names a segment only after both its objects are); an object it does
 not name is written again by the next run, and multipart uploads left open are aborted at the
 start of a run. Requires: the tier's settings (``tieredStorageLevel`` on, a bucket).
@@ -267,12 +267,6 @@ class Uploader:
     def _record(self, end: int) -> None:
         self.state = dataclasses.replace(self.state, uploaded_end=end)
         localstate.write(self.store, self.state)
-
-    def upload_segment(self, base: int) -> tuple[Manifest, int]:
-        """Upload the sealed segment at ``base`` (see the module docstring), commit it to the
-        manifest and record the new end locally; returns the manifest and the bytes sent."""
-        got = self.send_segment(base)
-        return self._commit(got), got.entry.length
 
     def send_segment(self, base: int) -> Sent:
         """Steps 1-3 of the module docstring for the sealed segment at ``base``: its objects
