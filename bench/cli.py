@@ -27,6 +27,7 @@ from bench import (
     spark_source,
     startup,
     store,
+    tierupload,
 )
 from bench.common import Options, PartResult
 
@@ -50,11 +51,13 @@ PARTS: dict[str, Callable[[Options], PartResult]] = {
     "scale": scale.run,
     "brokers": brokers.run,
     "s3clients": s3clients.run,
+    "tierupload": tierupload.run,
 }
 # Parts that run only when named: the soak takes half an hour; the console and the metrics
 # write a root of ten million messages (about 3 GB); the scale part builds stores of up to
-# 40,000 queues (about 20 minutes); the S3 clients part starts a Ceph (root, ../shared).
-ON_REQUEST = ("soak", "console", "metrics", "scale", "s3clients")
+# 40,000 queues (about 20 minutes); the S3 clients and tier upload parts start a Ceph (root,
+# ../shared).
+ON_REQUEST = ("soak", "console", "metrics", "scale", "s3clients", "tierupload")
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[list[str], Options, bool]:

@@ -18,7 +18,7 @@ Commands (``rocketstore COMMAND --help`` for each)::
     console ROOT [--checkpoint DIR ...]         a read-only web console on 127.0.0.1
     exporter ROOT [--checkpoint [NAME=]DIR ...] Prometheus metrics on 127.0.0.1:9560
     config                                      the effective store settings
-    tier status|upload STORE [--follow]         tiered storage: what is where; upload it
+    tier status|upload|clean STORE [--follow]   tiered storage: what is where; upload; retention
 
 Contract:
 
@@ -509,21 +509,26 @@ def _serving_commands(c: _Commands) -> None:
 
 
 def _tier_command(c: _Commands) -> None:
-    """``tier status|upload STORE``: tiered storage (docs/tiering.md)."""
+    """``tier status|upload|clean STORE``: tiered storage (docs/tiering.md)."""
     p = c.add(
         "tier",
         run.tier,
-        "Tiered storage: what of a store is local, in the bucket and pending; upload it",
+        "Tiered storage: what of a store is local, in the bucket and pending; upload it; "
+        "apply the bucket's retention",
         "status: the local segments, the bucket's (from its manifest), what is sealed and not "
         "uploaded yet (segments, bytes, the upload lag in seconds) and leftovers of uploads "
         "that died; reads only. upload: upload the sealed segments not in the bucket yet, "
         "each confirmed, then named in the manifest (once; --follow: continuously until "
-        "SIGTERM or Ctrl-C). Needs tieredStorageLevel = NOT_IN_DISK and objectStoreBucket; "
+        "SIGTERM or Ctrl-C), then apply the bucket's retention. clean: apply the bucket's "
+        "retention now: remove the oldest segments whose newest record is older than "
+        "tieredStoreFileReservedTime hours (0: none ever), from the manifest first, then "
+        "their objects, and objects a clean that died left (--dry-run: show them, change "
+        "nothing). Needs tieredStorageLevel = NOT_IN_DISK and objectStoreBucket; "
         "credentials from the settings or the AWS chain (AWS_ACCESS_KEY_ID, AWS_PROFILE). "
         "Needs the 'tier' extra: pip install 'rocketstore[tier]'.",
         [c.conf, c.as_json],
     )
-    p.add_argument("action", choices=("status", "upload"), help="what to do")
+    p.add_argument("action", choices=("status", "upload", "clean"), help="what to do")
     p.add_argument("store", metavar="STORE", help="the broker store directory")
     p.add_argument(
         "--follow",
@@ -536,6 +541,11 @@ def _tier_command(c: _Commands) -> None:
         default=1.0,
         metavar="S",
         help="upload --follow: seconds between looks for sealed segments (default 1)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="clean: show what would be removed from the bucket, change nothing",
     )
 
 

@@ -79,12 +79,16 @@ _FIELDS: dict[str, tuple[str, type]] = {
     "brokerName": ("broker_name", str),
     "tieredStoreGroupCommitTimeout": ("tiered_store_group_commit_timeout", int),
     "tieredStoreFileReservedTime": ("tiered_store_file_reserved_time", int),
+    "tieredStoreUploadThreads": ("tiered_store_upload_threads", int),
 }
 
 # tieredStorageLevel: the tier off, or sealed segments uploaded and read from the bucket.
 TIER_DISABLE = "DISABLE"
 TIER_NOT_IN_DISK = "NOT_IN_DISK"
 TIER_LEVELS = (TIER_DISABLE, TIER_NOT_IN_DISK)
+# Each segment upload holds its segment index in memory (up to a fifth of a segment of small
+# messages): more at once than this buys no bandwidth and costs that memory.
+MAX_UPLOAD_THREADS = 16
 # Settings whose value a tool must never print (rocketstore config shows them masked).
 SECRET_SETTINGS = frozenset({"objectStoreSecretKey"})
 
@@ -132,6 +136,8 @@ class StoreConfig:
     broker_name: str | None = None
     tiered_store_group_commit_timeout: int = 60_000
     tiered_store_file_reserved_time: int = 72
+    # Not a RocketMQ setting: sealed segments the uploader sends at once (docs/tiering.md).
+    tiered_store_upload_threads: int = 4
     ignored_keys: tuple[str, ...] = dataclasses.field(default=(), compare=False)
     # Where the settings came from (a file, or BUILT_IN), for messages; not a setting.
     origin: str = dataclasses.field(default=BUILT_IN, compare=False)
@@ -229,6 +235,11 @@ class StoreConfig:
             self.tiered_store_file_reserved_time >= 0,
             "tieredStoreFileReservedTime",
             "must be >= 0 hours (0: the bucket keeps segments for ever)",
+        )
+        need(
+            1 <= self.tiered_store_upload_threads <= MAX_UPLOAD_THREADS,
+            "tieredStoreUploadThreads",
+            f"must be from 1 to {MAX_UPLOAD_THREADS} (segments uploaded at once)",
         )
         if self.broker_name is not None:
             need(

@@ -16,6 +16,7 @@ def test_defaults_leave_the_tier_off() -> None:
     assert not c.tier_on
     assert c.tiered_store_group_commit_timeout == 60000
     assert c.tiered_store_file_reserved_time == 72
+    assert c.tiered_store_upload_threads == 4
     assert c.object_store_prefix == ""
     assert c.object_store_bucket is None and c.broker_name is None
 
@@ -45,6 +46,8 @@ def test_toml_and_properties_set_the_tier(tmp_path: Path) -> None:
         ({"tieredStorageLevel": "NOT_IN_DISK"}, "objectStoreBucket", "required"),
         ({"tieredStoreGroupCommitTimeout": 0}, "tieredStoreGroupCommitTimeout", ">= 1 ms"),
         ({"tieredStoreFileReservedTime": -1}, "tieredStoreFileReservedTime", ">= 0"),
+        ({"tieredStoreUploadThreads": 0}, "tieredStoreUploadThreads", "from 1 to 16"),
+        ({"tieredStoreUploadThreads": 17}, "tieredStoreUploadThreads", "from 1 to 16"),
         ({"brokerName": "a/b"}, "brokerName", "without '/'"),
         ({"brokerName": ""}, "brokerName", "non-empty"),
         ({"objectStorePrefix": "/abs"}, "objectStorePrefix", "must not start"),

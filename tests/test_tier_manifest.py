@@ -226,3 +226,42 @@ def test_two_writers_race_and_exactly_one_wins_each_round(ceph: Any, bucket: str
     assert final is not None
     assert final[0].bases() == [r * SIZE for r in range(rounds)]
     assert final[0].generation == rounds
+
+
+def test_trimmed_drops_the_front_and_the_next_segment_follows_the_old_end() -> None:
+    m = manifest(4, first=2 * SIZE)  # segments at 2, 3, 4, 5 x SIZE
+    t = m.trimmed(4 * SIZE)
+    assert t.bases() == [4 * SIZE, 5 * SIZE] and t.deleted_below == 4 * SIZE
+    assert (t.start, t.end) == (4 * SIZE, m.end) and t.queues == m.queues
+    assert decode(encode(t), WHERE) == t
+    empty = m.trimmed(m.end)
+    assert empty.segments == () and empty.deleted_below == m.end == empty.end
+    assert empty.holds_any() and not manifest(0).holds_any()
+    # With every segment removed, the tier still ends where it did: the next must start there.
+    assert empty.extended(seg(m.end), m.queues).bases() == [m.end]
+    with pytest.raises(ManifestError, match="does not follow"):
+        empty.extended(seg(m.end + SIZE), m.queues)
+    for bad in (m.end + SIZE, 4 * SIZE + 1):
+        with pytest.raises(ManifestError, match="not a segment boundary"):
+            m.trimmed(bad)
+
+
+def test_expired_is_the_leading_run_older_than_the_reserved_hours() -> None:
+    from rocketstore.pipeline.tier.retention import HOUR_MS, expired, key_base
+
+    stamps = [100, 300, 200, 900]  # newest record of each segment, ms
+    m = dataclasses.replace(
+        manifest(4),
+        segments=tuple(
+            dataclasses.replace(seg(k * SIZE), min_store_timestamp=0, max_store_timestamp=t)
+            for k, t in enumerate(stamps)
+        ),
+    )
+    now = HOUR_MS + 301
+    assert [s.base for s in expired(m, 1, now)] == [0, SIZE, 2 * SIZE]  # 900 is not
+    assert [s.base for s in expired(m, 1, HOUR_MS + 250)] == [0]  # 300 stops the run
+    assert expired(m, 1, HOUR_MS + 100) == []  # exactly the reserved time: kept
+    assert expired(m, 0, 10**15) == []  # 0 hours: for ever
+    assert key_base("b/commitlog/00000000000000004096", "b/commitlog/") == 4096
+    assert key_base("b/commitlog/99", "b/commitlog/") is None
+    assert key_base("b/index/00000000000000004096", "b/commitlog/") is None

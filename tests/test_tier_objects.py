@@ -15,9 +15,10 @@ from rocketstore.pipeline.errors import (
     ObjectNotFoundError,
     PreconditionFailedError,
     TierConfigError,
+    TierError,
     TierUnavailableError,
 )
-from rocketstore.pipeline.tier.objects import PART_SIZE, ObjectStore
+from rocketstore.pipeline.tier.objects import PART_SIZE, ObjectStore, content_md5
 
 
 def store_of(ceph: Any, bucket: str, *, check: bool = True, **more: Any) -> ObjectStore:
@@ -116,3 +117,37 @@ def test_an_endpoint_that_does_not_answer(bucket: str, ceph: Any) -> None:
     later = store_of(ceph, bucket, objectStoreEndpoint="http://127.0.0.1:9", check=False)
     with pytest.raises(TierUnavailableError, match="does not answer"):
         later.put("k", b"x")
+
+
+@pytest.mark.parametrize("operation", ["PutObject", "UploadPart"])
+def test_a_body_changed_on_the_way_is_refused(
+    ceph: Any, bucket: str, tmp_path: Path, operation: str
+) -> None:
+    """Bodies go without a SHA-256 in the signature (UNSIGNED-PAYLOAD): their Content-MD5,
+    which the signature covers, is what the server checks them against. A body changed after
+    signing is refused; so is one whose Content-MD5 was changed to match it."""
+    from botocore.exceptions import ClientError
+
+    s3 = store_of(ceph, bucket)
+    path = tmp_path / "seg"
+    data = os.urandom(PART_SIZE + 1000 if operation == "UploadPart" else 5000)
+    path.write_bytes(data)
+    for also_md5 in (False, True):
+
+        def tamper(request: Any, also_md5: bool = also_md5, **_: Any) -> None:
+            assert request.headers["x-amz-content-sha256"] == b"UNSIGNED-PAYLOAD"
+            body = request.body if isinstance(request.body, bytes) else request.body.read()
+            changed = bytes([body[0] ^ 1]) + body[1:]
+            request.body = changed
+            if also_md5:
+                request.headers["Content-MD5"] = content_md5(changed)
+
+        s3.client.meta.events.register(f"before-send.s3.{operation}", tamper)
+        with pytest.raises(TierError) as caught:
+            s3.put_file(f"t{also_md5}", path, len(data))
+        s3.client.meta.events.unregister(f"before-send.s3.{operation}", tamper)
+        code = caught.value.__cause__
+        assert isinstance(code, ClientError)
+        want = "SignatureDoesNotMatch" if also_md5 else "BadDigest"
+        assert code.response["Error"]["Code"] == want
+        assert s3.head(f"t{also_md5}") is None

@@ -228,3 +228,26 @@ def test_index_head_fetched_once_and_units_by_range(
     gets = objects.gets
     assert q.units(0, hi).tobytes() == units.tobytes()
     assert objects.gets - gets == len(put)
+
+
+def test_a_missing_object_is_retention_only_below_deleted_below(
+    tier: Tier,
+) -> None:
+    """An object gone from the bucket is the tier's retention's doing only when the manifest,
+    read again, puts its segment below ``deleted.below``; a manifest that simply no longer
+    names it (replaced by one that starts later, without saying anything was removed) leaves
+    it damage."""
+    w, objects, put = tier
+    remote = RemoteSegments(objects, PREFIX, name="mem://")
+    entries = list(remote.manifest.segments)
+    seg0 = remote.open(put[0][0], read_ahead=64)
+    assert seg0.read(0, 16) and seg0.length > 200  # reads past 64 are GETs of the object
+    write_manifest(objects, PREFIX, w.segment, entries[1:], deleted_below=0, generation=2)
+    key = f"{PREFIX}commitlog/{put[0][0]:020d}"
+    del objects.objects[key]
+    with pytest.raises(CorruptRecordError, match="neither named by the manifest") as caught:
+        seg0.read(100, 16)
+    assert not isinstance(caught.value, SegmentGoneError) and caught.value.path == f"mem://{key}"
+    write_manifest(objects, PREFIX, w.segment, entries[1:], deleted_below=put[1][0], generation=3)
+    with pytest.raises(SegmentGoneError, match=f"deleted.below is now {put[1][0]}"):
+        seg0.read(150, 16)

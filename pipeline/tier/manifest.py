@@ -132,13 +132,33 @@ class Manifest:
     def extended(self, segment: TierSegment, queues: Mapping[str, Mapping[str, int]]) -> Manifest:
         """This manifest with ``segment`` appended (it must start at :attr:`end`, or be the
         first) and the queues' next offsets now ``queues``."""
-        if self.segments and segment.base != self.end:
+        if self.holds_any() and segment.base != self.end:
             raise ManifestError(
                 f"segment {segment.base:020d} does not follow the tier's last segment "
                 f"(the next is {self.end:020d})"
             )
         return dataclasses.replace(
             self, segments=(*self.segments, segment), queues=_copy_queues(queues)
+        )
+
+    def holds_any(self) -> bool:
+        """Whether the tier ever held a segment: it has segments, or its retention removed
+        some (then :attr:`end` is where the next one must start, even with none left)."""
+        return bool(self.segments) or self.deleted_below > 0
+
+    def trimmed(self, below: int) -> Manifest:
+        """This manifest without its segments below ``below`` (the tier's retention), and
+        ``deleted.below`` raised to ``below``; the queues' next offsets stay (they are the
+        tier's end's, which does not move)."""
+        if below > self.end or below % self.segment_size:
+            raise ManifestError(
+                f"cannot remove the segments below {below}: not a segment boundary in "
+                f"[{self.start}, {self.end}]"
+            )
+        return dataclasses.replace(
+            self,
+            segments=tuple(s for s in self.segments if s.base >= below),
+            deleted_below=max(self.deleted_below, below),
         )
 
 

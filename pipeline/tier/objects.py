@@ -24,9 +24,10 @@ Conventions, so that callers need know nothing of boto3:
 boto3 is imported when an :class:`ObjectStore` is made (only with the tier on), so a store
 without the tier needs no boto3 (the ``tier`` extra).
 
-Owns: one boto3 client. Thread-safety: safe; boto3's clients are, and nothing else here is
-shared. Crash behaviour: a PUT is atomic on the server (the object is the old one or the new
-one); a multipart upload that dies leaves no object, only parts the bucket's lifecycle or
+Owns: one boto3 client. Thread-safety: safe; boto3's clients are, and the one other thing
+shared, the budget of part bodies in memory (:data:`PARTS_IN_MEMORY`), is a semaphore. Crash
+behaviour: a PUT is atomic on the server (the object is the old one or the new one); a
+multipart upload that dies leaves no object, only parts the bucket's lifecycle or
 :meth:`ObjectStore.abort_uploads` removes. Requires: a bucket that exists.
 """
 
@@ -36,6 +37,7 @@ import base64
 import contextlib
 import hashlib
 import os
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +59,9 @@ from rocketstore.pipeline.extras import check_dependencies
 PART_SIZE = 16 * 1024 * 1024
 # Parts sent at once by one put_file.
 PART_THREADS = 4
+# Part bodies in memory at once for all the put_files of one ObjectStore together (several
+# segments uploaded at once share them): 8 x 16 MiB, whatever tieredStoreUploadThreads says.
+PARTS_IN_MEMORY = 8
 # DeleteObjects takes at most this many keys a request.
 _DELETE_BATCH = 1000
 # What a server that does not answer costs before an error: each attempt waits this long to
@@ -80,9 +85,10 @@ class Target:
         return f"s3://{self.bucket}/{key}"
 
 
-def content_md5(data: bytes | memoryview) -> str:
-    """The ``Content-MD5`` header of a body: base64 of its MD5."""
-    return base64.b64encode(hashlib.md5(data).digest()).decode()
+def content_md5(data: bytes | memoryview, digest: bytes | None = None) -> str:
+    """The ``Content-MD5`` header of a body: base64 of its MD5 (``digest``, when the caller
+    has it already: every pass over the bytes is CPU the upload's throughput pays)."""
+    return base64.b64encode(digest if digest is not None else hashlib.md5(data).digest()).decode()
 
 
 def multipart_etag(part_md5s: list[bytes]) -> str:
@@ -124,13 +130,21 @@ class ObjectStore:
             "s3",
             endpoint_url=config.object_store_endpoint,
             config=Config(
-                s3={"addressing_style": "path"},
+                # No SHA-256 of each body for the signature, and no CRC32 of it either: the
+                # Content-MD5 every body carries is a signed header the server checks the
+                # body against, so these passes (botocore makes them over http) add CPU
+                # per byte and no check.
+                s3={"addressing_style": "path", "payload_signing_enabled": False},
+                request_checksum_calculation="when_required",
                 connect_timeout=CONNECT_TIMEOUT_S,
                 read_timeout=READ_TIMEOUT_S,
                 retries={"mode": "standard", "max_attempts": MAX_ATTEMPTS},
-                max_pool_connections=2 * PART_THREADS + 2,
+                # Every part in flight and each segment upload's own requests (HEADs, the
+                # index) have a connection: none is opened and dropped for want of one.
+                max_pool_connections=PARTS_IN_MEMORY + config.tiered_store_upload_threads + 2,
             ),
         )
+        self._parts = threading.BoundedSemaphore(PARTS_IN_MEMORY)
         self.target = Target(
             config.object_store_bucket, self.client.meta.endpoint_url, session.region_name
         )
@@ -239,8 +253,10 @@ class ObjectStore:
 
         return self._call(prefix, call)
 
-    def list(self, prefix: str) -> list[tuple[str, int]]:
-        """(key, size) of every object whose key starts with ``prefix``, in key order."""
+    def list(self, prefix: str, *, until: str | None = None) -> list[tuple[str, int]]:
+        """(key, size) of every object whose key starts with ``prefix``, in key order;
+        with ``until``, only the keys before it (the listing stops there: S3 lists in key
+        order, so the keys of old segments cost no page of the newer ones)."""
 
         def call() -> list[tuple[str, int]]:
             out: list[tuple[str, int]] = []
@@ -248,7 +264,10 @@ class ObjectStore:
                 Bucket=self.bucket, Prefix=prefix
             )
             for page in pages:
-                out.extend((o["Key"], int(o["Size"])) for o in page.get("Contents", ()))
+                for o in page.get("Contents", ()):
+                    if until is not None and o["Key"] >= until:
+                        return out
+                    out.append((o["Key"], int(o["Size"])))
             return out
 
         return self._call(prefix, call)
@@ -261,10 +280,11 @@ class ObjectStore:
         *,
         if_none_match: bool = False,
         if_match: str | None = None,
+        md5: bytes | None = None,
     ) -> str:
         """Write the object whole; returns its ETag (unquoted). ``if_none_match``: only if no
         object has the key; ``if_match``: only if the object's ETag is this one. Losing
-        either is :class:`PreconditionFailedError`."""
+        either is :class:`PreconditionFailedError`. ``md5``: the body's MD5, when known."""
         extra: dict[str, str] = {}
         if if_none_match:
             extra["IfNoneMatch"] = "*"
@@ -273,7 +293,11 @@ class ObjectStore:
 
         def call() -> str:
             r = self.client.put_object(
-                Bucket=self.bucket, Key=key, Body=body, ContentMD5=content_md5(body), **extra
+                Bucket=self.bucket,
+                Key=key,
+                Body=body,
+                ContentMD5=content_md5(body, md5),
+                **extra,
             )
             return _unquote(r["ETag"])
 
@@ -303,11 +327,14 @@ class ObjectStore:
                     key,
                 )
             if length < PART_SIZE:
-                body = _pread_exact(fd, 0, length, path)
-                if sha256 is not None:
-                    sha256.update(body)
-                expected = hashlib.md5(body).hexdigest()
-                etag = self.put(key, body)
+                with self._parts:
+                    body = _pread_exact(fd, 0, length, path)
+                    if sha256 is not None:
+                        sha256.update(body)
+                    digest = hashlib.md5(body).digest()
+                    expected = digest.hex()
+                    etag = self.put(key, body, md5=digest)
+                    del body
             else:
                 etag, expected = self._multipart(key, fd, path, length, sha256)
         finally:
@@ -332,7 +359,7 @@ class ObjectStore:
         )
         starts = range(0, length, PART_SIZE)
 
-        def send(number: int, body: bytes) -> str:
+        def send(number: int, body: bytes, md5: bytes) -> str:
             def call() -> str:
                 r = self.client.upload_part(
                     Bucket=self.bucket,
@@ -340,11 +367,14 @@ class ObjectStore:
                     UploadId=upload_id,
                     PartNumber=number,
                     Body=body,
-                    ContentMD5=content_md5(body),
+                    ContentMD5=content_md5(body, md5),
                 )
                 return _unquote(r["ETag"])
 
-            return self._call(key, call)
+            try:
+                return self._call(key, call)
+            finally:
+                self._parts.release()  # taken when the body was read
 
         try:
             md5s: list[bytes] = []
@@ -352,12 +382,19 @@ class ObjectStore:
                 futures = []
                 for number, start in enumerate(starts, 1):
                     # Read in order (the SHA-256 is of the whole) and bound what is in flight:
-                    # at most PART_THREADS parts beyond those sent.
-                    body = _pread_exact(fd, start, min(PART_SIZE, length - start), path)
-                    if sha256 is not None:
-                        sha256.update(body)
-                    md5s.append(hashlib.md5(body).digest())
-                    futures.append(pool.submit(send, number, body))
+                    # at most PART_THREADS parts beyond those sent, and PARTS_IN_MEMORY
+                    # bodies for every upload of this client together (released by send).
+                    self._parts.acquire()
+                    try:
+                        body = _pread_exact(fd, start, min(PART_SIZE, length - start), path)
+                        if sha256 is not None:
+                            sha256.update(body)
+                        md5s.append(hashlib.md5(body).digest())
+                        futures.append(pool.submit(send, number, body, md5s[-1]))
+                    except BaseException:
+                        self._parts.release()
+                        raise
+                    del body
                     if len(futures) > PART_THREADS:
                         futures[-PART_THREADS - 1].result()
                 etags = [f.result() for f in futures]

@@ -18,9 +18,11 @@ their segment indexes find in them (the objects and the manifest: docs/tiering.m
 
 Errors. A segment below the tier's start (its own retention removed it) is
 :class:`SegmentGoneError`, as a local segment retention deleted; one past the tier's end is
-:class:`NotVisibleError` (not uploaded yet). An object the manifest names but the bucket lacks,
-or one of another length than the manifest says, is damage: :class:`CorruptRecordError`
-naming the key (and the byte, where there is one). Index objects that fail their checks raise
+:class:`NotVisibleError` (not uploaded yet). An object missing from the bucket is told
+apart by the manifest read again: below its ``deleted.below``, the tier's retention removed it
+while it was read (:class:`SegmentGoneError`: retention commits that before it deletes);
+otherwise, like an object of another length than the manifest says, it is damage:
+:class:`CorruptRecordError` naming the key (and the byte, where there is one). Index objects that fail their checks raise
 :class:`CorruptIndexError` naming the key and byte.
 
 Owns: the manifest it read, the index heads and read-ahead windows it fetched (memory only).
@@ -322,23 +324,32 @@ class RemoteSegments:
     # -- fetching ---------------------------------------------------------------------------
     def fetch(self, key: str, start: int, end: int, base: int) -> bytes:
         """Bytes [start, end) of the object ``key`` of the segment at ``base``, checked to be
-        that long; a missing object is the tier's retention's doing when the manifest no longer
-        names the segment (:class:`SegmentGoneError`), else damage."""
+        that long. A missing object is told apart by the manifest read again: below its
+        ``deleted.below`` the tier's retention removed it (:class:`SegmentGoneError`: it
+        commits that before it deletes); otherwise it is damage."""
         if end <= start:
             return b""
         try:
             data = self.objects.get_range(key, start, end)
         except NotFoundError:
             self.relist()
-            if base not in self._by_base:
+            now = self.manifest
+            if base < now.deleted_below:
                 raise SegmentGoneError(
-                    f"{self._name}{key}: removed by the tier's retention while it was read"
+                    f"{self._name}{key}: removed by the tier's retention while it was read "
+                    f"(the manifest's deleted.below is now {now.deleted_below})"
                 ) from None
+            if base in self._by_base:
+                said = f"named by the manifest (generation {now.generation})"
+            else:
+                said = (
+                    f"neither named by the manifest (generation {now.generation}) nor below "
+                    f"its deleted.below {now.deleted_below}"
+                )
             raise CorruptRecordError(
                 f"{self._name}{key}",
                 start,
-                f"named by the manifest (generation {self.manifest.generation}) but not in "
-                "the bucket: deleted or lost there",
+                f"{said} but not in the bucket: deleted or lost there",
             ) from None
         if len(data) != end - start:
             raise CorruptRecordError(

@@ -5,7 +5,7 @@ published flushed point (``config/rocketstore.json``,
 :mod:`rocketstore.pipeline.files.progress`) has reached its end: the writer moved past it and
 every byte of it is on disk, so it never changes again. The last segment never is.
 
-**One segment, in this order** (:meth:`Uploader.upload_segment`):
+**One segment, in this order** (:meth:`Uploader.send_segment`, then the commit):
 
 1. its segment index is built from its records
    (:func:`~rocketstore.pipeline.format.segmentindex.build_segment_index`, the layout of
@@ -20,20 +20,28 @@ every byte of it is on disk, so it never changes again. The last segment never i
 5. ``config/rocketstore-tier.json`` gets the new ``uploadedEnd`` (:mod:`.localstate`), and
    only from then on may local retention delete the segment.
 
+**Several at once** (:meth:`Uploader.run_once`): up to ``tieredStoreUploadThreads`` segments
+go through steps 1-3 at the same time, each streaming its file (the parts in memory are
+bounded for all of them together: :class:`ObjectStore`); steps 4-5 stay strictly in order, from
+the manifest's end: a segment is named only once every segment below it is, so the tier is
+always one contiguous run. A segment that fails stops the run there: the ones above it that
+were sent are objects no manifest names (rewritten by the next run), never a gap.
+
+**The tier's retention** follows the uploads in every run (:mod:`.retention`): segments older
+than ``tieredStoreFileReservedTime`` hours leave the manifest, then the bucket.
+
 The same record keeps what monitoring reads without asking the bucket: the manifest's
 segments and bytes and the time of the last commit (written with every ``uploadedEnd``, and
 whenever a run finds the manifest other than recorded), and the runs that failed (a counter,
 with the time of the last; a run that fails to count leaves it as it was and says so in
 the log).
 
-Segments go strictly in order, from the manifest's end: the tier is always one contiguous run.
-
 Owns: nothing of the store (it reads it read-only, through
 :class:`~rocketstore.pipeline.files.localsegments.LocalSegments`, and never takes the writer's
 lock); the tier's objects under its prefix; the local tier record. Thread-safety: an
-:class:`Uploader` is used by one thread (its :class:`ObjectStore` sends a segment's parts from
-a few). Two uploaders of one store (or two stores on one prefix) are kept apart by the
-manifest's conditional writes. Crash behaviour: killed at any point, what the manifest names
+:class:`Uploader` is used by one thread, which commits; its pool's threads only send objects
+(and its :class:`ObjectStore` sends a segment's parts from a few more). Two uploaders of one
+store (or two stores on one prefix) are kept apart by the manifest's conditional writes. Crash behaviour: killed at any point, what the manifest names
 is whole and confirmed (it names a segment only after both its objects are); an object it does
 not name is written again by the next run, and multipart uploads left open are aborted at the
 start of a run. Requires: the tier's settings (``tieredStorageLevel`` on, a bucket).
@@ -47,7 +55,9 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from rocketstore.pipeline.config import StoreConfig
@@ -75,6 +85,7 @@ from rocketstore.pipeline.tier.manifest import (
     tier_prefix,
 )
 from rocketstore.pipeline.tier.objects import ObjectStore
+from rocketstore.pipeline.tier.retention import TierRetention
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +139,18 @@ class UploadReport:
     bytes: int
     uploaded_end: int
     pending: list[int]  # sealed segments still not in the bucket (after an error, or none)
+    removed: list[int] = dataclasses.field(default_factory=list)  # by the tier's retention
+    deleted_below: int = 0  # the manifest's deleted.below after the run
+
+
+@dataclasses.dataclass(frozen=True)
+class Sent:
+    """A segment whose objects are in the bucket, confirmed, and not named yet: what the
+    manifest will say of it."""
+
+    path: Path
+    entry: TierSegment
+    queues: dict[str, dict[str, int]]
 
 
 class Uploader:
@@ -165,6 +188,10 @@ class Uploader:
         self.state = state
         self.manifests = ManifestStore(self.objects, self.prefix, state.store_id)
         self.segments = LocalSegments(self.store / "commitlog", segment_size=self.size)
+        self.threads = config.tiered_store_upload_threads
+        self.retention = TierRetention(
+            self.objects, self.manifests, config.tiered_store_file_reserved_time, clock_ms
+        )
 
     # -- what there is ----------------------------------------------------------------------
     def manifest(self) -> Manifest | None:
@@ -175,9 +202,9 @@ class Uploader:
         """The sealed local segments the bucket does not hold yet, in upload order."""
         self.segments.relist()
         sealed = sealed_bases(self.segments, self.size, flushed_offset(self.store))
-        start = manifest.end if manifest is not None and manifest.segments else None
-        if start is None:
+        if manifest is None or not manifest.holds_any():
             return sealed
+        start = manifest.end
         todo = [b for b in sealed if b >= start]
         if todo and todo[0] != start:
             raise TierError(
@@ -191,10 +218,10 @@ class Uploader:
 
     # -- uploading --------------------------------------------------------------------------
     def run_once(self, stop: threading.Event | None = None) -> UploadReport:
-        """Upload every sealed segment not in the bucket yet, in order; stops early when
-        ``stop`` is set (between segments). Raises the first error (nothing after the failed
-        segment is uploaded; what was confirmed before it stays), counted in the local record
-        first."""
+        """Upload every sealed segment not in the bucket yet (several at once, named in
+        order), then apply the tier's retention; stops early when ``stop`` is set (no
+        segment is started after it). Raises the first error (no segment above the failed
+        one is named; what was named before it stays), counted in the local record first."""
         try:
             return self._run_once(stop)
         except (StoreError, OSError):
@@ -208,15 +235,48 @@ class Uploader:
         manifest = self.manifest()
         self._catch_up(manifest)
         todo = self.pending(manifest)
+        done, sent = self._upload_in_order(todo, stop)
+        kept = self.retention.apply()
+        if kept.removed and kept.manifest is not None:
+            self._record(kept.manifest)  # monitoring's bucket figures follow the removal
+        return UploadReport(
+            done,
+            sent,
+            self.state.uploaded_end,
+            todo[len(done) :],
+            kept.removed,
+            kept.deleted_below,
+        )
+
+    def _upload_in_order(
+        self, todo: list[int], stop: threading.Event | None
+    ) -> tuple[list[int], int]:
+        """Send up to :attr:`threads` of ``todo`` at once and name each as soon as it and all
+        below it are sent; returns the bases named and their bytes. On an error the segments
+        not started are dropped, those being sent finish (as leftovers), and it is raised."""
         done: list[int] = []
         sent = 0
-        for base in todo:
-            if stop is not None and stop.is_set():
-                break
-            manifest, length = self.upload_segment(base)
-            done.append(base)
-            sent += length
-        return UploadReport(done, sent, self.state.uploaded_end, todo[len(done) :])
+        queue = iter(todo)
+        running: deque[Future[Sent]] = deque()
+        with ThreadPoolExecutor(self.threads, thread_name_prefix="tier-upload") as pool:
+            try:
+                while True:
+                    while len(running) < self.threads and not (stop and stop.is_set()):
+                        base = next(queue, None)
+                        if base is None:
+                            break
+                        running.append(pool.submit(self.send_segment, base))
+                    if not running:
+                        break
+                    # The oldest first: a segment is named only after every one below it.
+                    got = running.popleft().result()
+                    self._commit(got)
+                    done.append(got.entry.base)
+                    sent += got.entry.length
+            finally:
+                for future in running:
+                    future.cancel()
+        return done, sent
 
     def _catch_up(self, manifest: Manifest | None) -> None:
         """The local record follows the manifest (a run killed between the two, or a manifest
@@ -226,7 +286,7 @@ class Uploader:
 
     def _recorded(self, manifest: Manifest, *, uploaded_at: int = 0) -> TierState:
         """The local record as ``manifest`` makes it: ``uploadedEnd`` only ever grows."""
-        end = manifest.end if manifest.segments else 0
+        end = manifest.end if manifest.holds_any() else 0
         return dataclasses.replace(
             self.state,
             uploaded_end=max(self.state.uploaded_end, end),
@@ -252,11 +312,12 @@ class Uploader:
             return
         self.state = counted
 
-    def upload_segment(self, base: int) -> tuple[Manifest, int]:
-        """Upload the sealed segment at ``base`` (see the module docstring), commit it to the
-        manifest and record the new end locally; returns the manifest and the bytes sent."""
+    def send_segment(self, base: int) -> Sent:
+        """Steps 1-3 of the module docstring for the sealed segment at ``base``: its objects
+        in the bucket, confirmed; what the manifest will say of it. Names nothing."""
         path = Path(self.segments.where(base))
-        seg = self.segments.open(base, whole=True)
+        # A listing of its own: LocalSegments is not shared between threads.
+        seg = LocalSegments(path.parent, segment_size=self.size).open(base, whole=True)
         try:
             index = self._index(seg.buffer, base)
         finally:
@@ -267,12 +328,13 @@ class Uploader:
         etag, _ = self.objects.put_file_hashed(key, path, summary.data_end, sha256=sha)
         self._confirm(key, summary.data_end, etag)
         ikey = index_key(self.prefix, base)
-        ietag = self.objects.put(ikey, index)
-        self._confirm(ikey, len(index), hashlib.md5(index).hexdigest())
-        if ietag != hashlib.md5(index).hexdigest():
+        imd5 = hashlib.md5(index).digest()
+        ietag = self.objects.put(ikey, index, md5=imd5)
+        self._confirm(ikey, len(index), imd5.hex())
+        if ietag != imd5.hex():
             raise ObjectMismatchError(
                 f"{self.objects.target.url(ikey)}: stored with ETag {ietag}, the index sent "
-                f"has {hashlib.md5(index).hexdigest()}",
+                f"has {imd5.hex()}",
                 self.objects.bucket,
                 ikey,
             )
@@ -286,6 +348,13 @@ class Uploader:
             index=IndexObject(len(index), hashlib.sha256(index).hexdigest()),
             uploaded_at=self.clock_ms(),
         )
+        return Sent(path, entry, queue_ends(summary))
+
+    def _commit(self, sent: Sent) -> Manifest:
+        """Steps 4-5: the manifest names the sent segment (the next after its end), then the
+        local record gets the new end."""
+        entry = sent.entry
+        base = entry.base
 
         def update(m: Manifest | None) -> Manifest | None:
             if m is None:
@@ -295,22 +364,22 @@ class Uploader:
                     f"{self.manifests.where}: segmentSize {m.segment_size}, this store's "
                     f"mappedFileSizeCommitLog is {self.size}"
                 )
-            if m.segments and m.end > base:
+            if m.holds_any() and m.end > base:
                 return None  # another uploader of this store named it first
-            return m.extended(entry, merged_queues(m.queues, queue_ends(summary)))
+            return m.extended(entry, merged_queues(m.queues, sent.queues))
 
         done = self.manifests.commit(update)
-        if done.manifest is None or base not in done.manifest.bases():
+        if done.manifest is None or done.manifest.end <= base:
             raise ManifestError(f"{self.manifests.where}: segment {base:020d} was not committed")
         self._record(done.manifest, uploaded_at=self.clock_ms())
         log.info(
             "uploaded %s (%d bytes, %d records) to %s",
-            path,
-            summary.data_end,
-            summary.records,
-            self.objects.target.url(key),
+            sent.path,
+            entry.length,
+            entry.records,
+            self.objects.target.url(segment_key(self.prefix, base)),
         )
-        return done.manifest, summary.data_end
+        return done.manifest
 
     def _index(self, buffer: memoryview, base: int) -> bytes:
         build = self._build_index

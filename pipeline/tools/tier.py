@@ -1,15 +1,23 @@
-"""``rocketstore tier status|upload STORE``: what of a store is where, and its upload.
+"""``rocketstore tier status|upload|clean STORE``: what of a store is where, its upload, and
+the bucket's retention.
 
 ``status`` reads the store's files (read-only, no lock), its tier record and the bucket's
 manifest and listing: what is local, what the bucket holds, what is sealed and not uploaded
 yet (segments, bytes, and the upload lag: seconds since the oldest of them was sealed), and
 objects under the prefix that the manifest does not name (leftovers of an upload that died,
-rewritten by the next). Changes nothing, here or in the bucket.
+rewritten by the next), and the tier's ``deleted.below``. Changes nothing, here or in the
+bucket.
 
 ``upload`` uploads what is sealed (:class:`rocketstore.pipeline.tier.upload.Uploader`), once,
-or with ``--follow`` continuously until SIGTERM or Ctrl-C (each ends it between two segments,
-or at once while it waits). An object store that does not answer is waited out under
-``--follow`` (each failure one line on stderr) and is an error without it.
+or with ``--follow`` continuously until SIGTERM or Ctrl-C (each ends it once the segments
+being sent are named, starting no other, or at once while it waits). An object store that does not answer is waited out under
+``--follow`` (each failure one line on stderr) and is an error without it. Each run (each
+round of ``--follow``) applies the tier's retention after its uploads.
+
+``clean`` applies the tier's retention once (:mod:`rocketstore.pipeline.tier.retention`):
+segments older than ``tieredStoreFileReservedTime`` hours leave the manifest, then the bucket,
+with any object a clean that died left below ``deleted.below``; ``--dry-run`` lists them and
+changes nothing.
 
 Owns: nothing (the uploader owns what it writes). Thread-safety: a command runs on one
 thread. Crash behaviour: as the uploader's: killed at any point, the next run completes.
@@ -30,6 +38,7 @@ from rocketstore.pipeline.errors import TierError
 from rocketstore.pipeline.tier import localstate
 from rocketstore.pipeline.tier.backlog import backlog
 from rocketstore.pipeline.tier.manifest import (
+    ManifestStore,
     index_key,
     manifest_key,
     read_manifest,
@@ -37,7 +46,8 @@ from rocketstore.pipeline.tier.manifest import (
     tier_prefix,
 )
 from rocketstore.pipeline.tier.objects import ObjectStore
-from rocketstore.pipeline.tier.upload import Uploader
+from rocketstore.pipeline.tier.retention import RetentionReport, TierRetention
+from rocketstore.pipeline.tier.upload import Uploader, UploadReport
 from rocketstore.pipeline.tools.output import emit, print_table
 
 
@@ -55,6 +65,8 @@ def _config(args: argparse.Namespace) -> StoreConfig:
 def cmd_tier(args: argparse.Namespace) -> int:
     if args.action == "status":
         return _status(args)
+    if args.action == "clean":
+        return _clean(args)
     return _upload(args)
 
 
@@ -73,7 +85,7 @@ def tier_status(store: Path, config: StoreConfig, now_ms: int) -> dict[str, Any]
     }
     listed = objects.list(prefix)
     leftovers = [k for k, _ in listed if k not in named and k != key]
-    tier_end = manifest.end if manifest is not None and manifest.segments else 0
+    tier_end = manifest.end if manifest is not None and manifest.holds_any() else 0
     local = backlog(store, config, tier_end, now_ms)
     return {
         "store": str(store),
@@ -94,6 +106,7 @@ def tier_status(store: Path, config: StoreConfig, now_ms: int) -> dict[str, Any]
             "bytes": sum(s.length + s.index.length for s in manifest.segments) if manifest else 0,
             "start": manifest.start if manifest is not None else None,
             "end": manifest.end if manifest is not None else None,
+            "deletedBelow": manifest.deleted_below if manifest is not None else 0,
             "leftovers": leftovers,
         },
         "pending": {
@@ -120,7 +133,7 @@ def _status(args: argparse.Namespace) -> int:
     )
     sys.stdout.write(
         f"bucket: s3://{status['bucket']}/{status['prefix']} (generation {tier['generation']}, "
-        f"owner {tier['owner']})\nthis store: {status['storeId']}, uploadedEnd "
+        f"owner {tier['owner']}, deleted.below {tier['deletedBelow']})\nthis store: {status['storeId']}, uploadedEnd "
         f"{status['uploadedEnd']}\nupload lag: {pending['lagSeconds']} s\n"
     )
     if tier["owner"] is not None and tier["owner"] != status["storeId"]:
@@ -133,12 +146,64 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def tier_clean(
+    store: Path, config: StoreConfig, now_ms: int, *, dry_run: bool
+) -> RetentionReport | None:
+    """The tier's retention applied once (or planned, with ``dry_run``); None when the store
+    never uploaded (it has no identity in the bucket, so nothing there is its own)."""
+    state = localstate.read(store)
+    if state is None:
+        return None
+    objects = ObjectStore(config)
+    retention = TierRetention(
+        objects,
+        ManifestStore(objects, tier_prefix(store, config), state.store_id),
+        config.tiered_store_file_reserved_time,
+        lambda: now_ms,
+    )
+    return retention.plan() if dry_run else retention.apply()
+
+
+def _clean(args: argparse.Namespace) -> int:
+    config = _config(args)
+    store = Path(args.store)
+    report = tier_clean(store, config, time.time_ns() // 1_000_000, dry_run=args.dry_run)
+    hours = config.tiered_store_file_reserved_time
+    where = f"s3://{config.object_store_bucket}/{tier_prefix(store, config)}"
+    if args.json:
+        emit(
+            {
+                "store": str(store),
+                "bucket": where,
+                "reservedHours": hours,
+                "dryRun": args.dry_run,
+                "removed": report.removed if report else [],
+                "deletedBelow": report.deleted_below if report else 0,
+                "deleted": report.deleted if report else [],
+            }
+        )
+        return 0
+    if report is None:
+        sys.stdout.write(f"{store}: never uploaded (no {localstate.path_of(store)}): nothing\n")
+        return 0
+    verb = "would remove" if args.dry_run else "removed"
+    keep = f"{hours} hours" if hours else "for ever (tieredStoreFileReservedTime = 0)"
+    sys.stdout.write(
+        f"{verb} {len(report.removed)} segments from {where} (kept: {keep}); deleted.below "
+        f"{report.deleted_below}\n"
+    )
+    for key in report.deleted:
+        sys.stdout.write(f"  {'would delete' if args.dry_run else 'deleted'} {key}\n")
+    return 0
+
+
 def _upload(args: argparse.Namespace) -> int:
     uploader = Uploader(args.store, _config(args))
     stop = threading.Event()
     if not args.follow:
         report = uploader.run_once(stop)
         _say(uploader, report.uploaded, report.bytes)
+        _said_removed(uploader, report.removed, report.deleted_below)
         return 0
 
     def on_signal(_signum: int, _frame: object) -> None:
@@ -150,13 +215,28 @@ def _upload(args: argparse.Namespace) -> int:
             stop,
             interval_s=args.interval,
             on_error=_retrying,
-            on_report=lambda r: _say(uploader, r.uploaded, r.bytes) if r.uploaded else None,
+            on_report=lambda r: _said_both(uploader, r),
         )
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     sys.stdout.write(f"stopped; uploadedEnd {uploader.state.uploaded_end}\n")
     return 0
+
+
+def _said_both(uploader: Uploader, report: UploadReport) -> None:
+    if report.uploaded:
+        _say(uploader, report.uploaded, report.bytes)
+    _said_removed(uploader, report.removed, report.deleted_below)
+
+
+def _said_removed(uploader: Uploader, removed: list[int], below: int) -> None:
+    if removed:
+        sys.stdout.write(
+            f"retention removed {len(removed)} segments from "
+            f"{uploader.objects.target.url(uploader.prefix)}; deleted.below {below}\n"
+        )
+        sys.stdout.flush()
 
 
 def _retrying(exc: TierError) -> None:
