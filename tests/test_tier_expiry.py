@@ -20,6 +20,7 @@ import pytest
 from rocketstore.pipeline import cli
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.errors import CorruptRecordError, SegmentGoneError
+from rocketstore.pipeline.tier import localstate
 from rocketstore.pipeline.tier.manifest import tier_prefix
 from rocketstore.pipeline.tier.objects import ObjectStore
 from rocketstore.pipeline.tier.remote import RemoteQueue, RemoteSegments
@@ -133,6 +134,13 @@ def test_expired_segments_leave_the_manifest_then_the_bucket(
     assert after["generation"] == before["generation"] + 1
     assert after["queues"] == before["queues"]  # the tier's end did not move
     assert segment_keys(ceph, bucket, "broker-r/") == keys_of("broker-r/", kept)
+    # The record monitoring reads follows the removal, counted from the bucket's listing.
+    record = localstate.read(store)
+    assert record is not None and record.bucket_segments == len(kept)
+    listed = ceph.objects(bucket, "broker-r/")
+    assert record.bucket_bytes == sum(
+        len(v) for k, v in listed.items() if "/commitlog/" in k or "/index/" in k
+    )
     # What stays is whole: the local files' bytes.
     objects = ceph.objects(bucket, "broker-r/commitlog/")
     for base in kept:
