@@ -409,15 +409,26 @@ class RemoteSegments:
 
     # -- keys -------------------------------------------------------------------------------
     def query_key(
-        self, topic: str, key: str, *, begin: int = 0, end: int = 2**63 - 1, limit: int = 64
+        self,
+        topic: str,
+        key: str,
+        *,
+        begin: int = 0,
+        end: int = 2**63 - 1,
+        limit: int = 64,
+        before: int | None = None,
     ) -> list[MessageExt]:
         """The messages of ``topic`` with key ``key`` (a ``KEYS`` token or the ``UNIQ_KEY``)
         stored in [begin, end] ms, newest first, at most ``limit``: segments newest first
         whose times overlap, each's key entries of the hash (:meth:`SegmentIndex.key_offsets`,
-        ranged), each candidate record read and checked (a hash collision is not a hit)."""
+        ranged), each candidate record read and checked (a hash collision is not a hit).
+        ``before``: only the segments that start below this CommitLog offset (a reader that
+        has the local files' index for the rest)."""
         key_hash = index_key_hash(topic, key)
         found: list[MessageExt] = []
         for entry in reversed(self.entries):
+            if before is not None and entry.base >= before:
+                continue
             if entry.max_store_timestamp < begin or entry.min_store_timestamp > end:
                 continue
             index = self.index(entry.base)

@@ -21,6 +21,7 @@ from rocketstore.pipeline.errors import ConfigError, NotFoundError, ProgressNotR
 from rocketstore.pipeline.files import topicconfig
 from rocketstore.pipeline.format import native, record
 from rocketstore.pipeline.format.record import MessageExt
+from rocketstore.pipeline.tools.bothtiers import BothTiers, QueueSpan
 from rocketstore.pipeline.tools.output import emit, plain_cell, preview, print_table
 
 DUMP_PAGE = 1000
@@ -109,31 +110,82 @@ def _check_record_start(store: MessageStore, offset: int) -> None:
         )
 
 
+def _open_both(args: argparse.Namespace) -> BothTiers:
+    """The store read-only and, with the tier on in its settings, its tier (docs/cli.md)."""
+    return BothTiers.open(args.store, StoreConfig.effective(args.config))
+
+
 def cmd_dump(args: argparse.Namespace) -> int:
-    with _open(args) as store:
-        infos = store.queue_infos(args.topic)
-        if args.topic is not None and not infos:
+    with _open_both(args) as both:
+        store = both.store
+        spans = both.spans(args.topic)
+        if args.topic is not None and not spans:
             _note(f"no queue of topic {args.topic!r} in {args.store}")
-        for info in infos:
-            for batch in queueread.queue_batches(store, info.topic, info.queue_id, page=DUMP_PAGE):
+        for span in spans:
+            _note_gap(args.store, span)
+            # The offsets only the tier holds first, then the local files from their start.
+            for m in both.queue_messages(span):
+                emit(m.to_json())
+            if span.local is None:
+                continue
+            topic, queue_id = span.info.topic, span.info.queue_id
+            for batch in queueread.queue_batches(store, topic, queue_id, page=DUMP_PAGE):
                 for m in native.messages(batch):
                     emit(m.to_json())
     return 0
 
 
+def _note_gap(store: str, span: QueueSpan) -> None:
+    if span.gap is not None:
+        _note(
+            f"{store}: {span.info.topic}/{span.info.queue_id} offsets [{span.gap[0]}, "
+            f"{span.gap[1]}) are in neither the tier nor the local files (local retention "
+            "deleted them before they were uploaded)"
+        )
+
+
 def cmd_queues(args: argparse.Namespace) -> int:
-    with _open(args) as store:
-        infos = store.queue_infos(args.topic)
-    if args.topic is not None and not infos:
+    with _open_both(args) as both:
+        spans = both.spans(args.topic)
+        tiered = both.tier is not None
+    if args.topic is not None and not spans:
         _note(f"no queue of topic {args.topic!r} in {args.store}")
-    header = ("topic", "queueId", "minOffset", "maxOffset", "maxPhysicOffset")
-    rows = [[i.topic, i.queue_id, i.min_offset, i.max_offset, i.max_physic_offset] for i in infos]
+    header: tuple[str, ...] = ("topic", "queueId", "minOffset", "maxOffset", "maxPhysicOffset")
+    rows = []
+    for span in spans:
+        i = span.info
+        _note_gap(args.store, span)
+        rows.append([i.topic, i.queue_id, i.min_offset, i.max_offset, i.max_physic_offset])
     if args.json:
-        for row in rows:
-            emit(dict(zip(header, row, strict=True)))
+        for row, span in zip(rows, spans, strict=True):
+            fields = dict(zip(header, row, strict=True))
+            if tiered:
+                fields.update(_where_fields(span))
+            emit(fields)
     elif rows:
+        if tiered:
+            # Where each range lives: the bucket's segments, the local files, or both.
+            header += ("inTier", "local")
+            for row, span in zip(rows, spans, strict=True):
+                row += [_range_text(span.tier), _range_text(span.local)]
         print_table(header, rows)
     return 0
+
+
+def _where_fields(span: QueueSpan) -> dict[str, object]:
+    """``queues --json``'s fields with the tier on: each tier's ``[min, max)`` of the queue
+    (null where it holds none)."""
+    tier, local = span.tier, span.local
+    return {
+        "tierMinOffset": tier[0] if tier else None,
+        "tierMaxOffset": tier[1] if tier else None,
+        "localMinOffset": local[0] if local else None,
+        "localMaxOffset": local[1] if local else None,
+    }
+
+
+def _range_text(span: tuple[int, int] | None) -> str:
+    return "-" if span is None or span[0] >= span[1] else f"[{span[0]}, {span[1]})"
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
@@ -189,8 +241,8 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    with _open(args) as store:
-        r = store.get_messages(args.topic, args.queue, args.offset, args.max, args.tags)
+    with _open_both(args) as both:
+        r = both.get_messages(args.topic, args.queue, args.offset, args.max, args.tags)
     summary = {
         "status": r.status,
         "nextBeginOffset": r.next_begin_offset,
@@ -206,8 +258,8 @@ def cmd_get(args: argparse.Namespace) -> int:
 
 
 def cmd_query_key(args: argparse.Namespace) -> int:
-    with _open(args) as store:
-        found = store.query_by_key(
+    with _open_both(args) as both:
+        found = both.query_by_key(
             args.topic,
             args.key,
             begin=args.begin,
@@ -219,9 +271,10 @@ def cmd_query_key(args: argparse.Namespace) -> int:
 
 
 def cmd_query_time(args: argparse.Namespace) -> int:
-    with _open(args) as store:
-        _check_queue(store, args.topic, args.queue)
-        offset = store.offset_by_time(args.topic, args.queue, args.timestamp)
+    with _open_both(args) as both:
+        if both.tier is None or both.span(args.topic, args.queue) is None:
+            _check_queue(both.store, args.topic, args.queue)
+        offset = both.offset_by_time(args.topic, args.queue, args.timestamp)
     header = ("topic", "queueId", "timestamp", "offset")
     row = [args.topic, args.queue, args.timestamp, offset]
     if args.json:
