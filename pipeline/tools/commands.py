@@ -357,14 +357,31 @@ def cmd_verify(args: argparse.Namespace) -> int:
             sys.stderr.write(f"\rverifying: {100 * done // total:3d} %")
             sys.stderr.flush()
 
+    config = StoreConfig.effective(args.config)
+    if args.tier and not config.tier_on:
+        raise ConfigError(
+            "option --tier: the tier is off in the store's settings (tieredStorageLevel "
+            f"{config.tiered_storage_level}); there is no bucket to check"
+        )
     report = verify_read_only(
         args.store,
-        StoreConfig.effective(args.config),
+        config,
         progress=progress,
         max_per_kind=None if args.all else 100,
     )
     if args.progress:
         sys.stderr.write("\n")
+    if config.tier_on and args.tier is not False:
+        from rocketstore.pipeline.tools.verify.tier import verify_tier
+
+        def tier_progress(done: int, total: int) -> None:
+            if args.progress:
+                sys.stderr.write(f"\rverifying the tier: {done}/{total} segments")
+                sys.stderr.flush()
+
+        report.tier = verify_tier(args.store, config, report, progress=tier_progress).to_json()
+        if args.progress:
+            sys.stderr.write("\n")
     if metrics is not None:
         from rocketstore.pipeline.tools.metrics import write_verify_textfile
 
@@ -388,6 +405,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
             f"{state}: {report.records} records, {report.units} units, "
             f"{report.index_entries} index entries checked in {report.seconds:.2f}s{again}"
         )
+        if report.tier is not None:
+            t = report.tier
+            print(
+                f"tier {t['bucket']}: {t['segments']} segments ({t['bytes']} bytes, "
+                f"{t['records']} records) and {t['indexObjects']} index objects checked"
+            )
     return 0 if report.ok else 1
 
 
