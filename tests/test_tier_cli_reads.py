@@ -9,6 +9,7 @@ nothing that is not as written."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,10 @@ from typing import Any
 import pytest
 
 from rocketstore.pipeline import cli
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.tier.upload import Uploader
 from tests.kit import tierstore
 from tests.kit.tierstore import SEG, TieredStore, Written
 
@@ -266,3 +271,65 @@ def test_an_index_object_corrupted_in_the_bucket_is_named(ceph: Any, tiered: Tie
         assert done.returncode == 2, (argv, done.stderr)
         assert f"s3://{t.bucket}/{key} @ offset" in done.stderr, (argv, done.stderr)
         assert "CRC" in done.stderr
+
+
+def test_offsets_in_neither_tier_are_a_gap_the_commands_name(
+    ceph: Any, bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The tier turned off while retention ran: segments after the uploaded ones were deleted
+    without being uploaded. The commands read what each tier holds and name what neither does."""
+    on = tierstore.write_conf(tmp_path / "on.toml", tierstore.settings(ceph, bucket))
+    off_settings = {**tierstore.settings(ceph, bucket), "tieredStorageLevel": "DISABLE"}
+    off = tierstore.write_conf(tmp_path / "off.toml", off_settings)
+    store = tmp_path / "broker-a"
+    config = StoreConfig.load(on)
+    written = []
+    with MessageStore(store, config) as s:
+        for k in range(1200):
+            if k == 400:
+                s.flush()  # publishes the flushed point the uploader seals by
+                assert Uploader(store, config).run_once().uploaded
+            r = s.put(Message("T", f"m{k} ".encode() * 40, queue_id=0, keys=[f"key{k}"]))
+            written.append((r.queue_offset, r.commit_log_offset, f"key{k}"))
+    manifest = json.loads(
+        ceph.client()
+        .get_object(Bucket=bucket, Key=f"{tierstore.PREFIX}broker-a/manifest.json")["Body"]
+        .read()
+    )
+    tier_end = manifest["segments"][-1]["base"] + SEG
+    segments = sorted(p for p in (store / "commitlog").iterdir() if p.name.isdigit())
+    for p in segments:
+        os.utime(p, (1, 1))
+    assert cli.main(["clean", str(store), "--config", str(off), "--max-files",
+                     str(len(segments) - 2)]) == 0  # fmt: skip
+    local_start = min(int(p.name) for p in (store / "commitlog").iterdir() if p.name.isdigit())
+    assert local_start > tier_end  # the setup: a gap
+    in_tier = [w for w in written if w[1] < tier_end]
+    local = [w for w in written if w[1] >= local_start]
+    capsys.readouterr()
+
+    rc, out, err = run(capsys, "queues", store, "--config", on, "--json")
+    assert rc == 0, err
+    [got] = lines(out)
+    assert (got["minOffset"], got["maxOffset"]) == (0, len(written))
+    assert (got["tierMinOffset"], got["tierMaxOffset"]) == (0, len(in_tier))
+    assert got["localMinOffset"] == local[0][0]
+    assert f"T/0 offsets [{len(in_tier)}, {local[0][0]}) are in neither" in err
+
+    rc, out, err = run(capsys, "dump", store, "--config", on)
+    assert rc == 0, err
+    assert [(d["queueOffset"], d["commitLogOffset"]) for d in lines(out)] == [
+        w[:2] for w in in_tier + local
+    ]
+    assert f"[{len(in_tier)}, {local[0][0]})" in err
+
+    argv = ("get", store, "--config", on, "--topic", "T", "--queue", 0, "--json")
+    rc, out, err = run(capsys, *argv, "--offset", len(in_tier), "--max", 3)
+    got = json.loads(out)
+    assert (got["status"], got["nextBeginOffset"], got["minOffset"]) == (
+        "OFFSET_TOO_SMALL", local[0][0], 0,
+    )  # fmt: skip
+    for w in (in_tier[3], local[-1]):
+        rc, out, err = run(capsys, "query-key", store, "--config", on, "--topic", "T",
+                           "--key", w[2], "--json")  # fmt: skip
+        assert rc == 0 and [d["commitLogOffset"] for d in lines(out)] == [w[1]]
