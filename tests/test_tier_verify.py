@@ -174,10 +174,37 @@ def test_a_broken_manifest_and_a_gap_between_the_tiers(ceph: Any, tiered: Tiered
     put(ceph, t, key, json.dumps(doc).encode())
     rc, report = verify(t)
     end = t.tier_bases[2] + SEG
-    assert rc == 1 and problems(report) == {("tier-gap", url + key, end)}
-    assert f"[{end}, {t.local_bases[0]})" in report["problems"][0]["detail"]
+    record = str(t.path / "config" / "rocketstore-tier.json")
+    # The store's record says more is uploaded than this manifest holds: that too.
+    assert rc == 1 and problems(report) == {
+        ("tier-gap", url + key, end),
+        ("tier-local-state", record, 0),
+    }
+    [gap] = [p for p in report["problems"] if p["kind"] == "tier-gap"]
+    assert f"[{end}, {t.local_bases[0]})" in gap["detail"]
 
     put(ceph, t, key, bytes(good[: len(good) // 2]))
     rc, report = verify(t)
     assert rc == 1 and problems(report) == {("tier-manifest", url + key, 0)}
     assert "not JSON" in report["problems"][0]["detail"]
+
+
+def test_the_stores_record_of_its_tier_is_checked_against_the_manifest(
+    tiered: TieredStore,
+) -> None:
+    t = tiered
+    path = t.path / "config" / "rocketstore-tier.json"
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "storeId": "f" * 32}))
+    rc, report = verify(t)
+    assert rc == 1 and problems(report) == {("tier-local-state", str(path), 0)}
+    assert "f" * 32 in report["problems"][0]["detail"]
+    # Claiming more uploaded than the bucket holds: local retention would delete too much.
+    past = t.tier_bases[-1] + 2 * SEG
+    path.write_text(json.dumps({**record, "uploadedEnd": past}))
+    rc, report = verify(t)
+    assert rc == 1 and problems(report) == {("tier-local-state", str(path), 0)}
+    assert f"uploadedEnd {past}" in report["problems"][0]["detail"]
+    path.write_text(json.dumps(record))
+    rc, report = verify(t)
+    assert rc == 0 and report["problems"] == []

@@ -14,7 +14,10 @@ What is checked, with the tier on (``tieredStorageLevel = "NOT_IN_DISK"``):
   it names), the CRC of the rest of it holds, and it is byte for byte the index rebuilt from
   its segment's bytes;
 * the tier and the local files leave no offsets between them (the tier's end reaches the
-  local CommitLog's first segment).
+  local CommitLog's first segment);
+* the store's own record of its tier (``config/rocketstore-tier.json``) names the manifest's
+  ``storeId``, and its ``uploadedEnd`` (below which local retention deletes) is not past
+  what the manifest holds.
 
 Problems (stable kinds, beside :mod:`rocketstore.pipeline.tools.verify.check`'s): ``path`` is
 the object's ``s3://bucket/key``; ``offset`` is the CommitLog (physical) offset for a segment
@@ -34,6 +37,9 @@ tier-index                          an index object fails its checks, or differs
                                     index rebuilt from its segment (the first byte that does)
 tier-gap                            offsets between the tier's end and the local files' start
                                     are in neither
+tier-local-state                    config/rocketstore-tier.json (``path``: the local file)
+                                    cannot be read, names another store than the manifest, or
+                                    says more is uploaded than the manifest holds
 =================================== ==========================================================
 
 How it reads: each object is streamed with ranged GETs of :data:`CHUNK` bytes through the
@@ -56,9 +62,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.errors import CorruptRecordError, ManifestError
+from rocketstore.pipeline.errors import CorruptRecordError, ManifestError, TierError
 from rocketstore.pipeline.files.mappedfile import segment_name
 from rocketstore.pipeline.format.segmentindex import HEADER_SIZE, build_segment_index
+from rocketstore.pipeline.tier import localstate
 from rocketstore.pipeline.tier.manifest import Manifest, TierSegment, manifest_key
 from rocketstore.pipeline.tier.remote import RemoteSegments, open_tier, read_manifest
 from rocketstore.pipeline.tools.verify.report import Problem, VerifyReport
@@ -140,12 +147,38 @@ class _TierScan:
                 f"{self.config.mapped_file_size_commitlog}",
             )
             return self.counts  # offsets would be read against the wrong segment size
+        self.local_state(manifest)
         for done, entry in enumerate(manifest.segments):
             self.segment(entry)
             if progress is not None:
                 progress(done + 1, len(manifest.segments))
         self.gap(manifest)
         return self.counts
+
+    def local_state(self, manifest: Manifest) -> None:
+        """The store's record of its tier against the manifest: the same store, and nothing
+        claimed uploaded that the manifest does not hold (local retention trusts it)."""
+        path = localstate.path_of(self.store)
+        try:
+            state = localstate.read(self.store)
+        except TierError as exc:
+            self.report.problems.append(Problem("tier-local-state", str(path), 0, str(exc)))
+            return
+        if state is None:
+            return  # never uploaded from here (or a copy of the store without its record)
+        holds = manifest.segments[-1].base + manifest.segment_size if manifest.segments else 0
+        if state.store_id != manifest.store_id:
+            detail = (
+                f"storeId {state.store_id}; the bucket's manifest is store "
+                f"{manifest.store_id}'s ({self.name}{manifest_key(self.tier.prefix)})"
+            )
+            self.report.problems.append(Problem("tier-local-state", str(path), 0, detail))
+        elif state.uploaded_end > holds and state.uploaded_end > manifest.deleted_below:
+            detail = (
+                f"uploadedEnd {state.uploaded_end}, but the manifest holds segments up to "
+                f"{holds} only: local retention may delete segments that are not in the bucket"
+            )
+            self.report.problems.append(Problem("tier-local-state", str(path), 0, detail))
 
     # -- one segment ------------------------------------------------------------------------
     def segment(self, entry: TierSegment) -> None:
