@@ -48,7 +48,7 @@ def lines(out: str) -> list[dict[str, Any]]:
 
 
 def tierstore_fields() -> list[str]:
-    return list(tierstore.Written("", 0, 0, 0, 0, 0, b"", "", "").fields())
+    return list(tierstore.Written("", 0, 0, 0, 0, 0, b"", "", "", "").fields())
 
 
 def same(got: list[dict[str, Any]], want: list[Written]) -> bool:
@@ -192,6 +192,28 @@ def test_query_key_finds_keys_in_both_tiers(
         capsys, "query-key", t.path, "--config", t.conf, "--topic", "T1", "--key", old.key, "--json"
     )
     assert rc == 0 and out == ""  # old is T0's
+
+
+def test_query_offset_and_msgid_read_a_record_only_the_tier_holds(
+    tiered: TieredStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    t = tiered
+    w = next(w for w in reversed(t.written) if t.tier_only(w))
+    rc, out, err = run(
+        capsys, "query-offset", t.path, "--config", t.conf, w.commit_log_offset, "--json"
+    )
+    assert rc == 0, err
+    assert same(lines(out), [w])
+    rc, out, err = run(capsys, "query-msgid", t.path, "--config", t.conf, w.msg_id, "--json")
+    assert rc == 0, err
+    assert same(lines(out), [w])
+    # Inside that record: not a record's start, which is not found (not damage).
+    rc, out, err = run(capsys, "query-offset", t.path, "--config", t.conf, w.commit_log_offset + 7)
+    assert rc == 3 and f"no record starts at CommitLog offset {w.commit_log_offset + 7}" in err
+    # The same offset under another host (an IPv4 msgId: 8 hex digits of address first).
+    other_host = ("0A0B0C0D" if w.msg_id[:8] != "0A0B0C0D" else "0D0C0B0A") + w.msg_id[8:]
+    rc, out, err = run(capsys, "query-msgid", t.path, "--config", t.conf, other_host)
+    assert rc == 3 and f"has id {w.msg_id}" in err
 
 
 def test_lag_counts_from_the_tiers_first_offset(

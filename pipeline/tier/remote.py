@@ -49,7 +49,7 @@ from rocketstore.pipeline.errors import (
     SegmentGoneError,
 )
 from rocketstore.pipeline.files.mappedfile import segment_name
-from rocketstore.pipeline.format import native
+from rocketstore.pipeline.format import native, record
 from rocketstore.pipeline.format.javahash import index_key_hash
 from rocketstore.pipeline.format.record import MessageExt
 from rocketstore.pipeline.format.segmentindex import (
@@ -453,13 +453,38 @@ class RemoteSegments:
     def _record(self, entry: TierSegment, phys: int) -> MessageExt:
         """The record at ``phys`` of the segment, read with one small GET (two for a record
         longer than the guess) and decoded with every check."""
+        return self._decode(entry, phys, self._first_bytes(entry, phys))
+
+    def _first_bytes(self, entry: TierSegment, phys: int) -> bytes:
         rel = phys - entry.base
         key = self.commitlog_key(entry.base)
-        raw = self.fetch(key, rel, min(entry.length, rel + RECORD_GUESS), entry.base)
+        return self.fetch(key, rel, min(entry.length, rel + RECORD_GUESS), entry.base)
+
+    def _decode(self, entry: TierSegment, phys: int, raw: bytes) -> MessageExt:
+        """The record at ``phys`` from its first bytes ``raw`` (the rest fetched when the
+        record is longer)."""
+        rel = phys - entry.base
         size = int.from_bytes(raw[:4], "big", signed=True) if len(raw) >= 4 else 0
         if len(raw) < size <= entry.length - rel:
-            raw = self.fetch(key, rel, rel + size, entry.base)
+            raw = self.fetch(self.commitlog_key(entry.base), rel, rel + size, entry.base)
         return native.decode_one(raw, 0, phys, path=self.where(entry.base), limit=len(raw))
+
+    def record_at(self, phys: int) -> MessageExt | None:
+        """The message whose record starts at CommitLog offset ``phys`` of the tier, checked;
+        None when no record starts there, intact or damaged (neither its magic code nor its
+        PHYSICALOFFSET field is there, as :meth:`CommitLog.starts_record` tells: inside
+        another record, or past the segment's data). Outside the tier:
+        :class:`SegmentGoneError` below it, :class:`NotVisibleError` past it."""
+        size = self.file_size()
+        entry = self.entry(phys - phys % size if size else phys)
+        if phys - entry.base + record.OFF_SYSFLAG > entry.length:
+            return None
+        raw = self._first_bytes(entry, phys)
+        magic = record.INT.unpack_from(raw, record.OFF_MAGIC)[0]
+        field = record.LONG.unpack_from(raw, record.OFF_PHYSICALOFFSET)[0]
+        if magic != record.MAGIC and field != phys:
+            return None
+        return self._decode(entry, phys, raw)
 
 
 class RemoteQueue:

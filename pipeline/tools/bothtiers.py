@@ -39,7 +39,7 @@ import numpy as np
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.results import GetResult, QueueInfo
 from rocketstore.pipeline.engine.store import MessageStore
-from rocketstore.pipeline.errors import CorruptIndexError, OffsetOutOfRangeError
+from rocketstore.pipeline.errors import CorruptIndexError, NotFoundError, OffsetOutOfRangeError
 from rocketstore.pipeline.files.mappedfile import segment_name
 from rocketstore.pipeline.files.segmentread import locate
 from rocketstore.pipeline.format import native
@@ -266,6 +266,31 @@ class BothTiers:
             if span.local is None or span.local[0] == span.local[1]:
                 return part[1] if got is None else min(got, part[1])
         return self.store.offset_by_time(topic, queue_id, timestamp)
+
+    def tier_message_at(self, offset: int) -> MessageExt | None:
+        """The message at CommitLog offset ``offset`` when only the tier holds it (below the
+        local files' start); None when the local files are the ones to ask. Raises
+        :class:`NotFoundError` when the tier holds the offset but no record starts there."""
+        tier = self.tier
+        if tier is None or offset >= self.store.min_phy_offset:
+            return None
+        first = tier.first()
+        if first is None or not first <= offset < tier.end():
+            return None
+        msg = tier.record_at(offset)
+        if msg is None:
+            raise NotFoundError(
+                f"{tier.location}: no record starts at CommitLog offset {offset} (it lies "
+                "inside another record, or past the end of a segment's data); records start "
+                "where `dump` or `queues` show their commitLogOffset"
+            )
+        return msg
+
+    def log_start(self) -> int:
+        """The first CommitLog offset either tier holds."""
+        first = self.tier.first() if self.tier is not None else None
+        local = self.store.min_phy_offset
+        return local if first is None else min(first, local)
 
     def query_by_key(
         self, topic: str, key: str, *, begin: int, end: int, max_count: int | None

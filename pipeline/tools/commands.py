@@ -17,7 +17,12 @@ from rocketstore.pipeline.config import SECRET_SETTINGS, StoreConfig
 from rocketstore.pipeline.engine import queueread, storehost
 from rocketstore.pipeline.engine.reads import MAX_TIMESTAMP
 from rocketstore.pipeline.engine.store import MessageStore
-from rocketstore.pipeline.errors import ConfigError, NotFoundError, ProgressNotRecordedError
+from rocketstore.pipeline.errors import (
+    ConfigError,
+    NotFoundError,
+    OffsetOutOfRangeError,
+    ProgressNotRecordedError,
+)
 from rocketstore.pipeline.files import topicconfig
 from rocketstore.pipeline.format import native, record
 from rocketstore.pipeline.format.record import MessageExt
@@ -94,9 +99,11 @@ def _check_queue(store: MessageStore, topic: str, queue_id: int) -> None:
         )
 
 
-def _check_record_start(store: MessageStore, offset: int) -> None:
-    """Raise :class:`NotFoundError` unless a record starts at CommitLog offset ``offset``."""
-    low, high = store.min_phy_offset, store.max_phy_offset
+def _check_record_start(store: MessageStore, offset: int, low: int | None = None) -> None:
+    """Raise :class:`NotFoundError` unless a record starts at CommitLog offset ``offset``;
+    ``low``: where the log starts (default: the local files' start)."""
+    low = store.min_phy_offset if low is None else low
+    high = store.max_phy_offset
     if not low <= offset < high:
         raise NotFoundError(
             f"{store.path}: CommitLog offset {offset} is outside the log, which holds "
@@ -284,19 +291,31 @@ def cmd_query_time(args: argparse.Namespace) -> int:
     return 0
 
 
+def _message_at(both: BothTiers, offset: int) -> MessageExt:
+    """The message at CommitLog offset ``offset``: from the tier below the local files."""
+    m = both.tier_message_at(offset)
+    if m is None:
+        _check_record_start(both.store, offset, both.log_start())
+        m = both.store.get_message(offset)
+    return m
+
+
 def cmd_query_offset(args: argparse.Namespace) -> int:
-    with _open(args) as store:
-        _check_record_start(store, args.offset)
-        m = store.get_message(args.offset)
+    with _open_both(args) as both:
+        m = _message_at(both, args.offset)
     _print_message_detail(m, args.json)
     return 0
 
 
 def cmd_query_msgid(args: argparse.Namespace) -> int:
     _, offset = record.parse_msg_id(args.msgid)
-    with _open(args) as store:
-        _check_record_start(store, offset)
-        m = store.get_by_msg_id(args.msgid)
+    with _open_both(args) as both:
+        m = _message_at(both, offset)
+    if m.msg_id != args.msgid.strip().upper():
+        # As MessageStore.get_by_msg_id: the host part must be the record's.
+        raise OffsetOutOfRangeError(
+            f"msgId {args.msgid}: the message at offset {offset} has id {m.msg_id}"
+        )
     _print_message_detail(m, args.json)
     return 0
 

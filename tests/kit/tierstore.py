@@ -45,6 +45,7 @@ class Written:
     body: bytes
     key: str
     tags: str
+    msg_id: str
 
     def fields(self) -> dict[str, Any]:
         """The fields of a ``dump`` / ``--json`` line these must match."""
@@ -57,6 +58,7 @@ class Written:
             "storeTimestamp": self.store_timestamp,
             "keys": self.key,
             "tags": self.tags,
+            "msgId": self.msg_id,
             "body": base64.b64encode(self.body).decode(),
         }
 
@@ -121,7 +123,7 @@ def make(
             written.append(
                 Written(
                     topic, queue_id, r.queue_offset, r.commit_log_offset, r.store_size,
-                    r.store_timestamp, body, f"key{k}", tags,
+                    r.store_timestamp, body, f"key{k}", tags, r.msg_id,
                 )
             )  # fmt: skip
     assert Uploader(store, config).run_once().uploaded
