@@ -355,3 +355,15 @@ def test_offsets_in_neither_tier_are_a_gap_the_commands_name(
         rc, out, err = run(capsys, "query-key", store, "--config", on, "--topic", "T",
                            "--key", w[2], "--json")  # fmt: skip
         assert rc == 0 and [d["commitLogOffset"] for d in lines(out)] == [w[1]]
+
+
+def test_a_bucket_that_refuses_fails_the_command_naming_the_setting(
+    ceph: Any, tiered: TieredStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    t = tiered
+    wrong = {**tierstore.settings(ceph, t.bucket), "objectStoreSecretKey": "not-the-key"}
+    conf = tierstore.write_conf(tmp_path / "wrong.toml", wrong)
+    for argv in (("queues",), ("dump",), ("query-key", "--topic", "T0", "--key", "key0")):
+        done = run_apart(argv[0], t.path, "--config", conf, *argv[1:])
+        assert done.returncode == 2 and done.stdout == "", (argv, done.stderr)
+        assert "objectStoreSecretKey" in done.stderr, (argv, done.stderr)

@@ -117,8 +117,17 @@ class BothTiers:
         return [self._span(k, local.get(k), ends.get(k)) for k in sorted(set(local) | set(ends))]
 
     def span(self, topic: str, queue_id: int) -> QueueSpan | None:
-        """One queue's span; None when neither tier has the queue."""
-        return next((s for s in self.spans(topic) if s.info.queue_id == queue_id), None)
+        """One queue's span (no other queue's read); None when neither tier has the queue."""
+        infos = self.store.queue_infos(topic)
+        info = next((i for i in infos if i.queue_id == queue_id), None)
+        if self.tier is None:
+            return (
+                None if info is None else QueueSpan(info, (info.min_offset, info.max_offset), None)
+            )
+        end = self.tier.manifest.queues.get(topic, {}).get(str(queue_id))
+        if info is None and end is None:
+            return None
+        return self._span((topic, queue_id), info, end)
 
     def _span(
         self, key: tuple[str, int], info: QueueInfo | None, tier_end: int | None
@@ -301,8 +310,8 @@ class BothTiers:
         found = self.store.query_by_key(topic, key, begin=begin, end=end, max_count=max_count)
         if self.tier is None:
             return found
-        limit = min(max_count or self.store.config.max_msgs_num_batch,
-                    self.store.config.max_msgs_num_batch)  # fmt: skip
+        batch = self.store.config.max_msgs_num_batch
+        limit = min(max_count or batch, batch)
         local_start = self.store.min_phy_offset
         more = self.tier.query_key(
             topic, key, begin=begin, end=end, limit=limit, before=local_start

@@ -3,7 +3,10 @@
 
 Each ``cmd_*`` takes the parsed arguments and returns the exit status; errors are raised
 (:class:`~rocketstore.pipeline.errors.StoreError` and its kinds) and reported by :mod:`rocketstore.pipeline.cli`.
-Reading commands open the store read-only: no lock, nothing written.
+Reading commands open the store read-only: no lock, nothing written. With the tier on in the
+store's settings, the reading commands read what local retention deleted from the bucket
+(:mod:`rocketstore.pipeline.tools.bothtiers`), and ``verify`` checks the bucket's objects too
+(:mod:`rocketstore.pipeline.tools.verify.tier`).
 """
 
 from __future__ import annotations
@@ -279,8 +282,8 @@ def cmd_query_key(args: argparse.Namespace) -> int:
 
 def cmd_query_time(args: argparse.Namespace) -> int:
     with _open_both(args) as both:
-        if both.tier is None or both.span(args.topic, args.queue) is None:
-            _check_queue(both.store, args.topic, args.queue)
+        if both.span(args.topic, args.queue) is None:
+            _check_queue(both.store, args.topic, args.queue)  # says which queues there are
         offset = both.offset_by_time(args.topic, args.queue, args.timestamp)
     header = ("topic", "queueId", "timestamp", "offset")
     row = [args.topic, args.queue, args.timestamp, offset]
