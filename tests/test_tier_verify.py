@@ -95,8 +95,13 @@ def test_deleted_objects_are_named(ceph: Any, tiered: TieredStore) -> None:
     s3 = ceph.client()
     s3.delete_object(Bucket=t.bucket, Key=t.key("commitlog", seg))
     s3.delete_object(Bucket=t.bucket, Key=t.key("index", idx))
-    rc, report = verify(t)
+    metrics = t.path.parent / "verify.prom"
+    rc, report = verify(t, "--metrics", metrics)
     assert rc == 1 and not report["ok"]
+    # The textfile for Prometheus counts the bucket's problems as the local ones.
+    text = metrics.read_text()
+    assert 'rocketstore_verify_problems{broker="broker-a"} 2.0' in text, text
+    assert 'rocketstore_verify_ok{broker="broker-a"} 0.0' in text, text
     url = f"s3://{t.bucket}/"
     assert problems(report) == {
         ("tier-object-missing", url + t.key("commitlog", seg), seg),
