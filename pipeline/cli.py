@@ -370,7 +370,8 @@ def _repair_commands(c: _Commands) -> None:
         "Check every record, ConsumeQueue unit and index entry",
         "Walks the whole CommitLog (magic, sizes, physical offsets, body CRCs), going on past "
         "a damaged record; checks every ConsumeQueue unit against its record and every index "
-        "entry against its record's keys. Prints each problem with its file and offset; exit "
+        "entry against its record's keys. With the tier on, also the objects in the bucket "
+        "(--no-tier: not). Prints each problem with its file or object and offset; exit "
         "status 1 if there is any. Read-only: safe while a writer runs.",
         [c.store, c.as_json],
     )
@@ -378,6 +379,15 @@ def _repair_commands(c: _Commands) -> None:
         "--all", action="store_true", help="list every problem (default: 100 per kind and file)"
     )
     p.add_argument("--progress", action="store_true", help="show progress on stderr")
+    p.add_argument(
+        "--tier",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with the tier on (tieredStorageLevel = NOT_IN_DISK), also check the bucket's "
+        "objects: the manifest, every object's length and SHA-256, each segment's records and "
+        "each index against the one rebuilt from them; reads every object once (default: on "
+        "with the tier on; --no-tier checks the local files only)",
+    )
     p.add_argument(
         "--metrics",
         metavar="FILE",

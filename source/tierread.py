@@ -91,9 +91,8 @@ def _tier_key(
     candidate record read, decoded with every check, and matched (a collision is no hit)."""
     columns = ctx.columns | native.Columns.KEYS | native.Columns.UNIQ_KEY
     parts: list[pa.RecordBatch] = []
-    for entry, phys in tier.key_candidates(kr.topic, kr.key, begin=kr.begin, end=kr.end):
-        if phys >= below:
-            continue
+    found = tier.key_candidates(kr.topic, kr.key, begin=kr.begin, end=kr.end, before=below)
+    for entry, phys in found:
         raw = tier.record_bytes(entry, phys)
         recs = native.decode(
             raw, np.zeros(1, np.int64), phys, path=tier.where(entry.base), columns=columns

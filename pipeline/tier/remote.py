@@ -51,7 +51,7 @@ from rocketstore.pipeline.errors import (
     SegmentGoneError,
 )
 from rocketstore.pipeline.files.mappedfile import segment_name
-from rocketstore.pipeline.format import native
+from rocketstore.pipeline.format import native, record
 from rocketstore.pipeline.format.javahash import index_key_hash
 from rocketstore.pipeline.format.record import MessageExt
 from rocketstore.pipeline.format.segmentindex import (
@@ -420,14 +420,24 @@ class RemoteSegments:
 
     # -- keys -------------------------------------------------------------------------------
     def key_candidates(
-        self, topic: str, key: str, *, begin: int = 0, end: int = 2**63 - 1
+        self,
+        topic: str,
+        key: str,
+        *,
+        begin: int = 0,
+        end: int = 2**63 - 1,
+        before: int | None = None,
     ) -> Iterator[tuple[TierSegment, int]]:
         """(segment, CommitLog offset) of the records that may have key ``key`` of ``topic``
         and a store time in [begin, end] ms, newest first: segments newest first whose times
         overlap, each's key entries of the hash (:meth:`SegmentIndex.key_offsets`, ranged).
-        A hash collision is a candidate: the record must be read to tell."""
+        A hash collision is a candidate: the record must be read to tell. ``before``: only
+        the segments that start below this CommitLog offset (a reader that has the local
+        files' index for the rest)."""
         key_hash = index_key_hash(topic, key)
         for entry in reversed(self.entries):
+            if before is not None and entry.base >= before:
+                continue
             if entry.max_store_timestamp < begin or entry.min_store_timestamp > end:
                 continue
             index = self.index(entry.base)
@@ -440,15 +450,21 @@ class RemoteSegments:
                 yield entry, phys
 
     def query_key(
-        self, topic: str, key: str, *, begin: int = 0, end: int = 2**63 - 1, limit: int = 64
+        self,
+        topic: str,
+        key: str,
+        *,
+        begin: int = 0,
+        end: int = 2**63 - 1,
+        limit: int = 64,
+        before: int | None = None,
     ) -> list[MessageExt]:
         """The messages of ``topic`` with key ``key`` (a ``KEYS`` token or the ``UNIQ_KEY``)
         stored in [begin, end] ms, newest first, at most ``limit``: each candidate
         (:meth:`key_candidates`) read and checked, so a hash collision is never a hit."""
         found: list[MessageExt] = []
-        for entry, phys in self.key_candidates(topic, key, begin=begin, end=end):
-            raw = self.record_bytes(entry, phys)
-            msg = native.decode_one(raw, 0, phys, path=self.where(entry.base), limit=len(raw))
+        for entry, phys in self.key_candidates(topic, key, begin=begin, end=end, before=before):
+            msg = self._record(entry, phys)
             if (
                 msg.topic == topic
                 and begin <= msg.store_timestamp <= end
@@ -462,13 +478,48 @@ class RemoteSegments:
     def record_bytes(self, entry: TierSegment, phys: int) -> bytes:
         """The bytes of the record at ``phys`` of the segment (as its size field says, within
         the object), read with one small GET (two for a record longer than the guess)."""
+        return self._whole(entry, phys, self._first_bytes(entry, phys))
+
+    def _record(self, entry: TierSegment, phys: int) -> MessageExt:
+        """The record at ``phys`` of the segment, read as :meth:`record_bytes` reads it and
+        decoded with every check."""
+        return self._decode(entry, phys, self._first_bytes(entry, phys))
+
+    def _first_bytes(self, entry: TierSegment, phys: int) -> bytes:
         rel = phys - entry.base
         key = self.commitlog_key(entry.base)
-        raw = self.fetch(key, rel, min(entry.length, rel + RECORD_GUESS), entry.base)
+        return self.fetch(key, rel, min(entry.length, rel + RECORD_GUESS), entry.base)
+
+    def _whole(self, entry: TierSegment, phys: int, raw: bytes) -> bytes:
+        """The record at ``phys`` from its first bytes ``raw``: the rest fetched when the
+        record is longer (as far as the object goes)."""
+        rel = phys - entry.base
         size = int.from_bytes(raw[:4], "big", signed=True) if len(raw) >= 4 else 0
         if len(raw) < size <= entry.length - rel:
-            raw = self.fetch(key, rel, rel + size, entry.base)
+            raw = self.fetch(self.commitlog_key(entry.base), rel, rel + size, entry.base)
         return raw
+
+    def _decode(self, entry: TierSegment, phys: int, raw: bytes) -> MessageExt:
+        """The record at ``phys`` from its first bytes ``raw``, decoded with every check."""
+        raw = self._whole(entry, phys, raw)
+        return native.decode_one(raw, 0, phys, path=self.where(entry.base), limit=len(raw))
+
+    def record_at(self, phys: int) -> MessageExt | None:
+        """The message whose record starts at CommitLog offset ``phys`` of the tier, checked;
+        None when no record starts there, intact or damaged (neither its magic code nor its
+        PHYSICALOFFSET field is there, as :meth:`CommitLog.starts_record` tells: inside
+        another record, or past the segment's data). Outside the tier:
+        :class:`SegmentGoneError` below it, :class:`NotVisibleError` past it."""
+        size = self.file_size()
+        entry = self.entry(phys - phys % size if size else phys)
+        if phys - entry.base + record.OFF_SYSFLAG > entry.length:
+            return None
+        raw = self._first_bytes(entry, phys)
+        magic = record.INT.unpack_from(raw, record.OFF_MAGIC)[0]
+        field = record.LONG.unpack_from(raw, record.OFF_PHYSICALOFFSET)[0]
+        if magic != record.MAGIC and field != phys:
+            return None
+        return self._decode(entry, phys, raw)
 
 
 class RemoteQueue:

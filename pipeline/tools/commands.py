@@ -3,7 +3,10 @@
 
 Each ``cmd_*`` takes the parsed arguments and returns the exit status; errors are raised
 (:class:`~rocketstore.pipeline.errors.StoreError` and its kinds) and reported by :mod:`rocketstore.pipeline.cli`.
-Reading commands open the store read-only: no lock, nothing written.
+Reading commands open the store read-only: no lock, nothing written. With the tier on in the
+store's settings, the reading commands read what local retention deleted from the bucket
+(:mod:`rocketstore.pipeline.tools.bothtiers`), and ``verify`` checks the bucket's objects too
+(:mod:`rocketstore.pipeline.tools.verify.tier`).
 """
 
 from __future__ import annotations
@@ -17,10 +20,16 @@ from rocketstore.pipeline.config import SECRET_SETTINGS, StoreConfig
 from rocketstore.pipeline.engine import queueread, storehost
 from rocketstore.pipeline.engine.reads import MAX_TIMESTAMP
 from rocketstore.pipeline.engine.store import MessageStore
-from rocketstore.pipeline.errors import ConfigError, NotFoundError, ProgressNotRecordedError
+from rocketstore.pipeline.errors import (
+    ConfigError,
+    NotFoundError,
+    OffsetOutOfRangeError,
+    ProgressNotRecordedError,
+)
 from rocketstore.pipeline.files import topicconfig
 from rocketstore.pipeline.format import native, record
 from rocketstore.pipeline.format.record import MessageExt
+from rocketstore.pipeline.tools.bothtiers import BothTiers, QueueSpan
 from rocketstore.pipeline.tools.output import emit, plain_cell, preview, print_table
 
 DUMP_PAGE = 1000
@@ -93,9 +102,11 @@ def _check_queue(store: MessageStore, topic: str, queue_id: int) -> None:
         )
 
 
-def _check_record_start(store: MessageStore, offset: int) -> None:
-    """Raise :class:`NotFoundError` unless a record starts at CommitLog offset ``offset``."""
-    low, high = store.min_phy_offset, store.max_phy_offset
+def _check_record_start(store: MessageStore, offset: int, low: int | None = None) -> None:
+    """Raise :class:`NotFoundError` unless a record starts at CommitLog offset ``offset``;
+    ``low``: where the log starts (default: the local files' start)."""
+    low = store.min_phy_offset if low is None else low
+    high = store.max_phy_offset
     if not low <= offset < high:
         raise NotFoundError(
             f"{store.path}: CommitLog offset {offset} is outside the log, which holds "
@@ -109,31 +120,82 @@ def _check_record_start(store: MessageStore, offset: int) -> None:
         )
 
 
+def _open_both(args: argparse.Namespace) -> BothTiers:
+    """The store read-only and, with the tier on in its settings, its tier (docs/cli.md)."""
+    return BothTiers.open(args.store, StoreConfig.effective(args.config))
+
+
 def cmd_dump(args: argparse.Namespace) -> int:
-    with _open(args) as store:
-        infos = store.queue_infos(args.topic)
-        if args.topic is not None and not infos:
+    with _open_both(args) as both:
+        store = both.store
+        spans = both.spans(args.topic)
+        if args.topic is not None and not spans:
             _note(f"no queue of topic {args.topic!r} in {args.store}")
-        for info in infos:
-            for batch in queueread.queue_batches(store, info.topic, info.queue_id, page=DUMP_PAGE):
+        for span in spans:
+            _note_gap(args.store, span)
+            # The offsets only the tier holds first, then the local files from their start.
+            for m in both.queue_messages(span):
+                emit(m.to_json())
+            if span.local is None:
+                continue
+            topic, queue_id = span.info.topic, span.info.queue_id
+            for batch in queueread.queue_batches(store, topic, queue_id, page=DUMP_PAGE):
                 for m in native.messages(batch):
                     emit(m.to_json())
     return 0
 
 
+def _note_gap(store: str, span: QueueSpan) -> None:
+    if span.gap is not None:
+        _note(
+            f"{store}: {span.info.topic}/{span.info.queue_id} offsets [{span.gap[0]}, "
+            f"{span.gap[1]}) are in neither the tier nor the local files (local retention "
+            "deleted them before they were uploaded)"
+        )
+
+
 def cmd_queues(args: argparse.Namespace) -> int:
-    with _open(args) as store:
-        infos = store.queue_infos(args.topic)
-    if args.topic is not None and not infos:
+    with _open_both(args) as both:
+        spans = both.spans(args.topic)
+        tiered = both.tier is not None
+    if args.topic is not None and not spans:
         _note(f"no queue of topic {args.topic!r} in {args.store}")
-    header = ("topic", "queueId", "minOffset", "maxOffset", "maxPhysicOffset")
-    rows = [[i.topic, i.queue_id, i.min_offset, i.max_offset, i.max_physic_offset] for i in infos]
+    header: tuple[str, ...] = ("topic", "queueId", "minOffset", "maxOffset", "maxPhysicOffset")
+    rows = []
+    for span in spans:
+        i = span.info
+        _note_gap(args.store, span)
+        rows.append([i.topic, i.queue_id, i.min_offset, i.max_offset, i.max_physic_offset])
     if args.json:
-        for row in rows:
-            emit(dict(zip(header, row, strict=True)))
+        for row, span in zip(rows, spans, strict=True):
+            fields = dict(zip(header, row, strict=True))
+            if tiered:
+                fields.update(_where_fields(span))
+            emit(fields)
     elif rows:
+        if tiered:
+            # Where each range lives: the bucket's segments, the local files, or both.
+            header += ("inTier", "local")
+            for row, span in zip(rows, spans, strict=True):
+                row += [_range_text(span.tier), _range_text(span.local)]
         print_table(header, rows)
     return 0
+
+
+def _where_fields(span: QueueSpan) -> dict[str, object]:
+    """``queues --json``'s fields with the tier on: each tier's ``[min, max)`` of the queue
+    (null where it holds none)."""
+    tier, local = span.tier, span.local
+    return {
+        "tierMinOffset": tier[0] if tier else None,
+        "tierMaxOffset": tier[1] if tier else None,
+        "localMinOffset": local[0] if local else None,
+        "localMaxOffset": local[1] if local else None,
+    }
+
+
+def _range_text(span: tuple[int, int] | None) -> str:
+    return "-" if span is None or span[0] >= span[1] else f"[{span[0]}, {span[1]})"
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
@@ -189,8 +251,8 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    with _open(args) as store:
-        r = store.get_messages(args.topic, args.queue, args.offset, args.max, args.tags)
+    with _open_both(args) as both:
+        r = both.get_messages(args.topic, args.queue, args.offset, args.max, args.tags)
     summary = {
         "status": r.status,
         "nextBeginOffset": r.next_begin_offset,
@@ -206,8 +268,8 @@ def cmd_get(args: argparse.Namespace) -> int:
 
 
 def cmd_query_key(args: argparse.Namespace) -> int:
-    with _open(args) as store:
-        found = store.query_by_key(
+    with _open_both(args) as both:
+        found = both.query_by_key(
             args.topic,
             args.key,
             begin=args.begin,
@@ -219,9 +281,10 @@ def cmd_query_key(args: argparse.Namespace) -> int:
 
 
 def cmd_query_time(args: argparse.Namespace) -> int:
-    with _open(args) as store:
-        _check_queue(store, args.topic, args.queue)
-        offset = store.offset_by_time(args.topic, args.queue, args.timestamp)
+    with _open_both(args) as both:
+        if both.span(args.topic, args.queue) is None:
+            _check_queue(both.store, args.topic, args.queue)  # says which queues there are
+        offset = both.offset_by_time(args.topic, args.queue, args.timestamp)
     header = ("topic", "queueId", "timestamp", "offset")
     row = [args.topic, args.queue, args.timestamp, offset]
     if args.json:
@@ -231,19 +294,31 @@ def cmd_query_time(args: argparse.Namespace) -> int:
     return 0
 
 
+def _message_at(both: BothTiers, offset: int) -> MessageExt:
+    """The message at CommitLog offset ``offset``: from the tier below the local files."""
+    m = both.tier_message_at(offset)
+    if m is None:
+        _check_record_start(both.store, offset, both.log_start())
+        m = both.store.get_message(offset)
+    return m
+
+
 def cmd_query_offset(args: argparse.Namespace) -> int:
-    with _open(args) as store:
-        _check_record_start(store, args.offset)
-        m = store.get_message(args.offset)
+    with _open_both(args) as both:
+        m = _message_at(both, args.offset)
     _print_message_detail(m, args.json)
     return 0
 
 
 def cmd_query_msgid(args: argparse.Namespace) -> int:
     _, offset = record.parse_msg_id(args.msgid)
-    with _open(args) as store:
-        _check_record_start(store, offset)
-        m = store.get_by_msg_id(args.msgid)
+    with _open_both(args) as both:
+        m = _message_at(both, offset)
+    if m.msg_id != args.msgid.strip().upper():
+        # As MessageStore.get_by_msg_id: the host part must be the record's.
+        raise OffsetOutOfRangeError(
+            f"msgId {args.msgid}: the message at offset {offset} has id {m.msg_id}"
+        )
     _print_message_detail(m, args.json)
     return 0
 
@@ -304,14 +379,31 @@ def cmd_verify(args: argparse.Namespace) -> int:
             sys.stderr.write(f"\rverifying: {100 * done // total:3d} %")
             sys.stderr.flush()
 
+    config = StoreConfig.effective(args.config)
+    if args.tier and not config.tier_on:
+        raise ConfigError(
+            "option --tier: the tier is off in the store's settings (tieredStorageLevel "
+            f"{config.tiered_storage_level}); there is no bucket to check"
+        )
     report = verify_read_only(
         args.store,
-        StoreConfig.effective(args.config),
+        config,
         progress=progress,
         max_per_kind=None if args.all else 100,
     )
     if args.progress:
         sys.stderr.write("\n")
+    if config.tier_on and args.tier is not False:
+        from rocketstore.pipeline.tools.verify.tier import verify_tier
+
+        def tier_progress(done: int, total: int) -> None:
+            if args.progress:
+                sys.stderr.write(f"\rverifying the tier: {done}/{total} segments")
+                sys.stderr.flush()
+
+        report.tier = verify_tier(args.store, config, report, progress=tier_progress).to_json()
+        if args.progress:
+            sys.stderr.write("\n")
     if metrics is not None:
         from rocketstore.pipeline.tools.metrics import write_verify_textfile
 
@@ -335,6 +427,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
             f"{state}: {report.records} records, {report.units} units, "
             f"{report.index_entries} index entries checked in {report.seconds:.2f}s{again}"
         )
+        if report.tier is not None:
+            t = report.tier
+            print(
+                f"tier {t['bucket']}: {t['segments']} segments ({t['bytes']} bytes, "
+                f"{t['records']} records) and {t['indexObjects']} index objects checked"
+            )
     return 0 if report.ok else 1
 
 

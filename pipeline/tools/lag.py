@@ -28,6 +28,7 @@ from rocketstore.pipeline.engine.groups import (
 from rocketstore.pipeline.engine.root import StoreRoot
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import StoreError
+from rocketstore.pipeline.tools.bothtiers import BothTiers
 from rocketstore.pipeline.tools.output import emit, print_table
 
 QueueKey = tuple[str, str, int]  # (topic, brokerName, queueId), as the Spark source names a queue
@@ -160,9 +161,18 @@ def _brokers(root: str | os.PathLike[str]) -> list[tuple[str, Path]]:
 
 def store_bounds(config: StoreConfig, topics: Collection[str] | None = None) -> BoundsReader:
     """Reads a broker's bounds by opening it read-only (no lock, nothing written), as
-    ``rocketstore queues`` does; only of ``topics``, when given."""
+    ``rocketstore queues`` does (across both tiers with the tier on); only of ``topics``, when
+    given."""
 
     def read(name: str, path: Path) -> BrokerBounds:
+        if config.tier_on:
+            # Across both tiers: a queue starts where the bucket's oldest segment holding it
+            # does, when local retention deleted what the tier keeps.
+            with BothTiers.open(path, config) as both:
+                return {
+                    (s.info.topic, s.info.queue_id): (s.info.min_offset, s.info.max_offset)
+                    for s in both.spans(topics=topics)
+                }
         with MessageStore(path, config, read_only=True) as store:
             return {
                 (i.topic, i.queue_id): (i.min_offset, i.max_offset)

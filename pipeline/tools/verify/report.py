@@ -53,6 +53,9 @@ class VerifyReport:
     # Scans started over because retention deleted a file the read-only open had listed
     # (verify_read_only); what the report says is from the last, whole scan.
     restarts: int = 0
+    # What the check of the tier's objects read (tools/verify/tier.py), None when not run;
+    # its problems are among ``problems``.
+    tier: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -82,5 +85,6 @@ class VerifyReport:
             "problemsSuppressed": self.suppressed,
             "snapshotEnd": self.snapshot_end,
             "restarts": self.restarts,
+            "tier": self.tier,
             "problems": [p.to_json() for p in self.problems],
         }
