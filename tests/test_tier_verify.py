@@ -16,6 +16,10 @@ from typing import Any
 import pytest
 
 from rocketstore.pipeline import cli
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.tier.upload import Uploader
+from rocketstore.pipeline.tools.verify.report import VerifyReport
+from rocketstore.pipeline.tools.verify.tier import verify_tier
 from tests.kit import tierstore
 from tests.kit.tierstore import SEG, TieredStore
 
@@ -70,6 +74,7 @@ def test_a_whole_tier_verifies_and_says_what_it_read(
         "records": len(in_tier),
         "indexObjects": len(t.tier_bases),
         "indexBytes": sum(map(len, indexes)),
+        "retired": 0,
     }
     # The local files' counters are the local files' alone.
     assert report["counters"]["records"] == sum(not t.tier_only(w) for w in t.written)
@@ -213,3 +218,22 @@ def test_the_stores_record_of_its_tier_is_checked_against_the_manifest(
     path.write_text(json.dumps(record))
     rc, report = verify(t)
     assert rc == 0 and report["problems"] == []
+
+
+def test_segments_the_tiers_retention_removes_during_the_run_are_not_damage(
+    tiered: TieredStore,
+) -> None:
+    """The tier's retention runs while verify is between two segments (its progress callback):
+    the segments it removed are counted as retired, and nothing is a problem."""
+    t = tiered
+    config = StoreConfig.load(t.conf)
+    later = max(w.store_timestamp for w in t.written) + 100 * 3_600_000
+
+    def retention_once(done: int, _total: int) -> None:
+        if done == 1:
+            assert Uploader(t.path, config, clock_ms=lambda: later).run_once().removed
+
+    report = VerifyReport(str(t.path))
+    counts = verify_tier(t.path, config, report, progress=retention_once)
+    assert report.problems == []
+    assert counts.segments == 1 and counts.retired == len(t.tier_bases) - 1

@@ -62,7 +62,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.errors import CorruptRecordError, ManifestError, TierError
+from rocketstore.pipeline.errors import (
+    CorruptRecordError,
+    ManifestError,
+    SegmentGoneError,
+    TierError,
+)
 from rocketstore.pipeline.files.mappedfile import segment_name
 from rocketstore.pipeline.format.segmentindex import HEADER_SIZE, build_segment_index
 from rocketstore.pipeline.tier import localstate
@@ -84,6 +89,7 @@ class TierCounts:
     records: int = 0
     index_objects: int = 0
     index_bytes: int = 0
+    retired: int = 0  # segments the tier's retention removed while the run checked them
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -93,6 +99,7 @@ class TierCounts:
             "records": self.records,
             "indexObjects": self.index_objects,
             "indexBytes": self.index_bytes,
+            "retired": self.retired,
         }
 
 
@@ -149,7 +156,14 @@ class _TierScan:
             return self.counts  # offsets would be read against the wrong segment size
         self.local_state(manifest)
         for done, entry in enumerate(manifest.segments):
-            self.segment(entry)
+            before = len(self.report.problems)
+            try:
+                self.segment(entry)
+            except SegmentGoneError:
+                # The tier's retention removed it since the run read the manifest: not damage,
+                # and nothing more to check of it (what it found of it so far goes too).
+                del self.report.problems[before:]
+                self.counts.retired += 1
             if progress is not None:
                 progress(done + 1, len(manifest.segments))
         self.gap(manifest)
@@ -198,10 +212,15 @@ class _TierScan:
             self.check_entry(entry, rebuilt)
         self.check_index(entry, rebuilt)
 
-    def present(self, key: str, length: int, offset_of: Callable[[int], int]) -> bool:
-        """Whether ``key`` is in the bucket with ``length`` bytes; a problem if not."""
+    def present(self, key: str, length: int, offset_of: Callable[[int], int], base: int) -> bool:
+        """Whether ``key`` (of the segment at ``base``) is in the bucket with ``length``
+        bytes; a problem if not, unless the tier's retention removed the segment since the
+        run read the manifest (:class:`SegmentGoneError`)."""
         got = self.tier.objects.head(key)
         if got is None:
+            now = read_manifest(self.tier.objects, self.tier.prefix)
+            if now is not None and base < now.deleted_below:
+                raise SegmentGoneError(f"{self.name}{key}: removed by the tier's retention")
             self.problem(
                 "tier-object-missing",
                 key,
@@ -224,7 +243,7 @@ class _TierScan:
         """The segment object's bytes, checked against the manifest's length and SHA-256;
         None when it is missing or of another length (a problem says so)."""
         key = self.tier.commitlog_key(entry.base)
-        if not self.present(key, entry.length, lambda at: entry.base + at):
+        if not self.present(key, entry.length, lambda at: entry.base + at, entry.base):
             return None
         data = bytearray(entry.length)
         sha = hashlib.sha256()
@@ -275,7 +294,7 @@ class _TierScan:
         byte against ``rebuilt`` (None: the segment could not be indexed)."""
         key = self.tier.index_key(entry.base)
         length = entry.index.length
-        if not self.present(key, length, lambda at: at):
+        if not self.present(key, length, lambda at: at, entry.base):
             return
         try:
             self.tier.index(entry.base)
