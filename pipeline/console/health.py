@@ -23,6 +23,7 @@ from rocketstore.pipeline.console.views import Console
 from rocketstore.pipeline.errors import StoreError
 from rocketstore.pipeline.tools.metrics import VerifyResult
 from rocketstore.pipeline.tools.verify.check import Problem, verify_read_only
+from rocketstore.pipeline.tools.verify.tier import verify_tier
 
 MAX_PROBLEMS_SHOWN = 500
 
@@ -134,12 +135,12 @@ class Health:
         for name, path in brokers:
             result: BrokerResult
             try:
+                config = self._console.config
                 report = verify_read_only(
-                    path,
-                    self._console.config,
-                    progress=self._progress(name),
-                    max_per_kind=100,
+                    path, config, progress=self._progress(name), max_per_kind=100
                 )
+                if config.tier_on:  # the bucket's objects too, as `rocketstore verify` does
+                    verify_tier(path, config, report, progress=self._progress(f"{name} (bucket)"))
                 result = BrokerResult(
                     name,
                     report.ok,

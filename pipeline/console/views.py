@@ -6,6 +6,9 @@ Every function opens the brokers it needs read-only (:class:`MessageStore` with
 before returning, so a page never holds a store open between requests and never keeps a writer
 from deleting expired files. While writers append, a page shows the store as its read-only open
 found it (the store's visibility rule applies on shared storage); the next refresh shows more.
+With the tier on, the pages of messages read both tiers
+(:class:`~rocketstore.pipeline.tools.bothtiers.BothTiers`, as the CLI does), through one S3
+client kept for the console's life.
 
 Thread-safety: each call opens its own stores, so calls may run in parallel threads (Starlette
 runs them in its thread pool); the returned values are plain data.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import json
 import time
 from collections.abc import Iterator, Sequence
@@ -39,6 +43,9 @@ from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import NotFoundError, OffsetOutOfRangeError, StoreError
 from rocketstore.pipeline.format import bodyformat, record
+from rocketstore.pipeline.tier.objects import ObjectStore
+from rocketstore.pipeline.tier.remote import open_tier
+from rocketstore.pipeline.tools.bothtiers import BothTiers
 from rocketstore.pipeline.tools.lag import (
     CommittedOffsets,
     QueueLag,
@@ -55,6 +62,12 @@ HOUR_MS = 3_600_000
 BODY_CAP = 4096  # bytes of a body shown on a message's page
 PREVIEW_CHARS = 100  # characters of a body shown in a list
 TOPIC_SAMPLE = 240  # units read per queue for a topic's messages-per-minute chart
+
+
+@functools.cache
+def _objects(config: StoreConfig) -> ObjectStore:
+    """The console's S3 client for the bucket ``config`` names, made once."""
+    return ObjectStore(config)
 
 
 def now_ms() -> int:
@@ -92,6 +105,15 @@ class Console:
         with MessageStore(path, self.config, read_only=True) as store:
             yield store
 
+    @contextlib.contextmanager
+    def open_both(self, path: Path) -> Iterator[BothTiers]:
+        """One broker opened read-only with its tier, when the settings turn it on: the pages
+        of messages read both tiers as the CLI's reading commands do. One S3 client for the
+        console's life (boto3's are thread-safe; making one costs ~0.4 s)."""
+        with MessageStore(path, self.config, read_only=True) as store:
+            objects = _objects(self.config) if self.config.tier_on else None
+            yield BothTiers(store, open_tier(path, self.config, objects))
+
 
 # -- topic -------------------------------------------------------------------------------------
 
@@ -102,8 +124,9 @@ class QueueRow:
     queue_id: int
     min_offset: int
     max_offset: int
-    oldest: int | None
+    oldest: int | None  # of the local files' messages
     newest: int | None
+    in_bucket: int = 0  # messages only the tier holds (below the local files)
 
     @property
     def depth(self) -> int:
@@ -135,12 +158,14 @@ def topic(console: Console, name: str) -> TopicView:
     samples: list[tuple[str, int, rates.QueueSample]] = []
     rows: list[QueueRow] = []
     for broker, path in console.brokers():
-        with console.open(path) as store:
-            for info in store.queue_infos(name):
-                s = rates.sample_queue(
-                    store, name, info.queue_id, info.min_offset, info.max_offset, TOPIC_SAMPLE
-                )
-                samples.append((broker, info.min_offset, s))
+        with console.open_both(path) as both:
+            for span in both.spans(name):
+                info = span.info
+                # Rates from the local files' units (the bucket's part is counted, not drawn).
+                low, high = span.local if span.local is not None else (info.max_offset,) * 2
+                s = rates.sample_queue(both.store, name, info.queue_id, low, high, TOPIC_SAMPLE)
+                samples.append((broker, low, s))
+                cold = span.tier_only
                 rows.append(
                     QueueRow(
                         broker,
@@ -149,6 +174,7 @@ def topic(console: Console, name: str) -> TopicView:
                         info.max_offset,
                         int(s.times.min()) if len(s.times) else None,
                         int(s.times.max()) if len(s.times) else None,
+                        cold[1] - cold[0] if cold is not None else 0,
                     )
                 )
     if not rows and name not in meta:
@@ -224,18 +250,19 @@ def browse(
     first), or from the offset of store time ``when`` (as ``query-time`` finds it), as
     ``rocketstore get`` reads them. :class:`NotFoundError` for a queue the broker lacks."""
     name, path = broker
-    with console.open(path) as store:
-        queues = [i.queue_id for i in store.queue_infos(topic_name)]
-        if queue_id not in queues:
+    with console.open_both(path) as both:
+        span = both.span(topic_name, queue_id)
+        if span is None:
+            queues = sorted({s.info.queue_id for s in both.spans(topic_name)})
             raise NotFoundError(
                 f"topic {topic_name!r} has no queue {queue_id} on {name} "
                 f"(its queues there: {', '.join(map(str, queues)) or 'none'})"
             )
-        low, high = store.min_offset(topic_name, queue_id), store.max_offset(topic_name, queue_id)
+        low, high = span.info.min_offset, span.info.max_offset
         if when is not None:
-            offset = store.offset_by_time(topic_name, queue_id, when)
+            offset = both.offset_by_time(topic_name, queue_id, when)
         start = low if offset is None else offset
-        result = store.get_messages(topic_name, queue_id, start, count)
+        result = both.get_messages(topic_name, queue_id, start, count, None)
     found = [Found(name, m) for m in result.messages]
     more = result.next_begin_offset if result.next_begin_offset < result.max_offset else None
     return Browse(
@@ -255,8 +282,8 @@ def by_key(console: Console, topic_name: str, key: str, count: int) -> list[Foun
     IndexFile, newest first per broker, as ``query-key`` finds them."""
     out: list[Found] = []
     for name, path in console.brokers():
-        with console.open(path) as store:
-            for m in store.query_by_key(
+        with console.open_both(path) as both:
+            for m in both.query_by_key(
                 topic_name, key, begin=0, end=MAX_TIMESTAMP, max_count=count
             ):
                 out.append(Found(name, m))
@@ -264,10 +291,14 @@ def by_key(console: Console, topic_name: str, key: str, count: int) -> list[Foun
     return out[:count]
 
 
-def _at(store: MessageStore, offset: int) -> record.MessageExt:
-    """The message a record starting at CommitLog ``offset`` holds; :class:`NotFoundError`
-    when none starts there (as ``query-offset`` checks)."""
-    low, high = store.min_phy_offset, store.max_phy_offset
+def _at(both: BothTiers, offset: int) -> record.MessageExt:
+    """The message a record starting at CommitLog ``offset`` holds, in the bucket below the
+    local files; :class:`NotFoundError` when none starts there (as ``query-offset`` checks)."""
+    cold = both.tier_message_at(offset)
+    if cold is not None:
+        return cold
+    store = both.store
+    low, high = both.log_start(), store.max_phy_offset
     if not low <= offset < high:
         raise NotFoundError(
             f"CommitLog offset {offset} is outside the log, which holds [{low}, {high})"
@@ -279,8 +310,8 @@ def _at(store: MessageStore, offset: int) -> record.MessageExt:
 
 def by_offset(console: Console, broker: tuple[str, Path], offset: int) -> Found:
     name, path = broker
-    with console.open(path) as store:
-        return Found(name, _at(store, offset))
+    with console.open_both(path) as both:
+        return Found(name, _at(both, offset))
 
 
 def by_msg_id(console: Console, msg_id: str) -> Found:
@@ -288,10 +319,12 @@ def by_msg_id(console: Console, msg_id: str) -> Found:
     id at its offset (each broker numbers its own log)."""
     _, offset = record.parse_msg_id(msg_id)
     for name, path in console.brokers():
-        with console.open(path) as store:
+        with console.open_both(path) as both:
             try:
-                _at(store, offset)
-                return Found(name, store.get_by_msg_id(msg_id))
+                found = _at(both, offset)
+                if found.commit_log_offset < both.store.min_phy_offset:
+                    return Found(name, found)  # only the bucket holds it
+                return Found(name, both.store.get_by_msg_id(msg_id))
             except OffsetOutOfRangeError:
                 continue
             except NotFoundError:
