@@ -27,6 +27,7 @@ from bench import (
     spark_source,
     startup,
     store,
+    tier,
 )
 from bench.common import Options, PartResult
 
@@ -50,11 +51,13 @@ PARTS: dict[str, Callable[[Options], PartResult]] = {
     "scale": scale.run,
     "brokers": brokers.run,
     "s3clients": s3clients.run,
+    "tier": tier.run,
 }
 # Parts that run only when named: the soak takes half an hour; the console and the metrics
 # write a root of ten million messages (about 3 GB); the scale part builds stores of up to
-# 40,000 queues (about 20 minutes); the S3 clients part starts a Ceph (root, ../shared).
-ON_REQUEST = ("soak", "console", "metrics", "scale", "s3clients")
+# 40,000 queues (about 20 minutes); the S3 clients part starts a Ceph (root, ../shared), and
+# so does the tier part, whose upload run alone takes 10 minutes.
+ON_REQUEST = ("soak", "console", "metrics", "scale", "s3clients", "tier")
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[list[str], Options, bool]:
@@ -83,7 +86,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[list[str], Options, bool]:
         "--minutes",
         type=float,
         default=None,
-        help="how long the soak part runs (default 30; with --quick 2)",
+        help="how long the soak part runs (default 30; with --quick 2), and the tier part's "
+        "upload run (default 10; with --quick 0.5)",
     )
     args = p.parse_args(argv)
     unknown = [name for name in args.parts if name not in PARTS]
