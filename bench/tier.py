@@ -22,7 +22,8 @@ tag each; the store adds a UNIQ_KEY). Figures, in this order:
    boto3 ranged GETs of the tier's CommitLog objects, once each, in the reader's 8 MiB
    read-ahead chunks, one thread (a partition reads on one). The three take turns, the order
    rotating from run to run. Also counted: the bytes radosgw sent for the cold read (its perf
-   counters), against the objects' bytes.
+   counters), against the objects' bytes. Then, once (not with ``--quick``), the cold and the
+   local read through Spark (``readStream`` into ``noop``, ``availableNow``, ``local[2]``).
 3. **One queue among 4,000** (``wide_messages`` over 4,000 queues, uploaded and deleted
    locally): the whole of one queue read from the tier with ``read_tier_range`` over an object
    store that counts every GET and its bytes: CommitLog bytes fetched against the queue's own
@@ -142,7 +143,7 @@ QUICK = Sizes(
     wide_messages=80_000,
     keys=5,
     minutes=0.5,
-    backlog_cap=512 * MiB,
+    backlog_cap=128 * MiB,
     bucket_cap=2 * GiB,
     drain_s=60.0,
 )
@@ -457,8 +458,16 @@ def cold_read(
             f"tier: cold read run {i + 1}: {run['cold']['s']:.2f} s, local "
             f"{run['local']['s']:.2f} s, floor {run['floor']['s']:.2f} s (load {run['load1']:.1f})"
         )
+    spark = None
+    if not options.quick:  # a Spark session is a minute on this machine: not for a smoke run
+        log("tier: the same reads through Spark")
+        spark = spark_reads(cold_opts, local_opts, work)
+        for what in ("local", "cold"):
+            if spark[what]["rows"] != messages:
+                raise RuntimeError(f"Spark read {spark[what]['rows']} of {messages} ({what})")
     return {
         "runs": runs,
+        "spark": spark,
         "messages": messages,
         "segments_in_tier": len(bases),
         "object_bytes": object_bytes,
@@ -475,6 +484,40 @@ def cold_read(
         "config": config,
         "cold_opts": cold_opts,
     }
+
+
+def spark_reads(
+    cold_opts: Mapping[str, str], local_opts: Mapping[str, str], work: Path
+) -> dict[str, Any]:
+    """The same two reads once each through Spark (``readStream`` from the earliest offsets,
+    ``availableNow``, into ``noop``, ``local[2]``), after an untimed warm-up of the local one:
+    what a query sees, the session's and the Python workers' costs included."""
+    from bench.session import local_session
+
+    spark, owned = local_session("rocketstore-bench-tier")
+    out: dict[str, Any] = {}
+    try:
+        for what, opts in (("warm-up", local_opts), ("local", local_opts), ("cold", cold_opts)):
+            t0 = time.perf_counter()
+            query = (
+                spark.readStream.format("rocketstore")
+                .options(**opts)
+                .option("startingOffsets", "earliest")
+                .load()
+                .writeStream.format("noop")
+                .option("checkpointLocation", str(work / f"checkpoint-{what}"))
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination()
+            rows = sum(int(p["numInputRows"]) for p in query.recentProgress)
+            out[what] = {"s": time.perf_counter() - t0, "rows": rows, "load1": load()}
+    finally:
+        if owned:
+            spark.stop()
+    del out["warm-up"]
+    out["cold_over_local"] = out["local"]["s"] / out["cold"]["s"]
+    return out
 
 
 def _length(tier: Tier, key: str) -> int:
@@ -738,6 +781,20 @@ def rows(data: dict[str, Any]) -> list[Row]:
                     target,
                 )
             )
+    spark = (cold or {}).get("spark")
+    if spark:
+        out.append(Row("Spark: source -> noop, local disk", "s", spark["local"]["s"]))
+        out.append(
+            Row(
+                "Spark: source -> noop, cold (one run)",
+                "s",
+                spark["cold"]["s"],
+                baseline="local disk",
+                ratio=spark["cold_over_local"],
+                target=f">= {TARGET_COLD_OVER_LOCAL} x",
+                met=spark["cold_over_local"] >= TARGET_COLD_OVER_LOCAL,
+            )
+        )
     wide = data.get("wide")
     if wide:
         out.append(
