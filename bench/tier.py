@@ -33,7 +33,14 @@ tag each; the store adds a UNIQ_KEY). Figures, in this order:
    fetched again; the client kept, as a process keeps it) and with the source's key read
    (``read_key_range`` of the planner's key ranges; the plan timed apart). Target: median
    < 200 ms.
-5. **Upload keeps pace**: a writer process putting batches of 100,000 messages as fast as the
+5. **Local disk bounded while the tier holds more**: a writer paced at 10 MB/s (what the
+   uploader sustains here beside it) into 16 MiB segments for ``bounded_s`` (60 s), retention
+   deleting what is uploaded every second, the uploader beside; the store directory's bytes on
+   disk sampled every 0.25 s. Then, the uploader done, every message of the topic read across
+   both tiers with the source (planner and partition reads) and checked: each acknowledged
+   message once (each queue's offsets exactly 0 .. n - 1). Target: the tier's bytes >= 10 x
+   the most the directory held, and every message once.
+6. **Upload keeps pace**: a writer process putting batches of 100,000 messages as fast as the
    store takes them (the store's batch put: the Spark sink would take both CPUs itself and
    leave none to the uploader and radosgw; its rate is a quarter of the put's) for
    ``--minutes`` (default 10, ``--quick`` 0.5), with retention deleting what is uploaded every
@@ -52,6 +59,7 @@ on this machine, which is why figures alternate and take medians. Needs root and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -65,6 +73,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from bench import s3clients
 from bench.common import (
@@ -103,6 +114,12 @@ BODY = 100
 WIDE_QUEUES = 4000
 WIDE_BODY = 200
 HOT_BATCH = 100_000
+# The bounded-disk figure: a writer paced to what the uploader sustains on this machine, small
+# segments so that the tier holds many of them in a minute.
+BOUNDED_SEGMENT = 16 * MiB
+BOUNDED_MB_S = 10.0
+BOUNDED_BATCH = 20_000
+TARGET_TIER_OVER_LOCAL = 10.0
 TARGET_HOT_RATIO = 0.95  # the put with the tier on, over the put with it off
 TARGET_COLD_OVER_LOCAL = 0.5
 TARGET_COLD_OVER_FLOOR = 0.7
@@ -123,6 +140,7 @@ class Sizes:
     backlog_cap: int
     bucket_cap: int
     drain_s: float
+    bounded_s: float
 
 
 FULL = Sizes(
@@ -135,6 +153,7 @@ FULL = Sizes(
     backlog_cap=4 * GiB,
     bucket_cap=20 * GiB,
     drain_s=300.0,
+    bounded_s=60.0,
 )
 QUICK = Sizes(
     segment=8 * MiB,
@@ -146,6 +165,7 @@ QUICK = Sizes(
     backlog_cap=128 * MiB,
     bucket_cap=2 * GiB,
     drain_s=60.0,
+    bounded_s=8.0,
 )
 
 
@@ -612,7 +632,84 @@ def key_lookups(tier: Tier, sizes: Sizes, options: Options, cold: dict[str, Any]
     }
 
 
-# -- 5. upload keeps pace --------------------------------------------------------------------
+# -- 5. local disk bounded, every message once ------------------------------------------------
+
+
+def _disk_bytes(path: Path) -> int:
+    """Bytes the files under ``path`` hold on disk (allocated blocks: segments are sparse)."""
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):  # retention deleted it meanwhile
+                total += os.stat(os.path.join(folder, name)).st_blocks * 512
+    return total
+
+
+def read_offsets(opts: Mapping[str, str]) -> dict[int, list[npt.NDArray[np.int64]]]:
+    """Each queue's offsets as the source reads the topic (both tiers), in reading order."""
+    planner, ctx = read_context(opts)
+    start, end = planner.batch_range()
+    out: dict[int, list[npt.NDArray[np.int64]]] = {}
+    for rng in planner.ranges(start, end):
+        for batch in read_range(rng, ctx):
+            offsets = batch.column("queueOffset").to_numpy().astype(np.int64)
+            out.setdefault(rng.queue_id, []).append(offsets)
+    return out
+
+
+def bounded(tier: Tier, sizes: Sizes, work: Path) -> dict[str, Any]:
+    seg = Tier(tier.env, tier.bucket, BOUNDED_SEGMENT)
+    root = work / "bounded"
+    store = tier_root(root, 8)
+    settings = seg.write_settings(work / "bounded.toml", objectStorePrefix="bounded/")
+    config = StoreConfig.load(settings)
+    MessageStore(store, config).close()
+    status = work / "bounded.json"
+    local: list[int] = []
+    with uploader_service(store, settings):
+        writer = subprocess.Popen(
+            [sys.executable, "-m", "bench.tier_ops", "writer", str(store), str(settings),
+             str(sizes.bounded_s), str(status), str(BOUNDED_BATCH), str(BOUNDED_MB_S)],
+            cwd=PROJECT_DIR,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            while writer.poll() is None:
+                time.sleep(0.25)
+                local.append(_disk_bytes(store))
+        finally:
+            if writer.poll() is None:
+                Path(f"{status}.stop").touch()
+            writer.wait(timeout=300)
+        if writer.returncode != 0:
+            raise RuntimeError(f"the writer failed (exit {writer.returncode})")
+        segments = LocalSegments(store / "commitlog", segment_size=BOUNDED_SEGMENT)
+        _drain(store, segments, BOUNDED_SEGMENT, status, 120.0)
+    acked = int(json.loads(status.read_text())["messages"])
+    in_tier = RemoteSegments(ObjectStore(config), tier_prefix(store, config)).entries
+    tier_bytes = sum(e.length for e in in_tier)
+    got = read_offsets({"path": str(root), "topic": TOPIC, "config": str(settings)})
+    # Every acknowledged message once: puts of BOUNDED_BATCH spread evenly over the 8 queues,
+    # so each queue must give exactly offsets 0 .. acked / 8 - 1, whichever tier held them.
+    once = sorted(got) == list(range(8)) and all(
+        np.array_equal(np.sort(np.concatenate(parts)), np.arange(acked // 8))
+        for parts in got.values()
+    )
+    return {
+        "segment": BOUNDED_SEGMENT,
+        "mb_per_s": BOUNDED_MB_S,
+        "seconds": sizes.bounded_s,
+        "acked": acked,
+        "read": sum(len(p) for parts in got.values() for p in parts),
+        "exactly_once": once,
+        "segments_in_tier": len(in_tier),
+        "tier_bytes": tier_bytes,
+        "max_local_bytes": max(local),
+        "tier_over_local": tier_bytes / max(local),
+    }
+
+
+# -- 6. upload keeps pace --------------------------------------------------------------------
 
 
 def upload_pace(tier: Tier, sizes: Sizes, options: Options, work: Path) -> dict[str, Any]:
@@ -818,6 +915,17 @@ def rows(data: dict[str, Any]) -> list[Row]:
                     met=keys[name]["median"] < TARGET_KEY_MS,
                 )
             )
+    bnd = data.get("bounded")
+    if bnd:
+        out.append(
+            Row(
+                "the tier's bytes over the most on local disk",
+                "x",
+                bnd["tier_over_local"],
+                target=f">= {TARGET_TIER_OVER_LOCAL:g} x, every message once",
+                met=bnd["tier_over_local"] >= TARGET_TIER_OVER_LOCAL and bnd["exactly_once"],
+            )
+        )
     pace = data.get("pace")
     if pace:
         out.append(Row("writer (batch put, full rate)", "MB/s", pace["writer_mb_per_s"]))
@@ -878,6 +986,16 @@ def notes(data: dict[str, Any], sizes: Sizes) -> list[str]:
     keys = data.get("keys")
     if keys:
         out.append(f"source key read: its plan took {keys['source_plan_ms']['median']:.0f} ms more")
+    bnd = data.get("bounded")
+    if bnd:
+        out.append(
+            f"bounded: {bnd['acked']:,} messages acknowledged at {bnd['mb_per_s']:g} MB/s for "
+            f"{bnd['seconds']:g} s into {bnd['segment'] // MiB} MiB segments; the tier holds "
+            f"{bnd['segments_in_tier']} ({bnd['tier_bytes'] / MB:.0f} MB), the store directory "
+            f"at most {bnd['max_local_bytes'] / MB:.0f} MB on disk; read back across both tiers: "
+            f"{bnd['read']:,} messages, "
+            + ("each acknowledged one once" if bnd["exactly_once"] else "NOT each once")
+        )
     pace = data.get("pace")
     if pace:
         out.append(
@@ -923,6 +1041,9 @@ def run(options: Options) -> PartResult:
         shutil.rmtree(work / "cold", ignore_errors=True)
         shutil.rmtree(work / "local", ignore_errors=True)
         shutil.rmtree(work / "wide", ignore_errors=True)
+        with phase(phases, "bounded"):
+            data["bounded"] = bounded(tier, sizes, work)
+        shutil.rmtree(work / "bounded", ignore_errors=True)
         with phase(phases, "pace"):
             data["pace"] = upload_pace(tier, sizes, options, work)
     data["phases"] = phases

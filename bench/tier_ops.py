@@ -1,9 +1,10 @@
 """What the ``tier`` part (bench/tier.py) runs beside its own process, and its helpers:
 
-* ``python -m bench.tier_ops writer STORE CONFIG SECONDS STATUS``: the full-rate writer of the
-  upload figure: batch puts of 100-byte messages as fast as the store takes them, a retention
-  round (gated by the tier: only uploaded segments go) every second, and its progress written
-  to the STATUS file, until SECONDS have passed or the file ``STATUS.stop`` appears;
+* ``python -m bench.tier_ops writer STORE CONFIG SECONDS STATUS [BATCH MB_PER_S]``: the writer
+  of the upload figures: batch puts of BATCH (100,000) 100-byte messages as fast as the store
+  takes them, or at MB_PER_S of CommitLog, a retention round (gated by the tier: only uploaded
+  segments go) every second, and its progress written to the STATUS file, until SECONDS have
+  passed or the file ``STATUS.stop`` appears;
 * :class:`Counting`: the read side's ``ObjectReads`` over the S3 face, counting requests and
   bytes (CommitLog objects apart from the rest);
 * :func:`delete_uploaded`: local retention as the store runs it, its clock moved on, so that
@@ -85,9 +86,16 @@ def delete_uploaded(store: MessageStore) -> None:
     store.clean(force_expired=True, max_files=100_000)
 
 
-def writer(store_path: Path, config_path: Path, seconds: float, status: Path) -> None:
+def writer(
+    store_path: Path,
+    config_path: Path,
+    seconds: float,
+    status: Path,
+    batch: int = WRITER_BATCH,
+    mb_per_s: float = 0.0,
+) -> None:
     config = StoreConfig.load(config_path)
-    tables = [make_table(WRITER_BATCH, BODY, 7 + i, first_key=i * WRITER_BATCH) for i in range(4)]
+    tables = [make_table(batch, BODY, 7 + i, first_key=i * batch) for i in range(4)]
     stop = Path(f"{status}.stop")
     messages = 0
     end = 0
@@ -99,8 +107,11 @@ def writer(store_path: Path, config_path: Path, seconds: float, status: Path) ->
         while time.monotonic() - t0 < seconds and not stop.exists():
             got = store.put_batch(tables[i % len(tables)])
             i += 1
-            messages += WRITER_BATCH
+            messages += batch
             end = int(got.commit_log_offsets[-1])
+            if mb_per_s > 0:
+                # Paced: wait until the bytes written so far are due.
+                time.sleep(max(0.0, t0 + end / (mb_per_s * 1e6) - time.monotonic()))
             now = time.monotonic()
             if now - cleaned >= 1.0:
                 store.clean(force_expired=True, max_files=100_000)
@@ -117,10 +128,14 @@ def writer(store_path: Path, config_path: Path, seconds: float, status: Path) ->
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 5 and argv[0] == "writer":
-        writer(Path(argv[1]), Path(argv[2]), float(argv[3]), Path(argv[4]))
+    if len(argv) in (5, 7) and argv[0] == "writer":
+        more = (int(argv[5]), float(argv[6])) if len(argv) == 7 else ()
+        writer(Path(argv[1]), Path(argv[2]), float(argv[3]), Path(argv[4]), *more)
         return 0
-    print("usage: python -m bench.tier_ops writer STORE CONFIG SECONDS STATUS", file=sys.stderr)
+    print(
+        "usage: python -m bench.tier_ops writer STORE CONFIG SECONDS STATUS [BATCH MB_PER_S]",
+        file=sys.stderr,
+    )
     return 2
 
 

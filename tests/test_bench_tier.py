@@ -37,7 +37,7 @@ def test_tier_benchmark_quick(
     printed = capsys.readouterr().out
     for label in ("put, tier on", "source read, cold", "one queue of 4000", "key look-up"):
         assert label in printed
-    assert set(data["phases"]) == {"hot", "cold", "wide", "keys", "pace"}
+    assert set(data["phases"]) == {"hot", "cold", "wide", "keys", "bounded", "pace"}
     for phase in data["phases"].values():
         assert phase["s"] > 0 and phase["load1_start"] >= 0
 
@@ -50,6 +50,9 @@ def test_tier_benchmark_quick(
     run = wide["runs"][0]
     assert run["rows"] > 0 and run["commitlog_bytes"] >= run["message_bytes"] > 0
     assert data["keys"]["query_key_ms"]["median"] > 0
+    bounded = data["bounded"]
+    assert bounded["exactly_once"] and bounded["read"] == bounded["acked"] > 0
+    assert bounded["tier_bytes"] > 0 and bounded["max_local_bytes"] > 0
     pace = data["pace"]
     assert pace["writer_mb_per_s"] > 0 and pace["samples"]
     # Every row with a target says met or missed.
