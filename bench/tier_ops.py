@@ -1,4 +1,4 @@
-"""What the ``tier`` part (bench/tier.py) runs beside its own process, and its helpers:
+"""What the ``tier`` part (bench/tier.py) runs beside its own process, and what both use:
 
 * ``python -m bench.tier_ops writer STORE CONFIG SECONDS STATUS [BATCH MB_PER_S]``: the writer
   of the upload figures: batch puts of BATCH (100,000) 100-byte messages as fast as the store
