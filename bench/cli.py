@@ -27,6 +27,7 @@ from bench import (
     spark_source,
     startup,
     store,
+    tier,
     tierupload,
 )
 from bench.common import Options, PartResult
@@ -51,13 +52,14 @@ PARTS: dict[str, Callable[[Options], PartResult]] = {
     "scale": scale.run,
     "brokers": brokers.run,
     "s3clients": s3clients.run,
+    "tier": tier.run,
     "tierupload": tierupload.run,
 }
 # Parts that run only when named: the soak takes half an hour; the console and the metrics
 # write a root of ten million messages (about 3 GB); the scale part builds stores of up to
-# 40,000 queues (about 20 minutes); the S3 clients and tier upload parts start a Ceph (root,
-# ../shared).
-ON_REQUEST = ("soak", "console", "metrics", "scale", "s3clients", "tierupload")
+# 40,000 queues (about 20 minutes); the S3 clients, tier and tier upload parts start a Ceph
+# (root, ../shared), and the tier part's upload run alone takes up to 10 minutes.
+ON_REQUEST = ("soak", "console", "metrics", "scale", "s3clients", "tier", "tierupload")
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[list[str], Options, bool]:
@@ -86,7 +88,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[list[str], Options, bool]:
         "--minutes",
         type=float,
         default=None,
-        help="how long the soak part runs (default 30; with --quick 2)",
+        help="how long the soak part runs (default 30; with --quick 2), and the tier part's "
+        "upload run (default 10; with --quick 0.5)",
     )
     args = p.parse_args(argv)
     unknown = [name for name in args.parts if name not in PARTS]

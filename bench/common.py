@@ -42,7 +42,7 @@ class Options:
     # Scratch stores and files go here; it must be on the disk under test (the project's).
     work_dir: Path = DEFAULT_OUT_DIR / "tmp"
     seed: int = 20240611
-    # How long the soak part runs (None: its default).
+    # How long the soak part and the tier part's upload run last (None: their defaults).
     minutes: float | None = None
 
     def __post_init__(self) -> None:

@@ -160,13 +160,14 @@ class Cluster:
         self.env: dict[str, str] = {}
         self.rgw: subprocess.Popen[bytes] | None = None  # radosgw when restarted here
 
-    def up(self) -> None:
+    def up(self, env: dict[str, str] | None = None) -> None:
         done = subprocess.run(
             ["bash", str(CEPH_DIR / "ceph-up.sh"), str(self.path)],
             capture_output=True,
             text=True,
             timeout=900,
             check=False,
+            env={**os.environ, **(env or {})},
         )
         if done.returncode != 0:
             raise RuntimeError(f"ceph-up.sh failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
@@ -283,16 +284,18 @@ def _alive(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def cluster() -> Iterator[Cluster]:
+def cluster(part: str = "s3clients", osd_gb: int | None = None) -> Iterator[Cluster]:
+    """A cluster for the block; ``osd_gb``: the OSD's (sparse) size, ceph-up.sh's 16 GB when
+    None."""
     # Short: the admin sockets' paths must stay under 108 characters.
     c = Cluster(Path(tempfile.mkdtemp(prefix="s3b-", dir="/tmp")))
     c.path.rmdir()  # ceph-up.sh wants a fresh directory
     try:
-        log(f"s3clients: starting Ceph under {c.path}")
-        c.up()
+        log(f"{part}: starting Ceph under {c.path}")
+        c.up({"CEPH_OSD_SIZE_GB": str(osd_gb)} if osd_gb is not None else None)
         yield c
     finally:
-        log("s3clients: stopping Ceph")
+        log(f"{part}: stopping Ceph")
         c.down()
 
 
