@@ -47,7 +47,7 @@ from rocketstore.source import offsets, options, schema
 from rocketstore.source.offsets import QueueKey
 from rocketstore.source.planning import KeyRange, Limit, Planner, QueueRange, pack_ranges
 from rocketstore.source.read import ReadContext
-from rocketstore.source.tierread import read_key_range, read_range
+from rocketstore.source.tierread import read_key_range, read_ranges
 
 
 class QueuePartition(InputPartition):
@@ -99,8 +99,7 @@ def _queue_partitions(
 
 def _read(partition: InputPartition, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
     if isinstance(partition, QueuePartition):
-        for rng in partition.ranges:
-            yield from read_range(rng, ctx)
+        yield from read_ranges(partition.ranges, ctx)
     elif isinstance(partition, KeyPartition):
         yield from read_key_range(partition.key_range, ctx)
     # Anything else is Spark's placeholder for a batch with no partitions: nothing to read.

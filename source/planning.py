@@ -65,6 +65,9 @@ class QueueRange:
     # ``cold``: the range is read from the tier rather than the broker directory.
     tier: str = ""
     cold: bool = False
+    # A cold range lies in one segment of the tier, this one: the planner cuts them there, so
+    # that a partition reads each object once for every queue it holds (see pack_ranges).
+    segment: int = -1
 
     @property
     def key(self) -> QueueKey:
@@ -223,14 +226,31 @@ def pack_ranges(
 ) -> list[tuple[QueueRange, ...]]:
     """Group ``ranges`` (in order) into partitions of at least ``target`` messages where they
     are smaller, each range in exactly one partition; a range of ``target`` or more is a
-    partition of its own. With ``minPartitions``, the ranges (already split to that many) are
+    partition of its own. The tier's ranges group by segment first (each segment's in one
+    partition). With ``minPartitions``, the ranges (already split to that many) are
     not packed: the user asked for that parallelism."""
     if min_partitions:
         return [(r,) for r in ranges]
     out: list[tuple[QueueRange, ...]] = []
     group: list[QueueRange] = []
     size = 0
+    # The tier's ranges of one segment go together, whatever their size, so that the
+    # partition fetches the object once for all of them (source.tierread.read_tier_segment);
+    # segments then pack as small ranges do.
+    by_segment: dict[tuple[str, str, int], list[QueueRange]] = {}
     for r in ranges:
+        if r.cold:
+            by_segment.setdefault((r.broker, r.tier, r.segment), []).append(r)
+    for _, pieces in sorted(by_segment.items()):
+        group.extend(pieces)
+        size += sum(r.count for r in pieces)
+        if size >= target:
+            out.append(tuple(group))
+            group, size = [], 0
+    if group:
+        out.append(tuple(group))
+        group, size = [], 0
+    for r in (r for r in ranges if not r.cold):
         if r.count >= target:
             out.append((r,))
             continue
@@ -551,8 +571,13 @@ class Planner:
             tier = look.tiers.get(q[1], "")
             cold = look.cold.get(q)
             if cold is not None and s < cold:
-                out.append(QueueRange(q[0], q[1], path, q[2], s, min(e, cold), tier, True))
-                s = min(e, cold)
+                view = self._tiers[q[1]]
+                top = min(e, cold)
+                out.extend(
+                    QueueRange(q[0], q[1], path, q[2], a, b, tier, True, base)
+                    for base, a, b in view.pieces(q[0], q[2], s, top)
+                )
+                s = top
             if s < e:
                 out.append(QueueRange(q[0], q[1], path, q[2], s, e, tier))
         self._report(losses)

@@ -23,10 +23,11 @@ Thread-safety: none; each partition read makes its own :class:`RemoteSegments`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from rocketstore.pipeline.config import StoreConfig
@@ -66,6 +67,91 @@ def read_range(rng: QueueRange, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
         yield from from_tier(rng)
     else:
         yield from read_queue_range(rng, ctx, from_tier)
+
+
+def read_ranges(ranges: Sequence[QueueRange], ctx: ReadContext) -> Iterator[pa.RecordBatch]:
+    """A partition's queue ranges: the tier's ranges of one segment together
+    (:func:`read_tier_segment`: the planner put them side by side), the others one by one."""
+    i = 0
+    while i < len(ranges):
+        rng = ranges[i]
+        j = i + 1
+        if rng.cold:
+            same = (rng.broker, rng.tier, rng.segment)
+            while (
+                j < len(ranges)
+                and ranges[j].cold
+                and ((ranges[j].broker, ranges[j].tier, ranges[j].segment) == same)
+            ):
+                j += 1
+        if rng.cold and rng.segment >= 0:
+            tier = tier_segments(ctx.config or StoreConfig(), rng.tier)
+            yield from read_tier_segment(ranges[i:j], ctx, tier)
+        else:
+            for one in ranges[i:j]:
+                yield from read_range(one, ctx)
+        i = j
+
+
+def read_tier_segment(
+    pieces: Sequence[QueueRange], ctx: ReadContext, tier: RemoteSegments
+) -> Iterator[pa.RecordBatch]:
+    """Queue ranges of one segment of the tier (``segment``), of one broker: the units of
+    each from the segment's index, then the records they all name in one pass over the object
+    in CommitLog order (records close together share a GET, so a segment whose queues are
+    interleaved is fetched about once, not once per queue), each record decoded, checked to be
+    its unit's, and handed to its range's batches. Offsets the tier's retention removed are
+    data loss, as in :func:`read_tier_range`."""
+    base = pieces[0].segment
+    index = tier.index(base)
+    sub = ctx.subscription
+    phys_parts, size_parts, offset_parts, owner_parts = [], [], [], []
+    for k, rng in enumerate(pieces):
+        units = RemoteQueue(tier, rng.topic, rng.queue_id).units(rng.start, rng.end)
+        if len(units) != rng.count:
+            raise OffsetOutOfRangeError(
+                f"{tier.location}: {rng.topic}/{rng.queue_id} offsets [{rng.start}, {rng.end}) "
+                f"were planned from segment {base} of the tier, which holds "
+                f"{len(units)} of them"
+            )
+        want = sub.hash_filter(units["tags_code"].astype(np.int64))
+        phys_parts.append(units["offset"].astype(np.int64)[want])
+        size_parts.append(units["size"].astype(np.int64)[want])
+        offset_parts.append(np.arange(rng.start, rng.end, dtype=np.int64)[want])
+        owner_parts.append(np.full(int(want.sum()), k, dtype=np.int64))
+    phys = np.concatenate(phys_parts)
+    order = np.argsort(phys, kind="stable")
+    phys, sizes = phys[order], np.concatenate(size_parts)[order]
+    offsets, owners = np.concatenate(offset_parts)[order], np.concatenate(owner_parts)[order]
+    rel = phys - base
+    builder = BatchBuilder(ctx, pieces[0].broker, lambda _phys: tier.where(base))
+    read_to = [rng.start for rng in pieces]  # per range: below this, handed out
+
+    def unit_at(k: int) -> Callable[[int], tuple[str, int]]:
+        row = index.row(pieces[k].topic, pieces[k].queue_id)
+        return lambda i: (
+            index.where,
+            0 if row is None else row.start + UNIT_SIZE * (i - row.first),
+        )
+
+    try:
+        for start, raw, run in tier.read_records(base, rel, sizes):
+            recs = _decode_run(tier, base, start, raw, rel[run], sizes[run], ctx)
+            mine = owners[run]
+            for k in np.unique(mine).tolist():
+                take = mine == k
+                part = recs.filter(pa.array(take))
+                at = offsets[run][take]
+                check_owner(part, pieces[k], at, unit_at(k))
+                read_to[k] = int(at[-1]) + 1
+                batch = builder.build(part, pieces[k].topic)
+                if batch is not None:
+                    yield batch
+    except SegmentGoneError:
+        for k, rng in enumerate(pieces):
+            if read_to[k] < rng.end:
+                why = "the tier's retention removed its segment"
+                report_lost(ctx, rng, [(read_to[k], rng.end, why)])
 
 
 def read_key_range(kr: KeyRange, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
@@ -151,14 +237,7 @@ def read_tier_range(
             try:
                 for start, raw, run in tier.read_records(base, rel[idx], sizes[idx]):
                     at = idx[run]
-                    recs = native.decode(
-                        raw,
-                        rel[at] - start,
-                        base + start,
-                        path=tier.where(base),
-                        sizes=sizes[at],
-                        columns=ctx.columns,
-                    )
+                    recs = _decode_run(tier, base, start, raw, rel[at], sizes[at], ctx)
                     check_owner(recs, rng, offsets[at], unit_at)
                     parts.append(recs)
             except SegmentGoneError:
@@ -173,3 +252,20 @@ def read_tier_range(
             if batch is not None:
                 yield batch
         pos = stop
+
+
+def _decode_run(
+    tier: RemoteSegments,
+    base: int,
+    start: int,
+    raw: bytes,
+    rel: npt.NDArray[np.int64],
+    sizes: npt.NDArray[np.int64],
+    ctx: ReadContext,
+) -> pa.RecordBatch:
+    """The records at positions ``rel`` of segment ``base`` from ``raw``, the object's bytes
+    from ``start`` (one GET of :meth:`RemoteSegments.read_records`), decoded with every
+    check."""
+    return native.decode(
+        raw, rel - start, base + start, path=tier.where(base), sizes=sizes, columns=ctx.columns
+    )

@@ -110,6 +110,19 @@ class TierView:
         self._bounds[topic] = (manifest.generation, out)
         return out
 
+    def pieces(self, topic: str, queue_id: int, a: int, b: int) -> list[tuple[int, int, int]]:
+        """``[a, b)`` of the queue cut at the tier's segments: ``(segment base, from, to)``
+        each, from the segments' rows (their index heads, fetched once each)."""
+        out: list[tuple[int, int, int]] = []
+        for entry in self.segments.entries:
+            row = self.segments.index(entry.base).row(topic, queue_id)
+            if row is None or row.end <= a:
+                continue
+            if row.first >= b:
+                break
+            out.append((entry.base, max(a, row.first), min(b, row.end)))
+        return out
+
     def offset_for_time(self, topic: str, queue_id: int, timestamp: int) -> int | None:
         """The first offset of the queue in the tier stored at or after ``timestamp``, one
         past the tier's last when none is; None when the tier holds none of the queue."""

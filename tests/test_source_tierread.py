@@ -18,7 +18,8 @@ from rocketstore.source.errors import DataLossError
 from rocketstore.source.options import OPTIONAL_COLUMNS
 from rocketstore.source.planning import QueueRange
 from rocketstore.source.read import ReadContext, read_queue_range
-from rocketstore.source.tierread import read_tier_range
+from rocketstore.source.tierread import read_tier_range, read_tier_segment
+from rocketstore.source.tiers import TierView
 from tests.kit.strategies import messages
 from tests.kit.tiermodel import MemoryObjects, upload_sealed, write_manifest, written
 
@@ -76,6 +77,88 @@ def test_tier_read_is_the_local_read_and_the_model(
             assert [r["queueOffset"] for r in rows] == [e.queue_offset for e in want]
             assert [r["body"] for r in rows] == [e.body for e in want]
             assert [r["commitLogOffset"] for r in rows] == [e.commit_log_offset for e in want]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=batches, sub=st.sampled_from(["*", "TagA || x"]), data=st.data())
+def test_a_segment_read_for_many_queues_is_each_queues_local_read(
+    batches: list[tuple[list[Message], int]], sub: str, data: st.DataObject
+) -> None:
+    """Every queue's range cut at the tier's segments (as the planner cuts it), each
+    segment's pieces read together: per queue, the batches the local read gives."""
+    with written(batches, 4096) as w:
+        objects = MemoryObjects()
+        upload_sealed(objects, PREFIX, w.path, 4096)
+        tier = RemoteSegments(objects, PREFIX, read_ahead=data.draw(st.sampled_from([100, 4096])))
+        view = TierView("broker-a", tier, lambda: 0)
+        ctx = ReadContext(
+            schema=schema.arrow_schema(None, OPTIONAL_COLUMNS),
+            root=str(w.path.parent),
+            sub_expression=sub,
+        )
+        wanted: dict[tuple[str, int], QueueRange] = {}
+        pieces: dict[int, list[QueueRange]] = {}
+        for topic, queue_id in sorted(w.model.queues):
+            q = RemoteQueue(tier, topic, queue_id)
+            lo, hi = q.min_offset(), q.max_offset()
+            if lo is None or hi is None:
+                continue
+            a = data.draw(st.integers(lo, hi))
+            b = data.draw(st.integers(a, hi))
+            wanted[(topic, queue_id)] = QueueRange(topic, "broker-a", str(w.path), queue_id, a, b)
+            for base, x, y in view.pieces(topic, queue_id, a, b):
+                piece = QueueRange(topic, "broker-a", str(w.path), queue_id, x, y, "t", True, base)
+                pieces.setdefault(base, []).append(piece)
+        got: dict[tuple[str, int], list[pa.RecordBatch]] = {}
+        for base in sorted(pieces):
+            for b in read_tier_segment(pieces[base], ctx, tier):
+                key = (b.column("topic")[0].as_py(), b.column("queueId")[0].as_py())
+                got.setdefault(key, []).append(b)
+        for key, rng in wanted.items():
+            local = pa.Table.from_batches(list(read_queue_range(rng, ctx)), ctx.schema)
+            mine = pa.Table.from_batches(got.get(key, []), ctx.schema)
+            assert mine.equals(local), key
+
+
+def test_a_segment_of_interleaved_queues_is_fetched_once_not_once_per_queue() -> None:
+    """8 queues written round-robin: reading all of them queue by queue fetches each segment
+    about 8 times (a queue's records are a few hundred bytes apart, so its runs span the
+    segment); reading each segment's pieces together fetches it about once."""
+    batch = [Message("T", bytes(300), queue_id=i % 8) for i in range(800)]
+    with written([(batch, 1)] * 4, 64 * 1024) as w:
+        objects = MemoryObjects()
+        put = upload_sealed(objects, PREFIX, w.path, 64 * 1024)
+        total = sum(len(data) for _, data in put)
+        tier = RemoteSegments(objects, PREFIX)
+        view = TierView("broker-a", tier, lambda: 0)
+        ctx = ReadContext(schema=schema.arrow_schema(None), root=str(w.path.parent))
+        ranges = []
+        for qid in range(8):
+            q = RemoteQueue(tier, "T", qid)
+            lo, hi = q.min_offset(), q.max_offset()
+            assert lo == 0 and hi is not None
+            ranges.append(QueueRange("T", "broker-a", str(w.path), qid, lo, hi))
+
+        objects.commitlog_bytes_read = 0
+        by_queue = sum(b.num_rows for r in ranges for b in read_tier_range(r, ctx, tier))
+        per_queue_bytes = objects.commitlog_bytes_read
+
+        objects.commitlog_bytes_read = 0
+        by_segment: dict[int, list[QueueRange]] = {}
+        for r in ranges:
+            for base, a, b in view.pieces("T", r.queue_id, r.start, r.end):
+                piece = QueueRange(
+                    "T", "broker-a", r.broker_path, r.queue_id, a, b, "t", True, base
+                )
+                by_segment.setdefault(base, []).append(piece)
+        together = sum(
+            b.num_rows
+            for base in by_segment
+            for b in read_tier_segment(by_segment[base], ctx, tier)
+        )
+        assert together == by_queue == sum(r.count for r in ranges)
+        assert per_queue_bytes > 6 * total  # what the segment read is for
+        assert total * 0.9 <= objects.commitlog_bytes_read <= total * 1.05
 
 
 def test_one_queue_among_many_costs_little_more_than_its_bytes() -> None:

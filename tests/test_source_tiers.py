@@ -28,8 +28,8 @@ from rocketstore.pipeline.errors import ConfigError
 from rocketstore.pipeline.format import bodyformat
 from rocketstore.pipeline.tier.upload import Uploader
 from rocketstore.source import options
-from rocketstore.source.planning import Limit, Planner
-from rocketstore.source.tierread import read_range
+from rocketstore.source.planning import Limit, Planner, pack_ranges
+from rocketstore.source.tierread import read_range, read_ranges
 from tests.kit.sourcekit import read_all
 from tests.test_source_spark import batch_read, flat, stream
 
@@ -143,12 +143,21 @@ def test_the_planner_cuts_each_queue_where_the_local_files_take_over(broker: Bro
     start, end = planner.batch_range()
     ranges = planner.ranges(start, end)
     for qid in range(QUEUES):
-        mine = sorted((r.start, r.end, r.cold) for r in ranges if r.queue_id == qid)
+        mine = sorted((r.start, r.end, r.cold, r.segment) for r in ranges if r.queue_id == qid)
         written = sorted(row for row in broker.rows if row[0] == qid)
         # The first offset of the queue whose message is in the local tail: independent of
         # the planner, from the CommitLog offsets the puts returned.
         takes_over = min(row[1] for row in written if broker.offsets[row] >= local_first)
-        assert mine == [(0, takes_over, True), (takes_over, len(written), False)]
+        *cold, local = mine
+        assert local == (takes_over, len(written), False, -1)
+        # The tier's part, cut at its segments: contiguous from 0, each piece's messages in
+        # the one segment it names.
+        assert [c[0] for c in cold] == [0] + [c[1] for c in cold[:-1]]
+        assert cold[-1][1] == takes_over and all(c[2] for c in cold)
+        segments = {c[3] for c in cold}
+        assert len(segments) == len(cold) > 1
+        for a, b, _, base in cold:
+            assert all(base <= broker.offsets[row] < base + SEG for row in written[a:b])
 
 
 def test_local_retention_between_planning_and_reading_reads_from_the_tier(
@@ -324,9 +333,10 @@ def test_a_live_writer_the_uploader_and_retention_beside_a_stream_every_message_
         while True:
             finished = done.is_set()  # before planning: a plan after it sees every message
             end = planner.next_end(start, Limit(max_rows=150))
-            for rng in planner.ranges(start, end):
-                cold_reads += rng.cold
-                got.extend(row for b in read_range(rng, ctx) for row in rows_of(b.to_pylist()))
+            ranges = planner.ranges(start, end)
+            cold_reads += sum(r.cold for r in ranges)
+            for part in pack_ranges(ranges, None):
+                got.extend(row for b in read_ranges(part, ctx) for row in rows_of(b.to_pylist()))
             start = end
             if finished and sum(end.values()) == total:
                 break

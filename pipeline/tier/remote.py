@@ -397,7 +397,7 @@ class RemoteSegments:
         """The bytes of the records at positions ``rel`` (ascending) of ``sizes`` bytes in the
         segment at ``base``, with as few GETs as fetch little more than the records: records
         less than ``gap`` bytes apart share a GET (a gap costs less than a request), others
-        get their own. Yields (start, bytes from ``start``, the indexes into ``rel`` of the
+        get their own, and no GET starts more than ``read_ahead`` bytes of records. Yields (start, bytes from ``start``, the indexes into ``rel`` of the
         records in them)."""
         entry = self.entry(base)
         key = self.commitlog_key(base)
@@ -413,7 +413,11 @@ class RemoteSegments:
                 f"object's {entry.length}",
             )
         reach = np.maximum.accumulate(ends)
-        cuts = np.flatnonzero(rel[1:] - reach[:-1] > gap) + 1
+        # A new GET where the gap is wide, and at least every read-ahead's worth of bytes, so
+        # that records packed close together are not fetched as one object-sized body.
+        wide = rel[1:] - reach[:-1] > gap
+        window = (rel - rel[0]) // max(self.read_ahead, 1)
+        cuts = np.flatnonzero(wide | (window[1:] != window[:-1])) + 1
         for idx in np.split(np.arange(len(rel), dtype=np.int64), cuts):
             start, end = int(rel[idx[0]]), int(reach[idx[-1]])
             yield start, self.fetch(key, start, end, base), idx

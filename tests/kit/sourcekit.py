@@ -15,9 +15,9 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.source import options, schema
-from rocketstore.source.planning import Planner
+from rocketstore.source.planning import Planner, pack_ranges
 from rocketstore.source.read import ReadContext
-from rocketstore.source.tierread import read_key_range, read_range
+from rocketstore.source.tierread import read_key_range, read_ranges
 from tests.kit.readtxt import born_text, store_text
 
 SMALL = StoreConfig(
@@ -115,8 +115,8 @@ def read_all(opts: Mapping[str, str], *, streaming: bool = False) -> pa.Table:
             batches.extend(read_key_range(kr, ctx))
     else:
         start, end = planner.batch_range()
-        for rng in planner.ranges(start, end):
-            batches.extend(read_range(rng, ctx))
+        for part in pack_ranges(planner.ranges(start, end), parsed.min_partitions):
+            batches.extend(read_ranges(part, ctx))
     return pa.Table.from_batches(batches, schema=ctx.schema)
 
 
