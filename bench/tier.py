@@ -16,8 +16,8 @@ tag each; the store adds a UNIQ_KEY). Figures, in this order:
 2. **Cold streaming read**: a store of ``read_segments`` sealed segments over 8 queues, every
    sealed segment uploaded (the uploader, in process) and then deleted locally by the store's
    retention (the tier's gate lets it). A copy of the directory taken before the deletion is
-   the local twin. Read without Spark, as an executor reads (the source's planner, then
-   ``source.tierread.read_range`` over every partition of the topic): from the tiered root
+   the local twin. Read without Spark, as the executors read (the source's planner, its
+   partitions, then ``source.tierread.read_ranges`` over each): from the tiered root
    (all but the small last segment from the bucket) and from the local twin; and the floor:
    boto3 ranged GETs of the tier's CommitLog objects, once each, in the reader's 8 MiB
    read-ahead chunks, one thread (a partition reads on one). The three take turns, the order
@@ -104,9 +104,9 @@ from rocketstore.pipeline.tier.remote import READ_AHEAD, RemoteQueue, RemoteSegm
 from rocketstore.pipeline.tier.upload import Uploader, flushed_offset, sealed_bases, upload_lag_s
 from rocketstore.source import options as source_options
 from rocketstore.source import schema
-from rocketstore.source.planning import Planner, QueueRange
+from rocketstore.source.planning import Planner, QueueRange, pack_ranges
 from rocketstore.source.read import ReadContext
-from rocketstore.source.tierread import read_key_range, read_range, read_tier_range
+from rocketstore.source.tierread import read_key_range, read_ranges, read_tier_range
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -397,15 +397,16 @@ def source_read(opts: Mapping[str, str]) -> dict[str, Any]:
     t0 = time.perf_counter()
     planner, ctx = read_context(opts)
     start, end = planner.batch_range()
-    ranges = planner.ranges(start, end)
+    partitions = pack_ranges(planner.ranges(start, end), planner.options.min_partitions)
     planned = time.perf_counter()
     rows = cold_rows = 0
     nbytes = 0
-    for rng in ranges:
-        for batch in read_range(rng, ctx):
+    for part in partitions:
+        cold = all(r.cold for r in part)
+        for batch in read_ranges(part, ctx):
             rows += batch.num_rows
             nbytes += batch.nbytes
-            cold_rows += batch.num_rows if rng.cold else 0
+            cold_rows += batch.num_rows if cold else 0
     done = time.perf_counter()
     return {
         "s": done - t0,
@@ -413,7 +414,7 @@ def source_read(opts: Mapping[str, str]) -> dict[str, Any]:
         "rows": rows,
         "cold_rows": cold_rows,
         "arrow_bytes": nbytes,
-        "partitions": len(ranges),
+        "partitions": len(partitions),
     }
 
 
@@ -650,10 +651,11 @@ def read_offsets(opts: Mapping[str, str]) -> dict[int, list[npt.NDArray[np.int64
     planner, ctx = read_context(opts)
     start, end = planner.batch_range()
     out: dict[int, list[npt.NDArray[np.int64]]] = {}
-    for rng in planner.ranges(start, end):
-        for batch in read_range(rng, ctx):
+    for part in pack_ranges(planner.ranges(start, end), planner.options.min_partitions):
+        for batch in read_ranges(part, ctx):
             offsets = batch.column("queueOffset").to_numpy().astype(np.int64)
-            out.setdefault(rng.queue_id, []).append(offsets)
+            queue_id = batch.column("queueId")[0].as_py()
+            out.setdefault(queue_id, []).append(offsets)
     return out
 
 
