@@ -345,3 +345,27 @@ def test_readers_on_the_old_writers_host_after_a_take_over(two_hosts: Any, end: 
         ids = all_ids(a)  # a fresh view on A, with verify, while A still maps the files
     assert sorted(ids) == [*range(2000), *range(10_000, 11_000)]
     assert sorted(all_ids(a)) == sorted(ids)  # and after the held view closed
+
+
+MOUNT_TYPES = {"glusterfs": "fuse.glusterfs", "cephfs": "fuse.ceph-fuse"}
+
+
+def test_auto_resolves_to_shared_storage(two_hosts: Any, request: pytest.FixtureRequest) -> None:
+    """``sharedStorage = auto`` (the default) on the real mount: the type mountinfo names,
+    readers held to the published point, and a writer that fences (records an epoch), so
+    that a second writer on the other host is refused the lock."""
+    from rocketstore.pipeline.engine import fencing
+    from rocketstore.pipeline.files import filesystem, visibility
+
+    a = two_hosts.a
+    assert filesystem.fs_type(a) == MOUNT_TYPES[request.node.callspec.params["two_hosts"]]
+    assert visibility.is_shared(a)
+    with MessageStore(a / "broker-0", CONFIG) as store:
+        assert store.shared
+        store.put_batch(table(0, 100))
+        store.flush()
+        assert len(fencing.read_epochs(two_hosts.b / "broker-0")) == 1
+        with pytest.raises(StoreLockedError):
+            MessageStore(two_hosts.b / "broker-0", CONFIG)
+    with MessageStore(two_hosts.b / "broker-0", CONFIG, read_only=True) as ro:
+        assert ro.shared and sorted(read_ids(ro)) == list(range(100))
