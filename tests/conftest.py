@@ -200,6 +200,30 @@ def ceph() -> Iterator[Any]:
         yield made
 
 
+# The cross-host tests that need nothing particular to one file system run on each of these
+# (``two_hosts``): GlusterFS (tests/kit/gluster.py) and CephFS through ceph-fuse
+# (tests/kit/cephfs.py, on the session's Ceph).
+SHARED_FILE_SYSTEMS = ("glusterfs", "cephfs")
+
+
+@pytest.fixture(params=SHARED_FILE_SYSTEMS)
+def two_hosts(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """Two hosts' mounts of one fresh shared folder (``.a``, ``.b``, ``.work`` a local folder,
+    ``.client_pid(point)``, ``.lose_host(point)``, ``.in_namespace(cmd, at)``), on each file
+    system of SHARED_FILE_SYSTEMS in turn. Skipped, saying why, where one cannot be made."""
+    if request.param == "glusterfs":
+        yield request.getfixturevalue("gluster_volume")
+        return
+    from tests.kit.ceph import SKIP
+    from tests.kit.cephfs import hosts
+
+    ceph = request.getfixturevalue("ceph")
+    if not ceph.env.get("CEPHFS_MOUNT"):
+        pytest.skip(f"{SKIP} no CephFS: no /dev/fuse for ceph-fuse here")
+    with hosts(ceph, tmp_path) as made:
+        yield made
+
+
 @pytest.fixture
 def bucket(ceph: Any) -> str:
     """A fresh, empty bucket of the session's radosgw."""
@@ -219,6 +243,7 @@ def bucket(ceph: Any) -> str:
 # named here because they are the common case).
 HEAVY_FIXTURES = frozenset(
     {"spark", "connect_server", "connect_url", "gluster_daemon", "gluster_volume", "netcluster"}
+    | {"two_hosts"}
     | CEPH_FIXTURES
 )
 # Marks that say a test is slow or shares a machine-wide resource.
@@ -327,6 +352,12 @@ def _heavy(item: pytest.Item) -> bool:
     return any(_ProcessWalk().reaches(func) for func in used)
 
 
+def _on(item: pytest.Item) -> str | None:
+    """The shared file system a ``two_hosts`` test runs on, or None."""
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("two_hosts") if callspec is not None else None
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks the tests of the heavy tier (above), and groups tests for ``pytest -n``.
@@ -338,13 +369,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     network (``netcluster``) share nothing with those (a glusterd, state and namespaces of
     their own) and run in a group of their own: one at a time, so that the take-over times
     they measure do not also measure another cluster's load. The tier's tests share one
-    Ceph (``ceph``) and run in a group of their own too."""
+    Ceph (``ceph``) and run in a group of their own too, with the tests across hosts on CephFS
+    (``two_hosts`` on ``cephfs``), whose mounts are clients of that Ceph."""
     for item in items:
         if _heavy(item):
             item.add_marker(pytest.mark.heavy)
         if "netcluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("netcluster"))
-        elif CEPH_FIXTURES & set(getattr(item, "fixturenames", ())):
+        elif CEPH_FIXTURES & set(getattr(item, "fixturenames", ())) or _on(item) == "cephfs":
             # One Ceph a session: its tests in one worker, so that one is started.
             item.add_marker(pytest.mark.xdist_group("ceph"))
         elif (
@@ -369,16 +401,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Say how many tests skipped for want of GlusterFS, and why: a run that skips them has
-    not checked the store across hosts."""
-    reasons: dict[str, int] = {}
+    """Say how many tests skipped for want of GlusterFS or Ceph, and why: a run that skips them
+    has not checked the store across hosts (nor the tier against a real S3)."""
+    from tests.kit.ceph import SKIP as CEPH_SKIP
+
+    reasons: dict[tuple[str, str], int] = {}
     for report in terminalreporter.stats.get("skipped", []):
         longrepr = getattr(report, "longrepr", None)
-        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else ""
-        if GLUSTER_SKIP in str(reason):
-            text = str(reason).split(GLUSTER_SKIP, 1)[1].strip()
-            reasons[text] = reasons.get(text, 0) + 1
-    for text, count in reasons.items():
-        terminalreporter.write_line(
-            f"{count} test(s) across hosts (GlusterFS) skipped: {text}", yellow=True
-        )
+        reason = str(longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else "")
+        for tag, what in ((GLUSTER_SKIP, "across hosts (GlusterFS)"), (CEPH_SKIP, "on Ceph")):
+            if tag in reason:
+                key = (what, reason.split(tag, 1)[1].strip())
+                reasons[key] = reasons.get(key, 0) + 1
+    for (what, text), count in reasons.items():
+        terminalreporter.write_line(f"{count} test(s) {what} skipped: {text}", yellow=True)

@@ -1,13 +1,13 @@
-"""The store across two hosts: a writer through one mount of a replicated GlusterFS volume,
-readers and a second writer through the other (tests/kit/gluster.py;
-rocketstore.pipeline.files.visibility).
+"""The store across two hosts: a writer through one mount of a shared file system, readers and
+a second writer through the other, on a replicated GlusterFS volume (tests/kit/gluster.py) and
+on CephFS through ceph-fuse (tests/kit/cephfs.py) (rocketstore.pipeline.files.visibility).
 
 * Readers on the other mount (read-only re-opens, the source's planner and its partition
   reads) never see damage while 100,000 messages go in, and see every message right.
 * Two writers never hold one broker at once; when the writer (or its whole mount) dies, a
   writer on the other mount takes the broker over, recovers, and every acknowledged message is
   there exactly once.
-* A lost brick (one of three) fails nothing; losing two (no quorum) fails writes cleanly, and
+* GlusterFS: a lost brick (one of three) fails nothing; losing two (no quorum) fails writes cleanly, and
   once the bricks are back and healed, recovery keeps every acknowledged message.
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from rocketstore.source.planning import KeyRange, QueueRange
 from rocketstore.source.read import ReadContext, read_key, read_queue_range
 from tests.kit.glusterstore import CONFIG, GEOMETRIES, QUEUES, body, table
 
-pytestmark = [pytest.mark.gluster, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_TEXT = """\
@@ -76,7 +75,7 @@ with MessageStore(path, GEOMETRIES[geometry]) as store:
 
 
 @pytest.mark.parametrize("geometry", list(GEOMETRIES))
-def test_readers_on_the_other_mount_never_see_damage(gluster_volume: Any, geometry: str) -> None:
+def test_readers_on_the_other_mount_never_see_damage(two_hosts: Any, geometry: str) -> None:
     """The issue's case: 100 batches of 1,000 through mount A, each flushed; through mount B,
     over and over: read-only re-opens (queue reads, the newest message of each queue read
     again by msgId and by key), the source's planner, and partition reads and key look-ups of
@@ -86,8 +85,8 @@ def test_readers_on_the_other_mount_never_see_damage(gluster_volume: Any, geomet
     Key look-ups must never fail or give a wrong message; that they may miss the newest
     published messages (an index page newer than the entries it points at) is not checked."""
     config = GEOMETRIES[geometry]
-    a, b = gluster_volume.a / "broker-0", gluster_volume.b / "broker-0"
-    reads = gluster_volume.work / "reads"  # one byte per round of reads (local disk)
+    a, b = two_hosts.a / "broker-0", two_hosts.b / "broker-0"
+    reads = two_hosts.work / "reads"  # one byte per round of reads (local disk)
     reads.write_bytes(b"")
     writer = subprocess.Popen(
         [sys.executable, "-c", WRITER, str(a), "100", str(ROOT), str(reads), geometry],
@@ -99,7 +98,7 @@ def test_readers_on_the_other_mount_never_see_damage(gluster_volume: Any, geomet
     seen_src: set[int] = set()
     view = BrokerView("broker-0", b)
     planner = BrokerView("broker-0", a)
-    ctx = ReadContext(schema=schema.arrow_schema(None), root=str(gluster_volume.b), config=config)
+    ctx = ReadContext(schema=schema.arrow_schema(None), root=str(two_hosts.b), config=config)
     done_at: dict[int, int] = {}
     ro_at: dict[int, int] = {}
     try:
@@ -197,27 +196,31 @@ def take_over(path: Path) -> tuple[MessageStore, float]:
 
 def all_ids(path: Path) -> list[int]:
     """Every message's id through the ConsumeQueues, duplicates kept."""
-    ids: list[int] = []
     with MessageStore(path, CONFIG, read_only=True) as ro:
         report = verify(ro, max_per_kind=None)
         assert report.ok, [str(p) for p in report.problems][:10]
-        for q in range(QUEUES):
-            off, hi = ro.min_offset("T", q), ro.max_offset("T", q)
-            while off < hi:
-                got = ro.get_messages("T", q, off, 2000)
-                ids.extend(check_message(q, m.body) for m in got.messages)
-                off = got.next_begin_offset
+        return read_ids(ro)
+
+
+def read_ids(store: MessageStore) -> list[int]:
+    """Every message a view offers, through each queue, duplicates kept."""
+    ids: list[int] = []
+    for q in range(QUEUES):
+        off, hi = store.min_offset("T", q), store.max_offset("T", q)
+        while off < hi:
+            got = store.get_messages("T", q, off, 2000)
+            ids.extend(check_message(q, m.body) for m in got.messages)
+            off = got.next_begin_offset
     return ids
 
 
 @pytest.mark.parametrize("loss", ["writer", "host"])
-def test_a_writer_on_the_other_mount_takes_over(
-    gluster_volume: Any, tmp_path: Path, loss: str
-) -> None:
+def test_a_writer_on_the_other_mount_takes_over(two_hosts: Any, tmp_path: Path, loss: str) -> None:
     """kill -9 the writer (``produce``, SYNC_FLUSH) on mount A, or A's whole client (the host
-    gone): a writer through mount B gets the broker's lock, recovers and goes on; every
-    acknowledged message is there exactly once."""
-    vol = gluster_volume
+    gone; on CephFS its MDS session evicted too, as whoever declares a host dead does): a
+    writer through mount B gets the broker's lock, recovers and goes on; every acknowledged
+    message is there exactly once."""
+    vol = two_hosts
     conf = tmp_path / "store.toml"
     conf.write_text(CONF_TEXT)
     first = tmp_path / "first.jsonl"
@@ -234,7 +237,7 @@ def test_a_writer_on_the_other_mount_takes_over(
     if loss == "writer":
         proc.send_signal(signal.SIGKILL)
     else:
-        os.kill(vol.client_pid(vol.a), signal.SIGKILL)
+        vol.lose_host(vol.a)
     store, waited = take_over(vol.b / "broker-0")
     out, _ = proc.communicate(timeout=120)
     lines += out.splitlines()
@@ -252,6 +255,7 @@ def test_a_writer_on_the_other_mount_takes_over(
     assert landed == list(range(len(landed)))
 
 
+@pytest.mark.gluster
 def test_a_lost_brick_fails_nothing_and_two_fail_cleanly(gluster_volume: Any) -> None:
     vol = gluster_volume
     path = vol.a / "broker-0"
@@ -285,3 +289,83 @@ def test_a_lost_brick_fails_nothing_and_two_fail_cleanly(gluster_volume: Any) ->
     assert set(acked) <= set(ids)
     landed = sorted(ids)
     assert landed == list(range(len(landed)))
+
+
+OLD_WRITER = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[2])
+from tests.kit.glusterstore import CONFIG, table
+from rocketstore.pipeline.engine.store import MessageStore
+store = MessageStore(sys.argv[1], CONFIG)
+store.put_batch(table(0, 500))
+store.flush()
+print("published", flush=True)
+sys.stdin.readline()  # the other host opens the files meanwhile
+for k in range(1, 4):
+    store.put_batch(table(k * 500, 500))
+    store.flush()
+if sys.argv[3] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+store.close()
+"""
+
+
+@pytest.mark.parametrize("end", ["close", "kill"])
+def test_readers_on_the_old_writers_host_after_a_take_over(two_hosts: Any, end: str) -> None:
+    """Host B has the store's files open (a read-only view) while host A's writer writes them
+    through its mappings, then A's writer closes (or is killed -9) and a writer on B takes
+    over and appends to the same files. On ceph-fuse, A's client then keeps serving the pages
+    it cached for as long as they stay cached, and B's client the pages B read (see
+    docs/cluster.md, CephFS). The taker must open, and readers on A, one of them a view held
+    open on A across the take-over, must read every message once and right, and verify must
+    find no damage."""
+    vol = two_hosts
+    a, b = vol.a / "broker-0", vol.b / "broker-0"
+    old = subprocess.Popen(
+        [sys.executable, "-c", OLD_WRITER, str(a), str(ROOT), end],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert old.stdout is not None and old.stdin is not None
+    assert old.stdout.readline() == "published\n", old.stderr.read() if old.stderr else ""
+    with MessageStore(b, CONFIG, read_only=True) as on_b:
+        assert sorted(read_ids(on_b)) == list(range(500))
+        old.stdin.write("\n")
+        old.stdin.flush()
+        _, err = old.communicate(timeout=120)
+    assert old.returncode == (0 if end == "close" else -signal.SIGKILL), err[-2000:]
+    with MessageStore(a, CONFIG, read_only=True) as held:  # fills A's cache, maps the files
+        before = read_ids(held)
+        assert sorted(before) == list(range(2000))
+        store, _ = take_over(b)
+        with store:
+            for k in range(4):
+                store.put_batch(table(10_000 + k * 250, 250))
+                store.flush()
+        assert read_ids(held) == before  # a view ends where it ended at its open
+        ids = all_ids(a)  # a fresh view on A, with verify, while A still maps the files
+    assert sorted(ids) == [*range(2000), *range(10_000, 11_000)]
+    assert sorted(all_ids(a)) == sorted(ids)  # and after the held view closed
+
+
+MOUNT_TYPES = {"glusterfs": "fuse.glusterfs", "cephfs": "fuse.ceph-fuse"}
+
+
+def test_auto_resolves_to_shared_storage(two_hosts: Any, request: pytest.FixtureRequest) -> None:
+    """``sharedStorage = auto`` (the default) on the real mount: the type mountinfo names,
+    readers held to the published point, and a writer that fences (records an epoch), so
+    that a second writer on the other host is refused the lock."""
+    from rocketstore.pipeline.engine import fencing
+    from rocketstore.pipeline.files import filesystem, visibility
+
+    a = two_hosts.a
+    assert filesystem.fs_type(a) == MOUNT_TYPES[request.node.callspec.params["two_hosts"]]
+    assert visibility.is_shared(a)
+    with MessageStore(a / "broker-0", CONFIG) as store:
+        assert store.shared
+        store.put_batch(table(0, 100))
+        store.flush()
+        assert len(fencing.read_epochs(two_hosts.b / "broker-0")) == 1
+        with pytest.raises(StoreLockedError):
+            MessageStore(two_hosts.b / "broker-0", CONFIG)
+    with MessageStore(two_hosts.b / "broker-0", CONFIG, read_only=True) as ro:
+        assert ro.shared and sorted(read_ids(ro)) == list(range(100))

@@ -171,7 +171,8 @@ def test_a_record_that_never_checks_out_is_damage_after_the_wait(tmp_path: Path)
 def test_auto_picks_shared_on_network_and_fuse_file_systems(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    kinds = {"fuse.glusterfs": True, "nfs4": True, "ceph": True, "ext4": False, "tmpfs": False}
+    kinds = {"fuse.glusterfs": True, "fuse.ceph-fuse": True, "nfs4": True, "ceph": True}
+    kinds |= {"ext4": False, "tmpfs": False}
     for kind, shared in kinds.items():
         monkeypatch.setattr(visibility.filesystem, "fs_type", lambda _p, k=kind: k)
         assert visibility.is_shared(tmp_path) is shared, kind

@@ -60,11 +60,15 @@ def before_files(path: Path, config: StoreConfig, *, read_only: bool, abort_foun
     # cannot reach, before anything here reads them (rocketstore.pipeline.engine.renewal).
     renewed = 0
     fenced = not read_only and fencing.applies(path, shared)
-    if fenced and abort_found:
-        # A writer on this host whose write-back failed (its host cut off from the
-        # servers) left those pages clean in this host's cache with bytes the servers never
-        # got: recovery and the renewal must read the files from the servers.
+    if (fenced and abort_found) or (not read_only and shared):
+        # Recovery and the renewal must read the files from the servers, not as this host
+        # cached them: a writer here whose write-back failed (its host cut off) left pages
+        # clean in the cache with bytes the servers never got; and a ceph-fuse client keeps
+        # pages it read while another host wrote the file through a mapping, stale for as long
+        # as they stay cached (a taker after a clean close saw a queue 125 units long that the
+        # last flush recorded 500 long, and refused to open).
         storedir.forget_cached_tails(path)
+    if fenced and abort_found:
         renewed = renewal.renew_derived(
             path,
             config.mapped_file_size_consume_queue,

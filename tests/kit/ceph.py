@@ -1,5 +1,7 @@
-"""A real S3 for the tier's tests: a throwaway single-node Ceph with radosgw
-(``../shared/ceph/ceph-up.sh``), one per test session, and a fresh bucket per test.
+"""A real S3 for the tier's tests and a CephFS for the tests across hosts: a throwaway
+single-node Ceph with radosgw and an MDS (``../shared/ceph/ceph-up.sh --fs``), one per test
+session, a fresh bucket per test (here) and fresh ceph-fuse mounts per test
+(tests/kit/cephfs.py).
 
 :func:`unavailable` says why there can be none here (no ../shared, not root); :func:`cluster`
 starts one under a short folder of /tmp (the daemons' admin sockets need paths under 108
@@ -162,13 +164,14 @@ def _poll(cond: Any, seconds: float, what: str) -> None:
 
 @contextmanager
 def cluster() -> Iterator[Ceph]:
-    """A Ceph with radosgw for the block, stopped and purged after it."""
+    """A Ceph with radosgw and, where the kernel has FUSE, a CephFS for the block, stopped and
+    purged after it (the MDS and the file system add 1-2 s to the start and 30 MB)."""
     directory = Path(tempfile.mkdtemp(prefix="rsceph-", dir="/tmp"))
     os.rmdir(directory)  # ceph-up.sh wants a folder of its own making (no ceph.conf in it)
     env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
     try:
         up = subprocess.run(
-            ["bash", str(UP), str(directory)],
+            ["bash", str(UP), str(directory), *(["--fs"] if Path("/dev/fuse").exists() else [])],
             capture_output=True,
             text=True,
             timeout=900,

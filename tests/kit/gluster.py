@@ -240,6 +240,11 @@ class Volume:
             raise RuntimeError(f"{len(pids)} client processes for {point}")
         return pids[0]
 
+    def lose_host(self, point: Path) -> None:
+        """The host of ``point`` is gone: its client killed -9 (the bricks see its connections
+        close and release its locks)."""
+        os.kill(self.client_pid(point), signal.SIGKILL)
+
     def in_namespace(
         self, cmd: Sequence[str], at: Path, **popen: object
     ) -> subprocess.Popen[bytes]:
