@@ -27,6 +27,9 @@ otherwise, like an object of another length than the manifest says, it is damage
 
 Owns: the manifest it read, the index heads and read-ahead windows it fetched (memory only).
 Thread-safety: none; each reader keeps its own (the object store client may be shared).
+:meth:`RemoteSegments.read_records` fetches ahead on two threads of its own while its caller
+decodes: they call only the object store (thread-safe) and, for an object found missing, read
+the manifest again.
 Crash behaviour: reads only. Requires: the bucket's reads (:class:`ObjectReads`; on S3,
 :class:`rocketstore.pipeline.tier.objects.ObjectStore`), and a manifest as
 :mod:`rocketstore.pipeline.tier.manifest` writes it.
@@ -35,7 +38,9 @@ Crash behaviour: reads only. Requires: the bucket's reads (:class:`ObjectReads`;
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
@@ -80,6 +85,7 @@ RECORD_GUESS = 4 << 10  # the first GET of one record (a key look-up's candidate
 # about 300 MB/s (../shared/ceph/README.md), so 64 KiB more is ~0.2 ms, less than a request's
 # round trip.
 GAP = 64 << 10
+PREFETCH = 2  # GETs of records in flight ahead of the one being decoded
 
 
 class ObjectReads(Protocol):
@@ -418,9 +424,30 @@ class RemoteSegments:
         wide = rel[1:] - reach[:-1] > gap
         window = (rel - rel[0]) // max(self.read_ahead, 1)
         cuts = np.flatnonzero(wide | (window[1:] != window[:-1])) + 1
-        for idx in np.split(np.arange(len(rel), dtype=np.int64), cuts):
-            start, end = int(rel[idx[0]]), int(reach[idx[-1]])
-            yield start, self.fetch(key, start, end, base), idx
+        runs = [
+            (int(rel[idx[0]]), int(reach[idx[-1]]), idx)
+            for idx in np.split(np.arange(len(rel), dtype=np.int64), cuts)
+        ]
+        # The next GETs go out while the caller decodes this one's records: a cold read is
+        # then bound by the slower of the two rather than by their sum. At most PREFETCH
+        # bodies wait (2 x the read-ahead); errors come out in order, at their run.
+        with ThreadPoolExecutor(PREFETCH, thread_name_prefix="tier-read") as pool:
+            ahead: deque[tuple[int, npt.NDArray[np.int64], Future[bytes]]] = deque()
+            todo = iter(runs)
+            while True:
+                while len(ahead) < PREFETCH and (run := next(todo, None)) is not None:
+                    start, end, idx = run
+                    ahead.append((start, idx, pool.submit(self.fetch, key, start, end, base)))
+                if not ahead:
+                    return
+                start, idx, body = ahead.popleft()
+                try:
+                    data = body.result()
+                except BaseException:
+                    for *_, later in ahead:
+                        later.cancel()
+                    raise
+                yield start, data, idx
 
     # -- keys -------------------------------------------------------------------------------
     def key_candidates(
