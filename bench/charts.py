@@ -1,5 +1,5 @@
 """The benchmark figures as charts: ``python -m bench.charts`` (``make charts``) reads the newest
-results of each part from ``bench/out/`` (or ``--results DIR``) and draws four SVGs into
+results of each part from ``bench/out/`` (or ``--results DIR``) and draws five SVGs into
 ``docs/images/``:
 
 - ``throughput.svg``: the store's put throughput beside its same-run baselines (the raw mmap
@@ -9,7 +9,8 @@ results of each part from ``bench/out/`` (or ``--results DIR``) and draws four S
 - ``floors.svg``: the sink and the source beside their floors (what any Python sink or source
   costs before doing anything), and the fixed cost of a micro-batch or query with almost no
   rows (:mod:`bench.chart_floors`);
-- ``scale.svg``: each operation's cost against the number of queues (:mod:`bench.chart_scale`).
+- ``scale.svg``: each operation's cost against the number of queues (:mod:`bench.chart_scale`);
+- ``tier.svg``: tiered storage against the targets of its benchmark (:mod:`bench.chart_tier`).
 
 Every chart ends with one caption line per part it draws from: the date of the run, the
 machine's load average over it, how many runs each figure is the median of, and the commit;
@@ -31,6 +32,7 @@ from matplotlib.ticker import LogLocator
 
 from bench.chart_floors import draw_floors
 from bench.chart_scale import draw_scale
+from bench.chart_tier import draw_tier
 from bench.chartkit import (
     DEFAULT_IMAGES_DIR,
     PARQUET,
@@ -351,6 +353,7 @@ CHARTS: dict[str, Callable[[Path], Figure]] = {
     "latency": draw_latency,
     "floors": draw_floors,
     "scale": draw_scale,
+    "tier": draw_tier,
 }
 
 

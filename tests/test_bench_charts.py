@@ -194,7 +194,23 @@ SCALE = payload(
     },
 )
 
+TIER = payload(
+    "tier",
+    "2026-11-27T13:20:00+00:00",
+    hot={"ratio": spread(0.76, 0.57, 0.95)},
+    cold={
+        "spark": {"cold_over_local": 0.6},
+        "cold_over_local": spread(0.25, 0.2, 0.3),
+        "cold_over_floor": spread(0.35, 0.28, 0.42),
+    },
+    wide={"amplification": 1.0},
+    keys={"query_key_ms": spread(250.0, 200.0, 400.0)},
+    bounded={"tier_over_local": 3.0, "seconds": 60.0},
+    pace={"pace": 0.855},
+)
+
 ALL = {
+    "tier": TIER,
     "scale": SCALE,
     "store": STORE,
     "core": CORE,
@@ -303,6 +319,24 @@ def test_scale_lines_carry_the_results(tmp_path: Path) -> None:
     assert list(rocketmq.get_xdata()) == [40, 4000], "a failed load draws no point"
     verify = next(a for gid, a in artists.items() if gid.endswith(".verify_s"))
     assert list(verify.get_ydata()) == pytest.approx([1.7, 2.0, 6.0])
+
+
+def test_tier_bars_are_the_share_of_each_target(tmp_path: Path) -> None:
+    bars = by_gid(charts.draw_tier(write_results(tmp_path / "out", ALL)))
+    # Measured over asked for; for the limits, the limit over the measurement.
+    expected = {
+        "tier.hot": 0.76 / 0.95,
+        "tier.spark": 0.6 / 0.5,
+        "tier.cold": 0.25 / 0.5,
+        "tier.floor": 0.35 / 0.7,
+        "tier.wide": 2.0 / 1.0,
+        "tier.keys": 200.0 / 250.0,
+        "tier.bounded": 3.0 / 10.0,
+        "tier.pace": 0.855 / 0.95,
+    }
+    assert {g for g in bars if g.startswith("tier.")} == set(expected)
+    for gid, value in expected.items():
+        assert bar_value(bars[gid]) == pytest.approx(value), gid
 
 
 def svg_text(path: Path) -> str:
