@@ -31,6 +31,7 @@ import json
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -43,9 +44,10 @@ from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import NotFoundError, OffsetOutOfRangeError, StoreError
 from rocketstore.pipeline.format import bodyformat, record
-from rocketstore.pipeline.tier.objects import ObjectStore
-from rocketstore.pipeline.tier.remote import open_tier
 from rocketstore.pipeline.tools.bothtiers import BothTiers
+
+if TYPE_CHECKING:
+    from rocketstore.pipeline.tier.objects import ObjectStore
 from rocketstore.pipeline.tools.lag import (
     CommittedOffsets,
     QueueLag,
@@ -67,6 +69,8 @@ TOPIC_SAMPLE = 240  # units read per queue for a topic's messages-per-minute cha
 @functools.cache
 def _objects(config: StoreConfig) -> ObjectStore:
     """The console's S3 client for the bucket ``config`` names, made once."""
+    from rocketstore.pipeline.tier.objects import ObjectStore
+
     return ObjectStore(config)
 
 
@@ -111,8 +115,12 @@ class Console:
         of messages read both tiers as the CLI's reading commands do. One S3 client for the
         console's life (boto3's are thread-safe; making one costs ~0.4 s)."""
         with MessageStore(path, self.config, read_only=True) as store:
-            objects = _objects(self.config) if self.config.tier_on else None
-            yield BothTiers(store, open_tier(path, self.config, objects))
+            if not self.config.tier_on:  # nothing of the tier's S3 side loads
+                yield BothTiers(store, None)
+                return
+            from rocketstore.pipeline.tier.remote import open_tier
+
+            yield BothTiers(store, open_tier(path, self.config, _objects(self.config)))
 
 
 # -- topic -------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -46,7 +47,9 @@ from rocketstore.pipeline.format import native
 from rocketstore.pipeline.format.record import MessageExt
 from rocketstore.pipeline.format.segmentindex import UNIT_SIZE, Units
 from rocketstore.pipeline.format.subscription import Subscription
-from rocketstore.pipeline.tier.remote import RemoteQueue, RemoteSegments, open_tier
+
+if TYPE_CHECKING:  # the tier's S3 modules load only when the tier is on (boto3 with them)
+    from rocketstore.pipeline.tier.remote import RemoteQueue, RemoteSegments
 
 PAGE = 1000  # units read from the tier's indexes at once
 # As RocketMQ's pull: at most this many units scanned per get (16000 bytes of ConsumeQueue).
@@ -88,6 +91,10 @@ class BothTiers:
         (the bucket asked once: wrong credentials fail here, naming the setting)."""
         store = MessageStore(path, config, read_only=True)
         try:
+            if not config.tier_on:
+                return cls(store, None)
+            from rocketstore.pipeline.tier.remote import open_tier
+
             return cls(store, open_tier(Path(path), config))
         except BaseException:
             store.close()
@@ -138,7 +145,7 @@ class BothTiers:
         if tier_end and (local is None or local[0] > 0):
             # Only a queue that starts past 0 locally can have older offsets in the tier: the
             # others cost no GET.
-            first = RemoteQueue(self.tier, *key).min_offset()
+            first = _queue(self.tier, *key).min_offset()
             if first is not None and first < tier_end:
                 tier = (first, tier_end)
         if tier is None:
@@ -149,7 +156,7 @@ class BothTiers:
             gap = (tier[1], local[0]) if tier[1] < local[0] else None
             return QueueSpan(dataclasses.replace(info, min_offset=low), local, tier, gap)
         # The tier holds all of the queue there is: its last unit says where its records end.
-        last = RemoteQueue(self.tier, *key).units(tier[1] - 1, tier[1])
+        last = _queue(self.tier, *key).units(tier[1] - 1, tier[1])
         max_phys = int(last["offset"][0]) + int(last["size"][0]) if len(last) else 0
         high = tier[1] if local is None else max(tier[1], local[1])
         return QueueSpan(QueueInfo(*key, tier[0], high, max_phys), local, tier)
@@ -160,7 +167,7 @@ class BothTiers:
         units, then the records they name, each decoded with every check and checked to be
         its unit's (a unit naming another record is the index object's damage)."""
         assert self.tier is not None
-        tier, queue = self.tier, RemoteQueue(self.tier, topic, queue_id)
+        tier, queue = self.tier, _queue(self.tier, topic, queue_id)
         for pos in range(a, b, PAGE):
             stop = min(b, pos + PAGE)
             units = queue.units(pos, stop)
@@ -241,7 +248,7 @@ class BothTiers:
             return dataclasses.replace(local, min_offset=lo, max_offset=max(hi, local.max_offset))
         sub = Subscription.parse(tags)
         assert self.tier is not None
-        queue = RemoteQueue(self.tier, topic, queue_id)
+        queue = _queue(self.tier, topic, queue_id)
         found: list[MessageExt] = []
         pos = offset
         stop_at = min(part[1], offset + max(SCAN_UNITS, max_count))
@@ -269,7 +276,7 @@ class BothTiers:
         span = self.span(topic, queue_id) if self.tier is not None else None
         part = span.tier_only if span is not None else None
         if self.tier is not None and span is not None and part is not None:
-            got = RemoteQueue(self.tier, topic, queue_id).offset_by_time(timestamp)
+            got = _queue(self.tier, topic, queue_id).offset_by_time(timestamp)
             if got is not None and got < part[1]:
                 return max(got, part[0])
             if span.local is None or span.local[0] == span.local[1]:
@@ -320,3 +327,11 @@ class BothTiers:
         merged = found + [m for m in more if m.commit_log_offset not in seen]
         merged.sort(key=lambda m: (m.store_timestamp, m.commit_log_offset), reverse=True)
         return merged[:limit]
+
+
+def _queue(tier: RemoteSegments | None, topic: str, queue_id: int) -> RemoteQueue:
+    """The tier's view of one queue (the tier is on: its module is imported here, not before)."""
+    from rocketstore.pipeline.tier.remote import RemoteQueue
+
+    assert tier is not None
+    return RemoteQueue(tier, topic, queue_id)
