@@ -426,7 +426,7 @@ class Planner:
         self._last_cold = look.cold
         for name, tier in self.tiers().items():
             look.tiers[name] = tier.prefix
-            look.paths.setdefault(name, tier.segments.location.removesuffix("commitlog"))
+            look.paths.setdefault(name, tier.location)
             for topic in self.options.topics:
                 for qid, cold in tier.bounds(topic).items():
                     merge_cold(look, (topic, name, qid), cold)
@@ -446,9 +446,13 @@ class Planner:
         if spec.kind == "latest":
             return {q: b.max for q, b in bounds.items()}
         if spec.kind == "timestamp":
-            return {q: self._offset_for_time(q, spec.timestamp, b) for q, b in bounds.items()}
+            views = {v.name: v for v in self.brokers()}
+            return {
+                q: self._offset_for_time(q, spec.timestamp, b, views) for q, b in bounds.items()
+            }
         named = self.group_offsets(spec.group) if spec.kind == "group" else spec.mapping
         out: Offsets = {}
+        views = {v.name: v for v in self.brokers()} if spec.kind == "timestamps" else {}
         for q in set(bounds) | set(named):
             b = bounds.get(q, QueueBounds(0, 0))
             value = named.get(q, EARLIEST)
@@ -457,12 +461,14 @@ class Planner:
             elif value == LATEST:
                 out[q] = b.max
             elif spec.kind == "timestamps":
-                out[q] = b.max if q not in bounds else self._offset_for_time(q, value, b)
+                out[q] = b.max if q not in bounds else self._offset_for_time(q, value, b, views)
             else:
                 out[q] = value
         return out
 
-    def _offset_for_time(self, q: QueueKey, timestamp: int, b: QueueBounds) -> int:
+    def _offset_for_time(
+        self, q: QueueKey, timestamp: int, b: QueueBounds, views: Mapping[str, BrokerView]
+    ) -> int:
         """The first offset of queue ``q`` in ``b`` stored at or after ``timestamp``: in the
         tier below where its local files take over, else in the broker directory."""
         topic, broker, queue_id = q
@@ -474,7 +480,7 @@ class Planner:
             if found is not None and found < cold:
                 return max(int(found), b.min)
             local_from = cold
-        view = next((v for v in self.brokers() if v.name == broker), None)
+        view = views.get(broker)
         if view is None or local_from >= b.max:
             return b.max
         return view.offset_for_time(topic, queue_id, timestamp, QueueBounds(local_from, b.max))
@@ -610,7 +616,7 @@ class Planner:
         tiers = self.tiers()
         brokers = {v.name: str(v.path) for v in self.brokers()}
         for name, tier in tiers.items():
-            brokers.setdefault(name, tier.segments.location.removesuffix("commitlog"))
+            brokers.setdefault(name, tier.location)
         return [
             KeyRange(
                 topic,

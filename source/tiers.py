@@ -85,6 +85,12 @@ class TierView:
     def prefix(self) -> str:
         return self.segments.prefix
 
+    @property
+    def location(self) -> str:
+        """Where the broker's objects are (``s3://bucket/<prefix>``), for a broker with no
+        directory here."""
+        return self.segments.location.removesuffix("commitlog")
+
     def refresh(self) -> None:
         """Read the manifest again if the one held is older than ``max_age_ms``."""
         now = self.clock_ms()
