@@ -114,11 +114,12 @@ class ReadContext:
 
 
 def _read_units(
-    cq_dir: Path, start: int, end: int, wait_ms: int | None
+    cq_dir: Path, start: int, end: int, wait_ms: int | None, direct: bool = False
 ) -> tuple[npt.NDArray[np.void], list[tuple[int, int]]]:
     """Units ``[start, end)`` of a ConsumeQueue (exactly those bytes are read; units past the
     end of a file read as zeros) and the sub-ranges whose files are gone. A file past this
-    host's listing is waited for up to ``wait_ms`` (see :meth:`LocalSegments.has`)."""
+    host's listing is waited for up to ``wait_ms`` (see :meth:`LocalSegments.has`);
+    ``direct``: read past this host's page cache (units read again on shared storage)."""
     files = LocalSegments(cq_dir, wait_ms)
     first = files.first() if start < end else None  # lists again when none is listed
     file_size = files.file_size() if first is not None else 0
@@ -132,7 +133,7 @@ def _read_units(
         base, position = unit_position(pos, file_size)
         stop = min(end, unit_index(base, file_size))
         try:
-            raw = files.read(base, position, (stop - pos) * CQ_UNIT_SIZE)
+            raw = files.read(base, position, (stop - pos) * CQ_UNIT_SIZE, direct=direct)
         except SegmentGoneError:
             missing.append((pos, stop))
         else:
@@ -281,14 +282,17 @@ def read_queue_range(
         while pos < rng.end:
             stop = min(rng.end, pos + ctx.chunk_units)
 
-            def chunk(pos: int = pos, stop: int = stop) -> Chunk:
-                return _read_chunk(rng, ctx, cq_dir, segments, pos, stop)
+            again: list[bool] = []  # a chunk read again reads its units past the page cache
+
+            def chunk(pos: int = pos, stop: int = stop, again: list[bool] = again) -> Chunk:
+                return _read_chunk(rng, ctx, cq_dir, segments, pos, stop, bool(again))
 
             if shared:
 
-                def refresh(pos: int = pos, stop: int = stop) -> None:
+                def refresh(pos: int = pos, stop: int = stop, again: list[bool] = again) -> None:
                     segments.drop()
                     _forget_units(cq_dir, pos, stop)
+                    again.append(True)
 
                 parts, gone = visibility.wait_until_valid(
                     chunk,
@@ -319,11 +323,13 @@ def _read_chunk(
     segments: SegmentCache,
     pos: int,
     stop: int,
+    direct: bool = False,
 ) -> Chunk:
     """The records of units ``[pos, stop)`` of the partition's queue, checked to be theirs,
     and the offset ranges retention deleted (with why), ascending. ConsumeQueue files past
-    this host's listing are waited for as ``segments``' are."""
-    units, missing = _read_units(cq_dir, pos, stop, segments.files.wait_ms)
+    this host's listing are waited for as ``segments``' are; ``direct``: units and records read
+    past the page cache."""
+    units, missing = _read_units(cq_dir, pos, stop, segments.files.wait_ms, direct)
     offsets = np.arange(pos, stop, dtype=np.int64)
     size = units["size"].astype(np.int64)
     phys = units["offset"].astype(np.int64)
@@ -346,7 +352,7 @@ def _read_chunk(
         & ctx.subscription.hash_filter(units["tags_code"].astype(np.int64))
     )
     parts, lost = _decode_units(
-        segments, phys[want], size[want], offsets[want], rng, cq_dir, ctx.columns
+        segments, phys[want], size[want], offsets[want], rng, cq_dir, ctx.columns, direct
     )
     deleted = [(a, b, "its ConsumeQueue file was deleted") for a, b in missing]
     deleted += [(a, b, "its CommitLog segment was deleted") for a, b in _runs(offsets[expired])]
@@ -403,8 +409,11 @@ def _decode_units(
     rng: QueueRange,
     cq_dir: Path,
     columns: native.Columns,
+    direct: bool = False,
 ) -> tuple[list[pa.RecordBatch], npt.NDArray[np.int64]]:
-    """pa.RecordBatch of the given units, checked to be theirs; and the offsets whose segment is gone."""
+    """pa.RecordBatch of the given units, checked to be theirs; and the offsets whose segment
+    is gone. ``direct``: the records' bytes read past this host's page cache instead of
+    through the segments' mappings (records read again on shared storage)."""
     parts: list[pa.RecordBatch] = []
     lost: list[npt.NDArray[np.int64]] = []
     if len(phys) == 0:
@@ -415,13 +424,26 @@ def _decode_units(
     cuts = np.flatnonzero(np.diff(bases)) + 1
     for idx in np.split(np.arange(len(phys)), cuts):
         base = int(bases[idx[0]])
-        seg = segments.get(base)
-        if seg is None:
-            lost.append(offsets[idx])
-            continue
-        recs = native.decode(
-            seg.buffer, phys[idx] - base, base, path=seg.where, sizes=size[idx], columns=columns
-        )
+        if direct:
+            # Only the span the records cover, from the offset of its first byte.
+            lo, hi = int(phys[idx].min()), int((phys[idx] + size[idx]).max())
+            try:
+                raw = segments.files.read(base, lo - base, hi - lo, direct=True)
+            except SegmentGoneError:
+                lost.append(offsets[idx])
+                continue
+            where = segments.files.where(base)
+            recs = native.decode(
+                raw, phys[idx] - lo, lo, path=where, sizes=size[idx], columns=columns
+            )
+        else:
+            seg = segments.get(base)
+            if seg is None:
+                lost.append(offsets[idx])
+                continue
+            recs = native.decode(
+                seg.buffer, phys[idx] - base, base, path=seg.where, sizes=size[idx], columns=columns
+            )
         check_owner(recs, rng, offsets[idx], lambda i: _unit_location(cq_dir, i))
         parts.append(recs)
     return parts, np.concatenate(lost) if lost else offsets[:0]

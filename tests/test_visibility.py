@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rocketstore.pipeline.config import SYNC_FLUSH, StoreConfig
 from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
@@ -128,28 +132,30 @@ def test_an_executor_waits_for_a_record_to_reach_its_host(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A published record that does not check out on this host is read again past the cache
-    until it does (here: it "arrives" when the reader drops its cached pages the second time)."""
+    until it does (here: it "arrives" as the reader reads it past the page cache the second
+    time; the first read went through the segment's mapping)."""
     StoreRoot(tmp_path).ensure_topic("orders", TopicMeta(1, 1))
     with MessageStore(tmp_path / "broker-0", SHARED) as w:
         w.put_batch(message_table("orders", list(range(20)), 1))
     ranges, ctx = _planned(tmp_path, SHARED)
     segment, at, good = _damage_last_body(tmp_path)
-    drops: list[Path] = []
-    real_drop = visibility.drop_cached
+    direct_reads: list[int] = []
+    real_read = visibility.read_direct
 
-    def arriving(path: Path, offset: int = 0, length: int = 0) -> None:
-        drops.append(path)
-        if path == segment and drops.count(segment) == 2:
-            with open(segment, "r+b") as f:
-                f.seek(at)
-                f.write(good)
-        real_drop(path, offset, length)
+    def arriving(fd: int, position: int, n: int) -> bytes | None:
+        if Path(os.readlink(f"/proc/self/fd/{fd}")) == segment:
+            direct_reads.append(position)
+            if len(direct_reads) == 2:
+                with open(segment, "r+b") as f:
+                    f.seek(at)
+                    f.write(good)
+        return real_read(fd, position, n)
 
-    monkeypatch.setattr(visibility, "drop_cached", arriving)
+    monkeypatch.setattr(visibility, "read_direct", arriving)
     (rng,) = ranges
     rows = pa.Table.from_batches(list(read_queue_range(rng, ctx))).column("queueOffset")
     assert rows.to_pylist() == list(range(20))
-    assert drops.count(segment) == 2
+    assert len(direct_reads) == 2
 
 
 def test_a_record_that_never_checks_out_is_damage_after_the_wait(tmp_path: Path) -> None:
@@ -427,3 +433,40 @@ def test_a_full_newest_index_file_has_its_directory_listed_again(
         assert newest.commit_log_offset in index.candidates("orders", "k99", 0, 2**62)
     finally:
         index.close()
+
+
+@given(st.lists(st.tuples(st.integers(0, 20_000), st.integers(0, 9_000)), min_size=1, max_size=20))
+@settings(max_examples=30, deadline=None)
+def test_a_direct_read_returns_what_pread_returns(reads: list[tuple[int, int]]) -> None:
+    """Reads past the page cache at any position and length, aligned or not, across the
+    file's end: the bytes ``pread`` gives (ext4 here, which takes ``O_DIRECT``)."""
+    with tempfile.TemporaryDirectory(dir=Path(__file__).parent) as d:
+        path = Path(d) / "f"
+        data = bytes(random.Random(len(reads)).randrange(256) for _ in range(21_000))
+        path.write_bytes(data)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for position, n in reads:
+                got = visibility.read_direct(fd, position, n)
+                assert got == os.pread(fd, n, position)
+        finally:
+            os.close(fd)
+
+
+def test_a_direct_read_where_the_file_system_refuses_it_says_so(tmp_path: Path) -> None:
+    """Where ``O_DIRECT`` is refused the answer is None (the caller reads through the cache),
+    never wrong bytes; the descriptor keeps its flags."""
+    import fcntl
+
+    for directory in (Path("/dev/shm"), tmp_path):
+        path = directory / f"rs-direct-{os.getpid()}"
+        path.write_bytes(b"abc" * 3000)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+            got = visibility.read_direct(fd, 5, 100)
+            assert got in (None, (b"abc" * 3000)[5:105])
+            assert fcntl.fcntl(fd, fcntl.F_GETFL) == flags
+        finally:
+            os.close(fd)
+            path.unlink()

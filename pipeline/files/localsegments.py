@@ -226,12 +226,13 @@ class LocalSegments:
             map_now=whole,
         )
 
-    def read(self, base: int, position: int, n: int) -> bytes:
+    def read(self, base: int, position: int, n: int, *, direct: bool = False) -> bytes:
         """:meth:`SegmentDir.read`: the file opened by its name, checked against
         ``segment_size`` when one was given (:class:`NotAStoreError` for another size, as
         :meth:`open` checks), read once, closed. An empty file is not checked: it reads as
         zeros, as a file not sized yet does (another host's client of a shared file system can
-        show a new file's name before its size)."""
+        show a new file's name before its size). ``direct``: read past this host's page cache
+        where the file system allows it (:func:`visibility.read_direct`)."""
         path = self.where(base)
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -246,7 +247,9 @@ class LocalSegments:
             size = os.fstat(fd).st_size
             if self.segment_size is not None and size:
                 size_check(path, size, self.segment_size)
-            raw = os.pread(fd, n, position)
+            raw = visibility.read_direct(fd, position, n) if direct else None
+            if raw is None:
+                raw = os.pread(fd, n, position)
         finally:
             os.close(fd)
         return raw if len(raw) == n else raw + bytes(n - len(raw))

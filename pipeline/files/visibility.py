@@ -20,7 +20,9 @@ The rule on shared storage, as Kafka's high watermark:
 * **Stale pages are not damage.** A record below the published point that does not check out
   on this host has not reached it yet (or a page of it was cached before it was written): the
   reader drops what it has cached of the file and reads it again, until it checks out or
-  ``visibilityWaitMs`` has passed; only then is it reported as damage.
+  ``visibilityWaitMs`` has passed; only then is it reported as damage. Pages a mapping holds
+  (any process's on this host) cannot be dropped, and a ceph-fuse client never refreshes
+  them, so units read again are read past the page cache (:func:`read_direct`).
 * **Unlisted files are not damage either.** A client may also answer a directory listing from
   its cache, so a file the writer created a moment ago (a CommitLog segment, a ConsumeQueue
   file, an IndexFile) can be missing from this host's listing while the published point, a
@@ -44,6 +46,7 @@ Thread-safety: stateless functions; :class:`Published` is immutable.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import time
 from collections.abc import Callable
@@ -119,6 +122,41 @@ def drop_cached(path: Path, offset: int = 0, length: int = 0) -> None:
         os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+
+
+DIRECT_ALIGN = 4096  # O_DIRECT wants buffer, offset and length aligned to the block size
+
+
+def read_direct(fd: int, position: int, n: int) -> bytes | None:
+    """``n`` bytes at ``position`` of the file open at ``fd``, read past this host's page cache
+    (``O_DIRECT`` set on the descriptor for the read), or None where the file system refuses
+    direct reads. Pages that a mapping holds cannot be dropped (:func:`drop_cached`), and a
+    ceph-fuse client never refreshes the pages its host maps when another host writes the
+    file; a direct read asks the file system whatever maps them. Bytes past the file's end
+    read as nothing (the caller pads)."""
+    import fcntl
+    import mmap
+
+    if n <= 0:
+        return b""
+    lo = position - position % DIRECT_ALIGN
+    hi = -(-(position + n) // DIRECT_ALIGN) * DIRECT_ALIGN
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT)
+    except OSError:
+        return None
+    try:
+        with mmap.mmap(-1, hi - lo) as buf:  # anonymous, so page-aligned
+            try:
+                got = os.preadv(fd, [buf], lo)
+            except OSError as exc:
+                if exc.errno == errno.EINVAL:
+                    return None
+                raise
+            return bytes(buf[position - lo : max(position - lo, min(got, position - lo + n))])
+    finally:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags)
 
 
 def forget_last_files(directory: Path) -> None:
