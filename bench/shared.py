@@ -1,9 +1,12 @@
-"""The ``shared`` part: the store on a replicated GlusterFS volume, against the local disk.
+"""The ``shared`` part: the store on the shared file systems, against the local disk, in one run.
 
-Two FUSE mounts of one volume stand for two hosts (each has its own client cache). The volume
-is made by :mod:`tests.kit.gluster` (replica 3, bricks on 127.0.0.2 under the work directory) and
-torn down at the end; the part is skipped, with the reason, where that is not possible (not
-root, no FUSE, no GlusterFS packages).
+Two FUSE mounts of one file system stand for two hosts (each has its own client cache):
+a replicated GlusterFS volume made by :mod:`tests.kit.gluster` (replica 3, bricks on 127.0.0.2
+under the work directory), and a folder of CephFS mounted by two ceph-fuse clients of a
+throwaway single-node Ceph (:mod:`tests.kit.ceph`, :mod:`tests.kit.cephfs`; Ceph's default
+settings). Both are torn down at the end. A file system that cannot be made here (not root, no
+FUSE, no packages, no ../shared) is left out, with the reason in the notes; the figures of the
+others stand.
 
 Figures, each the median of ``--runs`` runs:
 
@@ -27,26 +30,49 @@ Figures, each the median of ``--runs`` runs:
    on the local disk either way, so the figures are the store's. Rows/s and the ratio
    GlusterFS / local, the two run back to back in one ``local[2]`` session.
 
+4. **Take-over**: a writer process holding a store through mount A is killed -9; a writer
+   through mount B opens the store as soon as the lock is free. Seconds from the kill to the
+   open's return (the lock's release seen through B, and the recovery).
+
 The load average before and after is in the JSON and the notes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from bench.common import Options, PartResult, Row, log, median, percentiles, scratch_dir
+from bench.common import (
+    Options,
+    PartResult,
+    Row,
+    log,
+    median,
+    percentiles,
+    scratch_dir,
+    work_dir_notes,
+)
 from rocketstore.pipeline.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
 from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.errors import StoreLockedError
 from rocketstore.source.brokerview import BrokerView
+
+# The shared file systems, by the name used in rows and the JSON.
+NAMES = {"glusterfs": "GlusterFS", "cephfs": "CephFS"}
+ROOT = Path(__file__).resolve().parent.parent
 
 CONFIG = StoreConfig(
     mapped_file_size_commitlog=64 << 20,
@@ -202,35 +228,41 @@ def _timed(start: Any) -> tuple[float, int]:
     return elapsed, sum(int(p["numInputRows"]) for p in query.recentProgress)
 
 
-def spark_figures(vol: Any, options: Options, rows: int) -> list[dict[str, float]]:
-    """Per run, rows/s of the sink and the source on GlusterFS (written through mount A, read
-    through mount B) and on the local disk, run back to back in alternating order."""
+def spark_figures(mounts: dict[str, Any], options: Options, rows: int) -> list[dict[str, float]]:
+    """Per run, rows/s of the sink and the source on each shared file system (written through
+    mount A, read through mount B) and on the local disk, run back to back, the order turning
+    from run to run."""
     runs: list[dict[str, float]] = []
     with scratch_dir(options.work_dir, "shared-spark-") as work:
         pair = SparkPair(work, rows)
+
+        def where_to(place: str, name: str) -> tuple[Path, Path]:
+            if place == "local":
+                return work / name, work / name
+            return mounts[place].a / name, mounts[place].b / name
+
+        places = ["local", *mounts]
         try:
-            for where in ("local", "gluster"):  # warm-up, not timed: workers, plans, classes
-                root = (vol.a if where == "gluster" else work) / f"warm-{os.getpid()}"
-                pair.sink(root)
-                pair.source(vol.b / root.name if where == "gluster" else root)
-                shutil.rmtree(root, ignore_errors=True)
+            for place in places:  # warm-up, not timed: workers, plans, classes
+                write, read = where_to(place, f"warm-{os.getpid()}")
+                pair.sink(write)
+                pair.source(read)
+                shutil.rmtree(write, ignore_errors=True)
             for i in range(options.runs):
                 got: dict[str, float] = {}
-                order = ("gluster", "local") if i % 2 == 0 else ("local", "gluster")
-                for where in order:
-                    name = f"spark-{os.getpid()}-{i}"
-                    root = (vol.a if where == "gluster" else work) / name
+                for place in places[i % len(places) :] + places[: i % len(places)]:
+                    write, read = where_to(place, f"spark-{os.getpid()}-{i}")
                     try:
-                        seconds, n = pair.sink(root)
+                        seconds, n = pair.sink(write)
                         if n != rows:
-                            raise RuntimeError(f"the sink stored {n} rows of {rows}")
-                        got[f"sink_{where}"] = n / seconds
-                        seconds, n = pair.source(vol.b / name if where == "gluster" else root)
+                            raise RuntimeError(f"the sink stored {n} rows of {rows} ({place})")
+                        got[f"sink_{place}"] = n / seconds
+                        seconds, n = pair.source(read)
                         if n != rows:
-                            raise RuntimeError(f"the source read {n} rows of {rows}")
-                        got[f"source_{where}"] = n / seconds
+                            raise RuntimeError(f"the source read {n} rows of {rows} ({place})")
+                        got[f"source_{place}"] = n / seconds
                     finally:
-                        shutil.rmtree(root, ignore_errors=True)
+                        shutil.rmtree(write, ignore_errors=True)
                 log(f"shared: spark run {i + 1}/{options.runs} rows/s {got}")
                 runs.append(got)
         finally:
@@ -238,67 +270,138 @@ def spark_figures(vol: Any, options: Options, rows: int) -> list[dict[str, float
     return runs
 
 
-def run(options: Options) -> PartResult:
+HOLDER = """
+import sys
+from rocketstore.pipeline.engine.store import MessageStore
+from bench.shared import CONFIG, _table
+with MessageStore(sys.argv[1], CONFIG) as store:
+    store.put_batch(_table(0, 10_000))
+    store.flush()
+    print("ready", flush=True)
+    sys.stdin.read()  # holds the store until killed
+"""
+
+
+def take_over(a: Path, b: Path) -> float:
+    """Seconds from a kill -9 of the writer holding a fresh store through ``a`` to the return
+    of a writer's open of it through ``b`` (see figure 4)."""
+    name = f"takeover-{os.getpid()}-{time.monotonic_ns()}"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(a / name)],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None
+        if holder.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the writer through {a} did not start ({holder.wait()})")
+        t0 = time.perf_counter()
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        while True:
+            try:
+                with MessageStore(b / name, CONFIG, background=False):
+                    return time.perf_counter() - t0
+            except StoreLockedError:
+                if time.perf_counter() - t0 > 120:
+                    raise RuntimeError(
+                        f"the lock of {b / name} was not released in 120 s"
+                    ) from None
+                time.sleep(0.01)  # polling interval: each try asks for the lock itself
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait()
+        shutil.rmtree(a / name, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def shared_mounts(work: Path, notes: list[str]) -> Iterator[dict[str, Any]]:
+    """Two hosts' mounts (``.a``, ``.b``) of each shared file system that can be made here, by
+    name; what cannot be made is said in ``notes``."""
+    from tests.kit.ceph import cluster, unavailable
+    from tests.kit.cephfs import hosts
     from tests.kit.gluster import GlusterUnavailable, volume
 
+    with contextlib.ExitStack() as stack:
+        mounts: dict[str, Any] = {}
+        try:
+            mounts["glusterfs"] = stack.enter_context(volume(work))
+        except GlusterUnavailable as exc:
+            notes.append(f"GlusterFS left out: {exc}")
+        why = unavailable() or (None if Path("/dev/fuse").exists() else "no /dev/fuse")
+        if why is None:
+            ceph = stack.enter_context(cluster())
+            if ceph.env.get("CEPHFS_MOUNT"):
+                mounts["cephfs"] = stack.enter_context(hosts(ceph, work))
+            else:
+                notes.append("CephFS left out: the Ceph started without a file system")
+        else:
+            notes.append(f"CephFS left out: {why}")
+        yield mounts
+
+
+def run(options: Options) -> PartResult:
     sizes = QUICK if options.quick else FULL
     load_start = os.getloadavg()
-    notes: list[str] = []
+    notes = work_dir_notes(options.work_dir, "shared")
     table = _table(0, sizes.put_messages)
     puts: list[dict[str, float]] = []
-    vis: dict[str, list[dict[str, Any]]] = {ASYNC_FLUSH: [], SYNC_FLUSH: []}
-    try:
-        with volume(options.work_dir) as vol:
-            for i in range(options.runs):
-                pair = {}
-                order = ("gluster", "local") if i % 2 == 0 else ("local", "gluster")
-                for where in order:
-                    directory = vol.a if where == "gluster" else options.work_dir
-                    pair[where] = put_and_flush(directory, table)
-                puts.append(pair)
-                log(f"shared: put+flush gluster {pair['gluster']:.3f}s local {pair['local']:.3f}s")
+    vis: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    takeovers: dict[str, list[float]] = {}
+    with shared_mounts(options.work_dir, notes) as mounts:
+        if not mounts:
+            return PartResult("shared", [], {"skipped": notes}, notes)
+        places = ["local", *mounts]
+        for i in range(options.runs):
+            pair = {}
+            for place in places[i % len(places) :] + places[: i % len(places)]:
+                directory = options.work_dir if place == "local" else mounts[place].a
+                pair[place] = put_and_flush(directory, table)
+            puts.append(pair)
+            log(f"shared: put+flush seconds {pair}")
+        for fs, m in mounts.items():
+            vis[fs] = {ASYNC_FLUSH: [], SYNC_FLUSH: []}
             for flush in (ASYNC_FLUSH, SYNC_FLUSH):
                 for _ in range(options.runs):
-                    r = ack_to_visible(vol.a, vol.b, sizes, flush)
-                    vis[flush].append(r)
-                    log(f"shared: {flush} ack->visible {r}")
-            spark = spark_figures(vol, options, sizes.spark_rows)
-    except GlusterUnavailable as exc:
-        return PartResult("shared", [], {"skipped": str(exc)}, [f"skipped: {exc}"])
+                    r = ack_to_visible(m.a, m.b, sizes, flush)
+                    vis[fs][flush].append(r)
+                    log(f"shared: {fs} {flush} ack->visible {r}")
+            takeovers[fs] = [take_over(m.a, m.b) for _ in range(options.runs)]
+            log(f"shared: {fs} take-over seconds {takeovers[fs]}")
+        spark = spark_figures(mounts, options, sizes.spark_rows)
     load_end = os.getloadavg()
     n = sizes.put_messages
-    g = [n / p["gluster"] for p in puts]
     loc = [n / p["local"] for p in puts]
-    rows = [
-        Row(
-            "put+flush, GlusterFS mount",
-            "msgs/s",
-            median(g),
-            min(g),
-            max(g),
-            baseline="local disk",
-            ratio=median([p["local"] / p["gluster"] for p in puts]),
-        ),
-        Row("put+flush, local disk", "msgs/s", median(loc), min(loc), max(loc)),
-    ]
-    for flush, runs in vis.items():
-        for q in ("p50", "p99"):
-            values = [r[q] for r in runs if q in r]
-            if values:
-                rows.append(
-                    Row(f"put -> visible on mount B, {flush}, {q}", "ms", median(values),
-                        min(values), max(values))
-                )  # fmt: skip
+    rows = [Row("put+flush, local disk", "msgs/s", median(loc), min(loc), max(loc))]
+    for fs in mounts:
+        g = [n / p[fs] for p in puts]
+        rows.append(
+            Row(f"put+flush, {NAMES[fs]} mount", "msgs/s", median(g), min(g), max(g),
+                baseline="local disk", ratio=median([p["local"] / p[fs] for p in puts]))
+        )  # fmt: skip
+    for fs in mounts:
+        for flush, runs in vis[fs].items():
+            for q in ("p50", "p99"):
+                values = [r[q] for r in runs if q in r]
+                if values:
+                    rows.append(
+                        Row(f"put -> visible on mount B, {NAMES[fs]}, {flush}, {q}", "ms",
+                            median(values), min(values), max(values))
+                    )  # fmt: skip
+        t = takeovers[fs]
+        rows.append(Row(f"take-over after kill -9, {NAMES[fs]}", "s", median(t), min(t), max(t)))
     for face in ("sink", "source"):
-        g = [r[f"{face}_gluster"] for r in spark]
         loc = [r[f"{face}_local"] for r in spark]
-        ratios = [r[f"{face}_gluster"] / r[f"{face}_local"] for r in spark]
-        rows += [
-            Row(f"Spark {face}, GlusterFS", "rows/s", median(g), min(g), max(g),
-                baseline="local disk", ratio=median(ratios)),
-            Row(f"Spark {face}, local disk", "rows/s", median(loc), min(loc), max(loc)),
-        ]  # fmt: skip
+        rows.append(Row(f"Spark {face}, local disk", "rows/s", median(loc), min(loc), max(loc)))
+        for fs in mounts:
+            g = [r[f"{face}_{fs}"] for r in spark]
+            ratios = [r[f"{face}_{fs}"] / r[f"{face}_local"] for r in spark]
+            rows.append(
+                Row(f"Spark {face}, {NAMES[fs]}", "rows/s", median(g), min(g), max(g),
+                    baseline="local disk", ratio=median(ratios))
+            )  # fmt: skip
     notes.append(f"load average before {load_start[0]:.2f}, after {load_end[0]:.2f}")
-    data = {"sizes": dataclasses.asdict(sizes), "puts": puts, "visibility": vis,
-            "spark": spark, "load_start": load_start, "load_end": load_end}  # fmt: skip
+    data = {"sizes": dataclasses.asdict(sizes), "file_systems": list(mounts), "puts": puts,
+            "visibility": vis, "takeover_s": takeovers, "spark": spark,
+            "load_start": load_start, "load_end": load_end}  # fmt: skip
     return PartResult("shared", rows, data, notes)
