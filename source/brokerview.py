@@ -303,18 +303,29 @@ class BrokerView:
         tails: Tails | None,
         published: visibility.Published | None = None,
     ) -> dict[int, QueueBounds]:
-        # One listing of the CommitLog for all the queues: it is the same for each.
-        def call() -> dict[int, QueueBounds]:
-            point = None
-            if self.shared:
-                point = published if published is not None else visibility.published(self.path)
-            with _files() as files:
-                log = _CommitLog(self.path / "commitlog", files)
-                return {
-                    q: self._queue_bounds(files, log, topic, q, tails, point) for q in queue_ids
-                }
-
-        return _retrying(f"{self.path}/consumequeue/{topic}", call)
+        point = None
+        if self.shared:
+            point = published if published is not None else visibility.published(self.path)
+        out: dict[int, QueueBounds] = {}
+        with _files() as files:
+            # One listing of the CommitLog for all the queues: it is the same for each. When
+            # retention deletes a file under one queue's look, that queue is looked at again
+            # with the CommitLog listed again, and the queues done stay done: over thousands
+            # of queues, starting all over again would meet retention again.
+            log = _CommitLog(self.path / "commitlog", files)
+            for q in queue_ids:
+                for attempt in range(RETRIES):
+                    try:
+                        out[q] = self._queue_bounds(files, log, topic, q, tails, point)
+                        break
+                    except SegmentGoneError as exc:
+                        if attempt == RETRIES - 1:
+                            raise StoreError(
+                                f"{self.path}/consumequeue/{topic}/{q}: files keep disappearing"
+                                f" while reading ({exc})"
+                            ) from None
+                        log = _CommitLog(self.path / "commitlog", files)
+        return out
 
     def _queue_bounds(
         self,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -277,3 +278,51 @@ def test_a_queue_that_grew_by_a_few_units_costs_a_few_unit_reads(
     # many to find it within the last step, the new last unit (its record's check) and the
     # first (retention's). The whole file's search costs 22 whatever was added.
     assert len(units) <= 2 * (grown.bit_length() + 1) + 2
+
+
+def test_retention_under_one_queues_look_redoes_that_queue_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention deleting a file under the bounds of one queue (here: every queue's first look
+    fails as a deleted file makes it) costs that queue one more look, with the CommitLog
+    listed again; the queues done are not looked at again, so a topic of many queues is not
+    starved by retention (the whole topic looked at again needed one pass per queue). A queue
+    whose files keep disappearing is named."""
+    from rocketstore.pipeline.errors import SegmentGoneError, StoreError
+
+    StoreRoot(tmp_path).ensure_topic("t", TopicMeta(1, 8))
+    with MessageStore(tmp_path / "broker-0", CONFIG) as store:
+        store.put_batch(
+            pa.table(
+                {
+                    "topic": pa.array(["t"] * 80, pa.string()),
+                    "body": pa.array([b"x"] * 80, pa.binary()),
+                    "queueId": pa.array(np.arange(80, dtype=np.int32) % 8),
+                }
+            )
+        )
+    view = BrokerView("broker-0", tmp_path / "broker-0")
+    expected = view.all_bounds("t")
+    real = BrokerView._queue_bounds
+    looks: list[int] = []
+
+    def deleted_under_first_look(self: BrokerView, files: Any, log: Any, topic: str, q: int,
+                                 *rest: Any) -> QueueBounds:  # fmt: skip
+        looks.append(q)
+        if looks.count(q) == 1:
+            raise SegmentGoneError(f"queue {q}'s file was deleted")
+        return real(self, files, log, topic, q, *rest)
+
+    monkeypatch.setattr(BrokerView, "_queue_bounds", deleted_under_first_look)
+    assert view.all_bounds("t") == expected
+    assert looks == [q for q in range(8) for _ in range(2)]
+
+    def always_deleted(self: BrokerView, files: Any, log: Any, topic: str, q: int,
+                       *rest: Any) -> QueueBounds:  # fmt: skip
+        if q == 3:
+            raise SegmentGoneError("deleted again")
+        return real(self, files, log, topic, q, *rest)
+
+    monkeypatch.setattr(BrokerView, "_queue_bounds", always_deleted)
+    with pytest.raises(StoreError, match="consumequeue/t/3: files keep disappearing"):
+        view.all_bounds("t")
