@@ -369,18 +369,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     network (``netcluster``) share nothing with those (a glusterd, state and namespaces of
     their own) and run in a group of their own: one at a time, so that the take-over times
     they measure do not also measure another cluster's load. The tier's tests share one
-    Ceph (``ceph``) and run in a group of their own too, with the tests across hosts on CephFS
-    (``two_hosts`` on ``cephfs``), whose mounts are clients of that Ceph."""
+    Ceph (``ceph``) and run in a group of their own too; the tests across hosts on CephFS
+    (``two_hosts`` on ``cephfs``) in another, whose worker starts a Ceph of its own for them
+    (a worker that runs both groups starts one)."""
     for item in items:
         if _heavy(item):
             item.add_marker(pytest.mark.heavy)
         if "netcluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("netcluster"))
-        elif CEPH_FIXTURES & set(getattr(item, "fixturenames", ())) or _on(item) == "cephfs":
+        elif _on(item) == "cephfs":
+            # The tests across hosts on CephFS, apart from the S3 ones: each group starts the
+            # Ceph of its worker's session once, and the two together were the suite's
+            # longest group.
+            item.add_marker(pytest.mark.xdist_group("cephfs"))
+        elif CEPH_FIXTURES & set(getattr(item, "fixturenames", ())):
             # One Ceph a session: its tests in one worker, so that one is started.
             item.add_marker(pytest.mark.xdist_group("ceph"))
         elif (
             "gluster_volume" in getattr(item, "fixturenames", ())
+            or _on(item) == "glusterfs"
             or item.get_closest_marker("gluster")
             or item.nodeid.startswith("tests/test_cluster.py")
         ):
