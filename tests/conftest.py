@@ -189,14 +189,16 @@ CEPH_FIXTURES = frozenset({"ceph", "bucket"})
 @pytest.fixture(scope="session")
 def ceph() -> Iterator[Any]:
     """A single-node Ceph with radosgw, one for the session (the tier's real S3;
-    tests/kit/ceph.py), stopped and purged at the end. Skipped where the machine cannot run
+    tests/kit/ceph.py; the MDS ticking every second), stopped and purged at the end. Skipped where the machine cannot run
     one (no ../shared, not root)."""
     from tests.kit.ceph import SKIP, cluster, unavailable
 
     why = unavailable()
     if why is not None:
         pytest.skip(f"{SKIP} {why}")
-    with cluster() as made:
+    # Readers on another host wait for the MDS's tick on every look at the published point
+    # (docs/cluster.md): at Ceph's 5 s, a round of the readers test took minutes under load.
+    with cluster(mds_tick_s=1) as made:
         yield made
 
 

@@ -163,10 +163,9 @@ def test_readers_on_the_other_mount_never_see_damage(two_hosts: Any, geometry: s
         if writer.poll() is None:
             writer.kill()
         _, err = writer.communicate()
-    assert writer.returncode == 0, err.decode()[-2000:]
-    assert errors == [], f"{len(errors)} error(s) in {opens} opens, {plans} plans:\n" + "\n".join(
-        errors[:5]
-    )
+    found = f"{len(errors)} error(s) in {opens} opens, {plans} plans:\n" + "\n".join(errors[:5])
+    assert writer.returncode == 0, err.decode()[-2000:] + "\nthe readers: " + found
+    assert errors == [], found
     assert seen_ro == seen_src == set(range(100_000))
     assert opens >= 10 and plans >= 10 * QUEUES, (opens, plans)
 
