@@ -80,7 +80,7 @@ with MessageStore(path, GEOMETRIES[geometry]) as store:
 """
 
 
-# A known failure on CephFS, open in issue 42 (docs/cluster.md, "Not checked on CephFS yet"):
+# A known failure on CephFS, open in issue 42 (docs/cluster.md, "CephFS: what was tested"):
 # in 2 of about 12 runs of the 4 MiB geometry, a partition read on mount B read a published
 # ConsumeQueue unit as empty for longer than visibilityWaitMs (30 s), through the page cache
 # and past it alike, and reports it as damage. Not strict: it passes in most runs, and the
