@@ -299,3 +299,37 @@ def test_a_segment_deleted_while_waited_for_is_gone(tmp_path: Path) -> None:
     started = time.monotonic()
     assert not files.has(SIZE)
     assert time.monotonic() - started < 1
+
+
+def test_a_stale_handle_is_looked_up_again_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ESTALE`` on opening a segment (a shared file system's client naming a file another
+    host replaced; the real case is GlusterFS in tests/test_gluster_store.py) lists the
+    directory again and opens once more; a second ``ESTALE`` goes out as it is."""
+    import errno
+
+    (tmp_path / segment_name(0)).write_bytes(b"abcdefgh" * 128)
+    files = LocalSegments(tmp_path)
+    real_open, real_listdir = os.open, os.listdir
+    stale = {"left": 1}
+    listed: list[str] = []
+
+    def opening(path: str, flags: int, *args: int) -> int:
+        if str(path).endswith(segment_name(0)) and stale["left"] > 0:
+            stale["left"] -= 1
+            raise OSError(errno.ESTALE, "Stale file handle", path)
+        return real_open(path, flags, *args)
+
+    def listing(path: os.PathLike[str]) -> list[str]:
+        listed.append(str(path))
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "open", opening)
+    monkeypatch.setattr(os, "listdir", listing)
+    assert files.read(0, 8, 8) == b"abcdefgh"
+    assert listed == [str(tmp_path)]
+    stale["left"] = 2
+    with pytest.raises(OSError) as raised:
+        files.read(0, 8, 8)
+    assert raised.value.errno == errno.ESTALE

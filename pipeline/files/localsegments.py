@@ -27,6 +27,8 @@ store's naming: segments of one size, each named by its base.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +47,20 @@ from rocketstore.pipeline.files.mappedfile import (
 from rocketstore.pipeline.files.mappings import MappingCache
 
 T = TypeVar("T")
+
+
+def _open_fresh(path: str, directory: Path) -> int:
+    """``os.open(path, O_RDONLY)``; on ``ESTALE`` (a shared file system's client still naming
+    a file another host replaced: seen on GlusterFS after a take-over) the directory is listed
+    again, which refreshes the client's entries, and the open tried once more."""
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        if exc.errno != errno.ESTALE:
+            raise
+    with contextlib.suppress(OSError):
+        os.listdir(directory)
+    return os.open(path, os.O_RDONLY)
 
 
 def list_segments(directory: Path, leftovers: list[Path] | None = None) -> list[tuple[int, Path]]:
@@ -235,12 +251,12 @@ class LocalSegments:
         where the file system allows it (:func:`visibility.read_direct`)."""
         path = self.where(base)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = _open_fresh(path, self.directory)
         except FileNotFoundError:
             if not self.has(base):
                 raise _gone(path) from None
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = _open_fresh(path, self.directory)
             except FileNotFoundError:
                 raise _gone(path) from None
         try:
