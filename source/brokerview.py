@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
@@ -312,19 +313,17 @@ class BrokerView:
             # retention deletes a file under one queue's look, that queue is looked at again
             # with the CommitLog listed again, and the queues done stay done: over thousands
             # of queues, starting all over again would meet retention again.
-            log = _CommitLog(self.path / "commitlog", files)
+            logs = [_CommitLog(self.path / "commitlog", files)]
+
+            def look(q: int) -> QueueBounds:
+                try:
+                    return self._queue_bounds(files, logs[0], topic, q, tails, point)
+                except SegmentGoneError:
+                    logs[0] = _CommitLog(self.path / "commitlog", files)  # for the next look
+                    raise
+
             for q in queue_ids:
-                for attempt in range(RETRIES):
-                    try:
-                        out[q] = self._queue_bounds(files, log, topic, q, tails, point)
-                        break
-                    except SegmentGoneError as exc:
-                        if attempt == RETRIES - 1:
-                            raise StoreError(
-                                f"{self.path}/consumequeue/{topic}/{q}: files keep disappearing"
-                                f" while reading ({exc})"
-                            ) from None
-                        log = _CommitLog(self.path / "commitlog", files)
+                out[q] = _retrying(f"{self.path}/consumequeue/{topic}/{q}", partial(look, q))
         return out
 
     def _queue_bounds(

@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import mmap
 import os
 import time
 from collections.abc import Callable
@@ -134,9 +136,6 @@ def read_direct(fd: int, position: int, n: int) -> bytes | None:
     ceph-fuse client never refreshes the pages its host maps when another host writes the
     file; a direct read asks the file system whatever maps them. Bytes past the file's end
     read as nothing (the caller pads)."""
-    import fcntl
-    import mmap
-
     if n <= 0:
         return b""
     lo = position - position % DIRECT_ALIGN
