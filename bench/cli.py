@@ -91,10 +91,26 @@ def parse_args(argv: Sequence[str] | None) -> tuple[list[str], Options, bool]:
         help="how long the soak part runs (default 30; with --quick 2), and the tier part's "
         "upload run (default 10; with --quick 0.5)",
     )
+    p.add_argument(
+        "--figures",
+        default=None,
+        help="the tier part's figures to run, comma-separated (default all: "
+        f"{','.join(tier.FIGURES)}; keys needs cold and runs it)",
+    )
     args = p.parse_args(argv)
     unknown = [name for name in args.parts if name not in PARTS]
     if unknown:
         p.error(f"unknown part {', '.join(unknown)}; known parts: {', '.join(PARTS)}")
+    figures = None
+    if args.figures is not None:
+        figures = tuple(dict.fromkeys(f.strip() for f in args.figures.split(",") if f.strip()))
+        bad = [f for f in figures if f not in tier.FIGURES]
+        if bad or not figures:
+            p.error(
+                f"--figures: unknown {', '.join(bad) or '(none)'}; known: {', '.join(tier.FIGURES)}"
+            )
+        if "keys" in figures and "cold" not in figures:
+            figures = ("cold", *figures)
     if args.runs < 1:
         p.error("--runs must be >= 1")
     if args.minutes is not None and args.minutes <= 0:
@@ -107,6 +123,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[list[str], Options, bool]:
         out_dir=args.out.resolve(),
         work_dir=work_dir.resolve(),
         minutes=args.minutes,
+        figures=figures,
     )
     named = list(dict.fromkeys(args.parts))
     return named or [name for name in PARTS if name not in ON_REQUEST], options, args.check

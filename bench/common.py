@@ -44,6 +44,8 @@ class Options:
     seed: int = 20240611
     # How long the soak part and the tier part's upload run last (None: their defaults).
     minutes: float | None = None
+    # The tier part's figures to run (None: all of them): remeasuring one after a change.
+    figures: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.runs < 1:

@@ -1017,8 +1017,12 @@ def phase(phases: dict[str, dict[str, float]], name: str) -> Iterator[None]:
     phases[name] = {"load1_start": load_start, "load1_end": load(), "s": time.monotonic() - t0}
 
 
+FIGURES = ("hot", "cold", "wide", "keys", "bounded", "pace")  # in the order they run
+
+
 def run(options: Options) -> PartResult:
     sizes = QUICK if options.quick else FULL
+    want = set(options.figures or FIGURES)
     why = s3clients.unavailable()
     if why is not None:
         return PartResult("tier", [], {"skipped": why}, [f"skipped: {why}"])
@@ -1031,23 +1035,31 @@ def run(options: Options) -> PartResult:
         c.restart_rgw("tcp_nodelay=1")
         tier = Tier(c.env, "rocketstore-bench", sizes.segment)
         tier.client().create_bucket(Bucket=tier.bucket)
-        with phase(phases, "hot"):
-            data["hot"] = hot_path(c, tier, sizes, options)
-        with phase(phases, "cold"):
-            cold = cold_read(c, tier, sizes, options, work)
-        with phase(phases, "wide"):
-            data["wide"] = one_queue(tier, sizes, options, work)
-        with phase(phases, "keys"):
-            data["keys"] = key_lookups(tier, sizes, options, cold)
-        data["cold"] = {k: v for k, v in cold.items() if k not in ("store", "config", "cold_opts")}
-        shutil.rmtree(work / "cold", ignore_errors=True)
-        shutil.rmtree(work / "local", ignore_errors=True)
-        shutil.rmtree(work / "wide", ignore_errors=True)
-        with phase(phases, "bounded"):
-            data["bounded"] = bounded(tier, sizes, work)
-        shutil.rmtree(work / "bounded", ignore_errors=True)
-        with phase(phases, "pace"):
-            data["pace"] = upload_pace(tier, sizes, options, work)
+        if "hot" in want:
+            with phase(phases, "hot"):
+                data["hot"] = hot_path(c, tier, sizes, options)
+        if "cold" in want:
+            with phase(phases, "cold"):
+                cold = cold_read(c, tier, sizes, options, work)
+            if "keys" in want:
+                with phase(phases, "keys"):
+                    data["keys"] = key_lookups(tier, sizes, options, cold)
+            data["cold"] = {
+                k: v for k, v in cold.items() if k not in ("store", "config", "cold_opts")
+            }
+            shutil.rmtree(work / "cold", ignore_errors=True)
+            shutil.rmtree(work / "local", ignore_errors=True)
+        if "wide" in want:
+            with phase(phases, "wide"):
+                data["wide"] = one_queue(tier, sizes, options, work)
+            shutil.rmtree(work / "wide", ignore_errors=True)
+        if "bounded" in want:
+            with phase(phases, "bounded"):
+                data["bounded"] = bounded(tier, sizes, work)
+            shutil.rmtree(work / "bounded", ignore_errors=True)
+        if "pace" in want:
+            with phase(phases, "pace"):
+                data["pace"] = upload_pace(tier, sizes, options, work)
     data["phases"] = phases
     data["load_end"] = os.getloadavg()
     return PartResult("tier", rows(data), data, notes(data, sizes))

@@ -57,3 +57,22 @@ def test_tier_benchmark_quick(
     assert pace["writer_mb_per_s"] > 0 and pace["samples"]
     # Every row with a target says met or missed.
     assert data["targets_met"] in (True, False)
+
+
+def test_figures_option_names_the_tier_figures(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--figures`` picks the tier part's figures (keys brings the cold read it looks up in);
+    an unknown name is a usage error naming the known ones."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from bench.cli import parse_args
+
+    _, options, _ = parse_args(["tier", "--figures", "keys"])
+    assert options.figures == ("cold", "keys")
+    _, options, _ = parse_args(["tier", "--figures", "pace, hot,pace"])
+    assert options.figures == ("pace", "hot")
+    assert parse_args(["tier"])[1].figures is None
+    with pytest.raises(SystemExit):
+        parse_args(["tier", "--figures", "cold,fast"])
+    err = capsys.readouterr().err
+    assert "--figures: unknown fast" in err and "hot, cold, wide" in err

@@ -17,6 +17,8 @@
 from __future__ import annotations
 
 import random
+import struct
+import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -27,9 +29,15 @@ from hypothesis import strategies as st
 from rocketstore.pipeline.errors import CorruptIndexError, CorruptRecordError
 from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.format.segmentindex import (
+    HEADER,
+    HEADER_SIZE,
+    KEY_SIZE,
+    QUEUE_ROW,
+    ROW_SIZE,
     NeedMore,
     SegmentIndex,
     build_segment_index,
+    key_stride,
     unit_at_time,
 )
 from tests.kit.strategies import messages
@@ -45,6 +53,39 @@ def reader(blob: bytes, *, strict: bool = True) -> Callable[[int, int], bytes]:
         return blob[start:end]
 
     return read
+
+
+class counting:
+    """:func:`reader` that also records the ranges it was asked for."""
+
+    def __init__(self, blob: bytes) -> None:
+        self.read = reader(blob)
+        self.reads: list[tuple[int, int]] = []
+
+    def __call__(self, start: int, end: int) -> bytes:
+        self.reads.append((start, end))
+        return self.read(start, end)
+
+
+def as_version_1(index: bytes) -> bytes:
+    """The version 1 object of the same segment (as uploads before the key sample wrote it):
+    the sample cut out of the head, the rows' unit starts moved back, both CRCs made again.
+    Written here from the layout in docs/tiering.md, so that the reader's version 1 path is
+    tested against objects of that layout."""
+    (magic, _, base, end, records, queues, keys, names, lo, hi, _, _) = HEADER.unpack_from(index)
+    names_end = HEADER_SIZE + ROW_SIZE * queues + names
+    (stride,) = struct.unpack_from(">i", index, names_end)
+    cut = 4 + 4 * -(-keys // stride)
+    table = bytearray(index[HEADER_SIZE:names_end])
+    for i in range(queues):
+        row = list(QUEUE_ROW.unpack_from(table, ROW_SIZE * i))
+        row[5] -= cut
+        QUEUE_ROW.pack_into(table, ROW_SIZE * i, *row)
+    body = bytes(table) + index[names_end + cut :]
+    head = HEADER.pack(magic, 1, base, end, records, queues, keys, names, lo, hi, 0, 0)[:56]
+    head += struct.pack(">I", zlib.crc32(body))
+    head_crc = zlib.crc32(body[: names_end - HEADER_SIZE], zlib.crc32(head))
+    return head + struct.pack(">I", head_crc) + body
 
 
 def check_index(w: Written, base: int, raw: bytes, index: bytes) -> SegmentIndex:
@@ -87,36 +128,62 @@ batches = st.lists(
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    batches=batches, segment=segment_sizes, window=st.sampled_from([1, 2, 3, 4096]), data=st.data()
+    batches=batches,
+    segment=segment_sizes,
+    window=st.sampled_from([1, 2, 3, 4096]),
+    stride=st.sampled_from([1, 2, 3, 1024]),
+    data=st.data(),
 )
 def test_index_matches_the_model(
-    batches: list[tuple[list[Message], int]], segment: int, window: int, data: st.DataObject
+    batches: list[tuple[list[Message], int]],
+    segment: int,
+    window: int,
+    stride: int,
+    data: st.DataObject,
 ) -> None:
     with written(batches, segment) as w:
         sealed = w.segments()[:-1]  # the last one is still written to
         for base, raw in sealed:
-            index = build_segment_index(raw, base, len(raw))
+            index = build_segment_index(raw, base, len(raw), stride=stride)
             parsed = check_index(w, base, raw, index)
             # The object holds the segment only up to its blank: the same index from it.
-            assert build_segment_index(raw[: parsed.data_end], base, parsed.data_end) == index
-            # The head alone, as a ranged reader gets it: first too short, then enough.
-            short = SegmentIndex.parse_head(index[:100], where="i", length=len(index))
-            head = SegmentIndex.parse_head(
-                index[: short.length if isinstance(short, NeedMore) else 100],
-                where="i",
-                length=len(index),
+            assert (
+                build_segment_index(raw[: parsed.data_end], base, parsed.data_end, stride=stride)
+                == index
             )
+            # The head alone, as a ranged reader gets it: first too short, then enough (at
+            # most three reads: the header, up to the sample's stride, the whole head).
+            step: SegmentIndex | NeedMore = NeedMore(30)
+            for _ in range(4):
+                assert isinstance(step, NeedMore)
+                step = SegmentIndex.parse_head(index[: step.length], where="i", length=len(index))
+                if isinstance(step, SegmentIndex):
+                    break
+            head = step
             assert isinstance(head, SegmentIndex)
             assert head.rows == parsed.rows and head.keys_start == parsed.keys_start
+            assert head.key_stride == stride and head.head_length == parsed.head_length
 
-            ranged = reader(index)
+            ranged = counting(index)
+            old = as_version_1(index)
+            assert build_segment_index(raw, base, len(raw), version=1) == old
+            old_head = SegmentIndex.parse(old, where="i")
+            assert old_head.key_stride == 0 and old_head.rows != parsed.rows  # units moved
             held = w.held(base)
             keys = expected_keys(held)
             probes = {h for h, _ in keys} | {0, 2**31 - 1, data.draw(st.integers(0, 2**31 - 1))}
             for h in probes:
                 want = sorted(o for kh, o in keys if kh == h)
+                ranged.reads.clear()
                 assert head.key_offsets(h, ranged, window=window).tolist() == want
+                # One read, of the stride around the hash (more when its run spans strides).
+                assert len(ranged.reads) <= 1
+                run = sum(1 for kh, _ in keys if kh == h)
+                assert sum(b - a for a, b in ranged.reads) <= KEY_SIZE * (
+                    stride * (2 + -(-run // stride))
+                )
                 assert parsed.key_offsets(h, window=window).tolist() == want
+                assert old_head.key_offsets(h, reader(old), window=window).tolist() == want
             for r in head.rows:
                 a, b = sorted(data.draw(st.integers(r.first - 1, r.end + 1)) for _ in range(2))
                 lo, hi = head.unit_range(r, a, b)
@@ -239,3 +306,27 @@ def test_empty_queue_table_and_no_keys_round_trip() -> None:
         assert parsed.rows == () and parsed.keys == 0 and parsed.records == len(w.held(base))
         assert parsed.key_offsets(key_hash("T", "a")).tolist() == []
         assert len(np.asarray(parsed.key_offsets(0, lambda a, b: b""))) == 0
+
+
+def test_a_key_sample_that_disagrees_with_the_entries_is_named() -> None:
+    """Both CRCs right (the object was written so), the sample not the entries' every stride-th
+    hash: a whole parse names the sample's byte; the default stride bounds the sample."""
+    batch = [Message("T", bytes(20), keys=[f"k{i}"]) for i in range(60)]
+    with written([(batch, 1), (batch, 1)], 8192) as w:
+        base, raw = w.segments()[0]
+        index = build_segment_index(raw, base, len(raw), stride=4)
+    head = SegmentIndex.parse(index, where="o")
+    at = head.head_length - len(head.key_sample) + 4  # the second sampled hash
+    bad = bytearray(index)
+    bad[at : at + 4] = struct.pack(">i", struct.unpack_from(">i", index, at)[0] + 1)
+    body_crc = zlib.crc32(bad[HEADER_SIZE:])
+    bad[56:60] = struct.pack(">I", body_crc)
+    bad[60:64] = struct.pack(
+        ">I", zlib.crc32(bad[HEADER_SIZE : head.head_length], zlib.crc32(bad[:60]))
+    )
+    with pytest.raises(CorruptIndexError, match="key sample") as e:
+        SegmentIndex.parse(bytes(bad), where="o")
+    assert e.value.offset == head.head_length - len(head.key_sample)
+    for keys in (0, 1, 4096 * 1024, 4096 * 1024 + 1, 10**8):
+        stride = key_stride(keys)
+        assert stride >= 1024 and stride & (stride - 1) == 0 and -(-keys // stride) <= 4096

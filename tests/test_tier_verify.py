@@ -7,6 +7,7 @@ it changed), and the exit status must be 1."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -17,6 +18,9 @@ import pytest
 
 from rocketstore.pipeline import cli
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.format.segmentindex import build_segment_index
+from rocketstore.pipeline.tier.objects import ObjectStore
+from rocketstore.pipeline.tier.remote import RemoteSegments
 from rocketstore.pipeline.tier.upload import Uploader
 from rocketstore.pipeline.tools.verify.report import VerifyReport
 from rocketstore.pipeline.tools.verify.tier import verify_tier
@@ -150,9 +154,8 @@ def test_a_corrupted_index_object_is_named_at_the_byte(ceph: Any, tiered: Tiered
     units_base, head_base = t.tier_bases[0], t.tier_bases[5]
     key = t.key("index", units_base)
     body = get(ceph, t, key)
-    names = int.from_bytes(body[36:40], "big")
-    queues = int.from_bytes(body[28:32], "big")
-    at = 64 + 32 * queues + names + 28 * 3 + 9  # the fourth unit's size: no head CRC covers it
+    units_start = int.from_bytes(body[64 + 24 : 64 + 32], "big")  # the first queue row's
+    at = units_start + 28 * 3 + 9  # the fourth unit's size: no head CRC covers it
     body[at] ^= 0x01
     put(ceph, t, key, bytes(body))
     head_key = t.key("index", head_base)
@@ -237,3 +240,28 @@ def test_segments_the_tiers_retention_removes_during_the_run_are_not_damage(
     counts = verify_tier(t.path, config, report, progress=retention_once)
     assert report.problems == []
     assert counts.segments == 1 and counts.retired == len(t.tier_bases) - 1
+
+
+def test_index_objects_of_version_1_verify_and_answer_key_look_ups(
+    ceph: Any, tiered: TieredStore
+) -> None:
+    """A bucket uploaded before the key sample (index objects of version 1, without it): the
+    manifest names them (length, SHA-256), verify rebuilds each in its own form and finds
+    nothing, and a key look-up through the tier finds its messages."""
+    t = tiered
+    key = f"{t.prefix}manifest.json"
+    doc = json.loads(get(ceph, t, key))
+    for entry in doc["segments"]:
+        segment = bytes(get(ceph, t, t.key("commitlog", entry["base"])))
+        old = build_segment_index(segment, entry["base"], len(segment), version=1)
+        assert old[4:8] == (1).to_bytes(4, "big") and len(old) < entry["index"]["length"]
+        put(ceph, t, t.key("index", entry["base"]), old)
+        entry["index"] = {"length": len(old), "sha256": hashlib.sha256(old).hexdigest()}
+    put(ceph, t, key, json.dumps(doc).encode())
+    rc, report = verify(t)
+    assert rc == 0 and report["problems"] == [], report["problems"]
+    assert report["tier"]["indexObjects"] == len(t.tier_bases)
+    tier = RemoteSegments(ObjectStore(StoreConfig.load(t.conf)), t.prefix)
+    for w in [w for w in t.written if t.tier_only(w)][::37]:
+        [found] = tier.query_key(w.topic, w.key)
+        assert (found.commit_log_offset, found.body) == (w.commit_log_offset, w.body)

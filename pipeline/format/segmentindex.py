@@ -6,7 +6,9 @@ docs/tiering.md, section "The segment index"; the structs below follow it field 
 :func:`build_segment_index` makes the object from the segment's own records at upload;
 :class:`SegmentIndex` reads it back, either whole (:meth:`SegmentIndex.parse`, every check
 including the body CRC) or from its head alone (:meth:`SegmentIndex.parse_head`, one ranged
-read), the units and keys then fetched by byte range as a reader needs them.
+read), the units and keys then fetched by byte range as a reader needs them (a key's entries in
+one read, found through the head's key sample; version 1 objects, written before the sample,
+are read too).
 
 The records are walked by the native core's record walk (the one walk of recovery and
 ``verify``: magic, sizes, PHYSICALOFFSET, body CRC, no NUL in topic or properties), and the
@@ -39,7 +41,8 @@ from rocketstore.pipeline.errors import CorruptIndexError, CorruptRecordError
 from rocketstore.pipeline.format import native, record
 
 MAGIC = b"RSIX"
-VERSION = 1
+VERSION = 2  # what the build writes; readers take VERSIONS
+VERSIONS = (1, 2)  # 1: no key sample (objects uploaded before it); the look-up then guesses
 # magic, version, base, data end, records, queues, keys, names length, min and max store
 # timestamp, CRC of bytes 64.. (the rest of the object), CRC of the head (see _head_crc).
 HEADER = struct.Struct(">4siqqiiiiqqII")
@@ -47,6 +50,8 @@ HEADER_SIZE = 64
 # topic name offset, topic name length, queue id, units, first queue offset, units start.
 QUEUE_ROW = struct.Struct(">iiiiqq")
 ROW_SIZE = 32
+# Version 2: the key sample follows the names: its stride, then ceil(keys / stride) hashes.
+SAMPLE_HEAD = struct.Struct(">i")
 # The first 20 bytes are a ConsumeQueue unit (rocketstore.pipeline.layout.UNIT_DTYPE).
 UNIT_DTYPE = np.dtype(
     [("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8"), ("store_ts", ">i8")]
@@ -57,9 +62,15 @@ KEY_SIZE = 12
 assert HEADER.size == HEADER_SIZE and QUEUE_ROW.size == ROW_SIZE
 assert UNIT_DTYPE.itemsize == UNIT_SIZE and KEY_DTYPE.itemsize == KEY_SIZE
 
-# Key entries read per step of a ranged key look-up (48 KiB): hashes are spread evenly over
-# [0, 2^31), so the entry a hash falls at is guessed well, and one window usually holds it.
+# Key entries read per step of a version 1 object's ranged key look-up (48 KiB), where the
+# entry a hash falls at is guessed as if hashes were spread evenly over [0, 2^31). Java's
+# hashes of sequential keys are not, and the guess took about 7 windows a segment (bench tier).
 KEY_WINDOW = 4096
+# The key sample of version 2 (every stride-th entry's hash, in the head): at most this many
+# hashes (16 KiB), the stride a power of two of at least KEY_STRIDE_MIN entries. A look-up
+# then reads one stride of entries (12 KiB at 1,024) in one GET, wherever the hashes fall.
+KEY_SAMPLE_MAX = 4096
+KEY_STRIDE_MIN = 1024
 _SEGMENT_LIMIT = 1 << 31  # a CommitLog segment's size is a Java int
 
 Units = npt.NDArray[np.void]  # UNIT_DTYPE
@@ -81,16 +92,33 @@ def _head_crc(head: bytes | memoryview, head_length: int) -> int:
 # -- building ----------------------------------------------------------------------------------
 
 
+def key_stride(keys: int) -> int:
+    """The key sample's stride the build picks for ``keys`` entries (a reader takes the one the
+    object states): KEY_STRIDE_MIN, doubled until the sample has at most KEY_SAMPLE_MAX."""
+    stride = KEY_STRIDE_MIN
+    while -(-keys // stride) > KEY_SAMPLE_MAX:
+        stride *= 2
+    return stride
+
+
 def build_segment_index(
-    segment: Any, base: int, data_end: int, *, where: str | None = None
+    segment: Any,
+    base: int,
+    data_end: int,
+    *,
+    where: str | None = None,
+    stride: int | None = None,
+    version: int = VERSION,
 ) -> bytes:
     """The segment index object of the segment whose bytes are ``segment`` (a buffer: a mapped
     file, a memoryview, bytes) and whose first byte is CommitLog offset ``base``, from its
     records in ``[0, data_end)``: the walk stops at an END_OF_FILE blank (then the index's data
     end is the blank's end, and ``data_end`` may be anything past it, the segment's size
     included) or at ``data_end``, which must then end a record. ``where`` names the segment in
-    errors. Raises :class:`CorruptRecordError` naming the segment and the CommitLog offset of
-    the first bytes that are not a valid record or blank."""
+    errors; ``stride``: the key sample's (default :func:`key_stride`; tests use small ones);
+    ``version``: 1 writes no sample (``verify`` rebuilds an object in the form it was written).
+    Raises :class:`CorruptRecordError` naming the segment and the CommitLog offset of the
+    first bytes that are not a valid record or blank."""
     name = where or _where(base)
     view = memoryview(segment).cast("B")
     if not 0 <= data_end <= len(view) or data_end >= _SEGMENT_LIMIT:
@@ -104,7 +132,16 @@ def build_segment_index(
     rows, units, names = _queue_runs(w, name)
     keys = _keys(w, base)
     names_area = b"".join(n.encode("utf-8") for n in names)
-    head_length = HEADER_SIZE + ROW_SIZE * len(rows) + len(names_area)
+    if version not in VERSIONS:
+        raise ValueError(f"segment index version {version}: one of {VERSIONS}")
+    stride = key_stride(len(keys)) if stride is None else stride
+    if stride <= 0:
+        raise ValueError(f"key sample stride {stride}: must be > 0")
+    sample = b""
+    if version >= 2:
+        sample = SAMPLE_HEAD.pack(stride) + keys["hash"][::stride].astype(">i4").tobytes()
+    # The head ends with the sample: under the head's CRC, fetched by the head's one GET.
+    head_length = HEADER_SIZE + ROW_SIZE * len(rows) + len(names_area) + len(sample)
     table = bytearray()
     name_at: dict[str, tuple[int, int]] = {}
     at = 0
@@ -116,11 +153,11 @@ def build_segment_index(
     for topic, queue_id, count, first in rows:
         table += QUEUE_ROW.pack(*name_at[topic], queue_id, count, first, start)
         start += UNIT_SIZE * count
-    body = b"".join((bytes(table), names_area, units.tobytes(), keys.tobytes()))
+    body = b"".join((bytes(table), names_area, sample, units.tobytes(), keys.tobytes()))
     times = w.store_ts
     header = HEADER.pack(
         MAGIC,
-        VERSION,
+        version,
         base,
         end,
         len(w),
@@ -256,6 +293,8 @@ class SegmentIndex:
     head_length: int
     length: int  # of the whole object
     body_crc: int
+    key_stride: int = 0  # 0: a version 1 object, no key sample
+    key_sample: bytes = b""  # big-endian int32 hashes of entries 0, stride, 2 stride, ...
     data: bytes | None = None
 
     @property
@@ -289,8 +328,10 @@ class SegmentIndex:
         ) = HEADER.unpack_from(head, 0)
         if magic != MAGIC:
             raise CorruptIndexError(where, 0, f"bad magic {magic!r} (a segment index has RSIX)")
-        if version != VERSION:
-            raise CorruptIndexError(where, 4, f"version {version}, this reader knows {VERSION}")
+        if version not in VERSIONS:
+            raise CorruptIndexError(
+                where, 4, f"version {version}, this reader knows {', '.join(map(str, VERSIONS))}"
+            )
         for at, what, value in (
             (8, "segment base", base),
             (16, "data end", data_end),
@@ -305,15 +346,19 @@ class SegmentIndex:
             raise CorruptIndexError(
                 where, 16, f"data end {data_end} or {queues} queues for {records} records"
             )
-        head_length = HEADER_SIZE + ROW_SIZE * queues + names_length
-        if length is not None and head_length > length:
-            raise CorruptIndexError(
-                where,
-                28,
-                f"truncated or bad counts: a head of {head_length} bytes in an object of {length}",
-            )
-        if len(head) < head_length:
-            return NeedMore(head_length)
+        names_end = HEADER_SIZE + ROW_SIZE * queues + names_length
+        head_length, stride = names_end, 0
+        if version >= 2:  # the key sample: its stride says how long it is
+            short = _short(head, names_end + SAMPLE_HEAD.size, length, where)
+            if short:
+                return short
+            (stride,) = SAMPLE_HEAD.unpack_from(head, names_end)
+            if stride <= 0:
+                raise CorruptIndexError(where, names_end, f"key sample stride {stride}")
+            head_length = names_end + SAMPLE_HEAD.size + 4 * -(-keys // stride)
+        short = _short(head, head_length, length, where)
+        if short:
+            return short
         if _head_crc(head, head_length) != head_crc:
             raise CorruptIndexError(
                 where,
@@ -321,6 +366,7 @@ class SegmentIndex:
                 f"head CRC mismatch: stored {head_crc}, computed {_head_crc(head, head_length)}",
             )
         rows = _rows(head, queues, head_length, names_length, where)
+        sample = bytes(head[names_end + SAMPLE_HEAD.size : head_length]) if stride else b""
         total = sum(r.units for r in rows)
         if total > records:
             raise CorruptIndexError(where, HEADER_SIZE, f"{total} units for {records} records")
@@ -343,6 +389,8 @@ class SegmentIndex:
             head_length=head_length,
             length=object_length,
             body_crc=body_crc,
+            key_stride=stride,
+            key_sample=sample,
         )
 
     @classmethod
@@ -369,6 +417,12 @@ class SegmentIndex:
         for row in self.rows:
             self.units(row)
         keys = self._key_array(self.read(self.keys_start, self.length))
+        if self.key_stride and self.key_sample != keys["hash"][:: self.key_stride].tobytes():
+            raise CorruptIndexError(
+                self.where,
+                self.head_length - len(self.key_sample),
+                f"the key sample (every {self.key_stride}th hash) does not match the key entries",
+            )
         packed = (keys["hash"].astype(np.int64) << 32) | (
             keys["offset"].astype(np.int64) - self.base
         )
@@ -454,10 +508,20 @@ class SegmentIndex:
     ) -> npt.NDArray[np.int64]:
         """CommitLog offsets of the records with a key of ``key_hash`` (collisions included:
         the caller checks each message), ascending. ``read(start, end)``: bytes of the object
-        (ranged GETs); default, the whole object. Each step reads ``window`` entries where the
-        hash's entries should be (hashes are spread evenly), narrowing the range it searches
-        until one window holds them; a run longer than a window is read in growing steps."""
+        (ranged GETs); default, the whole object. With a key sample (version 2), one read of
+        the span the sample gives (:meth:`key_span`). A version 1 object: each step reads
+        ``window`` entries where the hash's entries would be if hashes were spread evenly,
+        narrowing the range it searches until one window holds them; a run longer than a
+        window is read in growing steps."""
         fetch = read or self.read
+        if self.key_stride:
+            a, b = self.key_span(key_hash)
+            if b <= a:
+                return np.empty(0, dtype=np.int64)
+            keys = self._key_array(self._entries(fetch, a, b))
+            i = int(np.searchsorted(keys["hash"], key_hash, "left"))
+            j = int(np.searchsorted(keys["hash"], key_hash, "right"))
+            return keys["offset"][i:j].astype(np.int64)
         lo, hi = 0, self.keys  # entries [0, lo) hash below, [hi, keys) above
         lo_hash, hi_hash = -1, 1 << 31
         bisecting = False
@@ -481,6 +545,18 @@ class SegmentIndex:
         if hi <= lo:
             return np.empty(0, dtype=np.int64)
         return self._run(fetch, key_hash, lo, hi, self._entries(fetch, lo, hi), lo, hi)
+
+    def key_span(self, key_hash: int) -> tuple[int, int]:
+        """Key entries [a, b) that hold every entry of ``key_hash``, from the key sample
+        (version 2): past the last sampled entry below the hash, up to the first sampled entry
+        above it; one stride when no sampled entry has the hash. Raises ValueError without a
+        sample (a version 1 object)."""
+        if not self.key_stride:
+            raise ValueError(f"{self.where}: a version 1 index has no key sample")
+        sample = np.frombuffer(self.key_sample, dtype=">i4")
+        below = int(np.searchsorted(sample, key_hash, "left"))  # sample[below - 1] < hash
+        above = int(np.searchsorted(sample, key_hash, "right"))  # sample[above] > hash
+        return max(below - 1, 0) * self.key_stride, min(above * self.key_stride, self.keys)
 
     def _entries(self, read: Read, a: int, b: int) -> bytes:
         start = self.keys_start + KEY_SIZE * a
@@ -512,6 +588,16 @@ class SegmentIndex:
                 b, raw = min(hi, b + step), raw + self._entries(read, b, min(hi, b + step))
 
 
+def _short(head: bytes, need: int, length: int | None, where: str) -> NeedMore | None:
+    """NeedMore when ``head`` is shorter than the ``need`` bytes the head has so far been
+    found to take; raises when the object (of ``length`` bytes, when known) cannot hold them."""
+    if length is not None and need > length:
+        raise CorruptIndexError(
+            where, 28, f"truncated or bad counts: a head of {need} bytes in an object of {length}"
+        )
+    return NeedMore(need) if len(head) < need else None
+
+
 def _row_key(row: QueueRow) -> tuple[bytes, int]:
     return row.topic.encode("utf-8"), row.queue_id
 
@@ -522,7 +608,7 @@ def _rows(
     """The queue table, checked: names inside the name area and UTF-8, rows strictly sorted,
     units back to back from the end of the head."""
     names_at = HEADER_SIZE + ROW_SIZE * queues
-    names = bytes(head[names_at:head_length])
+    names = bytes(head[names_at : names_at + names_length])
     rows: list[QueueRow] = []
     start = head_length
     previous: tuple[bytes, int] | None = None

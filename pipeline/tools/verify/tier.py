@@ -66,6 +66,7 @@ from rocketstore.pipeline.errors import (
     CorruptRecordError,
     ManifestError,
     SegmentGoneError,
+    StoreError,
     TierError,
 )
 from rocketstore.pipeline.files.mappedfile import segment_name
@@ -201,7 +202,11 @@ class _TierScan:
         if data is not None:
             try:
                 rebuilt = build_segment_index(
-                    data, entry.base, entry.length, where=self.tier.where(entry.base)
+                    data,
+                    entry.base,
+                    entry.length,
+                    where=self.tier.where(entry.base),
+                    **self.index_form(entry),
                 )
             except CorruptRecordError as exc:
                 self.problem(
@@ -211,6 +216,16 @@ class _TierScan:
         if rebuilt is not None:
             self.check_entry(entry, rebuilt)
         self.check_index(entry, rebuilt)
+
+    def index_form(self, entry: TierSegment) -> dict[str, int]:
+        """The version and key stride the segment's index object was written with (the rebuild
+        must match it byte for byte; objects uploaded before the key sample are version 1).
+        A head that cannot be read: the current form (check_index reports the head)."""
+        try:
+            head = self.tier.index(entry.base)
+        except StoreError:
+            return {}
+        return {"version": 1} if not head.key_stride else {"stride": head.key_stride}
 
     def present(self, key: str, length: int, offset_of: Callable[[int], int], base: int) -> bool:
         """Whether ``key`` (of the segment at ``base``) is in the bucket with ``length``
