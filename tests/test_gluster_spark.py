@@ -8,16 +8,12 @@ Spark's parquet file sink). Waits poll the files the queries write."""
 
 from __future__ import annotations
 
-import signal
-import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
 
-from tests.kit.e2e import batch_files, expected_body, sink_write, start_reader, wait_for
-from tests.kit.jobfiles import committed_files
+from tests.kit.e2e import StreamRun
 
 pytestmark = [pytest.mark.gluster, pytest.mark.slow]
 
@@ -25,43 +21,18 @@ APPENDS = 10
 ROWS = 1000
 
 
-def rows_out(out: Path) -> int:
-    try:
-        return sum(pq.read_metadata(f).num_rows for f in committed_files(out))
-    except FileNotFoundError:
-        return 0
-
-
 def test_sink_on_one_mount_source_on_the_other_with_a_brick_lost(
     spark: Any, gluster_volume: Any, tmp_path: Path
 ) -> None:
     vol = gluster_volume
-    root_a, root_b = vol.a / "root", vol.b / "root"
-    checkpoint, out, log = tmp_path / "ck", tmp_path / "out", tmp_path / "reader.log"
-    sink_write(spark, root_a, 0, ROWS)
-    total = ROWS
-    reader = start_reader(root_b, checkpoint, out, "stream", log)
-    try:
+    run = StreamRun(spark, vol.a / "root", vol.b / "root", tmp_path, ROWS)
+    with run:
         for k in range(APPENDS):
             if k == 3:
                 vol.kill_brick(0)
             if k == 7:
                 vol.restart_bricks()
-            planned = batch_files(checkpoint, "offsets")
-            deadline = time.monotonic() + 3
-            while batch_files(checkpoint, "offsets") == planned and time.monotonic() < deadline:
-                assert reader.poll() is None, log.read_text()[-4000:]
-                time.sleep(0.05)  # polling interval: the loop checks the checkpoint itself
-            sink_write(spark, root_a, total, ROWS)
-            total += ROWS
+            run.next_batch()
+            run.append()
         vol.wait_for_heal()
-        wait_for(f"{total} rows read", lambda: rows_out(out) >= total, reader, log, [])
-        assert reader.poll() is None, "the reading query stopped"
-    finally:
-        reader.send_signal(signal.SIGKILL)
-        reader.wait()
-    rows = [r for f in committed_files(out) for r in pq.read_table(f).to_pylist()]
-    ids = sorted(int(r["keys"][0][1:]) for r in rows)
-    assert ids == list(range(total)), f"{len(ids)} rows for {total} messages"
-    assert all(r["body"] == expected_body(int(r["keys"][0][1:])) for r in rows)
-    assert batch_files(checkpoint, "commits") >= 3
+    run.check()

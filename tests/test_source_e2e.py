@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.kit.e2e import batch_files, expected_body, sink_write, start_reader, wait_for
+from tests.kit.e2e import assert_read_once, batch_files, sink_write, start_reader, wait_for
 
 SEED_ENV = "ROCKETSTORE_E2E_SEED"
 pytestmark = pytest.mark.slow
@@ -103,9 +103,5 @@ def run_with_seed(spark: Any, tmp_path: Path, seed: int) -> None:
     drain = start_reader(root, checkpoint, out, "drain", log)
     assert drain.wait(timeout=300) == 0, log.read_text()[-4000:]
 
-    rows = spark.read.parquet(str(out)).collect()
-    ids = sorted(int(r["keys"][0][1:]) for r in rows)
-    assert ids == list(range(total[0])), f"{len(ids)} rows for {total[0]} messages"
-    assert all(r["body"] == expected_body(int(r["keys"][0][1:])) for r in rows)
-    assert len({(r["brokerName"], r["queueId"], r["queueOffset"]) for r in rows}) == len(rows)
-    assert batch_files(checkpoint, "commits") >= 3
+    rows = [r.asDict() for r in spark.read.parquet(str(out)).collect()]
+    assert_read_once(rows, total[0], checkpoint)
