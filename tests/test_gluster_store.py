@@ -195,13 +195,15 @@ def produce(store: Path, lines: Path, conf: Path, **popen: Any) -> subprocess.Po
     )  # fmt: skip
 
 
-def write_lines(path: Path, first: int, n: int) -> None:
-    path.write_text(
-        "".join(
-            json.dumps({"topic": "T", "queueId": i % QUEUES, "body": body(i).decode()}) + "\n"
-            for i in range(first, first + n)
-        )
+def input_lines(first: int, n: int) -> str:
+    return "".join(
+        json.dumps({"topic": "T", "queueId": i % QUEUES, "body": body(i).decode()}) + "\n"
+        for i in range(first, first + n)
     )
+
+
+def write_lines(path: Path, first: int, n: int) -> None:
+    path.write_text(input_lines(first, n))
 
 
 def acked_ids(lines: list[str], first: int) -> list[int]:
@@ -240,13 +242,19 @@ def read_ids(store: MessageStore) -> list[int]:
     return ids
 
 
-@pytest.mark.parametrize("loss", ["writer", "host"])
+@pytest.mark.parametrize("loss", ["writer", "host", "evicted"])
 def test_a_writer_on_the_other_mount_takes_over(two_hosts: Any, tmp_path: Path, loss: str) -> None:
     """kill -9 the writer (``produce``, SYNC_FLUSH) on mount A, or A's whole client (the host
-    gone; on CephFS its MDS session evicted too, as whoever declares a host dead does): a
-    writer through mount B gets the broker's lock, recovers and goes on; every acknowledged
+    gone; on CephFS its MDS session evicted too, as whoever declares a host dead does), or, on
+    CephFS, evict A's session while A's client and writer run on (a host fenced by an
+    operator, or by the MDS after a partition): a writer through mount B gets the broker's
+    lock, recovers and goes on; the writer on A stops with an error; every acknowledged
     message is there exactly once."""
     vol = two_hosts
+    if loss == "evicted" and not hasattr(vol, "evict"):
+        pytest.skip(
+            "CephFS only: GlusterFS evicts no client (tests/test_partition.py cuts one off)"
+        )
     conf = tmp_path / "store.toml"
     conf.write_text(CONF_TEXT)
     first = tmp_path / "first.jsonl"
@@ -262,8 +270,10 @@ def test_a_writer_on_the_other_mount_takes_over(two_hosts: Any, tmp_path: Path, 
         MessageStore(vol.b / "broker-0", CONFIG)  # two writers never hold one broker
     if loss == "writer":
         proc.send_signal(signal.SIGKILL)
-    else:
+    elif loss == "host":
         vol.lose_host(vol.a)
+    else:
+        vol.evict(vol.a)
     store, waited = take_over(vol.b / "broker-0")
     out, _ = proc.communicate(timeout=120)
     lines += out.splitlines()
@@ -279,6 +289,38 @@ def test_a_writer_on_the_other_mount_takes_over(two_hosts: Any, tmp_path: Path, 
     # Whatever landed past the last acknowledgement is whole lines of the input, in order.
     landed = sorted(i for i in ids if i < 100_000)
     assert landed == list(range(len(landed)))
+
+
+def test_an_evicted_idle_writer_is_refused_after_a_take_over(
+    two_hosts: Any, tmp_path: Path
+) -> None:
+    """CephFS: a writer on mount A (``produce`` reading its standard input) stores a batch and
+    waits; A's session is evicted while its client runs on; a writer through mount B takes the
+    broker and stores more; then A is given more lines. A refuses them (its lock cannot be
+    confirmed), nothing of them lands, and everything A and B acknowledged is there once."""
+    vol = two_hosts
+    if not hasattr(vol, "evict"):
+        pytest.skip(
+            "CephFS only: GlusterFS evicts no client (tests/test_partition.py cuts one off)"
+        )
+    conf = tmp_path / "store.toml"
+    conf.write_text(CONF_TEXT)
+    proc = produce(vol.a / "broker-0", Path("-"), conf, stdin=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(input_lines(0, 200))
+    proc.stdin.flush()
+    lines = [proc.stdout.readline() for _ in range(200)]
+    assert len(acked_ids(lines, 0)) == 200, lines[-3:]
+    vol.evict(vol.a)
+    store, waited = take_over(vol.b / "broker-0")
+    assert waited < TAKEOVER_BOUND_S
+    with store:
+        store.put_batch(table(100_000, 1_000))
+    out, err = proc.communicate(input_lines(200, 200), timeout=120)
+    assert proc.returncode != 0 and "no longer owns the store" in err, err[-2000:]
+    assert acked_ids(lines + out.splitlines(), 0) == list(range(200))
+    ids = all_ids(vol.b / "broker-0")
+    assert sorted(ids) == [*range(200), *range(100_000, 101_000)]
 
 
 @pytest.mark.gluster

@@ -118,6 +118,12 @@ class Hosts:
                 return int(session["id"])
         raise RuntimeError(f"no MDS session for the client at {point}")
 
+    def evict(self, point: Path) -> None:
+        """Evict the session of the client at ``point`` while it runs (an operator fencing a
+        host it cannot reach, or the MDS closing a partitioned client's session): the MDS drops
+        its caps and locks, and the OSDs refuse its writes (``blocklist``)."""
+        self.ceph_cli("tell", "mds.a", "client", "evict", f"id={self.session_id(point)}")
+
     def lose_host(self, point: Path) -> None:
         """The host of ``point`` is gone: its client killed -9, and its session evicted, as
         whoever declared it dead does (see the module: else its locks stay 300 s)."""
