@@ -33,6 +33,8 @@ from rocketstore.pipeline.errors import (
 from rocketstore.pipeline.files.segmentread import OpenSegments
 from rocketstore.pipeline.format import native
 from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.format.segmentindex import SegmentIndex
+from rocketstore.pipeline.tier import remote as remote_module
 from rocketstore.pipeline.tier.remote import RemoteQueue, RemoteSegments
 from tests.kit.model import Stored, java_hash
 from tests.kit.strategies import messages
@@ -251,3 +253,38 @@ def test_a_missing_object_is_retention_only_below_deleted_below(
     write_manifest(objects, PREFIX, w.segment, entries[1:], deleted_below=put[1][0], generation=3)
     with pytest.raises(SegmentGoneError, match=f"deleted.below is now {put[1][0]}"):
         seg0.read(150, 16)
+
+
+@pytest.mark.parametrize("guess", [16, 64, "names", "sample"])
+def test_a_head_longer_than_the_first_get_is_fetched_in_steps(
+    tier: Tier, monkeypatch: pytest.MonkeyPatch, guess: int | str
+) -> None:
+    """The first GET of an index takes HEAD_GUESS bytes; a head longer than that (many queues,
+    a long key sample) is fetched again as the parser asks: up to the key sample's stride,
+    then the whole head (three GETs at most past a guess that holds the header, as the
+    real one, 64 KiB, does). Guesses: shorter than the header, the header alone, ending
+    inside the names, ending inside the key sample."""
+    _, objects, put = tier
+    base = put[0][0]
+    whole = SegmentIndex.parse(objects.objects[f"{PREFIX}index/{base:020d}"], where="i")
+    names_end = whole.head_length - len(whole.key_sample) - 4
+    at = {"names": names_end - 3, "sample": whole.head_length - 2}
+    monkeypatch.setattr(remote_module, "HEAD_GUESS", at.get(str(guess), guess))
+    remote = RemoteSegments(objects, PREFIX)
+    assert remote.manifest.segments  # read first: the GETs counted are the head's
+    gets = objects.gets
+    head = remote.index(base)
+    assert objects.gets - gets <= (4 if guess == 16 else 3)
+    assert (head.rows, head.key_sample, head.key_stride) == (
+        whole.rows,
+        whole.key_sample,
+        whole.key_stride,
+    )
+    found = remote.query_key("T0", "k0")
+    stored = []
+    for b, obj in put:
+        rel = native.walk(obj, 0, len(obj), b, check_crc=True).phys - b
+        for m in native.messages(native.decode(obj, rel, b, path="o")):
+            if m.topic == "T0" and "k0" in m.keys:
+                stored.append(m.commit_log_offset)
+    assert len(stored) > 1 and sorted(m.commit_log_offset for m in found) == sorted(stored)

@@ -376,16 +376,13 @@ class RemoteSegments:
         where = f"{self._name}{key}"
         raw = self.fetch(key, 0, min(HEAD_GUESS, entry.index.length), base)
         got = SegmentIndex.parse_head(raw, where=where, length=entry.index.length)
-        # A head past the guess: up to its key sample's stride, then the whole head.
-        for _ in range(2):
-            if not isinstance(got, NeedMore):
-                break
+        # A head past the guess: up to its key sample's stride, then the whole head. Each ask
+        # is longer than the last and within the object's length (parse_head checks it).
+        while isinstance(got, NeedMore):
             if got.length <= len(raw):
                 raise CorruptIndexError(where, len(raw), f"head longer than it said ({got.length})")
             raw = self.fetch(key, 0, got.length, base)
             got = SegmentIndex.parse_head(raw, where=where, length=entry.index.length)
-        if isinstance(got, NeedMore):
-            raise CorruptIndexError(where, len(raw), f"head longer than it said ({got.length})")
         if got.base != base or got.data_end != entry.length:
             raise CorruptIndexError(
                 where,
