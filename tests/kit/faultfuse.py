@@ -98,6 +98,19 @@ class FaultFS:
         """The cache catches up: every file :meth:`stale` froze shows the backing file again."""
         self._call(cmd="fresh")
 
+    def hold(self, pattern: str) -> None:
+        """From now on reads of the files matching ``pattern`` are not answered (a server that
+        never replies) until :meth:`release`."""
+        self._call(cmd="hold", pattern=pattern)
+
+    def held(self) -> int:
+        """How many reads wait on a hold now."""
+        reads: int = self._call(cmd="held")["reads"]
+        return reads
+
+    def release(self) -> None:
+        self._call(cmd="release")
+
     def injected(self) -> list[dict[str, Any]]:
         """Every failure injected so far, oldest first."""
         events: list[dict[str, Any]] = self._call(cmd="injected")["events"]

@@ -46,7 +46,11 @@ Closing its standard input makes the server unmount and exit. Commands:
   ``truncate`` and ``fsync`` (the frozen view does not show them, not even to this mount).
   The reply names the files frozen (``"paths"``); a file frozen again is frozen as it is
   then;
-* ``{"cmd": "fresh"}``: the cache catches up: every file frozen shows what is in ``BACKING``.
+* ``{"cmd": "fresh"}``: the cache catches up: every file frozen shows what is in ``BACKING``;
+* ``{"cmd": "hold", "pattern": "store/commitlog/*"}``: from now on a ``read`` of a file that
+  matches is not answered (its handler waits), as a client that never answers a read; ``{"cmd":
+  "held"}`` says how many reads wait now (``"reads"``), ``{"cmd": "release"}`` answers them
+  and ends the hold. What aborting the mount's FUSE connection frees is tested with it.
 
 What makes the stale view the only one: each ``open`` of a frozen file (after ``stale``)
 gets ``direct_io``, so the kernel neither serves its reads from the page cache that
@@ -191,6 +195,9 @@ def _serve(backing: Path, mount: Path) -> int:
             self._direct: set[int] = set()  # backing descriptors of O_DIRECT opens
             self._mutex = threading.Lock()
             self._fuse: int | None = None  # libfuse's struct fuse, for invalidations
+            self._hold: str | None = None  # reads of files matching it wait (``hold``)
+            self._released = threading.Event()
+            self._held = 0
 
         # Failure rules.
         def _check(self, op: str, path: str | None, offset: int = 0, size: int = 0) -> Rule | None:
@@ -214,6 +221,15 @@ def _serve(backing: Path, mount: Path) -> int:
             if cmd in ("stale", "fresh"):
                 return self._stale(request.get("pattern")) if cmd == "stale" else self._fresh()
             with self._mutex:
+                if cmd == "hold" and isinstance(request.get("pattern"), str):
+                    self._hold, self._released = request["pattern"], threading.Event()
+                    return {"ok": True}
+                if cmd == "held":
+                    return {"ok": True, "reads": self._held}
+                if cmd == "release":
+                    self._hold = None
+                    self._released.set()
+                    return {"ok": True}
                 if cmd == "fail":
                     self._rules.append(Rule(**request))
                     return {"ok": True}
@@ -351,6 +367,14 @@ def _serve(backing: Path, mount: Path) -> int:
             return self._opened(path, fi, os.open(self._real(path), flags, mode))
 
         def read(self, path: str | None, size: int, offset: int, fi: Any) -> bytes:
+            with self._mutex:
+                hold = self._hold is not None and fnmatch.fnmatchcase(_name(path), self._hold)
+                released = self._released
+                self._held += hold
+            if hold:
+                released.wait()
+                with self._mutex:
+                    self._held -= 1
             frozen = self._view(path, fi.fh)
             if frozen is not None:
                 return frozen.data[offset : offset + size]
