@@ -26,19 +26,16 @@ import json
 import random
 import subprocess
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rocketstore.pipeline import cli
-from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.engine import queueread
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import StoreLockedError
 from rocketstore.pipeline.files import lock
-from rocketstore.pipeline.format import native, record
+from rocketstore.pipeline.format import record
 from rocketstore.pipeline.format.message import Message
 from tests.kit import stockrocketmq
 from tests.kit.fixtures import SMALL_CONFIG
@@ -48,10 +45,14 @@ from tests.kit.stockrocketmq import (
     GEOMETRY,
     Consumed,
     StockCluster,
+    as_consumed,
+    assert_dense,
     check_sent,
+    content,
     parse_message,
     parse_query_by_key,
     parse_topic_status,
+    serve_and_consume,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("stock-rocketmq")]
@@ -74,40 +75,6 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
     rc = cli.main(list(argv))
     captured = capsys.readouterr()
     return rc, captured.out, captured.err
-
-
-def as_consumed(store_dir: Path, topic: str, config: StoreConfig = SMALL_CONFIG) -> list[Consumed]:
-    """Every message of ``topic`` as rocketstore reads the directory (read-only), in the form
-    the stock consumer prints (a missing KEYS or TAGS is Java's ``null``)."""
-    with MessageStore(store_dir, config, read_only=True) as store:
-        return [
-            Consumed(
-                topic,
-                store_dir.name,
-                m.queue_id,
-                m.queue_offset,
-                m.properties.get("KEYS", "null"),
-                m.properties.get("TAGS", "null"),
-                m.body,
-            )
-            for info in store.queue_infos(topic)
-            for batch in queueread.queue_batches(store, topic, info.queue_id)
-            for m in native.messages(batch)
-        ]
-
-
-def content(rows: Sequence[Consumed]) -> collections.Counter[tuple[str, str, str, bytes]]:
-    """What was stored, whatever queue and offset: (topic, keys, tags, body), with counts."""
-    return collections.Counter((r.topic, r.keys, r.tags, r.body) for r in rows)
-
-
-def assert_dense(rows: Sequence[Consumed]) -> None:
-    """Each queue's offsets are 0, 1, ..., n - 1: nothing missing, nothing twice."""
-    per_queue: dict[tuple[str, str, int], list[int]] = collections.defaultdict(list)
-    for r in rows:
-        per_queue[(r.topic, r.broker, r.queue_id)].append(r.queue_offset)
-    for queue, offsets in per_queue.items():
-        assert sorted(offsets) == list(range(len(offsets))), queue
 
 
 def sink_write(spark: Any, root: Path, rows: list[tuple[Any, ...]], **options: str) -> None:
@@ -509,28 +476,6 @@ def test_a_queue_resumed_after_retention_is_served_at_its_offsets(
 ROLLED = "Rolled"
 
 
-def served(
-    cluster: StockCluster,
-    store_dir: Path,
-    topic: str,
-    produce: int,
-    want: collections.Counter[tuple[str, str, str, bytes]],
-) -> list[Consumed]:
-    """A stock broker on ``store_dir`` for a while: ``produce`` messages sent to ``topic``
-    (added to ``want``), then every message of it consumed, which must be ``want``'s and
-    dense; what was consumed."""
-    with cluster.serving([store_dir], *BROKER_CONF):
-        if produce:
-            cluster.produce(topic, produce)
-        want += collections.Counter(
-            (topic, f"k{i}", "ABC"[i % 3], f"hello {i}".encode()) for i in range(produce)
-        )
-        consumed = cluster.consume(topic)
-    assert content(consumed) == want
-    assert_dense(consumed)
-    return consumed
-
-
 def test_early_rolled_segments_are_served_and_kept_by_a_stock_broker(
     cluster: StockCluster, tmp_path: Path
 ) -> None:
@@ -559,46 +504,9 @@ def test_early_rolled_segments_are_served_and_kept_by_a_stock_broker(
     assert len(segments) == 4  # three rolled, and the empty one the last roll created
     rolled = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in segments[:-1]}
 
-    consumed = served(cluster, store_dir, ROLLED, 30, want)
+    consumed = serve_and_consume(cluster, store_dir, ROLLED, 30, want)
     assert {
         name: hashlib.sha256((store_dir / "commitlog" / name).read_bytes()).hexdigest()
         for name in rolled
     } == rolled
     assert sorted(as_consumed(store_dir, ROLLED)) == sorted(consumed)
-
-
-# -- one store, two hosts of a shared file system -------------------------------------------------
-
-HOSTS = "Hosts"
-
-
-def _put_on(store_dir: Path, prefix: str, n: int, want: collections.Counter[Any]) -> None:
-    with MessageStore(store_dir, SMALL_CONFIG) as store:
-        for i in range(n):
-            body = f"{prefix} {i}".encode()
-            store.put(Message(HOSTS, body, queue_id=i % 4, keys=[f"{prefix}{i}"], tags="R"))
-            want[(HOSTS, f"{prefix}{i}", "R", body)] += 1
-
-
-def test_a_store_written_on_one_host_is_served_by_a_stock_broker_on_another(
-    cluster: StockCluster, two_hosts: Any
-) -> None:
-    """A store on a shared file system (GlusterFS; CephFS through ceph-fuse), issue 42: written
-    by rocketstore through host A's mount, then served by a stock broker through host B's,
-    which appends. As docs/format.md says: a reader on B with ``sharedStorage=local`` reads
-    every message the broker served, at its offsets; a reader on A (``auto``: shared) reads up
-    to rocketstore's published point, which the broker does not move, so its own messages
-    only; once rocketstore on A writes again (its recovery takes the broker's records in), A
-    reads them all, and the broker on B then serves all of it, dense."""
-    a_dir, b_dir = two_hosts.a / "broker-0", two_hosts.b / "broker-0"
-    want: collections.Counter[tuple[str, str, str, bytes]] = collections.Counter()
-    _put_on(a_dir, "a", 60, want)
-    consumed = served(cluster, b_dir, HOSTS, 30, want)
-    local = dataclasses.replace(SMALL_CONFIG, shared_storage="local")
-    assert sorted(as_consumed(b_dir, HOSTS, local)) == sorted(consumed)
-    ours = [c for c in consumed if c.tags == "R"]
-    assert len(ours) == 60 and sorted(as_consumed(a_dir, HOSTS)) == sorted(ours)
-
-    _put_on(a_dir, "again", 20, want)
-    consumed = served(cluster, b_dir, HOSTS, 0, want)
-    assert sorted(as_consumed(a_dir, HOSTS)) == sorted(consumed)

@@ -16,6 +16,7 @@ server dies), so nothing waits by sleeping.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import os
@@ -26,13 +27,17 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO
 
 import pytest
 
+from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine import queueread
+from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.format import native
 from tests.kit import ROOT
 from tests.kit.fixtures import SMALL_CONFIG
 
@@ -450,3 +455,62 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StockCluster]:
         pytest.skip(why)
     with StockCluster(tmp_path_factory.mktemp("rmq-run")) as running:
         yield running
+
+
+# -- what a stock consumer read, against rocketstore's own reading ---------------------------
+
+
+def as_consumed(store_dir: Path, topic: str, config: StoreConfig = SMALL_CONFIG) -> list[Consumed]:
+    """Every message of ``topic`` as rocketstore reads the directory (read-only), in the form
+    the stock consumer prints (a missing KEYS or TAGS is Java's ``null``)."""
+    with MessageStore(store_dir, config, read_only=True) as store:
+        return [
+            Consumed(
+                topic,
+                store_dir.name,
+                m.queue_id,
+                m.queue_offset,
+                m.properties.get("KEYS", "null"),
+                m.properties.get("TAGS", "null"),
+                m.body,
+            )
+            for info in store.queue_infos(topic)
+            for batch in queueread.queue_batches(store, topic, info.queue_id)
+            for m in native.messages(batch)
+        ]
+
+
+def content(rows: Sequence[Consumed]) -> collections.Counter[tuple[str, str, str, bytes]]:
+    """What was stored, whatever queue and offset: (topic, keys, tags, body), with counts."""
+    return collections.Counter((r.topic, r.keys, r.tags, r.body) for r in rows)
+
+
+def assert_dense(rows: Sequence[Consumed]) -> None:
+    """Each queue's offsets are 0, 1, ..., n - 1: nothing missing, nothing twice."""
+    per_queue: dict[tuple[str, str, int], list[int]] = collections.defaultdict(list)
+    for r in rows:
+        per_queue[(r.topic, r.broker, r.queue_id)].append(r.queue_offset)
+    for key, offsets in per_queue.items():
+        assert sorted(offsets) == list(range(len(offsets))), key
+
+
+def serve_and_consume(
+    cluster: StockCluster,
+    store_dir: Path,
+    topic: str,
+    produce: int,
+    want: collections.Counter[tuple[str, str, str, bytes]],
+) -> list[Consumed]:
+    """A stock broker on ``store_dir`` for a while: ``produce`` messages sent to ``topic``
+    (added to ``want``), then every message of it consumed, which must be ``want``'s and
+    dense; what was consumed."""
+    with cluster.serving([store_dir], *BROKER_CONF):
+        if produce:
+            cluster.produce(topic, produce)
+        want += collections.Counter(
+            (topic, f"k{i}", "ABC"[i % 3], f"hello {i}".encode()) for i in range(produce)
+        )
+        consumed = cluster.consume(topic)
+    assert content(consumed) == want
+    assert_dense(consumed)
+    return consumed
