@@ -43,8 +43,10 @@ def _targets(r: dict[str, Any]) -> list[Target]:
 
     hot = r.get("hot")
     if hot:
-        ratio = hot["ratio"]
-        at_least("hot", "puts, tier on / off\n(>= 0.95 x)", ratio, 0.95, f"{ratio['median']:.2f} x")
+        # Runs before the uploader was kept off the puts' CPU have "ratio" only.
+        ratio = hot.get("ratio_apart", hot.get("ratio"))
+        label = "puts, tier on / off\n(>= 0.95 x)"
+        at_least("hot", label, ratio, 0.95, f"{ratio['median']:.2f} x")
     cold = r.get("cold")
     if cold:
         spark = cold.get("spark")

@@ -264,6 +264,28 @@ def pinned_to_one_cpu(enabled: bool = True) -> Iterator[int | None]:
                 os.sched_setaffinity(tid, before.get(tid, everything))
 
 
+@contextlib.contextmanager
+def processes_pinned(pids: list[int], cpus: set[int]) -> Iterator[None]:
+    """Every thread of the processes ``pids`` (threads they start meanwhile inherit it) kept
+    to ``cpus`` for the block, their affinity put back after. A process that ended is skipped."""
+    before: dict[int, set[int]] = {}
+    for pid in pids:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            with contextlib.suppress(OSError):
+                before[tid] = os.sched_getaffinity(tid)
+                os.sched_setaffinity(tid, cpus)
+    try:
+        yield
+    finally:
+        for tid, was in before.items():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, was)
+
+
 # -- scratch space -----------------------------------------------------------------------------
 
 

@@ -192,6 +192,11 @@ class Cluster:
                 return int(parts[1])
         raise RuntimeError(f"no {name} in {self.path}/pids")
 
+    def pids(self) -> list[int]:
+        """Every daemon of the cluster (monitor, manager, OSD, radosgw, ...)."""
+        lines = (self.path / "pids").read_text(encoding="utf-8").splitlines()
+        return [int(p[1]) for p in (line.split() for line in lines) if len(p) == 2]
+
     def server_cpu_s(self) -> float:
         """CPU seconds radosgw and the OSD used so far."""
         return sum(process_tree_cpu_s(self.pid(n)) for n in ("client.rgw.a", "osd.0"))

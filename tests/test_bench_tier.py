@@ -42,7 +42,8 @@ def test_tier_benchmark_quick(
         assert phase["s"] > 0 and phase["load1_start"] >= 0
 
     hot = data["hot"]
-    assert len(hot["runs"]) == 1 and hot["ratio"]["median"] > 0
+    assert len(hot["runs"]) == 1
+    assert hot["ratio_apart"]["median"] > 0 and hot["ratio_shared"]["median"] > 0
     cold = data["cold"]
     assert cold["segments_in_tier"] >= 1 and 0.5 < cold["cold_share"] < 1
     assert cold["cold_over_local"]["median"] > 0 and cold["cold_over_floor"]["median"] > 0
