@@ -1,4 +1,6 @@
-"""Network partitions between writer hosts and a GlusterFS volume (tests/kit/netcluster.py).
+"""Network partitions between writer hosts and a shared file system: a GlusterFS volume
+(tests/kit/netcluster.py) and a CephFS (tests/kit/cephnet.py), each scenario on both unless
+it says why not.
 
 Each scenario runs writers and readers as processes on hosts A, B and V (network and mount
 namespaces of their own, the volume mounted at one path), cuts a host off with nftables drop
@@ -9,8 +11,11 @@ what remains of it must be a prefix of its acknowledgements), nothing else is re
 of one writer over the other's) and ``verify`` is clean; then ``recover`` changes nothing.
 
 The volume: ``network.ping-timeout`` 3, ``server.tcp-user-timeout`` 8 with keepalive 2/1/3, so
-a take-over takes about 8 s, and a writer cut off has given up on its pending writes by then. One cluster serves the module; each
-scenario has a store directory of its own.
+a take-over takes about 8 s, and a writer cut off has given up on its pending writes by then.
+CephFS: a client cut off never gives up; the MDS closes its session (and blocklists it) after
+``session_autoclose`` (30 s), which releases its locks, so a take-over takes about 35 s; healed,
+the fenced client's processes get errors, and the host mounts the file system again with a
+fresh client. One cluster serves the module; each scenario has a store directory of its own.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ from typing import Any
 
 import pytest
 
+from tests.kit import cephnet
 from tests.kit.gluster import GlusterUnavailable, _poll
-from tests.kit.netcluster import GONE, NetCluster, cluster
+from tests.kit.netcluster import NetCluster, cluster
 from tests.procs.partition_host import BATCH
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("netcluster")]
@@ -39,15 +45,22 @@ FLUSHES = ["SYNC_FLUSH", "ASYNC_FLUSH"]
 LINE_TIMEOUT_S = 120.0
 
 
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetCluster]:
+@pytest.fixture(scope="module", params=["glusterfs", "cephfs"])
+def hosts(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[NetCluster]:
+    parent = tmp_path_factory.mktemp("partition")
     try:
+        if request.param == "cephfs":
+            with cephnet.cluster(parent) as c:
+                yield c
+            return
         # The client gives up on a silent server (ping-timeout) before the servers give its
         # lock away (tcp-user-timeout): the ordering rocketstore.pipeline.engine.fencing asks of a volume.
-        with cluster(tmp_path_factory.mktemp("partition"), ping_timeout=3, tcp_user_timeout=8) as c:
+        with cluster(parent, ping_timeout=3, tcp_user_timeout=8) as c:
             yield c
     except GlusterUnavailable as exc:
-        pytest.skip(f"needs a GlusterFS volume on hosts with a network: {exc}")
+        pytest.skip(f"needs a {request.param} cluster on hosts with a network: {exc}")
 
 
 class Proc:
@@ -134,15 +147,6 @@ class Writer(Proc):
         last = self.line()
         self.proc.wait(timeout=LINE_TIMEOUT_S)
         return last
-
-
-def reconnected(c: NetCluster, host: str) -> None:
-    """Wait until ``host``, healed, works on the volume and its client is connected to every
-    brick again."""
-    c.wait_reachable(host)
-    address = c.address(host)
-    _poll(f"{host} on every brick", lambda: all(address in seen for seen in c.clients()), 60.0)
-    c.wait_for_heal()
 
 
 def cli_on(c: NetCluster) -> list[str]:
@@ -255,7 +259,7 @@ def test_idle_writer_cut_off_and_alive_after_the_heal_is_fenced(
         assert b.put(600) == []
     finally:
         c.heal("A")
-    reconnected(c, "A")
+    c.rejoin("A")
     listed = c.run("A", ["ls", "-l", str(store), str(store / "commitlog")])
     assert listed.returncode == 0, listed.stderr
     refused = a.put(50)
@@ -281,25 +285,37 @@ def test_busy_writer_cut_off_fails_and_is_fenced(hosts: NetCluster, flush: str) 
         assert got.startswith("ack "), got
         a.acked.append(int(got.split()[1]))
     c.partition("A")
+    gives_up = c.gives_up_s() is not None
     try:
-        streamed, failed = a.until("done")  # the put in flight fails (ENOTCONN) in the end
-        a.acked += streamed
-        assert len(failed) == 1 and "Error" in failed[0], failed
+        if gives_up:
+            streamed, failed = a.until("done")  # the put in flight fails (ENOTCONN) in the end
+            a.acked += streamed
+            assert len(failed) == 1 and "Error" in failed[0], failed
         b = Writer(c, "B", store, flush)
         # A never closed: B gave the derived files A may have dirty pages of new inodes.
         assert b.renewed > 0
         assert b.put(600) == []
     finally:
         c.heal("A")
+    if not gives_up:
+        # A's client waited through the cut and was fenced meanwhile: the put in flight fails.
+        streamed, failed = a.until("done")
+        a.acked += streamed
+        assert len(failed) == 1 and "Error" in failed[0], failed
     a.send("stop")
-    reconnected(c, "A")
+    c.rejoin("A")
     c.run("A", ["ls", "-l", str(store)])
     # A's pages of the files it wrote go out after the heal, as its kernel may write them back
     # whenever it likes: they reach no file of B's (the derived files have new inodes).
     a.send("write-back")
     written = a.line().split()
     assert written[0] == "written-back" and len(written) > 1, written
-    assert set(written[1:]) <= set(GONE), written
+    if not isinstance(c, cephnet.CephNetCluster):
+        assert set(written[1:]) <= set(c.gone), written
+    else:
+        # ceph-fuse may answer the write-back of a fenced client with success (measured: "ok"):
+        # what keeps its bytes from the OSDs is the blocklist the session's close put it on.
+        assert c.blocklisted("A"), c.ceph("osd", "blocklist", "ls")
     refused = a.put(20)
     assert len(refused) == 1, refused
     assert b.put(200) == []
@@ -344,7 +360,7 @@ def test_writer_stopped_between_its_check_and_its_write_across_a_take_over(
         assert b.put(600) == []
     finally:
         c.heal("A")
-    reconnected(c, "A")
+    c.rejoin("A")
     os.kill(a.pid, signal.SIGCONT)
     acked, failed = a.until("done")
     a.acked += acked
@@ -393,16 +409,21 @@ def test_a_view_held_across_a_take_over_delivers_nothing_of_the_writer_fenced_of
         assert got.startswith("ack "), got
         a.acked.append(int(got.split()[1]))
     c.partition("A")
+    gives_up = c.gives_up_s() is not None
     try:
-        streamed, _ = a.until("done")
-        a.acked += streamed
+        if gives_up:
+            streamed, _ = a.until("done")
+            a.acked += streamed
         b = Writer(c, "B", store, "ASYNC_FLUSH")
         assert b.renewed > 0
         assert b.put(300) == []
     finally:
         c.heal("A")
+    if not gives_up:
+        streamed, _ = a.until("done")  # A's client waited through the cut
+        a.acked += streamed
     a.send("stop")
-    reconnected(c, "A")
+    c.rejoin("A")
     a.send("write-back")
     written = a.line().split()
     v.send("tails")
@@ -423,6 +444,8 @@ def test_writer_cut_off_from_one_brick_then_two(hosts: NetCluster, flush: str) -
     stops; once the bricks are back, the next writer (the same host) recovers every
     acknowledged message."""
     c = hosts
+    if c.fs != "glusterfs":
+        pytest.skip("GlusterFS's bricks: the CephFS cluster has one OSD")
     store = c.mount / f"bricks-{flush}"
     a = Writer(c, "A", store, flush)
     assert a.put(300) == []
@@ -434,7 +457,7 @@ def test_writer_cut_off_from_one_brick_then_two(hosts: NetCluster, flush: str) -
         assert len(failed) == 1, failed
     finally:
         c.heal("A")
-    reconnected(c, "A")
+    c.rejoin("A")
     a.close()
     again = Writer(c, "A", store, flush, name="A2")
     assert again.put(300) == []
@@ -454,17 +477,22 @@ def test_reader_host_cut_off_waits_or_fails_cleanly_and_catches_up(hosts: NetClu
     c.partition("V")
     try:
         assert a.put(200) == []
+        proc = c.popen("V", [*cli, "queues", str(store), *cli_config(c)], cwd=ROOT, env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
         try:
-            cut = c.run(
-                "V", [*cli, "queues", str(store), *cli_config(c)], cwd=ROOT, env=env, timeout=60
-            )
+            _, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            cut = None  # waiting on the mount is a clean outcome too
-        if cut is not None:
-            assert cut.returncode != 0 and "Traceback" not in cut.stderr, cut.stderr
+            err = None  # waiting on the mount is a clean outcome too
+        if err is not None:
+            assert proc.returncode != 0 and "Traceback" not in err, err
     finally:
         c.heal("V")
-    reconnected(c, "V")
+    if err is None:
+        # Killed only now: a call ceph-fuse holds cannot be interrupted until it is answered,
+        # which takes the heal (then it fails: the client was fenced meanwhile).
+        proc.kill()
+        proc.communicate(timeout=120)
+    c.rejoin("V")
     assert a.close() == "closed"
     check(c, store, {"A": a})
 
@@ -476,6 +504,11 @@ def test_spark_source_on_a_host_cut_off_reads_every_message_once(
     off and healed: it waits, or fails and is started again from its checkpoint; either way it
     never reads garbage, and in the end it has read every message exactly once."""
     c = hosts
+    if c.fs != "glusterfs":
+        pytest.skip(
+            "not on CephFS yet: the query's calls wait through the cut, and fail after the heal "
+            "(the client was fenced meanwhile), which this test does not restart from yet"
+        )
     store = c.mount / "spark-reader"
     a = Writer(c, "A", store, "SYNC_FLUSH")
     assert a.put(300) == []
@@ -502,7 +535,7 @@ def test_spark_source_on_a_host_cut_off_reads_every_message_once(
         # Cut off, the query either blocks on the mount or fails once the client gives up.
         try:
             while True:
-                got = reader.line(timeout_s=3 * float(c.options["network.ping-timeout"]))
+                got = reader.line(timeout_s=3 * (c.gives_up_s() or 10.0))
                 if got.startswith("failed"):
                     failures.append(got)
                     break
@@ -511,7 +544,7 @@ def test_spark_source_on_a_host_cut_off_reads_every_message_once(
             assert "no output" in str(waited)
     finally:
         c.heal("V")
-    reconnected(c, "V")
+    c.rejoin("V")
     if failures:
         reader.send("resume")
     assert a.put(100) == []

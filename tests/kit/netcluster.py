@@ -207,6 +207,10 @@ class NetCluster:
     ``options``: the volume options set at creation; ``work``: the directory of it all (the
     clients' and glusterd's logs are in ``work/log``)."""
 
+    fs = "glusterfs"
+    # What a healed host's processes get from the descriptors of files replaced meanwhile.
+    gone: tuple[str, ...] = GONE
+
     def __init__(self, work: Path, hosts: Sequence[str]) -> None:
         self.work = work
         self.hosts = tuple(hosts)
@@ -281,6 +285,19 @@ class NetCluster:
             return False
 
         gl._poll(f"{host} to reach the volume", reached, timeout_s)
+
+    def gives_up_s(self) -> float | None:
+        """How long after a cut a host's processes get ENOTCONN from the mount
+        (``network.ping-timeout``); None: they wait until the heal."""
+        return float(self.options.get("network.ping-timeout", 42))
+
+    def rejoin(self, host: str) -> None:
+        """After :meth:`heal`: wait until ``host`` works on the volume, its client is connected
+        to every brick again and the bricks have healed what they missed."""
+        self.wait_reachable(host)
+        address = self.address(host)
+        gl._poll(f"{host} on every brick", lambda: all(address in c for c in self.clients()), 60)
+        self.wait_for_heal()
 
     # Cutting hosts off.
 
