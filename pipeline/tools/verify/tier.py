@@ -70,7 +70,7 @@ from rocketstore.pipeline.errors import (
     TierError,
 )
 from rocketstore.pipeline.files.mappedfile import segment_name
-from rocketstore.pipeline.format.segmentindex import HEADER_SIZE, build_segment_index
+from rocketstore.pipeline.format.segmentindex import HEADER_SIZE, SegmentIndex, build_segment_index
 from rocketstore.pipeline.tier import localstate
 from rocketstore.pipeline.tier.manifest import Manifest, TierSegment, manifest_key
 from rocketstore.pipeline.tier.remote import RemoteSegments, open_tier, read_manifest
@@ -197,6 +197,13 @@ class _TierScan:
 
     # -- one segment ------------------------------------------------------------------------
     def segment(self, entry: TierSegment) -> None:
+        # The index head, read once: its form shapes the rebuild, its damage is reported by
+        # check_index once the object is known to be there.
+        head: SegmentIndex | StoreError
+        try:
+            head = self.tier.index(entry.base)
+        except StoreError as exc:
+            head = exc
         data = self.stream_segment(entry)
         rebuilt: bytes | None = None
         if data is not None:
@@ -206,7 +213,7 @@ class _TierScan:
                     entry.base,
                     entry.length,
                     where=self.tier.where(entry.base),
-                    **self.index_form(entry),
+                    **index_form(head),
                 )
             except CorruptRecordError as exc:
                 self.problem(
@@ -215,17 +222,7 @@ class _TierScan:
             del data  # the segment's bytes go before its index is read
         if rebuilt is not None:
             self.check_entry(entry, rebuilt)
-        self.check_index(entry, rebuilt)
-
-    def index_form(self, entry: TierSegment) -> dict[str, int]:
-        """The version and key stride the segment's index object was written with (the rebuild
-        must match it byte for byte; objects uploaded before the key sample are version 1).
-        A head that cannot be read: the current form (check_index reports the head)."""
-        try:
-            head = self.tier.index(entry.base)
-        except StoreError:
-            return {}
-        return {"version": 1} if not head.key_stride else {"stride": head.key_stride}
+        self.check_index(entry, rebuilt, head)
 
     def present(self, key: str, length: int, offset_of: Callable[[int], int], base: int) -> bool:
         """Whether ``key`` (of the segment at ``base``) is in the bucket with ``length``
@@ -303,18 +300,21 @@ class _TierScan:
                 f"maxStoreTimestamp {said}; its records say {(records, low, high)}",
             )
 
-    def check_index(self, entry: TierSegment, rebuilt: bytes | None) -> None:
-        """The index object: its head's checks (through the read side, as readers fetch it),
-        then streamed: its SHA-256, the CRC of bytes 64.. against the header's, and every
-        byte against ``rebuilt`` (None: the segment could not be indexed)."""
+    def check_index(
+        self, entry: TierSegment, rebuilt: bytes | None, head: SegmentIndex | StoreError
+    ) -> None:
+        """The index object: its head's checks (``head``: what the read side, as readers fetch
+        it, made of it), then streamed: its SHA-256, the CRC of bytes 64.. against the
+        header's, and every byte against ``rebuilt`` (None: the segment could not be
+        indexed)."""
         key = self.tier.index_key(entry.base)
         length = entry.index.length
         if not self.present(key, length, lambda at: at, entry.base):
             return
-        try:
-            self.tier.index(entry.base)
-        except CorruptRecordError as exc:
-            self.problem("tier-index", key, exc.offset, exc.reason)
+        if isinstance(head, CorruptRecordError):
+            self.problem("tier-index", key, head.offset, head.reason)
+        elif isinstance(head, StoreError):
+            raise head
         sha = hashlib.sha256()
         crc = 0
         header = b""
@@ -396,3 +396,12 @@ def first_difference(path: Path, data: bytearray) -> int:
             if mine != theirs:
                 return start + mismatch(mine, theirs)
     return len(data)
+
+
+def index_form(head: SegmentIndex | StoreError) -> dict[str, int]:
+    """The version and key stride a segment's index object was written with (the rebuild must
+    match it byte for byte; objects uploaded before the key sample are version 1). A head that
+    could not be read: the current form (check_index reports the head)."""
+    if isinstance(head, StoreError):
+        return {}
+    return {"version": 1} if not head.key_stride else {"stride": head.key_stride}
