@@ -7,12 +7,14 @@ machine (2 vCPU, a shared disk, an OSD on a sparse file) must hold several of ea
 are the store part's (``bench.store.make_table``: 100-byte bodies, a key ``order-<i>`` and a
 tag each; the store adds a UNIQ_KEY). Figures, in this order:
 
-1. **Hot path**: ``hot_messages`` put into a fresh store in batch puts of 100,000, the tier
-   off, then on (early roll on: ``tieredStoreGroupCommitTimeout`` 1 s, and ``rocketstore tier
-   upload --follow`` running beside it as the service it is, started and ready before the
-   puts), alternating which goes first, ``--runs`` pairs, the puts pinned to one CPU as in the
-   store part. Reported: msgs/s of each, the median of each pair's ratio (and of the CPU
-   seconds' ratio), and the segments the uploader had uploaded when the puts ended.
+1. **Hot path**: ``hot_messages`` put into a fresh store in batch puts of 100,000, the puts
+   pinned to one CPU as in the store part, three ways (:data:`HOT_MODES`) in an order rotating
+   over ``--runs`` rounds: the tier off; on (early roll on: ``tieredStoreGroupCommitTimeout``
+   1 s, and ``rocketstore tier upload --follow`` running beside it as the service it is,
+   started and ready before the puts) with the uploader and the Ceph daemons kept to the other
+   CPU; and on, all free to use either. Reported: msgs/s of each, the median of each round's
+   ratio to the tier off (and of the CPU seconds' ratio), and the segments the uploader had
+   uploaded when the puts ended.
 2. **Cold streaming read**: a store of ``read_segments`` sealed segments over 8 queues, every
    sealed segment uploaded (the uploader, in process) and then deleted locally by the store's
    retention (the tier's gate lets it). A copy of the directory taken before the deletion is
@@ -34,7 +36,8 @@ tag each; the store adds a UNIQ_KEY). Figures, in this order:
    (``read_key_range`` of the planner's key ranges; the plan timed apart). Target: median
    < 200 ms.
 5. **Local disk bounded while the tier holds more**: a writer paced at 10 MB/s (what the
-   uploader sustains here beside it) into 16 MiB segments for ``bounded_s`` (60 s), retention
+   uploader sustains here beside it) into 16 MiB segments, the IndexFile and ConsumeQueue files
+   scaled down with them (:func:`bounded_geometry`), for ``bounded_s`` (120 s), retention
    deleting what is uploaded every second, the uploader beside; the store directory's bytes on
    disk sampled every 0.25 s. Then, the uploader done, every message of the topic read across
    both tiers with the source (planner and partition reads) and checked: each acknowledged
@@ -49,7 +52,8 @@ tag each; the store adds a UNIQ_KEY). Figures, in this order:
    the upload lag (``tier status``'s). The run stops early, saying so, when the local backlog
    passes ``backlog_cap`` (the disk would fill: a writer outrunning its uploader stops at
    ``DiskFullError``) or the bucket passes ``bucket_cap`` (the OSD's size). Reported: writer and
-   tier MB/s over the run, the largest lag (segments, seconds), the lag at the end. Target:
+   tier MB/s over the run, the largest lag (segments, seconds), the lag at the end, and the CPU
+   seconds per GB of the writer, the uploader and radosgw with its OSD. Target:
    the tier's rate >= 0.95 x the writer's, and the run not stopped by the backlog.
 
 The machine's load average is recorded at the start and end of every figure; other work runs
@@ -111,6 +115,7 @@ from rocketstore.source.tierread import read_key_range, read_ranges, read_tier_r
 
 MiB = 1 << 20
 GiB = 1 << 30
+GB = 10**9
 BODY = 100
 WIDE_QUEUES = 4000
 WIDE_BODY = 200
@@ -755,7 +760,9 @@ def bounded(tier: Tier, sizes: Sizes, work: Path) -> dict[str, Any]:
 # -- 6. upload keeps pace --------------------------------------------------------------------
 
 
-def upload_pace(tier: Tier, sizes: Sizes, options: Options, work: Path) -> dict[str, Any]:
+def upload_pace(
+    c: s3clients.Cluster, tier: Tier, sizes: Sizes, options: Options, work: Path
+) -> dict[str, Any]:
     seconds = 60 * (options.minutes if options.minutes is not None else sizes.minutes)
     store = work / "pace" / BROKER
     settings = tier.write_settings(work / "pace.toml", objectStorePrefix="pace/")
@@ -766,13 +773,16 @@ def upload_pace(tier: Tier, sizes: Sizes, options: Options, work: Path) -> dict[
     stopped = ""
     segments = LocalSegments(store / "commitlog", segment_size=sizes.segment)
     load_start = load()
-    with uploader_service(store, settings):
+    with uploader_service(store, settings) as uploader:
         writer = subprocess.Popen(
             [sys.executable, "-m", "bench.tier_ops", "writer", str(store), str(settings),
              str(seconds), str(status)],
             cwd=PROJECT_DIR,
             stdin=subprocess.DEVNULL,
         )  # fmt: skip
+        # Where the CPU went: the writer, the uploader, radosgw with its OSD (two vCPUs here).
+        cpu0 = [process_tree_cpu_s(writer.pid), *_beside_cpu_s(c, uploader)]
+        cpu1 = cpu0
         try:
             t0 = time.monotonic()
             while writer.poll() is None:
@@ -787,13 +797,16 @@ def upload_pace(tier: Tier, sizes: Sizes, options: Options, work: Path) -> dict[
                     stopped = f"bucket past {sizes.bucket_cap / GiB:.1f} GiB"
                 if stopped:
                     Path(f"{status}.stop").touch()
+                cpu1 = [process_tree_cpu_s(writer.pid), *_beside_cpu_s(c, uploader)]
         finally:
             if writer.poll() is None:
                 Path(f"{status}.stop").touch()
             writer.wait(timeout=300)
         if writer.returncode != 0:
             raise RuntimeError(f"the writer failed (exit {writer.returncode})")
+        beside = _beside_cpu_s(c, uploader)
         drain = _drain(store, segments, sizes.segment, status, sizes.drain_s)
+        drained = [b - a for a, b in zip(beside, _beside_cpu_s(c, uploader), strict=True)]
     final = json.loads(status.read_text())
     if not samples:
         raise RuntimeError("no sample of the upload run")
@@ -815,7 +828,29 @@ def upload_pace(tier: Tier, sizes: Sizes, options: Options, work: Path) -> dict[
         "end_lag_segments": last["pending"],
         "end_lag_s": last["lag_s"],
         "max_backlog_bytes": max(s["backlog_bytes"] for s in samples),
-        "drain": drain,
+        "drain": {
+            **drain,
+            "uploader_cpu_s_per_gb": drained[0] / max(drain["bytes"], 1) * GB,
+            "server_cpu_s_per_gb": drained[1] / max(drain["bytes"], 1) * GB,
+        },
+        # CPU seconds per GB each side moved while the writer ran (the writer's per GB it
+        # wrote; the others' per GB uploaded), sampled up to the last second of the run.
+        "cpu_s_per_gb": {
+            name: (b - a) / max(moved, 1) * GB
+            for name, a, b, moved in zip(
+                ("writer", "uploader", "server"),
+                cpu0,
+                cpu1,
+                (
+                    samples[-1]["writer_end"],
+                    samples[-1]["uploaded_end"],
+                    samples[-1]["uploaded_end"],
+                ),
+                strict=True,
+            )
+        }
+        if samples
+        else {},
         "load_start": load_start,
         "load_end": load(),
         "samples": samples,
@@ -1057,6 +1092,15 @@ def notes(data: dict[str, Any], sizes: Sizes) -> list[str]:
             + (f" (stopped: {pace['stopped_early']})" if pace["stopped_early"] else "")
             + f"; lag at the end {pace['end_lag_segments']} segments, {pace['end_lag_s']:.1f} s"
         )
+        per = pace.get("cpu_s_per_gb")
+        if per:
+            d = pace["drain"]
+            out.append(
+                f"upload run, CPU s per GB: writer {per['writer']:.2f}, uploader "
+                f"{per['uploader']:.2f}, radosgw with its OSD {per['server']:.2f}; the upload "
+                f"alone: uploader {d['uploader_cpu_s_per_gb']:.2f}, radosgw with its OSD "
+                f"{d['server_cpu_s_per_gb']:.2f}"
+            )
     return out
 
 
@@ -1111,7 +1155,7 @@ def run(options: Options) -> PartResult:
             shutil.rmtree(work / "bounded", ignore_errors=True)
         if "pace" in want:
             with phase(phases, "pace"):
-                data["pace"] = upload_pace(tier, sizes, options, work)
+                data["pace"] = upload_pace(c, tier, sizes, options, work)
     data["phases"] = phases
     data["load_end"] = os.getloadavg()
     return PartResult("tier", rows(data), data, notes(data, sizes))
