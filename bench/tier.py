@@ -316,7 +316,7 @@ def hot_path(c: s3clients.Cluster, tier: Tier, sizes: Sizes, options: Options) -
         pair: dict[str, Any] = {"load1": load()}
         for mode in s3clients.rotate(HOT_MODES, i):
             with scratch_dir(options.work_dir, f"tier-hot-{mode}-") as work:
-                pair[mode] = _hot_run(c, tier, work, batches, mode, f"hot{i}{mode}/")
+                pair[mode] = _hot_run(c, tier, work, batches, mode, f"hot{i}{mode}/", options.pin)
                 pair[mode]["msgs_per_s"] = sizes.hot_messages / pair[mode]["wall_s"]
         for mode in ("apart", "shared"):
             pair[f"ratio_{mode}"] = pair[mode]["msgs_per_s"] / pair["off"]["msgs_per_s"]
@@ -351,6 +351,7 @@ def _hot_run(
     batches: list[Any],
     mode: str,
     prefix: str,
+    pin: bool,
 ) -> dict[str, Any]:
     store = work / BROKER
     on = mode != "off"
@@ -363,7 +364,7 @@ def _hot_run(
     with service if service is not None else _nothing() as proc:
         s = MessageStore(store, config)
         try:
-            with pinned_to_one_cpu(True) as cpu:
+            with pinned_to_one_cpu(pin) as cpu:
                 others = os.sched_getaffinity(0) if cpu is None else {cpu}
                 rest = set(range(os.cpu_count() or 1)) - others
                 beside = c.pids() + ([proc.pid] if proc is not None else [])
