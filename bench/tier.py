@@ -849,9 +849,7 @@ def upload_pace(
                 ),
                 strict=True,
             )
-        }
-        if samples
-        else {},
+        },
         "load_start": load_start,
         "load_end": load(),
         "samples": samples,
