@@ -239,9 +239,11 @@ def test_correct_min_offset(tmp_path: Path) -> None:
     assert as_tuples(cq.read(0, 2)) == as_tuples(units(3, 2))
     cq.correct_min_offset(300)
     assert cq.min_offset == 3
-    cq.correct_min_offset(10**6)  # nothing in the first file is live: skip the whole file
-    assert cq.min_offset == 5
-    assert cq.max_offset == 8
+    # The first file wholly below (its last unit, 4, at 400): on into the second, to unit 6.
+    cq.correct_min_offset(600)
+    assert cq.min_offset == 6
+    cq.correct_min_offset(10**6)  # nothing live in any file: the queue is empty, at its end
+    assert (cq.min_offset, cq.max_offset) == (8, 8)
     cq.close()
 
 

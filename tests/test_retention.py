@@ -642,10 +642,10 @@ def test_crash_during_commitlog_deletion_leaves_a_store_that_opens(
 
 
 def _crash_between_commitlog_and_queues(
-    store: MessageStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store: MessageStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, segments: int = 5
 ) -> Path:
     names = segment_names(store)
-    age_segments(store, AT_04, [100] * 5 + [1] * (len(names) - 5))
+    age_segments(store, AT_04, [100] * segments + [1] * (len(names) - segments))
     svc, _ = service(store)
 
     def crash(self: object, rnd: object, min_phy: int) -> None:
@@ -699,16 +699,47 @@ def assert_derived_files_agree(store: MessageStore) -> None:
         assert store.index.files[0].end_phy_offset >= min_phy
 
 
-def test_pull_over_units_whose_commitlog_is_gone(
-    make_store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def message_places(store: MessageStore) -> dict[tuple[str, int, int], tuple[int, bytes]]:
+    """Every readable message's CommitLog offset and body by (topic, queueId, queueOffset)."""
+    out: dict[tuple[str, int, int], tuple[int, bytes]] = {}
+    for info in store.queue_infos():
+        for off in range(info.min_offset, info.max_offset):
+            (m,) = store.get_messages(info.topic, info.queue_id, off, 1).messages
+            out[(m.topic, m.queue_id, m.queue_offset)] = (m.commit_log_offset, m.body)
+    return out
+
+
+# 5 segments leave each queue's first file wholly stale and the next partly; 6, the first two.
+@pytest.mark.parametrize("segments", [5, 6])
+@pytest.mark.parametrize("read_only", [True, False], ids=["view", "writer"])
+def test_min_offsets_past_units_whose_commitlog_is_gone(
+    make_store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, segments: int, read_only: bool
 ) -> None:
+    """Opened after a crash left queue files whose units point below the CommitLog (before any
+    retention run repairs them), each queue starts at its first unit whose record is still
+    there, and reads from that min offset on return every message, none skipped."""
     store = make_store()
-    image = _crash_between_commitlog_and_queues(store, tmp_path, monkeypatch)
-    with MessageStore(image, CFG, read_only=True) as again:  # a read-only open repairs nothing
+    before = message_places(store)
+    image = _crash_between_commitlog_and_queues(store, tmp_path, monkeypatch, segments)
+    with MessageStore(image, CFG, read_only=read_only) as again:
         min_phy = again.commitlog.min_offset
+        live = {k: v for k, v in before.items() if v[0] >= min_phy}
+        stale_files = 0
         for info in again.queue_infos():
-            r = again.get_messages(info.topic, info.queue_id, info.min_offset, 32)
-            assert all(m.commit_log_offset >= min_phy for m in r.messages)
+            offsets = [k[2] for k in live if k[:2] == (info.topic, info.queue_id)]
+            assert (info.min_offset, info.max_offset) == (min(offsets), max(offsets) + 1), info
+            cq = again.queues[(info.topic, info.queue_id)]
+            stale_files = max(stale_files, info.min_offset // cq.units_per_file)
+            got = {}
+            off = info.min_offset
+            while off < info.max_offset:
+                r = again.get_messages(info.topic, info.queue_id, off, 32)
+                assert r.status == "FOUND" and r.messages[0].queue_offset == off, (info, off)
+                for m in r.messages:
+                    got[(m.topic, m.queue_id, m.queue_offset)] = (m.commit_log_offset, m.body)
+                off = r.next_begin_offset
+            assert got == {k: v for k, v in live.items() if k[:2] == (info.topic, info.queue_id)}
+        assert stale_files == segments - 4  # the files the crash left wholly below the log
 
 
 def test_a_segment_a_reader_still_maps_is_deferred(make_store) -> None:

@@ -317,8 +317,23 @@ class ConsumeQueue:
 
     def corrected_min_logic_offset(self, min_commitlog_offset: int, first_file: int = 0) -> int:
         """The min logic offset :meth:`correct_min_offset` sets, computed as if the files before
-        ``files[first_file]`` were gone (retention's dry run). Changes nothing."""
-        first = self.segments.files[first_file]
+        ``files[first_file]`` were gone (retention's dry run). Changes nothing.
+
+        RocketMQ looks at the first file only. Here leading full files whose last unit points
+        below ``min_commitlog_offset`` (so every unit of theirs does) are passed over first: a
+        crash between retention's deleting CommitLog segments and its deleting the queue files
+        they made stale leaves several, and a min offset inside them would send a reader from
+        it to the first live unit without a word (offsets skipped that a model says exist)."""
+        files = self.segments.files
+        while first_file < len(files) - 1:
+            mf = files[first_file]
+            if mf.wrote_position < mf.size:
+                break
+            offset, _, _ = UNIT.unpack(mf.read(mf.size - CQ_UNIT_SIZE, CQ_UNIT_SIZE))
+            if offset >= min_commitlog_offset:
+                break
+            first_file += 1
+        first = files[first_file]
         if first.wrote_position >= CQ_UNIT_SIZE:
             offset, size, _ = UNIT.unpack(first.read(0, CQ_UNIT_SIZE))
             if offset >= min_commitlog_offset and 0 < size != PRE_BLANK_SIZE:
