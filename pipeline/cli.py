@@ -203,10 +203,18 @@ def _reading_commands(c: _Commands) -> None:
         run.dump,
         "Print every message reachable through the ConsumeQueues",
         "One JSON object per line (MessageExt fields, body in base64), topics sorted, queues "
-        "ascending, queue offsets ascending.",
+        "ascending, queue offsets ascending; with --order log, in CommitLog order instead.",
         [c.store],
     )
     p.add_argument("--topic", help="only this topic")
+    p.add_argument(
+        "--order",
+        choices=("queue", "log"),
+        default="queue",
+        help="queue (default): queue by queue; log: in CommitLog order, each segment read "
+        "once for all its queues (an export of a tiered store fetches each object once, "
+        "not once per queue)",
+    )
     p = c.add(
         "queues",
         run.queues,

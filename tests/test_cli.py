@@ -18,9 +18,11 @@ from typing import IO, Any
 import pytest
 
 from rocketstore.pipeline import cli
+from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import InvalidMessageError
 from rocketstore.pipeline.files import failpoints
+from rocketstore.pipeline.format import record
 from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.tools.produce import READ_SIZE, InputLines, batches
 from tests.kit.fixtures import fixture_dir
@@ -453,6 +455,49 @@ def test_dump_pages_through_large_queues_and_rolled_files(
     rc, out, err = run(capsys, "dump", store)
     assert rc == 2 and out == ""
     assert_one_error_line(err, "mappedFileSize")
+
+
+def test_dump_in_log_order(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``--order log``: the messages the queues hold in CommitLog order, over rolled segments
+    and interleaved queues, a transaction's prepared half (no queue holds it) left out, as
+    queue order leaves it out; ``--topic`` keeps one topic; a damaged record stops it, naming
+    the segment and the offset, after the messages before it."""
+    conf = tmp_path / "store.toml"
+    conf.write_text("mappedFileSizeCommitLog = 65536\nmaxHashSlotNum = 100\nmaxIndexNum = 400\n")
+    store = tmp_path / "store"
+    put = []
+    with MessageStore(store, StoreConfig.load(conf)) as s:
+        for k in range(900):
+            flag = record.TRANSACTION_PREPARED_TYPE if k % 97 == 5 else 0
+            m = Message(f"T{k % 3}", b"%05d" % k * 20, queue_id=k % 2, sys_flag=flag)
+            r = s.put(m)
+            if not flag:
+                put.append((m.topic, m.queue_id, r.queue_offset, r.commit_log_offset))
+    assert len(list((store / "commitlog").iterdir())) > 2
+    rc, out, err = run(capsys, "dump", store, "--config", conf, "--order", "log")
+    assert rc == 0, err
+    got = [(d["topic"], d["queueId"], d["queueOffset"], d["commitLogOffset"]) for d in jsonl(out)]
+    assert got == put
+    rc, out, _ = run(capsys, "dump", store, "--config", conf)
+    by_queue = [
+        (d["topic"], d["queueId"], d["queueOffset"], d["commitLogOffset"]) for d in jsonl(out)
+    ]
+    assert sorted(by_queue, key=lambda d: d[3]) == put
+    rc, out, _ = run(capsys, "dump", store, "--config", conf, "--order", "log", "--topic", "T1")
+    assert [d["commitLogOffset"] for d in jsonl(out)] == [p[3] for p in put if p[0] == "T1"]
+
+    victim = put[len(put) // 2]
+    segment = max(p for p in (store / "commitlog").iterdir() if int(p.name) <= victim[3])
+    with open(segment, "r+b") as f:  # a byte of the body, which the body CRC covers
+        f.seek(victim[3] - int(segment.name) + 120)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    rc, out, err = run(capsys, "dump", store, "--config", conf, "--order", "log")
+    assert rc == 2
+    assert f"{segment} @ offset {victim[3]}" in err
+    printed = [d["commitLogOffset"] for d in jsonl(out)]
+    assert printed == [p[3] for p in put[: len(printed)]] and victim[3] not in printed
 
 
 # -- reading commands ---------------------------------------------------------------------------

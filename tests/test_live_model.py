@@ -4,8 +4,8 @@ acknowledged (tests/kit/livemodel.py).
 The writer (tests/procs/model_writer.py) puts batches and single messages over a few hot queues
 and many cold ones, runs retention every half second (segments live 4 s), and is
 killed with SIGKILL at random moments and started again. Beside it, in turn: read-only opens
-reading queues through, `rocketstore dump`, `verify`, `queues` and `lag`, the console's pages,
-and a Spark streaming query over two topics. Every message any of them reads is checked to be
+reading queues through, `rocketstore dump` (in queue or in log order), `verify`, `queues` and
+`lag`, the console's pages, and a Spark streaming query over two topics. Every message any of them reads is checked to be
 the one acknowledged at that offset; in the end, with the writer closed, one more read of the
 whole store must hold every acknowledged message retention has not removed.
 
@@ -171,8 +171,9 @@ class Readers:
                 break
             offset = got.next_begin_offset
 
-    def dump(self) -> None:
-        done = run_cli("dump", str(self.broker), "--config", str(self.conf))
+    def dump(self, rng: random.Random) -> None:
+        order = rng.choice(["queue", "log"])
+        done = run_cli("dump", str(self.broker), "--config", str(self.conf), "--order", order)
         self.counts["dump"] += 1
         if done.returncode != 0:
             self.damage("dump", done.stderr)
@@ -332,7 +333,7 @@ def test_one_writer_killed_at_random_and_every_reader_beside_it(spark: Any, tmp_
         kill_at = time.monotonic() + rng.uniform(2, 8)
         turns = [
             lambda: readers.view(rng),
-            readers.dump,
+            lambda: readers.dump(rng),
             lambda: readers.verify(writer),
             readers.queues,
             readers.lag,

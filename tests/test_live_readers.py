@@ -19,7 +19,7 @@ import pytest
 
 from rocketstore.pipeline import cli
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.engine import queueread
+from rocketstore.pipeline.engine import logread, queueread
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.files.mappedfile import segment_name
 from rocketstore.pipeline.format import native
@@ -187,6 +187,7 @@ def test_retention_after_a_view_listed_the_files_is_retention_for_the_view(
         with (
             MessageStore(path, CONFIG, read_only=True) as view,
             MessageStore(path, CONFIG, read_only=True) as dumping,
+            MessageStore(path, CONFIG, read_only=True) as in_log_order,
         ):
             assert view.max_offset("T0", 0) == TOTAL  # loaded: its files listed
             assert dumping.max_offset("T0", 0) == TOTAL
@@ -213,11 +214,17 @@ def test_retention_after_a_view_listed_the_files_is_retention_for_the_view(
                 for m in native.messages(b)
             ]
             assert dumped == bodies
+            logged = [m.body for b in logread.log_batches(in_log_order) for m in native.messages(b)]
+            assert logged == bodies
             assert view.query_by_key("T0", "k0") == []
 
 
+@pytest.mark.parametrize("order", ["queue", "log"])
 def test_dump_beside_a_writer_prints_the_store_as_it_opened(
-    writer: MessageStore, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    writer: MessageStore,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    order: str,
 ) -> None:
     """``rocketstore dump`` opens a view and then reads queue after queue; the writer puts to
     every queue between the two."""
@@ -234,7 +241,7 @@ def test_dump_beside_a_writer_prints_the_store_as_it_opened(
         f"mappedFileSizeConsumeQueue = {CONFIG.mapped_file_size_consume_queue}\n"
         f"maxHashSlotNum = {CONFIG.max_hash_slot_num}\nmaxIndexNum = {CONFIG.max_index_num}\n"
     )
-    status = cli.main(["dump", str(writer.path), "--config", str(conf)])
+    status = cli.main(["dump", str(writer.path), "--config", str(conf), "--order", order])
     out, err = capsys.readouterr()
     assert (status, err) == (cli.EXIT_OK, "")
     lines = [json.loads(line) for line in out.splitlines()]

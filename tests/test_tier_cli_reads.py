@@ -21,6 +21,7 @@ from rocketstore.pipeline import cli
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.format.message import Message
+from rocketstore.pipeline.tier.remote import RemoteSegments
 from rocketstore.pipeline.tier.upload import Uploader
 from tests.kit import tierstore
 from tests.kit.tierstore import SEG, TieredStore, Written
@@ -128,6 +129,44 @@ def test_dump_prints_every_message_of_both_tiers(
     assert same(lines(out), want)
     rc, out, err = run(capsys, "dump", t.path, "--config", t.conf, "--topic", "T1")
     assert rc == 0 and same(lines(out), [w for w in want if w.topic == "T1"])
+
+
+def test_dump_in_log_order_fetches_each_segment_object_once(
+    tiered: TieredStore, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--order log``: every message in CommitLog order, and of the segment objects only the
+    tier holds each byte fetched at most once (queue by queue, the 4 interleaved queues fetch
+    most of each object once per queue)."""
+    t = tiered
+    fetched: dict[str, int] = {"queue": 0, "log": 0}
+    order = ["queue"]
+    real = RemoteSegments.fetch
+
+    def counting(self: RemoteSegments, key: str, start: int, end: int, base: int) -> bytes:
+        if "/commitlog/" in key:
+            fetched[order[0]] += end - start
+        return real(self, key, start, end, base)
+
+    monkeypatch.setattr(RemoteSegments, "fetch", counting)
+    rc, out, err = run(capsys, "dump", t.path, "--config", t.conf)
+    assert rc == 0, err
+    order[0] = "log"
+    rc, out, err = run(capsys, "dump", t.path, "--config", t.conf, "--order", "log")
+    assert rc == 0, err
+    assert same(lines(out), sorted(t.written, key=lambda w: w.commit_log_offset))
+    tier_only = [w for w in t.written if t.tier_only(w)]
+    assert len(tier_only) > 100
+    objects = sum(
+        min(SEG, t.local_bases[0] - base) for base in t.tier_bases if base < t.local_bases[0]
+    )
+    assert sum(w.size for w in tier_only) <= fetched["log"] <= objects
+    assert fetched["queue"] > 2 * fetched["log"]
+
+    rc, out, err = run(
+        capsys, "dump", t.path, "--config", t.conf, "--order", "log", "--topic", "T1"
+    )
+    assert rc == 0, err
+    assert same(lines(out), [w for w in t.written if w.topic == "T1"])
 
 
 def test_get_reads_offsets_only_the_tier_holds(
@@ -268,6 +307,12 @@ def test_a_segment_overwritten_in_the_bucket_is_named_at_the_record(
     printed = lines(done.stdout)
     assert same(printed, dump_order(t)[: len(printed)])
     assert victim.fields() not in [{k: p[k] for k in victim.fields()} for p in printed]
+    done = run_apart("dump", t.path, "--config", t.conf, "--order", "log")
+    assert done.returncode == 2
+    assert f"s3://{t.bucket}/{key} @ offset {victim.commit_log_offset}" in done.stderr
+    printed = lines(done.stdout)
+    assert same(printed, t.written[: len(printed)])
+    assert len(printed) <= t.written.index(victim)
     done = run_apart(
         "query-key", t.path, "--config", t.conf, "--topic", victim.topic, "--key", victim.key
     )
@@ -285,6 +330,7 @@ def test_an_index_object_corrupted_in_the_bucket_is_named(ceph: Any, tiered: Tie
     s3.put_object(Bucket=t.bucket, Key=key, Body=bytes(body))
     for argv in (
         ("dump",),
+        ("dump", "--order", "log"),
         ("query-key", "--topic", "T0", "--key", t.written[0].key),
         ("get", "--topic", "T0", "--queue", 0, "--offset", 0),
         ("queues",),
@@ -344,6 +390,12 @@ def test_offsets_in_neither_tier_are_a_gap_the_commands_name(
         w[:2] for w in in_tier + local
     ]
     assert f"[{len(in_tier)}, {local[0][0]})" in err
+    rc, out, err = run(capsys, "dump", store, "--config", on, "--order", "log")
+    assert rc == 0, err
+    assert [(d["queueOffset"], d["commitLogOffset"]) for d in lines(out)] == [
+        w[:2] for w in in_tier + local
+    ]
+    assert f"CommitLog offsets [{tier_end}, {local_start}) are in neither" in err
 
     argv = ("get", store, "--config", on, "--topic", "T", "--queue", 0, "--json")
     rc, out, err = run(capsys, *argv, "--offset", len(in_tier), "--max", 3)

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rocketstore.pipeline.config import StoreConfig
+from rocketstore.pipeline.engine import logread
 from rocketstore.pipeline.engine.results import GetResult, QueueInfo
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import CorruptIndexError, NotFoundError, OffsetOutOfRangeError
@@ -177,6 +178,68 @@ class BothTiers:
                     f"are not in the tier, which holds the queue up to {queue.max_offset()}"
                 )
             yield from self._records(queue, list(range(pos, stop)), units)
+
+    def log_messages(self, topic: str | None = None) -> Iterator[MessageExt]:
+        """Every message a queue holds (of ``topic``) in CommitLog order across both tiers:
+        first the tier's segments below the local files, each object's records fetched once
+        for all its queues (its index's units of them, sorted by offset, read as the queues'
+        reads read a run of records), then the local files (:func:`logread.log_batches`)."""
+        if self.tier is not None:
+            local_start = self.store.min_phy_offset
+            for entry in self.tier.entries:
+                if entry.base >= local_start:
+                    break
+                yield from self._segment_messages(entry.base, topic)
+        for batch in logread.log_batches(self.store, topic):
+            yield from native.messages(batch)
+
+    def log_gap(self) -> tuple[int, int] | None:
+        """CommitLog offsets ``[a, b)`` in neither tier (between the tier's end and the local
+        files' start: local retention ran while the tier was off); None when there are none."""
+        if self.tier is None or self.tier.first() is None:
+            return None
+        end, local_start = self.tier.end(), self.store.min_phy_offset
+        return (end, local_start) if end < local_start else None
+
+    def _segment_messages(self, base: int, topic: str | None) -> Iterator[MessageExt]:
+        """The messages of the tier's segment at ``base`` (of ``topic``), in log order; each
+        checked to be the record its unit names (:class:`CorruptIndexError` otherwise)."""
+        tier = self.tier
+        assert tier is not None
+        index = tier.index(base)
+        rows = [r for r in index.rows if topic is None or r.topic == topic]
+        if not rows:
+            return
+        lo = min(r.start for r in rows)
+        hi = max(r.start + UNIT_SIZE * r.units for r in rows)
+        raw = tier.fetch(tier.index_key(base), lo, hi, base)
+        units = np.concatenate(
+            [
+                index.units(r, raw[r.start - lo : r.start - lo + UNIT_SIZE * r.units], r.start)
+                for r in rows
+            ]
+        )
+        owner = np.repeat(np.arange(len(rows)), [r.units for r in rows])
+        nth = np.concatenate([np.arange(r.units) for r in rows])
+        order = np.argsort(units["offset"].astype(np.int64), kind="stable")
+        rel = units["offset"].astype(np.int64)[order] - base
+        sizes = units["size"].astype(np.int64)[order]
+        for start, data, run in tier.read_records(base, rel, sizes):
+            batch = native.decode(
+                data, rel[run] - start, base + start, path=tier.where(base), sizes=sizes[run]
+            )
+            for k, msg in zip(order[run].tolist(), native.messages(batch), strict=True):
+                row = rows[int(owner[k])]
+                want = (row.topic, row.queue_id, row.first + int(nth[k]))
+                if (msg.topic, msg.queue_id, msg.queue_offset) != want:
+                    raise CorruptIndexError(
+                        index.where,
+                        row.start + UNIT_SIZE * int(nth[k]),
+                        f"unit {want[2]} of {row.topic}:{row.queue_id} names CommitLog offset "
+                        f"{msg.commit_log_offset}, where the record is "
+                        f"{msg.topic}:{msg.queue_id} at queue offset {msg.queue_offset}",
+                    )
+                yield msg
 
     def _records(
         self, queue: RemoteQueue, offsets: list[int], units: Units

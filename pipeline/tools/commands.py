@@ -126,6 +126,8 @@ def _open_both(args: argparse.Namespace) -> BothTiers:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
+    if args.order == "log":
+        return _dump_log_order(args)
     with _open_both(args) as both:
         store = both.store
         spans = both.spans(args.topic)
@@ -142,6 +144,21 @@ def cmd_dump(args: argparse.Namespace) -> int:
             for batch in queueread.queue_batches(store, topic, queue_id, page=DUMP_PAGE):
                 for m in native.messages(batch):
                     emit(m.to_json())
+    return 0
+
+
+def _dump_log_order(args: argparse.Namespace) -> int:
+    with _open_both(args) as both:
+        if args.topic is not None and not both.spans(args.topic):
+            _note(f"no queue of topic {args.topic!r} in {args.store}")
+        gap = both.log_gap()
+        if gap is not None:
+            _note(
+                f"{args.store}: CommitLog offsets [{gap[0]}, {gap[1]}) are in neither the tier "
+                "nor the local files (local retention deleted them before they were uploaded)"
+            )
+        for m in both.log_messages(args.topic):
+            emit(m.to_json())
     return 0
 
 
