@@ -16,9 +16,12 @@ import pytest
 
 from rocketstore.pipeline import Message, MessageStore
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.errors import ManifestOwnerError
+from rocketstore.pipeline.engine.root import StoreRoot
+from rocketstore.pipeline.errors import ManifestOwnerError, TierUnavailableError
 from rocketstore.pipeline.files.localsegments import LocalSegments
+from rocketstore.pipeline.files.topicmeta import TopicMeta
 from rocketstore.pipeline.tier import localstate
+from rocketstore.pipeline.tier.objects import ObjectStore
 from rocketstore.pipeline.tier.upload import Uploader, sealed_bases
 
 SEG = 64 * 1024
@@ -176,3 +179,86 @@ def test_a_lost_race_leaves_one_copy(ceph: Any, bucket: str, tmp_path: Path) -> 
     bases = manifest.bases()
     assert bases == sorted(set(bases)) and manifest.generation == len(bases)
     assert dataclasses.replace(manifest) == b.manifest()
+
+
+class CountingObjects(ObjectStore):
+    """The real bucket, with the requests the catalog and the abort of leftovers make counted."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        super().__init__(config)
+        self.calls: list[str] = []
+        self.fail_put: str | None = None  # a key whose next put fails
+
+    def list(self, prefix: str, **kw: Any) -> list[tuple[str, int]]:
+        if "/commitlog/" not in prefix and "/index/" not in prefix:  # not the tier's retention
+            self.calls.append(f"list {prefix}")
+        return super().list(prefix, **kw)
+
+    def head(self, key: str) -> tuple[int, str] | None:
+        if not key.endswith(tuple("0123456789")):
+            self.calls.append(f"head {key}")
+        return super().head(key)
+
+    def put(self, key: str, body: bytes, **kw: Any) -> str:
+        if key == self.fail_put:
+            self.fail_put = None
+            raise TierUnavailableError("the test's failure", self.bucket, key)
+        if "/commitlog/" not in key and "/index/" not in key and "manifest" not in key:
+            self.calls.append(f"put {key}")
+        return super().put(key, body, **kw)
+
+    def abort_uploads(self, prefix: str) -> int:
+        self.calls.append("abort")
+        return super().abort_uploads(prefix)
+
+    def taken(self) -> list[str]:
+        out, self.calls = self.calls, []
+        return out
+
+
+def test_a_following_uploader_asks_about_the_catalog_and_leftovers_once(
+    ceph: Any, bucket: str, tmp_path: Path
+) -> None:
+    """The catalog (topics.json, schemas/) and the multipart uploads left open are looked at in
+    the bucket at the first run; later runs put what changed in the root and ask nothing
+    else, and a run that failed makes the next one look for leftovers again."""
+    root = tmp_path / "root"
+    root.mkdir()
+    meta = StoreRoot(root)
+    meta.register_schema("fp1", {"type": "record", "name": "a", "fields": []})
+    meta.ensure_topic("T0", TopicMeta(1, 3))
+    config = base_config().with_overrides(ceph.settings(bucket, objectStorePrefix="pre/"))
+    store = root / "broker-0"
+    fill(store, config, 200)
+    objects = CountingObjects(config)
+    uploader = Uploader(store, config, objects=objects)
+    assert uploader.run_once().uploaded
+    assert objects.taken() == [
+        "abort", "list pre/schemas/", "put pre/schemas/fp1.json", "head pre/topics.json",
+        "put pre/topics.json",
+    ]  # fmt: skip
+    fill(store, config, 200, start=200)
+    assert uploader.run_once().uploaded
+    assert objects.taken() == []
+    meta.register_schema("fp2", {"type": "record", "name": "b", "fields": []})
+    meta.ensure_topic("T1", TopicMeta(1, 3))
+    uploader.run_once()
+    assert objects.taken() == ["put pre/schemas/fp2.json", "put pre/topics.json"]
+    got = ceph.objects(bucket, "pre/")
+    assert got["pre/topics.json"] == (root / "topics.json").read_bytes()
+    assert {k for k in got if k.startswith("pre/schemas/")} == {
+        "pre/schemas/fp1.json",
+        "pre/schemas/fp2.json",
+    }
+
+    meta.register_schema("fp3", {"type": "record", "name": "c", "fields": []})
+    objects.fail_put = "pre/schemas/fp3.json"
+    with pytest.raises(TierUnavailableError):
+        uploader.run_once()
+    objects.taken()
+    uploader.run_once()
+    assert objects.taken() == ["abort", "put pre/schemas/fp3.json"]
+    # A new uploader (a new process) looks at the bucket again, and finds nothing to put.
+    again = CountingObjects(config)
+    Uploader(store, config, objects=again).run_once()
+    assert again.taken() == ["abort", "list pre/schemas/", "head pre/topics.json"]

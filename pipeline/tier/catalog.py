@@ -4,12 +4,15 @@
 knows each topic's body format and decodes avro and json bodies as a reader of the root does
 (docs/tiering.md#objects).
 
-* :func:`publish_catalog` runs in the uploader of each broker of a root, before it uploads
+* :class:`CatalogPublisher` runs in the uploader of each broker of a root, before it uploads
   segments: ``topics.json`` is put when its bytes differ from the object's (a single PUT's ETag
   is the MD5 of its bytes), each schema the bucket lacks is put (a schema file never changes:
   its name is its fingerprint). A schema is registered in the root before any message that
   names it is written, so a segment uploaded after the catalog never names a schema the bucket
-  lacks. A store directory outside a root (no ``topics.json`` beside it) has no catalog.
+  lacks. A store directory outside a root (no ``topics.json`` beside it) has no catalog. It
+  remembers what the bucket holds after its first run, so that the runs of an uploader that
+  follows the store (one every few seconds) ask the bucket nothing while the root's catalog
+  stays as it was: a LIST and a HEAD a run saved.
 * :class:`BucketCatalog` reads it: :meth:`~BucketCatalog.topic` and
   :meth:`~BucketCatalog.load_schema`, as :class:`StoreRoot` answers them.
 
@@ -54,28 +57,53 @@ def schema_key(prefix: str, fingerprint: str) -> str:
     return f"{prefix}{SCHEMAS_DIR}/{fingerprint}.json"
 
 
-def publish_catalog(objects: ObjectStore, store: Path, prefix: str) -> int:
-    """Put the root's catalog of ``store`` under ``prefix`` (``objectStorePrefix``) where the
-    bucket's differs; returns the objects put."""
-    root = root_of(store)
-    if root is None:
-        return 0
-    put = 0
-    schemas = root / SCHEMAS_DIR
-    if schemas.is_dir():
-        have = {k for k, _ in objects.list(f"{prefix}{SCHEMAS_DIR}/")}
-        for path in sorted(schemas.glob("*.json")):
-            key = schema_key(prefix, path.stem)
-            if key not in have:
-                objects.put(key, path.read_bytes())
-                put += 1
-    raw = (root / TOPICS_FILE).read_bytes()
-    parse_topics_file(raw, str(root / TOPICS_FILE))  # never publish a file readers would refuse
-    got = objects.head(topics_key(prefix))
-    if got is None or got[1] != hashlib.md5(raw).hexdigest():
-        objects.put(topics_key(prefix), raw)
-        put += 1
-    return put
+class CatalogPublisher:
+    """Puts the root's catalog of ``store`` under ``prefix`` (``objectStorePrefix``) where the
+    bucket's differs (see the module docstring). The first :meth:`publish` looks at the bucket;
+    later ones only at what changed in the root since (new schema files, other bytes of
+    ``topics.json``). Someone deleting the catalog's objects behind its back is seen by the
+    next uploader process, not by this one."""
+
+    def __init__(self, objects: ObjectStore, store: Path, prefix: str) -> None:
+        self.objects = objects
+        self.root = root_of(store)
+        self.prefix = prefix
+        self._schemas: set[str] | None = None  # keys the bucket holds, once listed
+        self._topics_md5: str | None = None  # of the topics.json the bucket holds
+
+    def publish(self) -> int:
+        """Put what the bucket lacks or holds otherwise; returns the objects put."""
+        root = self.root
+        if root is None:
+            return 0
+        put = 0
+        schemas = root / SCHEMAS_DIR
+        if schemas.is_dir():
+            files = sorted(schemas.glob("*.json"))
+            keys = {schema_key(self.prefix, path.stem): path for path in files}
+            if self._schemas is None or not keys.keys() <= self._schemas:
+                if self._schemas is None:
+                    self._schemas = {
+                        k for k, _ in self.objects.list(f"{self.prefix}{SCHEMAS_DIR}/")
+                    }
+                for key, path in keys.items():
+                    if key not in self._schemas:
+                        self.objects.put(key, path.read_bytes())
+                        self._schemas.add(key)
+                        put += 1
+        raw = (root / TOPICS_FILE).read_bytes()
+        md5 = hashlib.md5(raw).hexdigest()
+        if md5 == self._topics_md5:
+            return put
+        # Never publish a file readers would refuse.
+        parse_topics_file(raw, str(root / TOPICS_FILE))
+        key = topics_key(self.prefix)
+        got = self.objects.head(key) if self._topics_md5 is None else None
+        if got is None or got[1] != md5:
+            self.objects.put(key, raw)
+            put += 1
+        self._topics_md5 = md5
+        return put
 
 
 class BucketCatalog:

@@ -44,7 +44,7 @@ lock); the tier's objects under its prefix; the local tier record. Thread-safety
 store (or two stores on one prefix) are kept apart by the manifest's conditional writes. Crash behaviour: killed at any point, what the manifest names
 is whole and confirmed (it names a segment only after both its objects are); an object it does
 not name is written again by the next run, and multipart uploads left open are aborted at the
-start of a run. Requires: the tier's settings (``tieredStorageLevel`` on, a bucket).
+first run (and after a run that failed). Requires: the tier's settings (``tieredStorageLevel`` on, a bucket).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ from rocketstore.pipeline.files.localsegments import LocalSegments
 from rocketstore.pipeline.files.progress import FlushProgress
 from rocketstore.pipeline.format.segmentindex import NeedMore, SegmentIndex, build_segment_index
 from rocketstore.pipeline.tier import localstate
-from rocketstore.pipeline.tier.catalog import publish_catalog
+from rocketstore.pipeline.tier.catalog import CatalogPublisher
 from rocketstore.pipeline.tier.localstate import TierState
 from rocketstore.pipeline.tier.manifest import (
     IndexObject,
@@ -179,6 +179,8 @@ class Uploader:
         self.objects = objects if objects is not None else ObjectStore(config)
         self.prefix = tier_prefix(self.store, config)
         self.broker = broker_name(self.store, config)
+        self._catalog = CatalogPublisher(self.objects, self.store, config.object_store_prefix)
+        self._left_open = True
         self._build_index = build_index
         state = localstate.read(self.store)
         if state is None:
@@ -224,14 +226,21 @@ class Uploader:
         one is named; what was named before it stays), counted in the local record first."""
         try:
             return self._run_once(stop)
-        except (StoreError, OSError):
-            self._count_error()
+        except BaseException as exc:
+            self._left_open = True  # an upload of this run may have failed to abort itself
+            if isinstance(exc, (StoreError, OSError)):
+                self._count_error()
             raise
 
     def _run_once(self, stop: threading.Event | None) -> UploadReport:
-        self.objects.abort_uploads(self.prefix + "commitlog/")
+        if self._left_open:
+            # Multipart uploads a killed uploader left open: at the first run, and after a
+            # run that failed (its own uploads abort themselves when they fail, which may
+            # fail too); not at every run of an uploader that follows the store.
+            self.objects.abort_uploads(self.prefix + "commitlog/")
+            self._left_open = False
         # Before any segment: a segment never names a body schema the bucket lacks.
-        publish_catalog(self.objects, self.store, self.config.object_store_prefix)
+        self._catalog.publish()
         manifest = self.manifest()
         self._catch_up(manifest)
         todo = self.pending(manifest)

@@ -196,9 +196,11 @@ class BothTiers:
     def log_gap(self) -> tuple[int, int] | None:
         """CommitLog offsets ``[a, b)`` in neither tier (between the tier's end and the local
         files' start: local retention ran while the tier was off); None when there are none."""
-        if self.tier is None or self.tier.first() is None:
+        if self.tier is None or not self.tier.entries:
             return None
-        end, local_start = self.tier.end(), self.store.min_phy_offset
+        # Past the tier's last segment (its data end is followed by the blank to its end).
+        end = self.tier.entries[-1].base + self.tier.file_size()
+        local_start = self.store.min_phy_offset
         return (end, local_start) if end < local_start else None
 
     def _segment_messages(self, base: int, topic: str | None) -> Iterator[MessageExt]:
