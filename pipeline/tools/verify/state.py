@@ -111,9 +111,7 @@ class Segment:
 
     def dispatchable(self) -> Bools:
         """Per record: whether it belongs in a ConsumeQueue (not PREPARED or ROLLBACK)."""
-        tx = self.sys_flags & record.TRANSACTION_MASK
-        ok: Bools = (tx == record.TRANSACTION_NOT_TYPE) | (tx == record.TRANSACTION_COMMIT_TYPE)
-        return ok
+        return record.consume_queue_mask(self.sys_flags)
 
 
 class Scan:
