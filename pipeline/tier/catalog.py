@@ -79,18 +79,14 @@ class CatalogPublisher:
         put = 0
         schemas = root / SCHEMAS_DIR
         if schemas.is_dir():
-            files = sorted(schemas.glob("*.json"))
-            keys = {schema_key(self.prefix, path.stem): path for path in files}
-            if self._schemas is None or not keys.keys() <= self._schemas:
-                if self._schemas is None:
-                    self._schemas = {
-                        k for k, _ in self.objects.list(f"{self.prefix}{SCHEMAS_DIR}/")
-                    }
-                for key, path in keys.items():
-                    if key not in self._schemas:
-                        self.objects.put(key, path.read_bytes())
-                        self._schemas.add(key)
-                        put += 1
+            if self._schemas is None:
+                self._schemas = {k for k, _ in self.objects.list(f"{self.prefix}{SCHEMAS_DIR}/")}
+            for path in sorted(schemas.glob("*.json")):
+                key = schema_key(self.prefix, path.stem)
+                if key not in self._schemas:
+                    self.objects.put(key, path.read_bytes())
+                    self._schemas.add(key)
+                    put += 1
         raw = (root / TOPICS_FILE).read_bytes()
         md5 = hashlib.md5(raw).hexdigest()
         if md5 == self._topics_md5:

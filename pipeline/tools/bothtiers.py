@@ -223,8 +223,9 @@ class BothTiers:
         )
         owner = np.repeat(np.arange(len(rows)), [r.units for r in rows])
         nth = np.concatenate([np.arange(r.units) for r in rows])
-        order = np.argsort(units["offset"].astype(np.int64), kind="stable")
-        rel = units["offset"].astype(np.int64)[order] - base
+        phys = units["offset"].astype(np.int64)
+        order = np.argsort(phys, kind="stable")
+        rel = phys[order] - base
         sizes = units["size"].astype(np.int64)[order]
         for start, data, run in tier.read_records(base, rel, sizes):
             batch = native.decode(
