@@ -20,8 +20,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
-from pyspark.sql.types import StructType
+from rocketstore.pipeline import sparkapi
+
+# On PySpark 3.5 (no pyspark.sql.datasource) importing this package is the error, naming the
+# version: the foreachBatch sink (rocketstore.sink.foreach.CommitLogSink) works there.
+sparkapi.require(sparkapi.DATA_SOURCE, 'format("rocketstore")')
+
+from pyspark.sql.datasource import (  # noqa: E402
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+)
+from pyspark.sql.types import StructType  # noqa: E402
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -48,9 +58,9 @@ class RocketStoreDataSource(DataSource):
         return RocketStoreBatchReader(self.options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        from rocketstore.source.format import RocketStoreStreamReader
+        from rocketstore.source.format import stream_reader
 
-        return RocketStoreStreamReader(self.options, schema)
+        return stream_reader(self.options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> Any:
         from rocketstore.sink.format import batch_writer
@@ -65,4 +75,13 @@ class RocketStoreDataSource(DataSource):
 
 def register(spark: SparkSession) -> None:
     """Make ``format("rocketstore")`` available in ``spark``, for reading and writing."""
-    spark.dataSource.register(RocketStoreDataSource)
+    from pyspark.errors import AnalysisException
+
+    try:
+        spark.dataSource.register(RocketStoreDataSource)
+    except AnalysisException as exc:
+        # PySpark 4.0 registers what the pyspark_rocketstore module names at start-up,
+        # as a static source that a second registration may not replace: it is this class.
+        condition = getattr(exc, "getCondition", exc.getErrorClass)()
+        if condition != "DATA_SOURCE_ALREADY_EXISTS":
+            raise

@@ -173,7 +173,13 @@ def is_remote(spark: SparkSession) -> bool:
 
 
 def register(spark: SparkSession) -> None:
-    """Register the ``rocketstore`` data source (reader and writer) with ``spark``."""
+    """Register the ``rocketstore`` data source (reader and writer) with ``spark``, where the
+    PySpark has one: on 3.5 the jobs that only write run without it (``read_store`` says what
+    the others need)."""
+    from rocketstore.pipeline import sparkapi
+
+    if not sparkapi.has(sparkapi.DATA_SOURCE):
+        return
     from rocketstore import datasource
 
     datasource.register(spark)
@@ -431,6 +437,9 @@ def add_read_options(parser: argparse.ArgumentParser) -> None:
 
 def read_store(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
     """A streaming DataFrame of the store's messages, as the read options say."""
+    from rocketstore.pipeline import sparkapi
+
+    sparkapi.require(sparkapi.DATA_SOURCE, "reading the store in a job (the rocketstore source)")
     reader = (
         spark.readStream.format("rocketstore")
         .option("path", args.store)

@@ -16,6 +16,11 @@ class ConfigError(StoreError, ValueError):
     """A configuration value is unknown, malformed or out of range."""
 
 
+class SparkVersionError(StoreError, RuntimeError):
+    """The PySpark in use lacks an API a feature needs; the message names the feature, the
+    version it needs and the one running (docs/spark-versions.md)."""
+
+
 class NotAStoreError(StoreError):
     """A path that should be a broker store directory is not one (or is damaged beyond use)."""
 

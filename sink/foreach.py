@@ -45,8 +45,9 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema
 
+from rocketstore.pipeline import sparkapi
 from rocketstore.sink.append import sink_fingerprint
 from rocketstore.sink.identity import QueryIdentity
 from rocketstore.sink.plan import Plan, prepare, route_batches
@@ -91,7 +92,7 @@ class CommitLogSink:
         self._query = QueryIdentity()
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        arrow_schema = to_arrow_schema(df.schema, timezone="UTC")
+        arrow_schema = sparkapi.to_arrow(df.schema)
         plan = prepare(self.settings, arrow_schema)
         fp = sink_fingerprint(self.settings.sink_id or self._query.id_of(df, batch_id))
 
@@ -153,7 +154,7 @@ class CommitLogSink:
     def partitioned(self, df: DataFrame) -> DataFrame:
         """``df`` as the append step receives it: numbered, routed and shuffled into
         ``writerTasks`` partitions (for the benchmark's floor; ``__call__`` does the same)."""
-        arrow_schema = to_arrow_schema(df.schema, timezone="UTC")
+        arrow_schema = sparkapi.to_arrow(df.schema)
         plan = prepare(self.settings, arrow_schema)
         return self._shuffled(df, plan, arrow_schema) if not _one_partition(df) else df
 

@@ -22,18 +22,19 @@ import dataclasses
 import logging
 import uuid
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark import TaskContext
-from pyspark.sql.datasource import (
-    DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
-    WriterCommitMessage,
-)
-from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
+from rocketstore.pipeline import sparkapi
+
+if TYPE_CHECKING or sparkapi.has(sparkapi.ARROW_STREAM_WRITER):
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter
+else:  # PySpark 4.0: stream_writer refuses first, so the class below is never made there
+    from pyspark.sql.datasource import DataSourceStreamWriter as DataSourceStreamArrowWriter
 from rocketstore.pipeline.errors import ConfigError
 from rocketstore.sink.append import AppendStats, sink_fingerprint
 from rocketstore.sink.plan import Plan, prepare, route_batches
@@ -65,7 +66,7 @@ def _plan(options: Mapping[str, Any], schema: StructType, overwrite: bool) -> Pl
             "partitions (repartition it to choose how many); writerTasks is an option of the "
             "foreachBatch sink, CommitLogSink"
         )
-    return prepare(settings, to_arrow_schema(schema, timezone="UTC"))
+    return prepare(settings, sparkapi.to_arrow(schema))
 
 
 def _write(
@@ -142,4 +143,6 @@ def batch_writer(
 def stream_writer(
     options: Mapping[str, Any], schema: StructType, overwrite: bool
 ) -> RocketStoreStreamWriter:
+    # 4.0's stream writers take rows one by one; the foreachBatch sink works there (in Arrow).
+    sparkapi.require(sparkapi.ARROW_STREAM_WRITER, 'writeStream.format("rocketstore")')
     return RocketStoreStreamWriter(_plan(options, schema, overwrite))

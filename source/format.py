@@ -24,7 +24,7 @@ Where things run (PySpark 4.3):
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -32,22 +32,19 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     InputPartition,
 )
-from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    ReadMinRows,
-    SupportsTriggerAvailableNow,
-)
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
+from rocketstore.pipeline import sparkapi
 from rocketstore.pipeline.errors import ConfigError
 from rocketstore.source import offsets, options, schema
 from rocketstore.source.offsets import QueueKey
 from rocketstore.source.planning import KeyRange, Limit, Planner, QueueRange, pack_ranges
 from rocketstore.source.read import ReadContext
 from rocketstore.source.tierread import read_key_range, read_ranges
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.datasource import ReadLimit
 
 
 class QueuePartition(InputPartition):
@@ -79,7 +76,7 @@ def _context(opts: options.ReadOptions, spark_schema: StructType) -> ReadContext
             f"{', '.join(unknown)}; its columns are {', '.join(expected.names)}"
         )
     return ReadContext(
-        schema=to_arrow_schema(spark_schema, timezone="UTC"),
+        schema=sparkapi.to_arrow(spark_schema),
         root=opts.catalog or opts.path,
         sub_expression=opts.sub_expression,
         fail_on_data_loss=opts.fail_on_data_loss,
@@ -124,9 +121,10 @@ class RocketStoreBatchReader(DataSourceReader):
         return _read(partition, self.ctx)
 
 
-class RocketStoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class RocketStoreStreamReader(DataSourceStreamReader):
     """``spark.readStream``, with admission control (``maxMessagesPerTrigger``,
-    ``minMessagesPerTrigger``) and ``Trigger.AvailableNow``. Offsets: see
+    ``minMessagesPerTrigger``) and ``Trigger.AvailableNow`` (PySpark 4.2 and later: Spark calls
+    ``latestOffset(start, limit)`` because of its signature). Offsets: see
     :mod:`rocketstore.source.offsets`."""
 
     def __init__(self, opts: Mapping[str, str], spark_schema: StructType) -> None:
@@ -137,7 +135,11 @@ class RocketStoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
     def initialOffset(self) -> dict[str, Any]:
         return offsets.to_json(self.planner.initial_offsets())
 
+    # The read limits are imported where used: pyspark.sql.streaming.datasource is new in 4.2,
+    # and this module must import on 4.0 and 4.1 too (PlainStreamReader below).
     def getDefaultReadLimit(self) -> ReadLimit:
+        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
+
         if self.options.max_per_trigger is not None:
             return ReadMaxRows(self.options.max_per_trigger)
         if self.options.min_per_trigger is not None:
@@ -145,6 +147,8 @@ class RocketStoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
+
         if isinstance(limit, ReadAllAvailable):
             plan = Limit(all_available=True)
         elif isinstance(limit, ReadMaxRows):
@@ -174,6 +178,38 @@ class RocketStoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: the store keeps no consumer state (progress is the checkpoint's)."""
+
+
+if sparkapi.has(sparkapi.ADMISSION_CONTROL):
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+    # An ABC: registering the class is what inheriting would do (Spark asks isinstance), without
+    # naming a base that PySpark 4.0 and 4.1 do not have.
+    SupportsTriggerAvailableNow.register(RocketStoreStreamReader)
+
+
+class PlainStreamReader(RocketStoreStreamReader):
+    """``spark.readStream`` on PySpark 4.0 and 4.1, whose Python sources have no admission
+    control: Spark asks ``latestOffset()`` with neither a start nor a limit, so each micro-batch
+    reads everything published when it is planned (``Trigger.AvailableNow`` still stops at what
+    was there when the query started: Spark asks once and holds to it). The per-trigger options
+    are refused here rather than ignored: a query sized by them would silently read all."""
+
+    def __init__(self, opts: Mapping[str, str], spark_schema: StructType) -> None:
+        for name in options.STREAM_ONLY:  # all three are admission control
+            if any(k.lower() == name.lower() for k in opts):
+                sparkapi.require(sparkapi.ADMISSION_CONTROL, f"option {name}")
+        super().__init__(opts, spark_schema)
+
+    def latestOffset(self) -> dict[str, Any]:  # type: ignore[override]
+        return offsets.to_json(self.planner.latest())
+
+
+def stream_reader(opts: Mapping[str, str], spark_schema: StructType) -> RocketStoreStreamReader:
+    """The stream reader the running PySpark can drive (docs/spark-versions.md)."""
+    if sparkapi.has(sparkapi.ADMISSION_CONTROL):
+        return RocketStoreStreamReader(opts, spark_schema)
+    return PlainStreamReader(opts, spark_schema)
 
 
 def spark_schema(opts: Mapping[str, str]) -> StructType:

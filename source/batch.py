@@ -1,0 +1,70 @@
+"""A batch read of a topic without the Python data source API, for PySpark 3.5::
+
+    from rocketstore.source.batch import read_batch
+    df = read_batch(spark, {"path": root, "topic": "orders"})
+
+The DataFrame is the one ``spark.read.format("rocketstore")`` loads on 4.0 and later, with the
+same options (docs/source.md: offsets, ``key``, ``subExpression``, ``include*``, bodies) and
+columns. The partitions are planned here, on the driver, when the function is called; the
+executors read them in ``mapInArrow`` over a range of one row per partition, with the source's
+own partition reader (:mod:`rocketstore.source.tierread`), so the bytes read, the errors and the
+tiers are the data source's. Streams need the data source API (4.0): there is no stream here.
+
+Owns: nothing past the call. Thread-safety: as the Spark session. Requires: PySpark 3.5 or later
+(``mapInArrow``); works the same on 4.x, classic or Spark Connect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from rocketstore.source import options, schema
+from rocketstore.source.planning import KeyRange, Planner, QueueRange, pack_ranges
+from rocketstore.source.read import ReadContext
+from rocketstore.source.tierread import read_key_range, read_ranges
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+def read_batch(spark: SparkSession, opts: Mapping[str, str]) -> DataFrame:
+    """The messages ``opts`` select, as a DataFrame planned now (see the module)."""
+    parsed = options.parse(opts, streaming=False)
+    fmt, body = schema.body_format_and_schema(parsed)
+    arrow = schema.arrow_schema(body, parsed.optional_columns)
+    ctx = ReadContext(
+        schema=arrow,
+        root=parsed.catalog or parsed.path,
+        sub_expression=parsed.sub_expression,
+        fail_on_data_loss=parsed.fail_on_data_loss,
+        body_format=fmt,
+        body_schema=body,
+        config=parsed.config,
+    )
+    planner = Planner(parsed)
+    parts: list[KeyRange | tuple[QueueRange, ...]]
+    if parsed.key is not None:
+        parts = list(planner.key_ranges())
+    else:
+        start, end = planner.batch_range()
+        parts = list(pack_ranges(planner.ranges(start, end), parsed.min_partitions))
+    spark_schema = from_arrow_schema(arrow)
+    if not parts:
+        return spark.createDataFrame([], spark_schema)
+
+    def read_parts(seeds: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for seed in seeds:
+            for i in seed.column(0).to_pylist():
+                part = parts[i]
+                if isinstance(part, KeyRange):
+                    yield from read_key_range(part, ctx)
+                else:
+                    yield from read_ranges(part, ctx)
+
+    # range(0, n, 1, n) puts exactly one id in each of its n partitions.
+    seeds = spark.range(0, len(parts), 1, len(parts))
+    return seeds.mapInArrow(read_parts, spark_schema)
