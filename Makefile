@@ -10,7 +10,7 @@ DEMO_SECONDS ?= 60
 .DEFAULT_GOAL := help
 
 help: ## List the targets
-	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
 
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 # The editable install is a tree of links (build/__editable__.*) to the files of these folders,
@@ -42,6 +42,11 @@ PYTEST_WORKERS ?= 2
 test: $(STAMP) ## Run the whole test suite (the crate's unit tests, then pytest)
 	cd native && cargo test --release --quiet
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=30
+
+# tests/test_spark_versions.py again under each older PySpark (docs/spark-versions.md), each in
+# its own virtualenv under build/spark-matrix/ (pip's cache keeps the wheels it builds).
+spark-matrix: java $(STAMP) ## Run the Spark version tests under PySpark 3.5, 4.0, 4.1 and 4.2
+	$(PY) -m tests.kit.sparkmatrix
 
 # The inner loop: the tests that start no process, no Spark and no server (tests/conftest.py
 # marks the others `heavy`). `make test` and .ci/run still run everything.
@@ -112,4 +117,4 @@ clean: ## Remove what `make demo` made, bench output and caches (keeps .venv and
 	fi
 	rm -rf .pytest_cache .mypy_cache .ruff_cache bench/out dist
 
-.PHONY: help venv test check demo java wheel bench charts dashboard lint format clean
+.PHONY: help venv test spark-matrix check demo java wheel bench charts dashboard lint format clean

@@ -93,7 +93,8 @@ def _steady_host(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="session")
 def spark():
     """One local[2] SparkSession for the whole run (starting one costs 10-20 s), with the
-    ``rocketstore`` data source registered. Tests must not stop it or change its conf."""
+    ``rocketstore`` data source registered (where the PySpark has the API: 4.0 and later).
+    Tests must not stop it or change its conf."""
     from pyspark.sql import SparkSession
 
     # Python workers must run this interpreter (the venv), not whatever python3 is on PATH.
@@ -112,7 +113,7 @@ def spark():
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    from rocketstore.datasource import register
+    from rocketstore.jobs.common import register
 
     register(session)
     yield session

@@ -10,8 +10,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ from pyspark.sql import SparkSession
 from rocketstore.pipeline.engine.root import StoreRoot
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.tools.verify.check import verify
-from tests.kit import PROCS
+from tests.kit.connect_server import client, run
 from tests.kit.jobfiles import STORE_TOML, committed_files
 from tests.kit.sinkcheck import check_stored
 from tests.kit.sinkutil import CONFIG, read_back, write_input
@@ -32,29 +30,6 @@ from tests.kit.sourcekit import body_of, make_root, message_table, write
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
-CLIENT = PROCS / "connect_client.py"
-TIMEOUT = 600
-
-
-def run(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        args,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        timeout=TIMEOUT,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return done
-
-
-def client(url: str, scenario: str, *args: Path | str) -> dict[str, Any]:
-    """Run a scenario of tests/procs/connect_client.py; its JSON report."""
-    done = run([sys.executable, str(CLIENT), scenario, url, *map(str, args)])
-    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return report
 
 
 def checkpoint_query_id(checkpoint: Path) -> str:

@@ -9,17 +9,14 @@ failure is a new process, as a user's is.
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 from pathlib import Path
 
 import pytest
 
 from rocketstore.pipeline.files import failpoints
 from tests.kit.realfs import real_fs
-from tests.kit.sinkjob import check_exactly_once, finish, fired, job, outcomes
-from tests.kit.sinkutil import read_back, write_input
+from tests.kit.sinkjob import check_exactly_once, finish, fired, job, kill_mid_batch, outcomes
+from tests.kit.sinkutil import write_input
 
 
 def test_task_failing_mid_append_is_retried_without_duplicates(tmp_path: Path) -> None:
@@ -54,21 +51,7 @@ def test_task_failing_mid_append_is_retried_without_duplicates(tmp_path: Path) -
 @pytest.mark.parametrize("face", ["foreach", "format"])
 def test_driver_killed_mid_batch_restarts_without_duplicates(tmp_path: Path, face: str) -> None:
     rows = write_input(tmp_path / "in", files=3, rows_per_file=300)
-    marker = tmp_path / "hung"
-    proc = job(tmp_path, "local[2]", face, f"hang_after_chunk:1:{marker}")
-    try:
-        deadline = time.monotonic() + 300
-        # The failpoint writes the marker once a task has appended one chunk and hangs; the
-        # marker is the observable state this waits on.
-        while not fired(marker):
-            assert proc.poll() is None, proc.communicate()[1][-4000:]
-            assert time.monotonic() < deadline, "the job never reached the failpoint"
-            time.sleep(0.05)
-        landed = read_back(tmp_path / "store", "orders")
-        assert 0 < len(landed) < len(rows)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+    kill_mid_batch(tmp_path, face, rows)
     finish(job(tmp_path, "local[2]", face))
     check_exactly_once(tmp_path, rows)
 

@@ -29,35 +29,12 @@ from tests.kit.sourcekit import (
     make_root,
     message_table,
     msg_line,
+    stream,
     write,
 )
 
 pytestmark = pytest.mark.slow
 HOUR_MS = 3_600_000
-
-
-def stream(
-    spark: Any, opts: Mapping[str, str], checkpoint: Path
-) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
-    """Run a query to the end of what is there (availableNow); returns the rows of each
-    micro-batch and the query's progress reports."""
-    batches: dict[int, list[dict[str, Any]]] = {}
-
-    def collect(df: Any, batch_id: int) -> None:
-        batches[batch_id] = [r.asDict(recursive=True) for r in df.collect()]
-
-    reader = spark.readStream.format("rocketstore")
-    for k, v in opts.items():
-        reader = reader.option(k, v)
-    query = (
-        reader.load()
-        .writeStream.foreachBatch(collect)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    return [batches[k] for k in sorted(batches)], list(query.recentProgress)
 
 
 def batch_read(spark: Any, opts: Mapping[str, str]) -> Any:

@@ -12,15 +12,17 @@ run (the ``connect_url`` fixture in conftest.py); it is stopped by its PID.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rocketstore.sink.append import FAILPOINT_ENV
-from tests.kit import ROOT
+from tests.kit import PROCS, ROOT
 from tests.kit.sparkproc import free_port, spark_home, stop, tail
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -148,3 +150,29 @@ def _listens(pid: int, port: int) -> bool:
                     if os.readlink(fd) in listening:
                         return True
     return False
+
+
+CLIENT = PROCS / "connect_client.py"
+CLIENT_TIMEOUT = 600
+
+
+def run(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a client command from the checkout; fails the test unless it exits with 0."""
+    done = subprocess.run(
+        args,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        timeout=CLIENT_TIMEOUT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+def client(url: str, scenario: str, *args: Path | str) -> dict[str, Any]:
+    """Run a scenario of tests/procs/connect_client.py; its JSON report."""
+    done = run([sys.executable, str(CLIENT), scenario, url, *map(str, args)])
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report

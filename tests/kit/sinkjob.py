@@ -6,8 +6,10 @@ from __future__ import annotations
 import collections
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from rocketstore.pipeline.engine.root import StoreRoot
@@ -77,3 +79,24 @@ def fired(log: Path) -> list[str]:
 def outcomes(out: str) -> dict[str, dict[str, object]]:
     """What tests/procs/sink_job.py printed of each query, by face."""
     return {r["face"]: r for r in map(json.loads, out.splitlines())}
+
+
+def kill_mid_batch(tmp_path: Path, face: str, rows: list[dict[str, object]]) -> None:
+    """Run ``face``'s job until a task has appended one chunk of a micro-batch and hangs there
+    (the ``hang_after_chunk`` failpoint), check that part of the batch landed, then SIGKILL the
+    whole driver process group."""
+    marker = tmp_path / "hung"
+    proc = job(tmp_path, "local[2]", face, f"hang_after_chunk:1:{marker}")
+    try:
+        deadline = time.monotonic() + 300
+        # The failpoint writes the marker once a task has appended one chunk and hangs; the
+        # marker is the observable state this waits on.
+        while not fired(marker):
+            assert proc.poll() is None, proc.communicate()[1][-4000:]
+            assert time.monotonic() < deadline, "the job never reached the failpoint"
+            time.sleep(0.05)
+        landed = read_back(tmp_path / "store", "orders")
+        assert 0 < len(landed) < len(rows)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()

@@ -152,3 +152,27 @@ def msg_line(row: Mapping[str, Any]) -> str:
         f"uniq={props.get('UNIQ_KEY')},bodyLen={len(body)},"
         f"bodyCRCcalc={zlib.crc32(body) & 0x7FFFFFFF},props={{{listed}}}"
     )
+
+
+def stream(
+    spark: Any, opts: Mapping[str, str], checkpoint: Path
+) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Run a query to the end of what is there (availableNow); returns the rows of each
+    micro-batch and the query's progress reports."""
+    batches: dict[int, list[dict[str, Any]]] = {}
+
+    def collect(df: Any, batch_id: int) -> None:
+        batches[batch_id] = [r.asDict(recursive=True) for r in df.collect()]
+
+    reader = spark.readStream.format("rocketstore")
+    for k, v in opts.items():
+        reader = reader.option(k, v)
+    query = (
+        reader.load()
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    return [batches[k] for k in sorted(batches)], list(query.recentProgress)

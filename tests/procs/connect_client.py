@@ -26,7 +26,7 @@ from pyspark.errors import PySparkException, StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
-from rocketstore.datasource import register
+from rocketstore.jobs.common import register
 from rocketstore.sink.foreach import CommitLogSink
 from tests.kit.sinkutil import STORE_OPTIONS
 
@@ -106,11 +106,15 @@ def format_writers(spark: SparkSession, folder: str, root: str, ck: str) -> dict
     return done
 
 
-def source(spark: SparkSession, root: str, ck: str, out: str, batch_out: str) -> dict[str, Any]:
+def source(
+    spark: SparkSession, root: str, ck: str, out: str, batch_out: str, per_trigger: str = "12"
+) -> dict[str, Any]:
+    """``per_trigger`` is maxMessagesPerTrigger, or ``all`` for none (PySpark before 4.2)."""
     opts = {"path": root, "topic": "orders", "startingOffsets": "earliest"}
+    limits = {} if per_trigger == "all" else {"maxMessagesPerTrigger": per_trigger}
     q = (
         spark.readStream.format("rocketstore")
-        .options(**opts, maxMessagesPerTrigger="12")
+        .options(**opts, **limits)
         .load()
         .select("brokerName", "queueId", "queueOffset", "body")
         .writeStream.format("parquet")

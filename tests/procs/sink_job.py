@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pyspark.sql import SparkSession
 
-from rocketstore.datasource import register
+from rocketstore.jobs.common import register
 from rocketstore.sink.append import FAILPOINT_ENV
 from rocketstore.sink.foreach import CommitLogSink
 from tests.kit.sinkutil import STORE_OPTIONS
