@@ -191,9 +191,9 @@ if sparkapi.has(sparkapi.ADMISSION_CONTROL):
 class PlainStreamReader(RocketStoreStreamReader):
     """``spark.readStream`` on PySpark 4.0 and 4.1, whose Python sources have no admission
     control: Spark asks ``latestOffset()`` with neither a start nor a limit, so each micro-batch
-    reads everything published when it is planned (``Trigger.AvailableNow`` still stops at what
-    was there when the query started: Spark asks once and holds to it). The per-trigger options
-    are refused here rather than ignored: a query sized by them would silently read all."""
+    reads everything published when it is planned. Data loss is still found, when the batch's
+    partitions are planned (:meth:`Planner.ranges`). The per-trigger options are refused here
+    rather than ignored: a query sized by them would silently read all at once."""
 
     def __init__(self, opts: Mapping[str, str], spark_schema: StructType) -> None:
         for name in options.STREAM_ONLY:  # all three are admission control

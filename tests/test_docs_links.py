@@ -21,6 +21,7 @@ one, they are checked like any other file, so the exception ends by itself.
 
 from __future__ import annotations
 
+import importlib
 import re
 import unicodedata
 from collections.abc import Iterator
@@ -160,7 +161,61 @@ def test_every_docs_page_is_in_the_index() -> None:
             assert page.name in named, f"docs/README.md does not link to {page.name}"
 
 
+# The native crate's comments cite the Python side by path (`pipeline/format/record.py`) or by
+# import name (`rocketstore.pipeline.errors.NativeError`): both must still name something.
+CITED_PATH = re.compile(r"`((?:pipeline|sink|source|datasource|jobs|tests|bench|docs)/[\w/.-]+)`")
+CITED_NAME = re.compile(r"`(rocketstore(?:\.\w+)+)`")
+
+
+def resolves(name: str) -> bool:
+    """Whether ``a.b.c`` is a module, or a module's attribute (chain)."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def cited(text: str) -> Iterator[tuple[int, str, str]]:
+    """(line, "path" or "name", what) for each citation in the comments of Rust source."""
+    for n, line in enumerate(text.splitlines(), 1):
+        if "//" in line:
+            comment = line[line.index("//") :]
+            yield from ((n, "path", m) for m in CITED_PATH.findall(comment))
+            yield from ((n, "name", m) for m in CITED_NAME.findall(comment))
+
+
+def test_the_native_crates_comments_cite_what_exists() -> None:
+    bad = []
+    for rs in sorted((ROOT / "native/src").glob("*.rs")):
+        for n, kind, what in cited(rs.read_text(encoding="utf-8")):
+            ok = (ROOT / what).exists() if kind == "path" else resolves(what)
+            if not ok:
+                bad.append(f"native/src/{rs.name}:{n}: {what}")
+    assert bad == []
+
+
 # -- the checker itself ---------------------------------------------------------------------------
+
+
+def test_the_citation_check_finds_a_moved_path_and_a_gone_name() -> None:
+    text = "let x = 1; // see `pipeline/record.py` and `rocketstore.pipeline.errors.NoSuchError`"
+    found = list(cited(text))
+    assert found == [
+        (1, "path", "pipeline/record.py"),
+        (1, "name", "rocketstore.pipeline.errors.NoSuchError"),
+    ]
+    assert not (ROOT / "pipeline/record.py").exists()
+    assert not resolves("rocketstore.pipeline.errors.NoSuchError")
+    assert resolves("rocketstore.pipeline.errors.NativeError")
+    assert resolves("rocketstore.pipeline.format.native.strings")
 
 
 def test_slugs_follow_githubs_rule() -> None:

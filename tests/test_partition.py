@@ -20,6 +20,7 @@ fresh client. One cluster serves the module; each scenario has a store directory
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -63,6 +64,18 @@ def hosts(
         pytest.skip(f"needs a {request.param} cluster on hosts with a network: {exc}")
 
 
+def kernel_stacks(pid: int) -> str:
+    """Where each thread of a silent process waits in the kernel (root reads
+    /proc/PID/task/*/stack): a FUSE request unanswered, a lock, a socket..."""
+    out = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        with contextlib.suppress(OSError):
+            comm = (task / "comm").read_text().strip()
+            frames = [f.split()[-1] for f in (task / "stack").read_text().splitlines()[:8]]
+            out.append(f"  {task.name} {comm}: {' < '.join(frames)}")
+    return "\n".join(out) or f"  (process {pid} is gone)"
+
+
 class Proc:
     """A tests.procs.partition_host process on a host, its output read line by line."""
 
@@ -94,7 +107,11 @@ class Proc:
         try:
             got = self.lines.get(timeout=timeout_s)
         except queue.Empty:
-            raise AssertionError(f"{self.host}: no output for {timeout_s} s") from None
+            pid = getattr(self, "pid", None)
+            stuck = kernel_stacks(pid) if pid else "(its pid is not known yet)"
+            raise AssertionError(
+                f"{self.host}: no output for {timeout_s} s; its threads wait in:\n{stuck}"
+            ) from None
         if got is None:
             assert self.proc.stderr is not None
             raise AssertionError(f"{self.host} exited: {self.proc.stderr.read()}")

@@ -163,7 +163,7 @@ impl EncodeBatch {
     /// and `born_codes` index the `topics` and `born_hosts` tables. `flags`, `reconsume`,
     /// `prep_tx` and `born_codes` may be None: 0 for every row; `born_ts` None: every message
     /// is born at the store time, as are rows `born_missing` marks. String columns are
-    /// `(data, offsets, validity)` triples (see `rocketstore.pipeline.native.strings`).
+    /// `(data, offsets, validity)` triples (see `rocketstore.pipeline.format.native.strings`).
     #[new]
     #[pyo3(signature = (
         *, n, topics, topic_codes, queue_ids, flags, sys_flags, reconsume, prep_tx, born_ts,

@@ -1,4 +1,4 @@
-//! Appending entries to an IndexFile's hash chains (layout in `pipeline/indexfile.py`).
+//! Appending entries to an IndexFile's hash chains (layout in `pipeline/files/indexfile.py`).
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

@@ -1,6 +1,6 @@
 //! The RocketMQ 4.9.x CommitLog record and ConsumeQueue unit: constants, sizes and the one
 //! writer both the batch and the single put use. The layout itself, with its byte diagram, is
-//! documented once, in `pipeline/record.py`.
+//! documented once, in `pipeline/format/record.py`.
 
 pub const MAGIC: i32 = -626_843_481; // 0xDAA320A7
 pub const BLANK_MAGIC: i32 = -875_286_124; // 0xCBD43194
@@ -25,7 +25,7 @@ pub const OFF_SYSFLAG: usize = 36;
 pub const OFF_BORNTIMESTAMP: usize = 40;
 pub const OFF_BORNHOST: usize = 48;
 
-/// The constants above, by the names `pipeline/record.py` gives them, for the Python side:
+/// The constants above, by the names `pipeline/format/record.py` gives them, for the Python side:
 /// one definition of the layout for both languages.
 pub const EXPORTED: [(&str, i64); 19] = [
     ("MAGIC", MAGIC as i64),
@@ -107,7 +107,7 @@ pub fn record_size(
     FIXED_SIZE_V4 + body + topic + props + born_host - 8 + store_host - 8
 }
 
-/// One record's fields, in the order they are stored (`pipeline/record.py` has the diagram).
+/// One record's fields, in the order they are stored (`pipeline/format/record.py` has the diagram).
 pub struct Record<'a> {
     pub queue_id: i32,
     pub flag: i32,
