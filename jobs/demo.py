@@ -44,10 +44,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if __package__ in (None, ""):
-    # Run as a script (spark-submit jobs/demo.py): the checkout is the import root.
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from rocketstore.jobs import common, export, ingest, process
 from rocketstore.jobs.demo_files import Paths
 from rocketstore.jobs.demo_summary import RunFacts, batch_stats, say, summary

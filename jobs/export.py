@@ -22,12 +22,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
-
-if __package__ in (None, ""):
-    # Run as a script (spark-submit jobs/export.py): the checkout is the import root.
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rocketstore.jobs import common
 

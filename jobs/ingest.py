@@ -22,10 +22,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if __package__ in (None, ""):
-    # Run as a script (spark-submit jobs/ingest.py): the checkout is the import root.
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from rocketstore.jobs import common
 
 if TYPE_CHECKING:
