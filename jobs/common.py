@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rocketstore.jobs.sinkgate import SinkGate, StopRequested
+from rocketstore.pipeline.errors import StoreError
 from rocketstore.pipeline.wholenumbers import count_type
 
 if TYPE_CHECKING:
@@ -45,8 +46,9 @@ BODY_FORMATS = ("binary", "avro", "json")
 _LOG4J_FILE = re.compile(r"(-Dlog4j2\.configurationFile=)(\S+)")
 
 
-class JobError(Exception):
-    """A usage problem the job reports in one line and exits 2 for (bad paths, option values)."""
+class JobError(StoreError):
+    """A usage problem the job reports in one line and exits 2 for (bad paths, option values).
+    The jobs' own, so it lives with them; a StoreError like every error rocketstore raises."""
 
 
 # -- configuration files ------------------------------------------------------------------------
@@ -259,15 +261,13 @@ def run_main(
     0 on success; 1 when a streaming query failed (its error printed in one paragraph); 2 for a
     usage error, a bad option or store error (one line ``PROG: error: ...`` on stderr).
     """
-    from rocketstore.pipeline.errors import StoreError
-
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error argparse has reported
         return exc.code if isinstance(exc.code, int) else 2
     try:
         return body(args)
-    except (JobError, StoreError) as exc:
+    except StoreError as exc:  # JobError among them
         sys.stderr.write(f"{prog}: error: {exc}\n")
         return 2
     except KeyboardInterrupt:

@@ -218,3 +218,42 @@ class ManifestOwnerError(ManifestError):
     """The prefix's manifest belongs to another store (its ``storeId`` is not this one's): two
     stores never share a prefix. Give one of them another ``brokerName`` or
     ``objectStorePrefix``."""
+
+
+class ConsumerOffsetsError(StoreError, ValueError):
+    """A ``consumerOffset.json`` (or its ``.bak``) that is not RocketMQ's format. The message
+    names the file and where in it."""
+
+
+class TopicConfigError(StoreError, ValueError):
+    """A ``topics.json`` (or its ``.bak``) that is not RocketMQ's format: not JSON, or a field
+    of the wrong type. The message names the file and where in it; nothing was written."""
+
+
+class ConsoleDependencyError(StoreError):
+    """A package of the ``console`` extra is not installed."""
+
+
+class BadRequestError(StoreError, ValueError):
+    """A request parameter is missing, malformed or out of range (HTTP 400)."""
+
+
+class SinkReplayError(StoreError):
+    """A re-run of a micro-batch brought different rows than the attempt that already landed."""
+
+
+class SinkFailpoint(StoreError):
+    """Raised by the test suite's fault injection to simulate a task
+    dying mid-append (rocketstore.sink.append.FAILPOINT_ENV)."""
+
+
+class QueryIdentityError(StoreError):
+    """The sink could not tell which streaming query it is writing for."""
+
+
+class DataLossError(StoreError):
+    """Messages a query had not read yet are gone (retention deleted their files).
+
+    Raised only with ``failOnDataLoss=true`` (the default); the message names every queue
+    affected, the offsets lost and how many messages that is.
+    """

@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from rocketstore.pipeline.errors import StoreError
-
-
-class ConsoleDependencyError(StoreError):
-    """A package of the ``console`` extra is not installed."""
+from rocketstore.pipeline.errors import ConsoleDependencyError
 
 
 def check_dependencies(needed: tuple[str, ...], extra: str) -> None:

@@ -63,22 +63,13 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine import storehost
 from rocketstore.pipeline.engine.retentionpolicy import RUN_INTERVAL_MS
 from rocketstore.pipeline.engine.store import MessageStore
-from rocketstore.pipeline.errors import StoreError, StoreLockedError
+from rocketstore.pipeline.errors import SinkFailpoint, SinkReplayError, StoreError, StoreLockedError
 from rocketstore.pipeline.format import encode
 
 UNIQ_BYTES = 16
 # Fault injection for the test suite, read by each append (on the executors, which inherit the
 # driver's environment): never set in use, and not an option of the sink.
 FAILPOINT_ENV = "ROCKETSTORE_TEST_FAILPOINT"
-
-
-class SinkReplayError(StoreError):
-    """A re-run of a micro-batch brought different rows than the attempt that already landed."""
-
-
-class SinkFailpoint(StoreError):
-    """Raised by the test suite's fault injection (:data:`FAILPOINT_ENV`) to simulate a task
-    dying mid-append."""
 
 
 @dataclasses.dataclass(frozen=True)

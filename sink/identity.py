@@ -34,7 +34,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-from rocketstore.pipeline.errors import StoreError
+from rocketstore.pipeline.errors import QueryIdentityError
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 # The sink node of a micro-batch's plan, e.g.
@@ -45,10 +45,6 @@ _SINK_LINE = re.compile(
     re.MULTILINE,
 )
 _ATTRIBUTE_ID = re.compile(r"#(\d+)")
-
-
-class QueryIdentityError(StoreError):
-    """The sink could not tell which streaming query it is writing for."""
 
 
 def is_connect(spark: Any) -> bool:

@@ -72,8 +72,8 @@ from pathlib import Path
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.root import StoreRoot
-from rocketstore.pipeline.errors import ConfigError, NotAStoreError, StoreError
-from rocketstore.pipeline.files.topicconfig import TopicConfigError, read_topics
+from rocketstore.pipeline.errors import ConfigError, NotAStoreError, StoreError, TopicConfigError
+from rocketstore.pipeline.files.topicconfig import read_topics
 from rocketstore.pipeline.format.bodyformat import check_format
 from rocketstore.pipeline.tier.catalog import BucketCatalog
 from rocketstore.pipeline.wholenumbers import parse_count

@@ -27,13 +27,12 @@ from typing import TypeVar
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.groups import broker_offsets, require_group
-from rocketstore.pipeline.errors import ConfigError, NotFoundError
+from rocketstore.pipeline.errors import ConfigError, DataLossError, NotFoundError
 from rocketstore.pipeline.tier.manifest import tier_prefix
 from rocketstore.pipeline.tier.objects import ObjectStore
 from rocketstore.pipeline.tier.remote import RemoteSegments
 from rocketstore.source.brokercache import BoundsCache, PlanWork
 from rocketstore.source.brokerview import BrokerView, QueueBounds, Tails
-from rocketstore.source.errors import DataLossError
 from rocketstore.source.offsets import (
     EARLIEST,
     LATEST,

@@ -14,7 +14,7 @@ reads:
    yields one ``pyarrow.RecordBatch`` per chunk, of exactly the schema Spark declared.
 
 Files retention deleted after planning (a ConsumeQueue file or a CommitLog segment) are data
-loss: :class:`~rocketstore.source.errors.DataLossError` with ``failOnDataLoss=true``, else the messages are
+loss: :class:`~rocketstore.pipeline.errors.DataLossError` with ``failOnDataLoss=true``, else the messages are
 skipped and a warning logged. On shared storage a file past the last one this host lists is
 not lost but not visible here yet (a planner on another host saw it): it is looked for in the
 directory listed again for up to ``visibilityWaitMs``
@@ -42,6 +42,7 @@ from rocketstore.pipeline.engine.root import StoreRoot
 from rocketstore.pipeline.errors import (
     ConfigError,
     CorruptRecordError,
+    DataLossError,
     SegmentGoneError,
     StoreError,
 )
@@ -60,7 +61,6 @@ from rocketstore.pipeline.layout import (
     PRE_BLANK_SIZE,
     UNIT_DTYPE,
 )
-from rocketstore.source.errors import DataLossError
 from rocketstore.source.planning import KeyRange, QueueRange
 from rocketstore.source.segfiles import SegmentCache
 from rocketstore.source.tiers import bucket_catalog, parse_bucket_path

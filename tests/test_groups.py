@@ -17,13 +17,12 @@ from rocketstore.pipeline import cli
 from rocketstore.pipeline.engine.groups import (
     BAK_NAME,
     FILE_NAME,
-    ConsumerOffsetsError,
     broker_offsets,
     group_offsets,
     read_consumer_offsets,
 )
 from rocketstore.pipeline.engine.store import MessageStore
-from rocketstore.pipeline.errors import ConfigError
+from rocketstore.pipeline.errors import ConfigError, ConsumerOffsetsError
 from rocketstore.pipeline.format.message import Message
 from rocketstore.source import options
 from rocketstore.source.offsets import OffsetSpec

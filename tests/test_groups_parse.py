@@ -16,12 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rocketstore.pipeline.engine.groups import (
-    ConsumerOffsetsError,
-    _fast_table,
-    _read_table,
-    parse_consumer_offsets,
-)
+from rocketstore.pipeline.engine.groups import _fast_table, _read_table, parse_consumer_offsets
+from rocketstore.pipeline.errors import ConsumerOffsetsError
 
 PATH = Path("config/consumerOffset.json")
 NAME = st.text(alphabet="ab%_-|1", min_size=1, max_size=4)

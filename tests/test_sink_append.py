@@ -12,11 +12,14 @@ import pyarrow as pa
 import pytest
 
 from rocketstore.pipeline.engine.store import MessageStore
-from rocketstore.pipeline.errors import InvalidMessageError, StoreLockedError
-from rocketstore.sink.append import (
-    FAILPOINT_ENV,
+from rocketstore.pipeline.errors import (
+    InvalidMessageError,
     SinkFailpoint,
     SinkReplayError,
+    StoreLockedError,
+)
+from rocketstore.sink.append import (
+    FAILPOINT_ENV,
     append,
     landed_prefix,
     search_bound,

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from rocketstore.sink.identity import QueryIdentity, QueryIdentityError, connect_query_id
+from rocketstore.pipeline.errors import QueryIdentityError
+from rocketstore.sink.identity import QueryIdentity, connect_query_id
 
 ID_A = "7e6b2833-d614-497d-84f6-97090e99eccb"
 ID_B = "c87bc22f-cb90-4510-89d4-e886438a36bc"

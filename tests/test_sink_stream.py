@@ -16,15 +16,15 @@ import pyarrow as pa
 import pytest
 
 from rocketstore.pipeline.engine.store import MessageStore
-from rocketstore.pipeline.errors import InvalidMessageError, StoreError, StoreLockedError
-from rocketstore.sink import writer
-from rocketstore.sink.append import (
-    FAILPOINT_ENV,
+from rocketstore.pipeline.errors import (
+    InvalidMessageError,
     SinkFailpoint,
     SinkReplayError,
-    append,
-    append_stream,
+    StoreError,
+    StoreLockedError,
 )
+from rocketstore.sink import writer
+from rocketstore.sink.append import FAILPOINT_ENV, append, append_stream
 from rocketstore.sink.prefetch import prefetched
 from rocketstore.sink.rows import ROUTED
 from rocketstore.sink.settings import SinkSettings

@@ -13,12 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rocketstore.pipeline.engine.store import MessageStore
-from rocketstore.pipeline.errors import ConfigError, StoreError
+from rocketstore.pipeline.errors import ConfigError, DataLossError, StoreError
 from rocketstore.pipeline.files.topicconfig import ensure_topics
 from rocketstore.pipeline.format.message import Message
 from rocketstore.source import offsets, options
 from rocketstore.source.brokerview import QueueBounds
-from rocketstore.source.errors import DataLossError
 from rocketstore.source.offsets import OffsetSpec, QueueKey
 from rocketstore.source.planning import (
     Limit,

@@ -18,14 +18,13 @@ from hypothesis import strategies as st
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.engine.store import MessageStore
-from rocketstore.pipeline.errors import CorruptRecordError, StoreError
+from rocketstore.pipeline.errors import CorruptRecordError, DataLossError, StoreError
 from rocketstore.pipeline.files.localsegments import list_segments
 from rocketstore.pipeline.format import record
 from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE
 from rocketstore.source import options, read, schema
 from rocketstore.source.brokerview import BrokerView, QueueBounds
-from rocketstore.source.errors import DataLossError
 from rocketstore.source.planning import Planner
 from rocketstore.source.read import ReadContext, read_queue_range
 from tests.kit.fixtures import fixture_dir

@@ -10,11 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rocketstore.pipeline.errors import OffsetOutOfRangeError, StoreError
+from rocketstore.pipeline.errors import DataLossError, OffsetOutOfRangeError, StoreError
 from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.tier.remote import RemoteQueue, RemoteSegments
 from rocketstore.source import schema
-from rocketstore.source.errors import DataLossError
 from rocketstore.source.options import OPTIONAL_COLUMNS
 from rocketstore.source.planning import QueueRange
 from rocketstore.source.read import ReadContext, read_queue_range

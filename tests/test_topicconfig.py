@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 from rocketstore.pipeline import cli
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.store import MessageStore
+from rocketstore.pipeline.errors import TopicConfigError
 from rocketstore.pipeline.files import durability
 from rocketstore.pipeline.files.topicconfig import (
     TopicConfig,
-    TopicConfigError,
     TopicsKeeper,
     ensure_topics,
     queue_counts,

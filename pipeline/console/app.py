@@ -47,7 +47,12 @@ from rocketstore.pipeline.console.auth import Guard
 from rocketstore.pipeline.console.headers import SecurityHeaders
 from rocketstore.pipeline.console.health import Health
 from rocketstore.pipeline.console.metrics_route import metrics_handler
-from rocketstore.pipeline.errors import InvalidMessageError, NotFoundError, StoreError
+from rocketstore.pipeline.errors import (
+    BadRequestError,
+    InvalidMessageError,
+    NotFoundError,
+    StoreError,
+)
 from rocketstore.pipeline.tools.metrics import StoreCollector, Target
 
 # The real folder: an editable install links each file, and StaticFiles refuses links.
@@ -106,7 +111,7 @@ def environment() -> jinja2.Environment:
 class Pages:
     """The console's pages over one :class:`~.views.Console`: each public method answers one
     route, a plain function of the request that Starlette runs in its thread pool. A bad
-    parameter raises :class:`~.params.BadRequestError`, something the store lacks
+    parameter raises :class:`~rocketstore.pipeline.errors.BadRequestError`, something the store lacks
     :class:`NotFoundError` (:func:`_answered` turns them into 400 and 404 pages); a store that
     cannot be read is the application's 500 page (:meth:`store_error`).
 
@@ -365,7 +370,7 @@ def _answered(pages: Pages, route: Callable[[Request], Response]) -> Callable[[R
     def run(request: Request) -> Response:
         try:
             return route(request)
-        except params.BadRequestError as exc:
+        except BadRequestError as exc:
             return pages.error_page(400, str(exc))
         except InvalidMessageError as exc:  # a malformed msgId the store refused
             return pages.error_page(400, str(exc))

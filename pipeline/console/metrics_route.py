@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from rocketstore.pipeline.console import params
+from rocketstore.pipeline.errors import BadRequestError
 from rocketstore.pipeline.tools.metricfamilies import FAMILIES
 from rocketstore.pipeline.tools.metrics import Fixed, StoreCollector
 
@@ -33,13 +34,13 @@ def _names(values: list[str]) -> frozenset[str] | None:
     if not values:
         return None
     if len(values) > MAX_NAMES:
-        raise params.BadRequestError(f"parameter name[]: at most {MAX_NAMES} names")
+        raise BadRequestError(f"parameter name[]: at most {MAX_NAMES} names")
     out = set()
     for value in values:
         base = value.removesuffix("_total")
         kind = FAMILIES.get(base, ("",))[0]
         if value not in FAMILIES and not (kind == "counter" and base != value):
-            raise params.BadRequestError(
+            raise BadRequestError(
                 f"parameter name[]={params.short(value)}: no such metric (see /metrics for "
                 "the names)"
             )
@@ -55,7 +56,7 @@ def metrics_handler(collector: StoreCollector) -> Callable[[Request], Response]:
         try:
             names = _names(q.getlist("name[]"))
             per_queue = PER_QUEUE[params.choice(q.get("per_queue"), "per_queue", list(PER_QUEUE))]
-        except params.BadRequestError as exc:
+        except BadRequestError as exc:
             return PlainTextResponse(f"{exc}\n", status_code=400)
         families = collector.scrape(names, per_queue)
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))

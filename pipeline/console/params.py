@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rocketstore.pipeline.errors import NotFoundError, StoreError
+from rocketstore.pipeline.errors import BadRequestError, NotFoundError
 from rocketstore.pipeline.format.batchcolumns import TOPIC_PATTERN
 from rocketstore.pipeline.format.record import MAX_TOPIC_LENGTH
 
@@ -25,10 +25,6 @@ MAX_LONG = 2**63 - 1
 MAX_KEY_LENGTH = 255  # RocketMQ's CHARACTER_MAX_LENGTH for a key
 MAX_PAGE = 50  # messages per page
 _MSG_ID = re.compile(r"[0-9A-Fa-f]{32}|[0-9A-Fa-f]{56}")
-
-
-class BadRequestError(StoreError, ValueError):
-    """A request parameter is missing, malformed or out of range (HTTP 400)."""
 
 
 def short(value: str) -> str:

@@ -51,7 +51,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from rocketstore.pipeline.engine.root import StoreRoot
-from rocketstore.pipeline.errors import NotFoundError, StoreError
+from rocketstore.pipeline.errors import ConsumerOffsetsError, NotFoundError
 from rocketstore.pipeline.files.brokerconfig import load_bytes
 
 FILE_NAME = "consumerOffset.json"
@@ -60,11 +60,6 @@ TOPIC_GROUP_SEPARATOR = "@"
 RETRY_PREFIX = "%RETRY%"
 
 QueueKey = tuple[str, str, int]  # (topic, brokerName, queueId), as the Spark source names one
-
-
-class ConsumerOffsetsError(StoreError, ValueError):
-    """A ``consumerOffset.json`` (or its ``.bak``) that is not RocketMQ's format. The message
-    names the file and where in it."""
 
 
 @dataclasses.dataclass(frozen=True)

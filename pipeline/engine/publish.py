@@ -15,13 +15,14 @@ import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from rocketstore.pipeline.errors import TopicConfigError
 from rocketstore.pipeline.files import failpoints
 from rocketstore.pipeline.files.checkpoint import StoreCheckpoint
 from rocketstore.pipeline.files.commitlog import CommitLog
 from rocketstore.pipeline.files.consumequeue import ConsumeQueue
 from rocketstore.pipeline.files.indexservice import IndexService
 from rocketstore.pipeline.files.progress import FlushProgress
-from rocketstore.pipeline.files.topicconfig import TopicConfigError, TopicsKeeper
+from rocketstore.pipeline.files.topicconfig import TopicsKeeper
 
 _log = logging.getLogger(__name__)
 

@@ -79,7 +79,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rocketstore.pipeline.errors import StoreError
+from rocketstore.pipeline.errors import TopicConfigError
 from rocketstore.pipeline.files import durability
 from rocketstore.pipeline.files.brokerconfig import load_bytes
 
@@ -95,11 +95,6 @@ DEFAULT_PERM = PERM_READ | PERM_WRITE
 # TopicConfig's defaults: what a broker assumes for a field an entry leaves out.
 DEFAULT_QUEUE_NUMS = 16
 DEFAULT_FILTER_TYPE = "SINGLE_TAG"
-
-
-class TopicConfigError(StoreError, ValueError):
-    """A ``topics.json`` (or its ``.bak``) that is not RocketMQ's format: not JSON, or a field
-    of the wrong type. The message names the file and where in it; nothing was written."""
 
 
 def _wall_clock_ms() -> int:

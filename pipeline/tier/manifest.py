@@ -48,6 +48,7 @@ from rocketstore.pipeline.errors import (
     ObjectNotFoundError,
     PreconditionFailedError,
 )
+from rocketstore.pipeline.files.mappedfile import segment_name
 from rocketstore.pipeline.tier.objects import ObjectStore
 
 FORMAT = 1
@@ -70,12 +71,12 @@ def tier_prefix(store: Path, config: StoreConfig) -> str:
 
 def segment_key(prefix: str, base: int) -> str:
     """The key of a sealed segment's bytes: ``B/commitlog/<20-digit base>``."""
-    return f"{prefix}commitlog/{base:020d}"
+    return f"{prefix}commitlog/{segment_name(base)}"
 
 
 def index_key(prefix: str, base: int) -> str:
     """The key of a sealed segment's index: ``B/index/<20-digit base>``."""
-    return f"{prefix}index/{base:020d}"
+    return f"{prefix}index/{segment_name(base)}"
 
 
 def manifest_key(prefix: str) -> str:
@@ -134,8 +135,8 @@ class Manifest:
         first) and the queues' next offsets now ``queues``."""
         if self.holds_any() and segment.base != self.end:
             raise ManifestError(
-                f"segment {segment.base:020d} does not follow the tier's last segment "
-                f"(the next is {self.end:020d})"
+                f"segment {segment_name(segment.base)} does not follow the tier's last segment "
+                f"(the next is {segment_name(self.end)})"
             )
         return dataclasses.replace(
             self, segments=(*self.segments, segment), queues=_copy_queues(queues)

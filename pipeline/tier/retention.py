@@ -32,6 +32,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
+from rocketstore.pipeline.files.mappedfile import segment_name
 from rocketstore.pipeline.tier.manifest import Manifest, ManifestStore, TierSegment
 from rocketstore.pipeline.tier.objects import ObjectStore
 
@@ -102,7 +103,7 @@ class TierRetention:
         if removed:
             log.info(
                 "tier retention: removed segments %s from %s (deleted.below %d)",
-                ", ".join(f"{b:020d}" for b in removed),
+                ", ".join(segment_name(b) for b in removed),
                 self.manifests.where,
                 below,
             )
@@ -134,7 +135,7 @@ class TierRetention:
         keys: list[str] = []
         for folder in _FOLDERS:
             at = self.manifests.prefix + folder
-            for key, _size in self.objects.list(at, until=f"{at}{below:020d}"):
+            for key, _size in self.objects.list(at, until=f"{at}{segment_name(below)}"):
                 base = key_base(key, at)
                 if base is not None and base < below:
                     keys.append(key)

@@ -69,6 +69,7 @@ from rocketstore.pipeline.errors import (
     TierUnavailableError,
 )
 from rocketstore.pipeline.files.localsegments import LocalSegments
+from rocketstore.pipeline.files.mappedfile import segment_name
 from rocketstore.pipeline.files.progress import FlushProgress
 from rocketstore.pipeline.format.segmentindex import NeedMore, SegmentIndex, build_segment_index
 from rocketstore.pipeline.tier import localstate
@@ -379,7 +380,9 @@ class Uploader:
 
         done = self.manifests.commit(update)
         if done.manifest is None or done.manifest.end <= base:
-            raise ManifestError(f"{self.manifests.where}: segment {base:020d} was not committed")
+            raise ManifestError(
+                f"{self.manifests.where}: segment {segment_name(base)} was not committed"
+            )
         self._record(done.manifest, uploaded_at=self.clock_ms())
         log.info(
             "uploaded %s (%d bytes, %d records) to %s",
