@@ -38,7 +38,6 @@ DEFAULT_CQ_UNITS_PER_FILE = 300_000
 # -- IndexFile (diagram: rocketstore.pipeline.files.indexfile) ---------------------------------------
 INDEX_HEADER = struct.Struct(">qqqqii")
 INDEX_HEADER_SIZE: int = _native.INDEX_HEADER_SIZE
-INDEX_BEGIN_PHY_OFFSET_AT = 16  # the header's beginPhyOffset (a long)
 INDEX_SLOT = struct.Struct(">i")
 INDEX_SLOT_SIZE: int = _native.INDEX_SLOT_SIZE
 INDEX_ENTRY_DTYPE = np.dtype(

@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import struct
 from pathlib import Path
 
 from rocketstore.pipeline.engine import fencing
@@ -49,16 +48,14 @@ from rocketstore.pipeline.errors import RenewalError
 from rocketstore.pipeline.files import durability, failpoints, visibility
 from rocketstore.pipeline.files.filecreation import TMP_SUFFIX
 from rocketstore.pipeline.files.fileio import PAGE, data_extents, pwrite_all
+from rocketstore.pipeline.files.indexfile import read_header
 from rocketstore.pipeline.files.indexservice import list_index_files
 from rocketstore.pipeline.files.localsegments import list_segments
 from rocketstore.pipeline.files.progress import FlushProgress
 from rocketstore.pipeline.files.segmentread import unit_position
-from rocketstore.pipeline.layout import INDEX_BEGIN_PHY_OFFSET_AT
 
 _STEP = 1 << 20  # bytes read at a time; a multiple of PAGE
 _ZEROS = bytes(_STEP)
-# An IndexFile header's beginPhyOffset (rocketstore.pipeline.files.indexfile).
-_BEGIN_PHY = struct.Struct(">q")
 
 
 def renew_file(path: Path, tmp: Path | None = None) -> None:
@@ -158,20 +155,11 @@ def derived_tails(store_dir: Path, cq_file_size: int, progress: FlushProgress | 
         first = 0
         if progress is not None:
             for i, p in enumerate(files):
-                begin = _index_begin(p)
-                if begin is not None and 0 < begin < progress.flushed_offset:
+                header = read_header(p)
+                if header is not None and 0 < header.begin_phy_offset < progress.flushed_offset:
                     first = i
         found += files[first:]
     return found
-
-
-def _index_begin(path: Path) -> int | None:
-    """An IndexFile's beginPhyOffset as its header says, None when it has no whole header."""
-    with open(path, "rb", buffering=0) as f:
-        head = f.read(INDEX_BEGIN_PHY_OFFSET_AT + _BEGIN_PHY.size)
-    if len(head) < INDEX_BEGIN_PHY_OFFSET_AT + _BEGIN_PHY.size:
-        return None
-    return int(_BEGIN_PHY.unpack_from(head, INDEX_BEGIN_PHY_OFFSET_AT)[0])
 
 
 def renew_derived(store_dir: Path, cq_file_size: int, progress: FlushProgress | None) -> int:

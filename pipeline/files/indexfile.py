@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -66,6 +67,30 @@ from rocketstore.pipeline.layout import (
 INT_MAX = 0x7FFFFFFF
 ENTRY_AHEAD = 1 << 16  # entries reserved past the ones a write needs
 RESERVE_AHEAD = ENTRY_AHEAD * INDEX_ENTRY_SIZE  # 1.25 MiB
+
+
+class IndexHeader(NamedTuple):
+    """An IndexFile's header, its fields in the order they are stored (the diagram above)."""
+
+    begin_timestamp: int
+    end_timestamp: int
+    begin_phy_offset: int
+    end_phy_offset: int
+    hash_slot_count: int
+    index_count: int
+
+    @classmethod
+    def parse(cls, data: bytes | memoryview) -> IndexHeader:
+        """The header at the start of ``data`` (at least :data:`INDEX_HEADER_SIZE` bytes)."""
+        return cls(*INDEX_HEADER.unpack_from(data, 0))
+
+
+def read_header(path: Path) -> IndexHeader | None:
+    """The header of the IndexFile at ``path``, read without mapping the file; None when the
+    file is shorter than a header."""
+    with open(path, "rb", buffering=0) as f:
+        head = f.read(INDEX_HEADER_SIZE)
+    return IndexHeader.parse(head) if len(head) == INDEX_HEADER_SIZE else None
 
 
 class IndexFile:
@@ -97,15 +122,13 @@ class IndexFile:
         )
         # Read without mapping: a store lists its index files at open, and maps one only when
         # a look-up or a put needs its slots and entries.
-        fields: tuple[int, int, int, int, int, int] = INDEX_HEADER.unpack_from(
-            self._mf.read(0, INDEX_HEADER_SIZE), 0
-        )
-        self.begin_timestamp: int = fields[0]
-        self.end_timestamp: int = fields[1]
-        self.begin_phy_offset: int = fields[2]
-        self.end_phy_offset: int = fields[3]
-        self.hash_slot_count: int = fields[4]
-        self.index_count: int = fields[5]
+        fields = IndexHeader.parse(self._mf.read(0, INDEX_HEADER_SIZE))
+        self.begin_timestamp: int = fields.begin_timestamp
+        self.end_timestamp: int = fields.end_timestamp
+        self.begin_phy_offset: int = fields.begin_phy_offset
+        self.end_phy_offset: int = fields.end_phy_offset
+        self.hash_slot_count: int = fields.hash_slot_count
+        self.index_count: int = fields.index_count
         if create:
             # A new file continues where the previous one ended, until its first entry.
             self.begin_phy_offset = self.end_phy_offset = prev_end_phy

@@ -18,11 +18,10 @@ import dataclasses
 import numpy as np
 import numpy.typing as npt
 
-from rocketstore.pipeline.files.indexfile import INT_MAX, IndexFile
+from rocketstore.pipeline.files.indexfile import INT_MAX, IndexFile, IndexHeader
 from rocketstore.pipeline.layout import (
     INDEX_ENTRY_DTYPE,
     INDEX_ENTRY_SIZE,
-    INDEX_HEADER,
     INDEX_HEADER_SIZE,
     INDEX_SLOT_SIZE,
     index_file_size,
@@ -246,14 +245,12 @@ class IndexChecker:
                 "index-header", f.path, 0, f"file is {len(mm)} bytes, not as configured"
             )
             return 0
-        header: tuple[int, int, int, int, int, int] = INDEX_HEADER.unpack_from(
-            bytes(mm[:INDEX_HEADER_SIZE]), 0
-        )
+        header = IndexHeader.parse(bytes(mm[:INDEX_HEADER_SIZE]))
         slots = np.frombuffer(mm, dtype=">i4", count=slot_num, offset=INDEX_HEADER_SIZE).astype(
             np.int64
         )
         entries = np.frombuffer(mm, dtype=INDEX_ENTRY_DTYPE, count=index_num, offset=entries_at)
-        raw_count = header[5]
+        raw_count = header.index_count
         count = min(max(raw_count, 1), index_num)
         # In a file a writer is filling, the header, slots and tail move during the scan.
         moving = False
@@ -328,7 +325,7 @@ class IndexChecker:
                 "index-unused-entry",
                 v.f.path,
                 v.entry_at(j),
-                f"{len(tail)} non-zero entries after indexCount {v.header[5]}",
+                f"{len(tail)} non-zero entries after indexCount {v.header.index_count}",
             )
 
     def _check_chains(
@@ -449,7 +446,7 @@ class _File:
     entry count the checks go by, and whether the file is moving under the scan."""
 
     f: IndexFile
-    header: tuple[int, int, int, int, int, int]
+    header: IndexHeader
     slots: I64
     entries: npt.NDArray[np.void]
     count: int
@@ -458,11 +455,11 @@ class _File:
 
     @property
     def begin_ts(self) -> int:
-        return self.header[0]
+        return self.header.begin_timestamp
 
     @property
     def begin_phy(self) -> int:
-        return self.header[2]
+        return self.header.begin_phy_offset
 
     def entry_at(self, number: int) -> int:
         return self.entries_at + INDEX_ENTRY_SIZE * number
