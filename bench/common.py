@@ -398,3 +398,27 @@ def utc_now() -> str:
 def log(message: str) -> None:
     """Progress on stderr, so stdout carries only the results."""
     print(message, file=sys.stderr, flush=True)
+
+
+# The stock RocketMQ 4.9.4 kit beside the checkout (../shared/rocketmq-4.9.4, README there): its
+# jars are the baselines that run RocketMQ's own store in-process (bench/java/).
+ROCKETMQ_KIT = Path(__file__).resolve().parent.parent.parent / "shared" / "rocketmq-4.9.4"
+
+
+def java_classes(work: Path, source: Path) -> tuple[Path | None, str | None]:
+    """``source`` (a class of bench/java/) compiled against the kit's jars into ``work/java``:
+    (the classes' folder, None), or (None, why not)."""
+    if not (ROCKETMQ_KIT / "env.sh").is_file():
+        return None, f"no RocketMQ kit at {ROCKETMQ_KIT}: {source.stem}'s figures are left out"
+    classes = work / "java"
+    classes.mkdir(parents=True, exist_ok=True)
+    compile_ = '. "$1/env.sh" && exec javac -nowarn -cp "$CP" -d "$2" "$3"'
+    done = subprocess.run(
+        ["bash", "-c", compile_, "-", str(ROCKETMQ_KIT), str(classes), str(source)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        return None, f"{source.name} did not compile ({done.stderr.strip()[-300:]})"
+    return classes, None

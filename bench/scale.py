@@ -33,7 +33,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import PROJECT_DIR, Options, PartResult, Row, log, scratch_dir, spread
+from bench.common import (
+    PROJECT_DIR,
+    ROCKETMQ_KIT,
+    Options,
+    PartResult,
+    Row,
+    java_classes,
+    log,
+    scratch_dir,
+    spread,
+)
 from bench.console import Console
 
 QUEUE_COUNTS = (40, 400, 4_000, 40_000)
@@ -42,7 +52,7 @@ TOTAL, QUICK_TOTAL = 400_000, 20_000
 BATCH, QUICK_BATCH = 50_000, 2_500
 KILL_AFTER = 5  # batches: the kill falls in the sixth of eight
 GROUP = "bench"
-KIT = PROJECT_DIR.parent / "shared" / "rocketmq-4.9.4"
+KIT = ROCKETMQ_KIT
 JAVA_SOURCE = PROJECT_DIR / "bench" / "java" / "StoreLoad.java"
 STEP_TIMEOUT_S = 1800.0
 
@@ -154,23 +164,6 @@ def _rocketmq_load(store: Path, classes: Path | None) -> dict[str, Any] | None:
             _, ok, ms, queues = line.split()
             return {"seconds": float(ms) / 1000, "loaded": ok == "true", "queues": int(queues)}
     raise RuntimeError(f"StoreLoad printed no result: {out[-2000:]}")
-
-
-def _java_classes(work: Path) -> tuple[Path | None, str | None]:
-    if not (KIT / "env.sh").is_file():
-        return None, f"no RocketMQ kit at {KIT}: its load time is left out"
-    classes = work / "java"
-    classes.mkdir(parents=True, exist_ok=True)
-    compile_ = '. "$1/env.sh" && exec javac -nowarn -cp "$CP" -d "$2" "$3"'
-    done = subprocess.run(
-        ["bash", "-c", compile_, "-", str(KIT), str(classes), str(JAVA_SOURCE)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        return None, f"StoreLoad.java did not compile ({done.stderr.strip()[-300:]})"
-    return classes, None
 
 
 def measure(queues: int, work: Path, options: Options, classes: Path | None) -> dict[str, Any]:
@@ -306,7 +299,7 @@ def run(options: Options) -> PartResult:
     counts = QUICK_COUNTS if options.quick else QUEUE_COUNTS
     notes: list[str] = []
     with scratch_dir(options.work_dir, "scale-") as work:
-        classes, why = _java_classes(work)
+        classes, why = java_classes(work, JAVA_SOURCE)
         if why:
             notes.append(why)
         by_q = {q: measure(q, work, options, classes) for q in counts}

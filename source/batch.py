@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from rocketstore.source import options, schema
+from rocketstore.source import options
 from rocketstore.source.planning import KeyRange, Planner, QueueRange, pack_ranges
-from rocketstore.source.read import ReadContext
+from rocketstore.source.read import read_context
 from rocketstore.source.tierread import read_key_range, read_ranges
 
 if TYPE_CHECKING:
@@ -34,17 +34,7 @@ if TYPE_CHECKING:
 def read_batch(spark: SparkSession, opts: Mapping[str, str]) -> DataFrame:
     """The messages ``opts`` select, as a DataFrame planned now (see the module)."""
     parsed = options.parse(opts, streaming=False)
-    fmt, body = schema.body_format_and_schema(parsed)
-    arrow = schema.arrow_schema(body, parsed.optional_columns)
-    ctx = ReadContext(
-        schema=arrow,
-        root=parsed.catalog or parsed.path,
-        sub_expression=parsed.sub_expression,
-        fail_on_data_loss=parsed.fail_on_data_loss,
-        body_format=fmt,
-        body_schema=body,
-        config=parsed.config,
-    )
+    ctx = read_context(parsed)
     planner = Planner(parsed)
     parts: list[KeyRange | tuple[QueueRange, ...]]
     if parsed.key is not None:
@@ -52,7 +42,7 @@ def read_batch(spark: SparkSession, opts: Mapping[str, str]) -> DataFrame:
     else:
         start, end = planner.batch_range()
         parts = list(pack_ranges(planner.ranges(start, end), parsed.min_partitions))
-    spark_schema = from_arrow_schema(arrow)
+    spark_schema = from_arrow_schema(ctx.schema)
     if not parts:
         return spark.createDataFrame([], spark_schema)
 

@@ -40,7 +40,7 @@ from rocketstore.pipeline.errors import ConfigError
 from rocketstore.source import offsets, options, schema
 from rocketstore.source.offsets import QueueKey
 from rocketstore.source.planning import KeyRange, Limit, Planner, QueueRange, pack_ranges
-from rocketstore.source.read import ReadContext
+from rocketstore.source.read import ReadContext, read_context
 from rocketstore.source.tierread import read_key_range, read_ranges
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class KeyPartition(InputPartition):
 
 
 def _context(opts: options.ReadOptions, spark_schema: StructType) -> ReadContext:
-    fmt, body = schema.body_format_and_schema(opts)
+    _, body = schema.body_format_and_schema(opts)
     # A schema given with .schema(...) may pick any column the source can produce, whatever the
     # include* options say; Spark hands the default (schema() below) over as it is.
     expected = schema.full_arrow_schema(body)
@@ -75,15 +75,7 @@ def _context(opts: options.ReadOptions, spark_schema: StructType) -> ReadContext
             f"the schema given to the rocketstore source names columns it does not produce: "
             f"{', '.join(unknown)}; its columns are {', '.join(expected.names)}"
         )
-    return ReadContext(
-        schema=sparkapi.to_arrow(spark_schema),
-        root=opts.catalog or opts.path,
-        sub_expression=opts.sub_expression,
-        fail_on_data_loss=opts.fail_on_data_loss,
-        body_format=fmt,
-        body_schema=body,
-        config=opts.config,
-    )
+    return read_context(opts, sparkapi.to_arrow(spark_schema))
 
 
 def _queue_partitions(

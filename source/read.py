@@ -61,6 +61,8 @@ from rocketstore.pipeline.layout import (
     PRE_BLANK_SIZE,
     UNIT_DTYPE,
 )
+from rocketstore.source import schema
+from rocketstore.source.options import ReadOptions
 from rocketstore.source.planning import KeyRange, QueueRange
 from rocketstore.source.segfiles import SegmentCache
 from rocketstore.source.tiers import bucket_catalog, parse_bucket_path
@@ -111,6 +113,21 @@ class ReadContext:
         if "msgId" in names:
             want |= native.Columns.MSG_ID
         return want
+
+
+def read_context(opts: ReadOptions, columns: pa.Schema | None = None) -> ReadContext:
+    """What every partition of a read with ``opts`` reads with: ``columns`` (by default those
+    the options ask for), the body decoding, the subscription and the store's settings."""
+    fmt, body = schema.body_format_and_schema(opts)
+    return ReadContext(
+        schema=columns if columns is not None else schema.arrow_schema(body, opts.optional_columns),
+        root=opts.catalog or opts.path,
+        sub_expression=opts.sub_expression,
+        fail_on_data_loss=opts.fail_on_data_loss,
+        body_format=fmt,
+        body_schema=body,
+        config=opts.config,
+    )
 
 
 def _read_units(

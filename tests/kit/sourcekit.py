@@ -14,9 +14,9 @@ import pyarrow as pa
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.engine.store import MessageStore
-from rocketstore.source import options, schema
+from rocketstore.source import options
 from rocketstore.source.planning import Planner, pack_ranges
-from rocketstore.source.read import ReadContext
+from rocketstore.source.read import read_context
 from rocketstore.source.tierread import read_key_range, read_ranges
 from tests.kit.readtxt import born_text, store_text
 
@@ -98,16 +98,7 @@ def make_root(
 def read_all(opts: Mapping[str, str], *, streaming: bool = False) -> pa.Table:
     """A batch read without Spark: plan on the spot, read every partition, concatenate."""
     parsed = options.parse(opts, streaming=streaming)
-    fmt, body = schema.body_format_and_schema(parsed)
-    ctx = ReadContext(
-        schema=schema.arrow_schema(body, parsed.optional_columns),
-        root=parsed.catalog or parsed.path,
-        sub_expression=parsed.sub_expression,
-        fail_on_data_loss=parsed.fail_on_data_loss,
-        body_format=fmt,
-        body_schema=body,
-        config=parsed.config,
-    )
+    ctx = read_context(parsed)
     planner = Planner(parsed)
     batches: list[pa.RecordBatch] = []
     if parsed.key is not None:
