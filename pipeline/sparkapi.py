@@ -11,6 +11,7 @@ tools never import this module; only the Spark faces do: sink, source, datasourc
 from __future__ import annotations
 
 import inspect
+import re
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -22,17 +23,20 @@ if TYPE_CHECKING:
 
 # The oldest PySpark each face works on. The foreachBatch sink (CommitLogSink), the CLI and the
 # jobs that only write need none of these.
-DATA_SOURCE = (
-    4,
-    0,
-)  # format("rocketstore"): pyspark.sql.datasource, read and write, batch and stream
-ARROW_STREAM_WRITER = (4, 1)  # writeStream.format("rocketstore"): DataSourceStreamArrowWriter
-ADMISSION_CONTROL = (4, 2)  # latestOffset(start, limit), ReadLimit, SupportsTriggerAvailableNow
+# format("rocketstore"): pyspark.sql.datasource (the source, the batch writer, registration).
+DATA_SOURCE = (4, 0)
+# writeStream.format("rocketstore"): a stream writer given Arrow batches (DataSourceStreamArrowWriter).
+ARROW_STREAM_WRITER = (4, 1)
+# The source's per-trigger limits: latestOffset(start, limit), ReadLimit, SupportsTriggerAvailableNow.
+ADMISSION_CONTROL = (4, 2)
 
 
 def _parse(text: str) -> tuple[int, int]:
-    major, minor = text.split(".")[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+    """``(major, minor)`` of a version such as ``4.3.0``, ``4.1.0.dev1`` or ``5.0rc1``."""
+    found = re.match(r"(\d+)\.(\d+)", text)
+    if found is None:
+        raise SparkVersionError(f"pyspark.__version__ {text!r} is not a version rocketstore reads")
+    return int(found.group(1)), int(found.group(2))
 
 
 @cache
