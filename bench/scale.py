@@ -52,7 +52,6 @@ TOTAL, QUICK_TOTAL = 400_000, 20_000
 BATCH, QUICK_BATCH = 50_000, 2_500
 KILL_AFTER = 5  # batches: the kill falls in the sixth of eight
 GROUP = "bench"
-KIT = ROCKETMQ_KIT
 JAVA_SOURCE = PROJECT_DIR / "bench" / "java" / "StoreLoad.java"
 STEP_TIMEOUT_S = 1800.0
 
@@ -158,7 +157,7 @@ def _rocketmq_load(store: Path, classes: Path | None) -> dict[str, Any] | None:
         'ulimit -n 655350 2>/dev/null || ulimit -n "$(ulimit -Hn)"; . "$1/env.sh" && '
         'exec java $JOPTS_CLIENT -cp "$2:$CP" StoreLoad "$3"'
     )
-    _, out = _run(["bash", "-c", launch, "-", str(KIT), str(classes), str(store)])
+    _, out = _run(["bash", "-c", launch, "-", str(ROCKETMQ_KIT), str(classes), str(store)])
     for line in out.splitlines():
         if line.startswith("LOADED "):
             _, ok, ms, queues = line.split()

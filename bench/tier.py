@@ -109,8 +109,8 @@ from rocketstore.pipeline.tier.remote import READ_AHEAD, RemoteQueue, RemoteSegm
 from rocketstore.pipeline.tier.upload import Uploader, flushed_offset, sealed_bases, upload_lag_s
 from rocketstore.source import options as source_options
 from rocketstore.source import schema
-from rocketstore.source.planning import Planner, QueueRange, pack_ranges
-from rocketstore.source.read import ReadContext
+from rocketstore.source.planning import Planner, QueueRange
+from rocketstore.source.read import ReadContext, read_context
 from rocketstore.source.tierread import read_key_range, read_ranges, read_tier_range
 
 MiB = 1 << 20
@@ -408,25 +408,18 @@ def _beside_cpu_s(c: s3clients.Cluster, uploader: subprocess.Popen[bytes] | None
 # -- 2. the cold streaming read --------------------------------------------------------------
 
 
-def read_context(opts: Mapping[str, str]) -> tuple[Planner, ReadContext]:
+def plan_read(opts: Mapping[str, str]) -> tuple[Planner, ReadContext]:
+    """A batch read's planner and the context its partitions read with, as the source makes
+    them on the driver."""
     parsed = source_options.parse(opts, streaming=False)
-    fmt, body = schema.body_format_and_schema(parsed)
-    ctx = ReadContext(
-        schema=schema.arrow_schema(body, parsed.optional_columns),
-        root=parsed.path,
-        body_format=fmt,
-        body_schema=body,
-        config=parsed.config,
-    )
-    return Planner(parsed), ctx
+    return Planner(parsed), read_context(parsed)
 
 
 def source_read(opts: Mapping[str, str]) -> dict[str, Any]:
     """Every message of the topic, planned and read as the executors read (no Spark)."""
     t0 = time.perf_counter()
-    planner, ctx = read_context(opts)
-    start, end = planner.batch_range()
-    partitions = pack_ranges(planner.ranges(start, end), planner.options.min_partitions)
+    planner, ctx = plan_read(opts)
+    partitions = planner.packed(*planner.batch_range())
     planned = time.perf_counter()
     rows = cold_rows = 0
     nbytes = 0
@@ -645,7 +638,7 @@ def key_lookups(tier: Tier, sizes: Sizes, options: Options, cold: dict[str, Any]
         if len(found) != 1:
             raise RuntimeError(f"query_key {key}: {len(found)} messages, expected 1")
         t0 = time.perf_counter()
-        planner, ctx = read_context({**cold["cold_opts"], "key": key})
+        planner, ctx = plan_read({**cold["cold_opts"], "key": key})
         ranges = planner.key_ranges()
         t1 = time.perf_counter()
         rows = sum(b.num_rows for kr in ranges for b in read_key_range(kr, ctx))
@@ -677,10 +670,9 @@ def _disk_bytes(path: Path) -> int:
 
 def read_offsets(opts: Mapping[str, str]) -> dict[int, list[npt.NDArray[np.int64]]]:
     """Each queue's offsets as the source reads the topic (both tiers), in reading order."""
-    planner, ctx = read_context(opts)
-    start, end = planner.batch_range()
+    planner, ctx = plan_read(opts)
     out: dict[int, list[npt.NDArray[np.int64]]] = {}
-    for part in pack_ranges(planner.ranges(start, end), planner.options.min_partitions):
+    for part in planner.packed(*planner.batch_range()):
         for batch in read_ranges(part, ctx):
             offsets = batch.column("queueOffset").to_numpy().astype(np.int64)
             queue_id = batch.column("queueId")[0].as_py()

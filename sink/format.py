@@ -30,16 +30,16 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from rocketstore.pipeline import sparkapi
-
-if TYPE_CHECKING or sparkapi.has(sparkapi.ARROW_STREAM_WRITER):
-    from pyspark.sql.datasource import DataSourceStreamArrowWriter
-else:  # PySpark 4.0: stream_writer refuses first, so the class below is never made there
-    from pyspark.sql.datasource import DataSourceStreamWriter as DataSourceStreamArrowWriter
 from rocketstore.pipeline.errors import ConfigError
 from rocketstore.sink.append import AppendStats, sink_fingerprint
 from rocketstore.sink.plan import Plan, prepare, route_batches
 from rocketstore.sink.settings import SinkSettings
 from rocketstore.sink.writer import append_partition
+
+if TYPE_CHECKING or sparkapi.has(sparkapi.ARROW_STREAM_WRITER):
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter
+else:  # PySpark 4.0: stream_writer refuses first, so the class below is never made there
+    from pyspark.sql.datasource import DataSourceStreamWriter as DataSourceStreamArrowWriter
 
 log = logging.getLogger("rocketstore.sink")
 _ROW_BITS = 40

@@ -23,9 +23,9 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from rocketstore.source import options
-from rocketstore.source.planning import KeyRange, Planner, QueueRange, pack_ranges
+from rocketstore.source.planning import Planner
 from rocketstore.source.read import read_context
-from rocketstore.source.tierread import read_key_range, read_ranges
+from rocketstore.source.tierread import read_part
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -35,13 +35,7 @@ def read_batch(spark: SparkSession, opts: Mapping[str, str]) -> DataFrame:
     """The messages ``opts`` select, as a DataFrame planned now (see the module)."""
     parsed = options.parse(opts, streaming=False)
     ctx = read_context(parsed)
-    planner = Planner(parsed)
-    parts: list[KeyRange | tuple[QueueRange, ...]]
-    if parsed.key is not None:
-        parts = list(planner.key_ranges())
-    else:
-        start, end = planner.batch_range()
-        parts = list(pack_ranges(planner.ranges(start, end), parsed.min_partitions))
+    parts = Planner(parsed).batch_parts()
     spark_schema = from_arrow_schema(ctx.schema)
     if not parts:
         return spark.createDataFrame([], spark_schema)
@@ -49,11 +43,7 @@ def read_batch(spark: SparkSession, opts: Mapping[str, str]) -> DataFrame:
     def read_parts(seeds: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for seed in seeds:
             for i in seed.column(0).to_pylist():
-                part = parts[i]
-                if isinstance(part, KeyRange):
-                    yield from read_key_range(part, ctx)
-                else:
-                    yield from read_ranges(part, ctx)
+                yield from read_part(parts[i], ctx)
 
     # range(0, n, 1, n) puts exactly one id in each of its n partitions.
     seeds = spark.range(0, len(parts), 1, len(parts))

@@ -38,30 +38,21 @@ from pyspark.sql.types import StructType
 from rocketstore.pipeline import sparkapi
 from rocketstore.pipeline.errors import ConfigError
 from rocketstore.source import offsets, options, schema
-from rocketstore.source.offsets import QueueKey
-from rocketstore.source.planning import KeyRange, Limit, Planner, QueueRange, pack_ranges
+from rocketstore.source.planning import KeyRange, Limit, Planner, QueueRange
 from rocketstore.source.read import ReadContext, read_context
-from rocketstore.source.tierread import read_key_range, read_ranges
+from rocketstore.source.tierread import read_part
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.datasource import ReadLimit
 
 
-class QueuePartition(InputPartition):
-    """Queue ranges of a batch, read one after another (picklable; see
-    :func:`~rocketstore.source.planning.pack_ranges`)."""
+class Partition(InputPartition):
+    """One partition as the planner makes them (picklable): queue ranges read one after another
+    (:func:`~rocketstore.source.planning.pack_ranges`), or one broker's key look-up."""
 
-    def __init__(self, ranges: tuple[QueueRange, ...]) -> None:
-        super().__init__(ranges)
-        self.ranges = ranges
-
-
-class KeyPartition(InputPartition):
-    """One broker's key look-up (picklable)."""
-
-    def __init__(self, kr: KeyRange) -> None:
-        super().__init__(kr)
-        self.key_range = kr
+    def __init__(self, part: KeyRange | tuple[QueueRange, ...]) -> None:
+        super().__init__(part)
+        self.part = part
 
 
 def _context(opts: options.ReadOptions, spark_schema: StructType) -> ReadContext:
@@ -78,19 +69,9 @@ def _context(opts: options.ReadOptions, spark_schema: StructType) -> ReadContext
     return read_context(opts, sparkapi.to_arrow(spark_schema))
 
 
-def _queue_partitions(
-    planner: Planner, start: Mapping[QueueKey, int], end: Mapping[QueueKey, int]
-) -> list[InputPartition]:
-    ranges = planner.ranges(start, end)
-    packed = pack_ranges(ranges, planner.options.min_partitions)
-    return [QueuePartition(group) for group in packed]
-
-
 def _read(partition: InputPartition, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
-    if isinstance(partition, QueuePartition):
-        yield from read_ranges(partition.ranges, ctx)
-    elif isinstance(partition, KeyPartition):
-        yield from read_key_range(partition.key_range, ctx)
+    if isinstance(partition, Partition):
+        yield from read_part(partition.part, ctx)
     # Anything else is Spark's placeholder for a batch with no partitions: nothing to read.
 
 
@@ -103,11 +84,7 @@ class RocketStoreBatchReader(DataSourceReader):
         self.ctx = _context(self.options, spark_schema)
 
     def partitions(self) -> list[InputPartition]:
-        planner = Planner(self.options)
-        if self.options.key is not None:
-            return [KeyPartition(k) for k in planner.key_ranges()]
-        start, end = planner.batch_range()
-        return _queue_partitions(planner, start, end)
+        return [Partition(part) for part in Planner(self.options).batch_parts()]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(partition, self.ctx)
@@ -159,11 +136,8 @@ class RocketStoreStreamReader(DataSourceStreamReader):
         self.planner.prepare_available_now()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        return _queue_partitions(
-            self.planner,
-            offsets.from_json(start, "start offset"),
-            offsets.from_json(end, "end offset"),
-        )
+        begin, stop = offsets.from_json(start, "start offset"), offsets.from_json(end, "end offset")
+        return [Partition(group) for group in self.planner.packed(begin, stop)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(partition, self.ctx)

@@ -608,6 +608,21 @@ class Planner:
                 )
         return start, end
 
+    def packed(
+        self, start: Mapping[QueueKey, int], end: Mapping[QueueKey, int]
+    ) -> list[tuple[QueueRange, ...]]:
+        """The partitions of ``(start, end]``: its queue ranges (:meth:`ranges`) packed
+        (:func:`pack_ranges`)."""
+        return pack_ranges(self.ranges(start, end), self.options.min_partitions)
+
+    def batch_parts(self) -> list[KeyRange | tuple[QueueRange, ...]]:
+        """The partitions of a batch read: one per broker and topic for a ``key`` look-up,
+        else ``startingOffsets`` to ``endingOffsets`` packed (read each with
+        :func:`rocketstore.source.tierread.read_part`)."""
+        if self.options.key is not None:
+            return list(self.key_ranges())
+        return list(self.packed(*self.batch_range()))
+
     def key_ranges(self) -> list[KeyRange]:
         key = self.options.key
         assert key is not None

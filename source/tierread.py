@@ -154,6 +154,13 @@ def read_tier_segment(
                 report_lost(ctx, rng, [(read_to[k], rng.end, why)])
 
 
+def read_part(part: KeyRange | Sequence[QueueRange], ctx: ReadContext) -> Iterator[pa.RecordBatch]:
+    """One partition as :meth:`Planner.batch_parts` plans them: a key look-up or queue ranges."""
+    if isinstance(part, KeyRange):
+        return read_key_range(part, ctx)
+    return read_ranges(part, ctx)
+
+
 def read_key_range(kr: KeyRange, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
     """One broker's messages with the key ``kr.key`` (:func:`read_key`), across both tiers:
     those below the broker directory's first segment from the tier, the rest from the

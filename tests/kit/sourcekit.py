@@ -15,9 +15,9 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.source import options
-from rocketstore.source.planning import Planner, pack_ranges
+from rocketstore.source.planning import Planner
 from rocketstore.source.read import read_context
-from rocketstore.source.tierread import read_key_range, read_ranges
+from rocketstore.source.tierread import read_part
 from tests.kit.readtxt import born_text, store_text
 
 SMALL = StoreConfig(
@@ -99,15 +99,7 @@ def read_all(opts: Mapping[str, str], *, streaming: bool = False) -> pa.Table:
     """A batch read without Spark: plan on the spot, read every partition, concatenate."""
     parsed = options.parse(opts, streaming=streaming)
     ctx = read_context(parsed)
-    planner = Planner(parsed)
-    batches: list[pa.RecordBatch] = []
-    if parsed.key is not None:
-        for kr in planner.key_ranges():
-            batches.extend(read_key_range(kr, ctx))
-    else:
-        start, end = planner.batch_range()
-        for part in pack_ranges(planner.ranges(start, end), parsed.min_partitions):
-            batches.extend(read_ranges(part, ctx))
+    batches = [b for part in Planner(parsed).batch_parts() for b in read_part(part, ctx)]
     return pa.Table.from_batches(batches, schema=ctx.schema)
 
 
