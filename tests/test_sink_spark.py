@@ -21,15 +21,11 @@ from rocketstore.pipeline.format.bodyformat import BodySchema, decode_bodies
 from rocketstore.pipeline.tools.verify.check import verify
 from rocketstore.sink.foreach import CommitLogSink, partition_keys
 from tests.kit.sinkcheck import check_stored
-from tests.kit.sinkutil import CONFIG, STORE_OPTIONS, read_back, write_input
-
-SPARK_SCHEMA = (
-    "id long, keys string, tags string, properties map<string,string>, flag int, body binary"
-)
+from tests.kit.sinkutil import CONFIG, INPUT_DDL, STORE_OPTIONS, read_back, write_input
 
 
 def stream(spark: SparkSession, folder: Path, files_per_batch: int = 1) -> DataFrame:
-    reader = spark.readStream.schema(SPARK_SCHEMA).option("maxFilesPerTrigger", files_per_batch)
+    reader = spark.readStream.schema(INPUT_DDL).option("maxFilesPerTrigger", files_per_batch)
     return reader.parquet(str(folder))
 
 

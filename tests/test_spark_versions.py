@@ -27,7 +27,7 @@ from rocketstore.sink.foreach import CommitLogSink
 from tests.kit.connect_server import client
 from tests.kit.jobfiles import STORE_TOML, committed_files
 from tests.kit.sinkjob import check_exactly_once, finish, job, kill_mid_batch
-from tests.kit.sinkutil import STORE_OPTIONS, read_back, write_input
+from tests.kit.sinkutil import INPUT_DDL, STORE_OPTIONS, read_back, write_input
 from tests.kit.sourcekit import body_of, ids_of, make_root, message_table, stream, write
 
 pytestmark = pytest.mark.slow
@@ -36,9 +36,6 @@ VERSION = tuple(int(p) for p in pyspark.__version__.split(".")[:2])
 DATA_SOURCE = VERSION >= (4, 0)  # format("rocketstore"), reading and writing
 ARROW_STREAM_WRITER = VERSION >= (4, 1)  # writeStream.format("rocketstore")
 ADMISSION_CONTROL = VERSION >= (4, 2)  # maxMessagesPerTrigger and the like
-ROW_SCHEMA = (
-    "id long, keys string, tags string, properties map<string,string>, flag int, body binary"
-)
 
 
 def expect_version_error(exc: BaseException, needs: str) -> None:
@@ -71,7 +68,7 @@ def test_foreach_batch_sink_across_a_restart(spark: Any, tmp_path: Path) -> None
         for name in files:
             (tmp_path / "staged" / name).rename(tmp_path / "in" / name)
         sink = CommitLogSink(str(root), topic="orders", brokers=2, queues=2, **STORE_OPTIONS)
-        df = spark.readStream.schema(ROW_SCHEMA).option("maxFilesPerTrigger", 1)
+        df = spark.readStream.schema(INPUT_DDL).option("maxFilesPerTrigger", 1)
         query = (
             df.parquet(str(tmp_path / "in"))
             .drop("id")
@@ -233,7 +230,7 @@ def test_format_writer_streaming_and_batch(spark: Any, tmp_path: Path) -> None:
     writer.option("topic", "again").options(**STORE_OPTIONS).save()
     assert sorted(s["body"] for s in read_back(root, "again")) == bodies
 
-    df = spark.readStream.schema(ROW_SCHEMA).parquet(str(tmp_path / "in")).drop("id")
+    df = spark.readStream.schema(INPUT_DDL).parquet(str(tmp_path / "in")).drop("id")
     query = (
         df.writeStream.format("rocketstore")
         .option("path", str(root))

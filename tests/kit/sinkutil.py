@@ -54,6 +54,12 @@ INPUT_SCHEMA = pa.schema(
 )
 
 
+# INPUT_SCHEMA as Spark DDL: how the sink tests' queries read the input files.
+INPUT_DDL = (
+    "id long, keys string, tags string, properties map<string,string>, flag int, body binary"
+)
+
+
 def write_input(folder: Path, files: int, rows_per_file: int) -> list[dict[str, Any]]:
     """Parquet files ``part-00000.parquet``... and the rows they hold, in order."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -28,15 +28,17 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from rocketstore.jobs.common import register
 from rocketstore.sink.foreach import CommitLogSink
-from tests.kit.sinkutil import STORE_OPTIONS
+from tests.kit.sinkutil import INPUT_DDL, STORE_OPTIONS
 
-SCHEMA = "id long, keys string, tags string, properties map<string,string>, flag int, body binary"
 SINK = {"brokers": 2, "queues": 2, **STORE_OPTIONS, "chunkRows": "50"}
 
 
 def orders(spark: SparkSession, folder: str) -> DataFrame:
     return (
-        spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(folder).drop("id")
+        spark.readStream.schema(INPUT_DDL)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(folder)
+        .drop("id")
     )
 
 

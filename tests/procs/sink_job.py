@@ -33,9 +33,7 @@ from pyspark.sql import SparkSession
 from rocketstore.jobs.common import register
 from rocketstore.sink.append import FAILPOINT_ENV
 from rocketstore.sink.foreach import CommitLogSink
-from tests.kit.sinkutil import STORE_OPTIONS
-
-SCHEMA = "id long, keys string, tags string, properties map<string,string>, flag int, body binary"
+from tests.kit.sinkutil import INPUT_DDL, STORE_OPTIONS
 
 
 def main(argv: list[str]) -> int:
@@ -96,7 +94,7 @@ def run_all(
 def run(spark: SparkSession, face: str, folder: str, root: str, checkpoint: str) -> dict[str, Any]:
     """One query over ``folder`` into ``root`` until the input is used up; what it counted."""
     files = 2 if face == "foreach-shuffled" else 1
-    reader = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", files)
+    reader = spark.readStream.schema(INPUT_DDL).option("maxFilesPerTrigger", files)
     df = reader.parquet(folder).drop("id")
     # Small chunks give the failpoints many steps to fire at; a test that needs none of them
     # sets SINK_JOB_CHUNK_ROWS to the sink's default.
