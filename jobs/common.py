@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rocketstore.jobs.sinkgate import SinkGate, StopRequested
+from rocketstore.pipeline import sparkapi
 from rocketstore.pipeline.errors import StoreError
 from rocketstore.pipeline.wholenumbers import count_type
 
@@ -178,8 +179,6 @@ def register(spark: SparkSession) -> None:
     """Register the ``rocketstore`` data source (reader and writer) with ``spark``, where the
     PySpark has one: on 3.5 the jobs that only write run without it (``read_store`` says what
     the others need)."""
-    from rocketstore.pipeline import sparkapi
-
     if not sparkapi.has(sparkapi.DATA_SOURCE):
         return
     from rocketstore import datasource
@@ -437,8 +436,6 @@ def add_read_options(parser: argparse.ArgumentParser) -> None:
 
 def read_store(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
     """A streaming DataFrame of the store's messages, as the read options say."""
-    from rocketstore.pipeline import sparkapi
-
     sparkapi.require(sparkapi.DATA_SOURCE, "reading the store in a job (the rocketstore source)")
     reader = (
         spark.readStream.format("rocketstore")
