@@ -17,10 +17,13 @@ nftables drop of everything on both ends of the host's veth). What differs, meas
   :data:`SESSION_S`, 30 s, the least Ceph accepts), blocklisting the client at the OSDs: only
   then are its POSIX locks released, so a take-over waits for that (:meth:`lock_release_s`).
 * Healed, a client whose session was closed is fenced for good: its processes get errors
-  (``EIO``, ``ENOTCONN``, ``ESHUTDOWN``: :attr:`gone`) from that mount. The way back, as Ceph's
-  documentation says of an evicted client, is a fresh mount: :meth:`rejoin` unmounts the old
-  one lazily (processes holding files of it keep them, dead) and mounts a new client on the
-  same path.
+  (``EIO``, ``ENOTCONN``, ``ESHUTDOWN``: :attr:`gone`) from that mount, or wait in it for
+  good (an ``fsync`` that never returns: seen in CI, as Ceph's own QA sees calls on an evicted
+  mount hang). The way back, as Ceph's documentation says of an evicted client, is a fresh
+  mount: :meth:`rejoin` unmounts the old one lazily (processes holding files of it keep them,
+  its client alive) and mounts a new client on the same path; :meth:`abort_stale` then does
+  what ``umount -f`` does to a FUSE mount, aborting the old client's connection, so that
+  whatever waits in it fails (``ENOTCONN``) instead.
 * ``cut`` (some bricks only) has no meaning here: one OSD.
 
 The Ceph's directory is a short folder of /tmp (admin sockets need paths under 108 bytes),
@@ -34,6 +37,7 @@ import contextlib
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -70,6 +74,7 @@ class CephNetCluster(nc.NetCluster):
         super().__init__(work, hosts)
         self.ceph_dir = Path(f"/tmp/{CEPH_PREFIX}{self.id.removeprefix(nc.PREFIX)}")
         self.conf = self.ceph_dir / "ceph.conf"
+        self._stale: dict[str, str] = {}  # host -> the FUSE connection of its old client
 
     def lock_release_s(self) -> float:
         """How long the MDS may keep the locks of a host cut off from it: ``session_autoclose``
@@ -95,9 +100,41 @@ class CephNetCluster(nc.NetCluster):
     def rejoin(self, host: str) -> None:
         """After :meth:`heal`: ``host`` on the file system again, with a fresh client (its old
         session may have been closed, which fences that client for good)."""
+        self._stale[host] = self._fuse_mounts(host)[str(self.mount)]
         self.run(host, ["umount", "-l", str(self.mount)])
         self._mount(host)
         self.wait_reachable(host)
+
+    def abort_stale(self, host: str) -> None:
+        """After :meth:`rejoin`: abort the FUSE connection of ``host``'s old client, as
+        ``umount -f`` of a mount does (the kernel's fusectl ``abort``): every call waiting in
+        it, or made through a file still open on it, fails with ``ENOTCONN``."""
+        conn = self._stale.pop(host, None)
+        if conn is None:
+            return  # aborted already
+        # A connection's name is its device's minor, which the kernel gives to the next mount
+        # once the old client ended by itself: never abort one that is mounted now.
+        if any(conn in self._fuse_mounts(h).values() for h in self.hosts):
+            return
+        control = Path("/sys/fs/fuse/connections")
+        if not any(control.iterdir()):  # fusectl not mounted: there is always a connection here
+            subprocess.run(["mount", "-t", "fusectl", "fusectl", str(control)], check=True)
+        abort = control / conn / "abort"
+        if abort.exists():  # gone when the old client ended by itself
+            abort.write_text("1")
+
+    def _fuse_mounts(self, host: str) -> dict[str, str]:
+        """``host``'s FUSE mounts: mount point -> connection (as fusectl names it, the device's
+        minor), from the mount table, which asks nothing of the file systems (a call on a
+        fenced client's mount may never return)."""
+        table = self.run(host, ["cat", "/proc/self/mountinfo"], check=True).stdout
+        mounts = {}
+        for line in table.splitlines():
+            fields, _, fs = line.partition(" - ")
+            major, minor = fields.split()[2].split(":")
+            if fs.startswith("fuse") and major == "0":
+                mounts[fields.split()[4]] = minor
+        return mounts
 
     def _mount(self, host: str) -> None:
         log = self.work / "log" / f"ceph-fuse.{host}.log"
