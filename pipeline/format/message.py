@@ -52,9 +52,12 @@ SCHEMA = pa.schema(
 COLUMNS = tuple(SCHEMA.names)
 
 
-@dataclasses.dataclass(frozen=True)
+# Not frozen: a frozen dataclass sets each of its 13 fields through object.__setattr__, 3.5 us
+# a message here against 0.8 us with slots, more than a single put's own native call costs.
+@dataclasses.dataclass(slots=True)
 class Message:
-    """One message to put. ``keys`` may be a list or a space-separated string."""
+    """One message to put. ``keys`` may be a list or a space-separated string. The store reads
+    it during the put and keeps no reference to it."""
 
     topic: str
     body: bytes
