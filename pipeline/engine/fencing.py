@@ -1,110 +1,29 @@
 """Writer fencing: a writer that has lost the store's lock never writes another byte.
 
-On one host the kernel holds a writer's lock for as long as its process lives. On a shared file
-system the lock lives on the servers, and they drop it when they lose the client: GlusterFS
-releases a cut-off client's locks after ``server.tcp-user-timeout``, and when the network heals
-the client reconnects by itself and reopens the writer's files *without* the lock. Nothing tells
-the writer. Meanwhile a writer on another host has taken the lock, recovered and written on; the
-old writer's next put would land at its old end of the log, on top of the new writer's records.
+On a shared file system the servers drop a lost client's lock, and the client, healed, reopens
+the writer's files without it; nothing tells the writer, whose next put would land on the
+records of the writer that took the store over. After Kafka's leader epochs, every writer of a
+*fenced store* (:func:`applies`: ``sharedStorage`` resolves to ``shared``, or the store already
+has an epochs file, whatever the setting) takes four measures. docs/cluster.md ("Network
+partitions and fencing") gives the reasons, each kind of taker, what is read how and why, the
+measurements, and the volume options that close what the store alone cannot:
 
-Four measures, after Kafka's leader epochs, taken by every writer of a *fenced store*: one
-whose ``sharedStorage`` resolves to ``shared``, or one that already has an epochs file, whatever
-the setting (:func:`applies`):
-
-* **Epochs.** Each writer that takes the lock appends an epoch to ``config/rocketstore-epochs``
-  (durable before its first put). Before every put and retention round, and before a flush
-  publishes (after it has pushed out the pages written while the writer owned the store),
-  :meth:`Fence.check` takes the lock again on the writer's own descriptor (a no-op while it is
-  held; refused while another writer holds it; ``EBADFD`` or ``ENOTCONN`` when the client lost
-  it), then reads the file: a slot after its own means a newer writer took over; then
-  looks at ``abort``: gone, or another inode than this writer's open left, means another
-  writer had the store and closed it. Any of these and the writer is fenced (:class:`~rocketstore.pipeline.errors.FencedError`) and takes no more
-  writes.
-* **A dead region after an unclean take-over.** A writer that finds ``abort`` (the previous
-  holder did not close) does not append at the end ``X`` that recovery found. It writes an
-  END_OF_FILE blank at ``X`` and starts at the next segment that has no file, ``S``. Whatever the
-  old holder still had on its way (a write queued in its client, dirty pages of its mapped
-  segment written back after the heal) lands in ``[X, S)``, never on the new writer's records:
-  the old holder's mappings reach at most the segment files that existed when it was cut off,
-  and it cannot create ``S`` (the creation is exclusive). The epoch records ``X`` and ``S``.
-* **New inodes for the derived files.** ConsumeQueues and IndexFiles are rewritten in place,
-  so the same writer, before its recovery, gives each file the old holder may have dirty pages
-  of a new inode holding the same bytes; the old holder's late write-back goes to the old one,
-  which its client can no longer reopen (:mod:`rocketstore.pipeline.engine.renewal`).
-* **Recovery skips dead regions.** Bytes in ``[X, S)`` other than the blank are a fenced
-  writer's and not data: recovery walks the log around them, restores the blank, drops
-  ConsumeQueue units and index entries that pointed there and rebuilds what they overwrote
-  (:func:`rocketstore.pipeline.engine.recovery.recover`); ``verify`` names them.
-
-Takers that record no epoch. The fence is only as good as every taker's trace, so:
-
-* *The epochs file is sticky.* Once a store has one, every writable open records an epoch and
-  checks its fence, also one whose ``sharedStorage`` says ``local`` or whose ``auto`` does not
-  recognise the file system (a FUSE type of no known name, or no ``/proc/self/mountinfo`` to
-  read): the first writer on shared storage made the file, so a writer that cannot tell is
-  on a store that was shared. Refusing such opens instead would also refuse a store copied to
-  a laptop, and deleting the file would lose the dead regions recovery needs. A writer that
-  resolves to local storage on a store that has no epochs file is not fenced (its lock is
-  the kernel's, held while it lives): ``sharedStorage=local`` on a file system several hosts
-  mount is a misconfiguration rocketstore cannot detect.
-* *A stock RocketMQ broker* records no epoch, and its recovery knows no dead region. A
-  writable open keeps ``commitlog/rocketstore-writer-open`` until its clean close
-  (:mod:`rocketstore.pipeline.files.lock`), which a broker's loading refuses, so a broker can take a
-  turn only after a rocketstore writer (``rocketstore recover``) has recovered the store,
-  restored its dead regions, recorded an epoch and closed it cleanly: a writer that lost the
-  store before is fenced by that epoch. A broker let in by removing the file by hand is seen
-  by ``abort``: its clean stop removes the file this writer's open left (a broker that
-  crashes leaves it, and then only the epochs of later rocketstore writers fence the old one).
-
-Stale reads. What fencing reads must be what the servers hold, not what this host's client
-cached a moment ago: a taker that read an old copy of the epochs file would write its slot over
-a newer writer's, and a writer that lost its lock would pass its check. A FUSE client (GlusterFS
-measured, 10.3 with default options) holds three caches in the way: the kernel's pages, which
-``O_DIRECT`` skips; the kernel's attributes (1 s), which make a direct read that starts at or
-past the size it cached return nothing without asking; and, on GlusterFS, quick-read, which
-answers every read of a file up to 64 KiB (1000 KB at most, whatever the volume sets) from the
-content a look-up fetched, ``O_DIRECT`` or not, for ``performance.quick-read-cache-timeout``
-(1 s). So:
-
-* The epochs file is never shorter than :data:`MIN_SIZE` (1 MiB, zeros past the last slot, a
-  hole): no quick-read caches it. It is created whole under a temporary name; the first writer
-  that takes a store whose file an older version wrote (a run of slots, no more) pads it.
-* It is read ``O_DIRECT`` on FUSE, in whole 4 KiB blocks (a brick that opened the file
-  ``O_DIRECT`` refuses others), each read starting below the size this host has seen: the
-  whole file from offset 0; the check, from the block of the writer's own slot on.
-* Before the whole file is read, its directory is listed: a FUSE client that lists with
-  ``READDIRPLUS`` (GlusterFS) takes the attributes of each name from the servers then, and
-  GlusterFS's quick-read drops a cached file whose time changed: the file as an older version
-  left it is read fresh too.
-* ``abort`` is looked for in a listing of the store directory (name and inode number; the
-  check lists through a descriptor of the directory it holds), not by ``stat``: a client
-  answers a stat from the name and attributes it cached for a second, which still show a file
-  another host removed or replaced.
-
-Measured on the test volume, host B reading right after host A wrote (10 tries each): a direct
-read of a one-slot file A had just appended to returned the old copy 10 times of 10 (fresh
-after 0.9-1.0 s), also with a lock taken first or ``statx(AT_STATX_FORCE_SYNC)``; with
-quick-read off a 1-byte direct read past the old size still returned nothing 10 times of 10;
-a file of 1 MiB, or a listing first, returned A's slot 10 times of 10; a ``stat`` of a name A had
-removed found it 10 times of 10, a listing never (tests/test_gluster_fencing.py). A local disk
-has one cache. Cost of a check there: 1.3-1.6 ms, was 0.5-0.8 (0.4 ms the direct read, which
-never reached the servers before, 0.4 ms the listing).
-
-What the store alone cannot close is the time between a check and the write it allows, and
-the pages a writer dirtied while it owned the store (under ASYNC_FLUSH, up to a flush interval's
-worth): a write that the old holder's client still holds when the servers give its lock away,
-or a dirty page that its kernel writes back after the heal, reaches the volume then. The
-flusher pushes dirty pages out every ``flushIntervalCommitLog`` ms, also when the writer is cut
-off, and a write-back that fails leaves a page clean; so the volume closes the window when a
-client gives up on unanswered requests before the servers give its locks away:
-``network.ping-timeout`` (client side) shorter than ``server.tcp-user-timeout`` (server side).
-docs/cluster.md says how to set them. Whatever the timeouts, the dead region keeps such a
-write off the new writer's CommitLog records, and the new inodes keep it off its ConsumeQueue
-units and index entries (rocketstore.pipeline.engine.renewal).
+* **Epochs.** A taker appends its slot to ``config/rocketstore-epochs``, durable before its
+  first put. :meth:`Fence.check`, before every put and retention round and before a flush
+  publishes, takes the lock again on the writer's own descriptor, reads the file from the
+  servers (a slot after its own: fenced) and lists the store directory for ``abort`` (gone, or
+  another inode than this writer's open left: fenced), raising
+  :class:`~rocketstore.pipeline.errors.FencedError` for good.
+* **A dead region** ``[X, S)`` after an unclean take-over: an END_OF_FILE blank at the end
+  ``X`` recovery found, and the next writes in the first segment ``S`` that has no file, where
+  the old holder's mappings cannot reach (segment creation is exclusive).
+* **New inodes for the derived files** (:mod:`rocketstore.pipeline.engine.renewal`).
+* **Recovery and verify know dead regions** (:func:`rocketstore.pipeline.engine.recovery.recover`).
 
 The file, ``config/rocketstore-epochs``: a run of 48-byte slots, slot ``n`` for epoch ``n``
 (big-endian; RocketMQ ignores files it does not know in ``config/``), then zeros up to at least
-:data:`MIN_SIZE` bytes (a file written before that rule has none)::
+:data:`MIN_SIZE` bytes (a hole, so that no FUSE client's small-file cache holds it; a file
+written before that rule has none, and its first taker pads it)::
 
     0  magic "RSEP"       4  CRC-32 of bytes 8..47   8  epoch (long)
     16 fenced end X (long)  24 start S (long)        32 taken at, ms since epoch (long)
@@ -113,11 +32,14 @@ The file, ``config/rocketstore-epochs``: a run of 48-byte slots, slot ``n`` for 
 A slot that is not whole (a torn append) ends the run; the next writer writes its slot there and
 zeros whatever follows it.
 
+Owns: the epochs file, and a writer's slot and descriptors (the lock's, the store directory's).
 Thread-safety: a :class:`Fence` is used under the store's lock. Crash behaviour: a taker that
 dies before its slot is durable wrote nothing else; one that dies after it leaves an epoch whose
-dead region recovery honours whether or not a record ever followed. One that dies while it
+dead region recovery honours whether or not a record ever followed; one that dies while it
 creates the file leaves at most ``rocketstore-epochs.<pid>.creating``, which the next taker
-removes.
+removes. Requires of the file system: reads that reach the servers (on FUSE, ``O_DIRECT`` reads
+in whole 4 KiB blocks starting below the size the host has seen, and listings, which
+GlusterFS's and ceph-fuse's defaults pass on).
 """
 
 from __future__ import annotations

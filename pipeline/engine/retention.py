@@ -1,109 +1,39 @@
 """Retention and disk pressure: deleting old files as RocketMQ 4.9.x's broker does.
 
-RocketMQ runs three cleaners every ``cleanResourceInterval`` (10 s): ``CleanCommitLogService``,
-``CleanConsumeQueueService`` and ``IndexService.deleteExpiredFile``. :class:`RetentionService`
-is the three of them as one call, :meth:`RetentionService.run`, for the store to schedule.
-The thresholds, triggers and reasons it goes by are :mod:`rocketstore.pipeline.engine.retentionpolicy`'s
-(:class:`RetentionPolicy`), what a round reports :mod:`rocketstore.pipeline.engine.retentionreport`'s.
+:class:`RetentionService` is RocketMQ's three cleaners (``CleanCommitLogService``,
+``CleanConsumeQueueService``, ``IndexService.deleteExpiredFile``) as one call,
+:meth:`RetentionService.run`: expired CommitLog segments at the ``deleteWhen`` hours, on a
+manual clean or above ``diskMaxUsedSpaceRatio``; any segment above 85 %; then the ConsumeQueue
+and index files left below the CommitLog's min offset, and each queue's min offset. With the
+tier on, only segments the bucket holds. It also keeps the disk-full mark (over 90 % until back
+at 85 %). What a round deletes and in what order, with RocketMQ's names and where rocketstore
+differs: docs/operations.md ("Retention"). The thresholds, triggers and reasons are
+:mod:`rocketstore.pipeline.engine.retentionpolicy`'s, what a round reports
+:mod:`rocketstore.pipeline.engine.retentionreport`'s.
 
-What is deleted
----------------
+Owns: the deletion of a store's files, and the disk-full mark.
 
-**CommitLog segments**, oldest first, never the last one (the segment being written), and never
-one in the middle: the first segment that may not go ends the round. A segment *expires* when
-``now >= mtime + fileReservedTime hours`` (RocketMQ's test, on the file's last-modified time).
-Expired segments are deleted when one of these holds, RocketMQ's three triggers:
+Requires: :meth:`~RetentionService.run` and :meth:`~RetentionService.plan` under the store's
+writer lock (they read or change its files in memory and on disk, and do not take it
+themselves); :meth:`~RetentionService.check_put` first thing in every put, before anything is
+encoded or written; :meth:`~RetentionService.run` from a background thread about every
+:data:`~rocketstore.pipeline.engine.retentionpolicy.RUN_INTERVAL_MS`, never on the put path.
 
-* the local hour of ``now`` is one of ``deleteWhen``'s (``"04"``, ``"04;16"``), reason
-  ``"expired"``;
-* a manual clean was asked for (``force_expired=True``, RocketMQ's
-  ``executeDeleteFilesManually``; the CLI's ``clean``), reason ``"expired"``;
-* the disk holding the store is more than ``diskMaxUsedSpaceRatio`` full, at any hour, reason
-  ``"disk-pressure"``.
+Thread-safety: :meth:`~RetentionService.refresh` only measures the disk;
+:meth:`~RetentionService.disk_full`, :meth:`~RetentionService.check_put` and
+:attr:`~RetentionService.used_ratio` read one attribute each; these need no lock. A call of
+:meth:`~RetentionService.run` is bounded (at most
+:attr:`RetentionPolicy.max_files_per_run` segments, :attr:`RetentionPolicy.max_queues_per_run`
+queues and :attr:`RetentionPolicy.max_derived_files_per_run` derived files; the next round goes
+on), so the lock is held for a bounded time. :meth:`~RetentionService.plan` changes nothing and
+works on a read-only store.
 
-Above :data:`~rocketstore.pipeline.engine.retentionpolicy.CLEAN_FORCIBLY_RATIO` (85 %, RocketMQ's
-``diskSpaceCleanForciblyRatio``) segments go even if they have not expired, reason ``"forced"``,
-oldest first, until the disk is back at or below that ratio or only the last segment is left.
-(RocketMQ only cleans forcibly when another trigger is on too; with ``diskMaxUsedSpaceRatio`` at
-most 85, the default 75 included, that is always the case, so the difference only shows with a
-higher ratio.)
-
-**With the tier on** (``tieredStorageLevel`` not ``DISABLE``, docs/tiering.md), a segment is
-deleted only when it also lies wholly below ``uploadedEnd``
-(``config/rocketstore-tier.json``, read again at every round): the bucket holds it and the
-manifest names it. Nothing else overrides that, not even the forced trigger: a stalled tier
-fills the disk, and the put path then refuses puts with a :class:`DiskFullError` naming the
-tier's backlog (the segments not uploaded, and their bytes), never deleting data the bucket
-does not hold.
-
-At most :attr:`RetentionPolicy.max_files_per_run` segments (10, RocketMQ's
-``DELETE_FILES_BATCH_MAX``) go per call, so one call holds the store's lock for a bounded time
-(unlinking a 1 GiB segment can take a while); the next call continues.
-
-**ConsumeQueue files** (reason ``"below-min-offset"``), once the CommitLog's min offset moved: a
-queue's files whose last unit points below the new CommitLog min offset, oldest first, never the
-queue's last file (RocketMQ's ``deleteExpiredFileByOffset``); then every queue's min offset is
-moved to its first unit still pointing at live data (``correctMinOffset``). A pull below it gets
-``OFFSET_TOO_SMALL`` with ``nextBeginOffset`` the new min offset.
-
-Unlike RocketMQ, a round does not visit every queue of a store of tens of thousands: a queue the
-store has not loaded whose recorded length fits its first file has nothing to delete, and moves
-its min offset itself when it loads, so it is left alone (nor is it in the report's ``queues``).
-The others are looked at in order, at most :attr:`RetentionPolicy.max_queues_per_run` (4096) a
-round and at most :attr:`RetentionPolicy.max_derived_files_per_run` files deleted; the next
-round of the same service goes on where this one stopped.
-
-**IndexFiles** (reason ``"below-min-offset"``) whose ``endPhyOffset`` is below the CommitLog min
-offset, oldest first, never the last (the one being written).
-
-Disk full
----------
-
-Every :meth:`~RetentionService.run` and :meth:`~RetentionService.refresh` measures the disk.
-Above :data:`~rocketstore.pipeline.engine.retentionpolicy.WARNING_LEVEL_RATIO` (90 %, RocketMQ's
-``diskSpaceWarningLevelRatio``) the store is marked full, and it stays so until a measurement at
-or below 85 % (RocketMQ's hysteresis: between 85 and 90 % the mark does not change). While
-marked, the put path must refuse puts: :meth:`~RetentionService.check_put` raises
-:class:`DiskFullError` (RocketMQ answers ``SERVICE_NOT_AVAILABLE``), before anything of the put
-is written, so nothing already accepted is lost. :meth:`~RetentionService.disk_full` and
-:meth:`~RetentionService.check_put` read a cached flag and cost nothing.
-
-Where it runs, thread-safety
-----------------------------
-
-Never on the put path. The store is expected to:
-
-* call :meth:`~RetentionService.check_put` first thing in a put, before encoding or writing;
-* call :meth:`~RetentionService.run` from a background thread every
-  :data:`~rocketstore.pipeline.engine.retentionpolicy.RUN_INTERVAL_MS` or so, holding its writer lock;
-* for ``rocketstore clean``, call :meth:`~RetentionService.run` with ``force_expired=True``
-  (and ``max_files`` to lift the per-call limit), or :meth:`~RetentionService.plan` with the
-  same arguments for ``--dry-run``.
-
-:meth:`~RetentionService.plan` and :meth:`~RetentionService.run` read (plan) or change (run)
-the store's CommitLog, ConsumeQueues and index in memory and on disk, so the caller must hold
-the store's writer lock while it calls them; they do not take it themselves. Each call is
-short (see the per-call limits above). :meth:`~RetentionService.plan` changes nothing, on disk
-or in memory, and works on a read-only store. :meth:`~RetentionService.refresh` only measures
-the disk; :meth:`~RetentionService.disk_full`, :meth:`~RetentionService.check_put` and
-:attr:`~RetentionService.used_ratio` read one attribute each; these need no lock and may be
-called from any thread.
-
-Crash behaviour
----------------
-
-CommitLog segments are deleted oldest first, and the directory is synced after each, so
-whatever a crash leaves is a contiguous run of segments that opens (recovery starts from the
-first remaining segment). ConsumeQueue and index files are deleted only after the CommitLog
-segments, and each file is closed before it is unlinked. A crash between the two leaves queue
-and index files pointing below the CommitLog's min offset: recovery moves each queue's min
-offset past the dangling units of its first file (a writable open may rebuild such queues),
-and the next run deletes whatever is left (a new service's first run always checks every
-queue and the index). Deleting a file that is already gone is not an error.
-
-A segment a reader still holds a zero-copy view of (:meth:`CommitLog.raw`) cannot be closed;
-it is kept, the round stops there, and the next run tries again (RocketMQ waits for the file's
-references the same way). The report lists it under ``deferred``.
+Crash behaviour: segments go oldest first, the directory synced after each, so a crash leaves
+a contiguous run that opens; ConsumeQueue and index files go only after the segments, each
+closed before it is unlinked, so a crash between the two leaves files pointing below the min
+offset, which recovery steps past and the next round deletes. A file already gone is not an
+error. A segment a reader holds a zero-copy view of (:meth:`CommitLog.raw`) is kept and ends
+the round (``deferred`` in the report); the next round tries again.
 """
 
 from __future__ import annotations

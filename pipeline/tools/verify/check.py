@@ -1,134 +1,33 @@
 """A full consistency scan of a store directory (``rocketstore verify STORE``).
 
-:func:`verify` reads every byte of the CommitLog, the ConsumeQueues and the IndexFiles and checks
-that each is well formed and that they agree with one another. It changes nothing and never
-stops at the first problem: each one becomes a :class:`Problem` naming the file, the byte offset
-(the physical offset for the CommitLog, the position inside the file for a ConsumeQueue or an
-IndexFile) and what is wrong, and the scan carries on.
+:func:`verify` reads every byte of the CommitLog, the ConsumeQueues and the IndexFiles and
+checks that each is well formed and that they agree with one another. It changes nothing and
+never stops at the first problem: each one becomes a :class:`Problem` naming the file, the byte
+offset (the physical offset for the CommitLog, the position inside the file for a ConsumeQueue
+or an IndexFile) and its kind, a stable string; the scan carries on. What is checked in each
+file, which side of a disagreement is blamed, what no scan can check, and the kinds:
+docs/operations.md ("What verify checks"). At most :data:`MAX_PROBLEMS_PER_KIND` problems of
+one kind are listed per file; the rest are counted in :attr:`VerifyReport.suppressed`.
 
-CommitLog
-    Every segment is walked from its start. Each record must have the magic code, a TOTALSIZE
-    that fits the segment and equals the sum of its field lengths, PHYSICALOFFSET equal to its
-    position, a body CRC that matches and a UTF-8 topic; an END_OF_FILE blank moves on to the
-    next segment and must cover exactly the rest of its segment. After a damaged record the
-    walk resynchronises on the next record boundary: the next ConsumeQueue unit's offset that
-    looks like a record start, or, before it or when there is none, the next position where a
-    whole valid record starts (its PHYSICALOFFSET must equal that position, so a stray copy of
-    the magic code inside a body is not taken for one). Zeros where a record was expected are
-    the end of the log, unless data follows them (a hole); non-zero bytes after the end are
-    reported as garbage.
+How it reads: the one native record walk recovery and dispatch use
+(:func:`rocketstore.pipeline.format.native.walk`), so records are checked exactly as they are
+read back and the tagsCode and index keys expected are the ones dispatch writes;
+:data:`CHUNK_RECORDS` records at a time, each stretch's units and index entries checked
+against its records and the records then dropped, so memory does not grow with the store (one
+byte per unit and the damaged stretches stay). Each IndexFile's header, slots and chains are
+checked on their own before the walk. The parts: :mod:`~rocketstore.pipeline.tools.verify.log`
+(the CommitLog), :mod:`~rocketstore.pipeline.tools.verify.queues`,
+:mod:`~rocketstore.pipeline.tools.verify.index`, sharing
+:mod:`~rocketstore.pipeline.tools.verify.state`; :func:`verify` runs them in order.
 
-ConsumeQueues
-    Every unit between the first and the last valid one must point at a record that starts at
-    that offset, with TOTALSIZE equal to the unit's size, the queue's topic and queue id, the
-    unit's number as QUEUEOFFSET and the Java hash of its TAGS as tagsCode; units must follow
-    the CommitLog order, and no invalid unit may come before the last valid one. Every record
-    that belongs in a ConsumeQueue (not a PREPARED or ROLLBACK transaction) must have its unit.
-
-IndexFiles
-    The header must be sane and agree with the entries, every file but the last must be full,
-    every used entry must point at a record
-    whose ``topic#key`` hash (UNIQ_KEY or a KEYS token) is the entry's key hash and whose store
-    time gives the entry's time difference; slot heads and ``prevIndex`` links must stay inside
-    the used entries, go strictly down, stay in one slot, and reach every entry exactly once.
-    Every key (UNIQ_KEY, KEYS tokens) of every record from the oldest one indexed on must have
-    its entry.
-
-A unit or entry that points at a damaged record is not checked further (the record is reported).
-
-A consistent snapshot
-    While another process writes the store (it holds the ``lock``), the scan stops at the
-    durable point recorded when the read-only view opened (``config/rocketstore.json``, read
-    before the view listed any file: the flushed CommitLog offset and each queue's length
-    then, all of whose units and index entries were on disk before the file was written). Records, units and index entries past it are the writer's
-    work in progress and are not checked, so appends during the scan report nothing. Without
-    a progress file the bound is the end of the log that the read-only open found.
-
-After a crash
-    A writer that stopped between appending and dispatching leaves its newest records without
-    their ConsumeQueue units or index entries (``cq-missing-unit``, ``index-missing-entry``).
-    When such a record lies past the durable point, the problem says so, and that
-    ``rocketstore recover`` (or the next writable open) repairs it.
-When a unit and the record it points at disagree, the problem is blamed on the side the rest of
-the store contradicts: a unit pointing at a record that its own unit (the one at the record's
-topic, queue id and queue offset) already claims is wrong itself, and so are units that point
-at each other's records (swapped or shifted); a record that claims a place no unit backs, or
-one that another record rightly holds, is wrong itself.
-
-What cannot be checked: RocketMQ 4.x protects only the body with a CRC. FLAG, the timestamps,
-the hosts, RECONSUMETIMES, the prepared-transaction offset, the transaction-type bits (beyond
-ConsumeQueue membership) and properties other than TAGS, KEYS and UNIQ_KEY have no second copy
-anywhere in the store, so damage to them cannot be detected, here or by RocketMQ. A changed TAGS
-value and a changed unit tagsCode look the same, and are reported at the unit; likewise a changed
-KEYS or UNIQ_KEY value is reported at the index entries that no longer match it.
-
-Problem kinds (stable strings):
-
-=================================== ==========================================================
-commitlog-bad-magic                 neither the message magic nor a blank where one must start
-commitlog-size                      TOTALSIZE out of range, or the field lengths do not add up
-commitlog-physical-offset           PHYSICALOFFSET is not the record's position
-commitlog-crc                       body CRC mismatch
-commitlog-topic                     the topic is not valid UTF-8
-commitlog-torn                      a NUL byte in the topic or properties: zeros a write torn
-                                    after the body left (no whole record has one there)
-commitlog-blank                     an END_OF_FILE blank that does not end its segment
-commitlog-hole                      zeros where a record or blank was expected, data after
-commitlog-garbage-after-end         non-zero bytes after the last record of the log
-commitlog-garbage-after-blank       non-zero bytes after an END_OF_FILE blank
-commitlog-fenced-writer             bytes in a dead region (rocketstore.pipeline.engine.fencing): a writer that had
-                                    lost the store wrote there; recovery restores the region
-commitlog-record-mismatch           a record's topic, queue id, queue offset or transaction type
-                                    contradicts the ConsumeQueue unit pointing at it
-cq-unit-points-nowhere              no record starts at the unit's offset
-cq-unit-wrong-queue                 the record belongs to another queue or queue offset
-cq-unit-size-mismatch               unit size differs from the record's TOTALSIZE
-cq-unit-tags-code                   unit tagsCode differs from the hash of the record's TAGS
-cq-unit-not-dispatchable            the unit points at a PREPARED or ROLLBACK record
-cq-not-ascending                    units out of CommitLog order
-cq-hole                             an invalid unit before the last valid one
-cq-garbage-after-end                non-zero bytes after the last valid unit
-cq-missing-unit                     a record has no unit in its queue
-index-header                        header field out of range or contradicting the entries
-index-slot                          slot head out of range or in the wrong slot
-index-chain                         bad prevIndex, or an entry unreachable or reached twice
-index-entry-points-nowhere          no record starts at the entry's phyOffset
-index-entry-hash                    the entry's key hash is none of the record's keys
-index-entry-time                    the entry's time difference contradicts the record
-index-unused-entry                  non-zero bytes in entry 0 (never used) or after indexCount
-index-missing-entry                 a key of a record has no entry (reported at its slot)
-=================================== ==========================================================
-
-By default at most :data:`MAX_PROBLEMS_PER_KIND` problems of one kind are listed per file; the
-rest are counted in :attr:`VerifyReport.suppressed`.
-
-How the scan reads the log: with the one native record walk (:func:`rocketstore.pipeline.format.native.walk`)
-that recovery and dispatch use, so it checks records exactly as they are read back, and the
-tagsCode and index keys it expects are the ones dispatch writes (the walk lists the key hashes:
-none for an empty UNIQ_KEY or KEYS token, none for a ROLLBACK record). :data:`CHUNK_RECORDS`
-records at a time: once a stretch of the log is walked, the units and index entries that point
-into it are checked against its records and the records are dropped, so memory does not grow
-with the store. What stays for the whole scan is one byte per ConsumeQueue unit (whether it
-matched its record) and the damaged stretches; each IndexFile's header, slots and chains are
-checked on their own, one file at a time, before the walk. ConsumeQueue and IndexFile entries
-are read from their mappings a file at a time, and bisected where their offsets ascend.
-
-The scan's parts: :mod:`~rocketstore.pipeline.tools.verify.log` walks the CommitLog,
-:mod:`~rocketstore.pipeline.tools.verify.queues` checks the ConsumeQueues and
-:mod:`~rocketstore.pipeline.tools.verify.index` the IndexFiles; they share the scan's bookkeeping
-(:mod:`~rocketstore.pipeline.tools.verify.state`), and :func:`verify` runs them in order.
-
-Thread-safety: reads only. Run it on a store opened read-only, or from the writer's thread
-between puts.
-
-A live store: a read-only open lists the files once, and retention may delete the oldest of
-them before the scan reads them. The scan maps the oldest CommitLog segments (up to
-:data:`~rocketstore.pipeline.tools.verify.state.PINNED_SEGMENTS`) when it starts and holds them
-to its end, so they stay readable; a record among them whose unit's file retention deleted
-before the queues were listed is not reported missing. A file lost all the same raises
-:class:`~rocketstore.pipeline.errors.SegmentGoneError`: :func:`verify_read_only` opens the
-store again and starts over when that happens, up to :data:`ATTEMPTS` scans, and counts the
-restarts in the report; the CLI, the console and the soak bench verify through it.
+Thread-safety: reads only. Requires: a store opened read-only, or the writer's thread between
+puts. A live store: the scan stops at the durable point recorded when the read-only view opened
+(``config/rocketstore.json``), so a writer's appends report nothing; it holds the oldest
+CommitLog segments (up to :data:`~rocketstore.pipeline.tools.verify.state.PINNED_SEGMENTS`)
+mapped from its start, so retention deleting them changes nothing; a file lost all the same
+raises :class:`~rocketstore.pipeline.errors.SegmentGoneError`, and :func:`verify_read_only`
+opens the store again and starts over, up to :data:`ATTEMPTS` scans (counted in the report).
+The CLI, the console and the soak bench verify through it.
 """
 
 from __future__ import annotations

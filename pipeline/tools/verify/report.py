@@ -13,8 +13,8 @@ from typing import Any
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Problem:
-    """One inconsistency: ``kind`` (one of the stable strings listed in
-    :mod:`rocketstore.pipeline.tools.verify.check`), the file, the byte offset (the physical offset for the
+    """One inconsistency: ``kind`` (one of the stable strings docs/operations.md lists, under
+    "What verify checks", and docs/cli.md for the tier's), the file, the byte offset (the physical offset for the
     CommitLog, the position inside the file otherwise) and a text."""
 
     kind: str
