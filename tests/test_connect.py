@@ -24,8 +24,7 @@ from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.tools.verify.check import verify
 from tests.kit.connect_server import client, run
 from tests.kit.jobfiles import STORE_TOML, committed_files
-from tests.kit.sinkcheck import check_stored
-from tests.kit.sinkutil import CONFIG, read_back, write_input
+from tests.kit.sink import CONFIG, check_stored, read_back, write_input
 from tests.kit.sourcekit import body_of, make_root, message_table, write
 
 pytestmark = pytest.mark.slow

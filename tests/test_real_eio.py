@@ -44,8 +44,7 @@ from rocketstore.pipeline.format.message import Message
 from tests.kit.crashdata import GEOMETRY, batch_table, expected, store_config
 from tests.kit.faultcheck import check_store, recorded, recover_twice_identically
 from tests.kit.faultfuse import FaultFS, mounted, unavailable
-from tests.kit.sinkjob import check_exactly_once, finish, job, outcomes
-from tests.kit.sinkutil import write_input
+from tests.kit.sink import check_exactly_once, finish, job, outcomes, write_input
 
 PAGE = mmap.PAGESIZE
 # What the store's message says of a failed system call: ".. of bytes [a, b) of FILE')".

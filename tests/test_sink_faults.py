@@ -15,8 +15,15 @@ import pytest
 
 from rocketstore.pipeline.files import failpoints
 from tests.kit.realfs import real_fs
-from tests.kit.sinkjob import check_exactly_once, finish, fired, job, kill_mid_batch, outcomes
-from tests.kit.sinkutil import write_input
+from tests.kit.sink import (
+    check_exactly_once,
+    finish,
+    fired,
+    job,
+    kill_mid_batch,
+    outcomes,
+    write_input,
+)
 
 
 def test_task_failing_mid_append_is_retried_without_duplicates(tmp_path: Path) -> None:

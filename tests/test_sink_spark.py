@@ -20,8 +20,7 @@ from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.format.bodyformat import BodySchema, decode_bodies
 from rocketstore.pipeline.tools.verify.check import verify
 from rocketstore.sink.foreach import CommitLogSink, partition_keys
-from tests.kit.sinkcheck import check_stored
-from tests.kit.sinkutil import CONFIG, INPUT_DDL, STORE_OPTIONS, read_back, write_input
+from tests.kit.sink import CONFIG, INPUT_DDL, STORE_OPTIONS, check_stored, read_back, write_input
 
 
 def stream(spark: SparkSession, folder: Path, files_per_batch: int = 1) -> DataFrame:

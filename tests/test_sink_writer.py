@@ -19,7 +19,7 @@ from rocketstore.pipeline.errors import StoreLockedError
 from rocketstore.sink.append import AppendStats, sink_fingerprint
 from rocketstore.sink.plan import prepare, route_batches
 from rocketstore.sink.settings import SinkSettings
-from tests.kit.sinkutil import CONFIG, STORE_OPTIONS
+from tests.kit.sink import CONFIG, STORE_OPTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,7 +85,7 @@ HOLDER = textwrap.dedent(
     import sys
     from rocketstore.pipeline.config import StoreConfig
     from rocketstore.pipeline.engine.store import MessageStore
-    from tests.kit.sinkutil import CONFIG
+    from tests.kit.sink import CONFIG
     with MessageStore(sys.argv[1], CONFIG, create=True):
         print("holding", flush=True)
         sys.stdin.readline()

@@ -26,8 +26,16 @@ from rocketstore.pipeline.errors import ConfigError, SparkVersionError
 from rocketstore.sink.foreach import CommitLogSink
 from tests.kit.connect_server import client
 from tests.kit.jobfiles import STORE_TOML, committed_files
-from tests.kit.sinkjob import check_exactly_once, finish, job, kill_mid_batch
-from tests.kit.sinkutil import INPUT_DDL, STORE_OPTIONS, read_back, write_input
+from tests.kit.sink import (
+    INPUT_DDL,
+    STORE_OPTIONS,
+    check_exactly_once,
+    finish,
+    job,
+    kill_mid_batch,
+    read_back,
+    write_input,
+)
 from tests.kit.sourcekit import body_of, ids_of, make_root, message_table, stream, write
 
 pytestmark = pytest.mark.slow

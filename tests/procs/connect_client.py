@@ -28,7 +28,7 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from rocketstore.jobs.common import register
 from rocketstore.sink.foreach import CommitLogSink
-from tests.kit.sinkutil import INPUT_DDL, STORE_OPTIONS
+from tests.kit.sink import INPUT_DDL, STORE_OPTIONS
 
 SINK = {"brokers": 2, "queues": 2, **STORE_OPTIONS, "chunkRows": "50"}
 

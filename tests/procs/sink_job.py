@@ -33,7 +33,7 @@ from pyspark.sql import SparkSession
 from rocketstore.jobs.common import register
 from rocketstore.sink.append import FAILPOINT_ENV
 from rocketstore.sink.foreach import CommitLogSink
-from tests.kit.sinkutil import INPUT_DDL, STORE_OPTIONS
+from tests.kit.sink import INPUT_DDL, STORE_OPTIONS
 
 
 def main(argv: list[str]) -> int:
