@@ -43,7 +43,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.engine.retentionpolicy import HOUR_MS
+from rocketstore.pipeline.engine.retention.policy import HOUR_MS
 from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from bench.store import make_table
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.engine.retention import RetentionService
-from rocketstore.pipeline.engine.retentionpolicy import statvfs_used_ratio
+from rocketstore.pipeline.engine.retention.policy import statvfs_used_ratio
+from rocketstore.pipeline.engine.retention.service import RetentionService
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.tier.remote import ObjectReads
 

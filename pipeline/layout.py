@@ -2,7 +2,7 @@
 each: the ConsumeQueue unit and the IndexFile's geometry (header, slot, entry, defaults).
 
 Each structure's byte diagram and meaning is documented once, in the module that reads and
-writes it: the unit in :mod:`rocketstore.pipeline.files.consumequeue`, the IndexFile in
+writes it: the unit in :mod:`rocketstore.pipeline.files.consumequeue.queue`, the IndexFile in
 :mod:`rocketstore.pipeline.files.indexfile`. This module holds only their sizes and numpy/struct
 shapes, so that the settings (:mod:`rocketstore.pipeline.config`), the native wrapper, the
 engine, ``verify`` and the source executors, which read files themselves, share them without
@@ -26,7 +26,7 @@ import numpy as np
 
 from rocketstore.pipeline import _native
 
-# -- ConsumeQueue unit (diagram: rocketstore.pipeline.files.consumequeue) ----------------------------
+# -- ConsumeQueue unit (diagram: rocketstore.pipeline.files.consumequeue.queue) ----------------------------
 CQ_UNIT_SIZE: int = _native.UNIT_SIZE
 UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
 UNIT = struct.Struct(">qiq")  # the same bytes, for one unit

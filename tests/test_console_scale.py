@@ -28,7 +28,7 @@ with warnings.catch_warnings():
 from rocketstore.pipeline.console import overview, rates, views
 from rocketstore.pipeline.console.app import TOPICS_PAGE, create_app
 from rocketstore.pipeline.engine.store import MessageStore
-from rocketstore.pipeline.files.consumequeue import ConsumeQueue
+from rocketstore.pipeline.files.consumequeue.queue import ConsumeQueue
 
 CONFIG = QUICK
 TOPICS = 600  # 2,400 queues

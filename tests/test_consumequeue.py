@@ -1,4 +1,4 @@
-"""pipeline/files/consumequeue.py: 20-byte units in fixed-size files, rolls, reload, truncation."""
+"""pipeline/files/consumequeue/queue.py: 20-byte units in fixed-size files, rolls, reload, truncation."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rocketstore.pipeline.errors import NotAStoreError, StoreError
-from rocketstore.pipeline.files.consumequeue import ConsumeQueue, make_units
+from rocketstore.pipeline.files.consumequeue.queue import ConsumeQueue, make_units
 from rocketstore.pipeline.layout import PRE_BLANK_SIZE, UNIT_DTYPE
 
 FILE_SIZE = 20 * 5  # five units per file

@@ -20,7 +20,8 @@ from rocketstore.pipeline import layout
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import SegmentCreateError
-from rocketstore.pipeline.files import consumequeue, failpoints, filesystem, indexfile, mappedfile
+from rocketstore.pipeline.files import failpoints, filesystem, indexfile, mappedfile
+from rocketstore.pipeline.files.consumequeue import queue as consumequeue
 from rocketstore.pipeline.format.message import Message
 from rocketstore.pipeline.tools.verify.check import verify
 from tests.kit.cli import run_cli

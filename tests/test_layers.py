@@ -97,7 +97,7 @@ def test_the_code_keeps_every_contract() -> None:
         ),
         # a writer talking to the bucket: the engine reads only the tier's local record
         (
-            "rocketstore.pipeline.engine.retention",
+            "rocketstore.pipeline.engine.retention.service",
             "rocketstore.pipeline.tier.objects",
             "The engine reads only",
         ),

@@ -1,4 +1,4 @@
-"""Retention and disk pressure (rocketstore.pipeline.engine.retention), with an injected clock and a simulated disk.
+"""Retention and disk pressure (rocketstore.pipeline.engine.retention.service), with an injected clock and a simulated disk.
 
 The stores use a tiny geometry (64 KiB CommitLog segments, ConsumeQueue files of 50 units,
 index files of 300 entries) so that a few hundred messages fill every kind of file several
@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.engine import retentionpolicy, retentionreport
-from rocketstore.pipeline.engine.retention import RetentionService
-from rocketstore.pipeline.engine.retentionpolicy import RetentionPolicy
+from rocketstore.pipeline.engine.retention import policy as retentionpolicy
+from rocketstore.pipeline.engine.retention import report as retentionreport
+from rocketstore.pipeline.engine.retention.policy import RetentionPolicy
+from rocketstore.pipeline.engine.retention.service import RetentionService
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import DiskFullError, ReadOnlyStoreError, StoreError
 from rocketstore.pipeline.format.message import Message

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.engine.retention import RetentionService
-from rocketstore.pipeline.engine.retentionpolicy import RetentionPolicy
-from rocketstore.pipeline.engine.retentionreport import CleanReport
+from rocketstore.pipeline.engine.retention.policy import RetentionPolicy
+from rocketstore.pipeline.engine.retention.report import CleanReport
+from rocketstore.pipeline.engine.retention.service import RetentionService
 from rocketstore.pipeline.engine.store import MessageStore
 from tests.kit.manyqueues import build
 

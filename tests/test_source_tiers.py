@@ -21,8 +21,8 @@ import pytest
 
 from rocketstore.pipeline import Message, MessageStore
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.engine.retention import RetentionService
-from rocketstore.pipeline.engine.retentionpolicy import RetentionPolicy
+from rocketstore.pipeline.engine.retention.policy import RetentionPolicy
+from rocketstore.pipeline.engine.retention.service import RetentionService
 from rocketstore.pipeline.engine.root import StoreRoot, TopicMeta
 from rocketstore.pipeline.errors import ConfigError
 from rocketstore.pipeline.format import bodyformat

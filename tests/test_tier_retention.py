@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.engine.retention import RetentionService
-from rocketstore.pipeline.engine.retentionpolicy import RetentionPolicy
+from rocketstore.pipeline.engine.retention.policy import RetentionPolicy
+from rocketstore.pipeline.engine.retention.service import RetentionService
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import DiskFullError
 from rocketstore.pipeline.format.message import Message

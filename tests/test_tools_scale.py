@@ -19,7 +19,7 @@ import pytest
 from rocketstore.pipeline.cli import main
 from rocketstore.pipeline.engine.results import QueueInfo
 from rocketstore.pipeline.engine.store import MessageStore
-from rocketstore.pipeline.files.consumequeue import ConsumeQueue, Peek
+from rocketstore.pipeline.files.consumequeue.queue import ConsumeQueue, Peek
 from tests.kit.manyqueues import QUICK, build, table
 
 CONFIG = QUICK

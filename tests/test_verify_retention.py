@@ -17,8 +17,8 @@ import pytest
 
 from rocketstore.pipeline.cli import main
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.engine.retention import RetentionService
-from rocketstore.pipeline.engine.retentionpolicy import RetentionPolicy
+from rocketstore.pipeline.engine.retention.policy import RetentionPolicy
+from rocketstore.pipeline.engine.retention.service import RetentionService
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import SegmentGoneError
 from rocketstore.pipeline.format.message import Message

@@ -28,7 +28,7 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.console import rates
 from rocketstore.pipeline.console.views import HOUR_MS, Console, now_ms
 from rocketstore.pipeline.engine.results import QueueEnds
-from rocketstore.pipeline.engine.retentionpolicy import statvfs_used_ratio
+from rocketstore.pipeline.engine.retention.policy import statvfs_used_ratio
 from rocketstore.pipeline.engine.root import TopicMeta
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import StoreError

@@ -31,7 +31,7 @@ from rocketstore.pipeline.engine.results import BatchPutResult, PutResult
 from rocketstore.pipeline.errors import SegmentCreateError
 from rocketstore.pipeline.files import failpoints
 from rocketstore.pipeline.files.commitlog import CommitLog
-from rocketstore.pipeline.files.consumequeue import ConsumeQueue
+from rocketstore.pipeline.files.consumequeue.queue import ConsumeQueue
 from rocketstore.pipeline.files.filecreation import limit_note
 from rocketstore.pipeline.files.indexservice import IndexService
 from rocketstore.pipeline.files.mappedfile import MappedFile

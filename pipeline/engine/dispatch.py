@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from rocketstore.pipeline.errors import CorruptRecordError
 from rocketstore.pipeline.files.commitlog import CommitLog
-from rocketstore.pipeline.files.consumequeue import ConsumeQueue, make_units
+from rocketstore.pipeline.files.consumequeue.queue import ConsumeQueue, make_units
 from rocketstore.pipeline.files.indexservice import IndexService
 from rocketstore.pipeline.format import native, record
 from rocketstore.pipeline.format.encode import PreparedBatch

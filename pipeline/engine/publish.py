@@ -19,7 +19,7 @@ from rocketstore.pipeline.errors import TopicConfigError
 from rocketstore.pipeline.files import failpoints
 from rocketstore.pipeline.files.checkpoint import StoreCheckpoint
 from rocketstore.pipeline.files.commitlog import CommitLog
-from rocketstore.pipeline.files.consumequeue import ConsumeQueue
+from rocketstore.pipeline.files.consumequeue.queue import ConsumeQueue
 from rocketstore.pipeline.files.indexservice import IndexService
 from rocketstore.pipeline.files.progress import FlushProgress
 from rocketstore.pipeline.files.topicconfig import TopicsKeeper

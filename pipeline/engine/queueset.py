@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from rocketstore.pipeline.files import durability
-from rocketstore.pipeline.files.consumequeue import ConsumeQueue
+from rocketstore.pipeline.files.consumequeue.queue import ConsumeQueue
 from rocketstore.pipeline.files.mappings import MappingCache
 
 # Below this many queues to flush, fsyncs of each are cheaper than a sync of the whole file

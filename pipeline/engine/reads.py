@@ -27,7 +27,7 @@ from rocketstore.pipeline.errors import (
     SegmentGoneError,
 )
 from rocketstore.pipeline.files.commitlog import CommitLog
-from rocketstore.pipeline.files.consumequeue import ConsumeQueue
+from rocketstore.pipeline.files.consumequeue.queue import ConsumeQueue
 from rocketstore.pipeline.files.indexservice import IndexService
 from rocketstore.pipeline.format import record
 from rocketstore.pipeline.format.subscription import Subscription

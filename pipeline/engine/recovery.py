@@ -55,7 +55,7 @@ from rocketstore.pipeline.engine.recoverylog import (
 from rocketstore.pipeline.errors import CorruptRecordError, DamagedLogError, OffsetOutOfRangeError
 from rocketstore.pipeline.files.checkpoint import StoreCheckpoint
 from rocketstore.pipeline.files.commitlog import CommitLog
-from rocketstore.pipeline.files.consumequeue import ConsumeQueue
+from rocketstore.pipeline.files.consumequeue.queue import ConsumeQueue
 from rocketstore.pipeline.files.indexservice import IndexService
 from rocketstore.pipeline.files.progress import FlushProgress
 from rocketstore.pipeline.format import native, record

@@ -31,7 +31,7 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine import fencing, renewal
 from rocketstore.pipeline.files import storedir, visibility
 from rocketstore.pipeline.files.commitlog import CommitLog
-from rocketstore.pipeline.files.consumequeue import ConsumeQueue
+from rocketstore.pipeline.files.consumequeue.queue import ConsumeQueue
 from rocketstore.pipeline.files.progress import FlushProgress
 
 

@@ -4,7 +4,7 @@
 
     STORE/
       commitlog/<20-digit offset>            every message (rocketstore.pipeline.files.commitlog)
-      consumequeue/<topic>/<queueId>/<off>   per-queue units (rocketstore.pipeline.files.consumequeue)
+      consumequeue/<topic>/<queueId>/<off>   per-queue units (rocketstore.pipeline.files.consumequeue.queue)
       index/<yyyyMMddHHmmssSSS>              key index (rocketstore.pipeline.files.indexfile)
       config/                                broker metadata (RocketMQ keeps JSON files here)
       checkpoint                             flush timestamps (rocketstore.pipeline.files.checkpoint)
@@ -66,9 +66,9 @@ from rocketstore.pipeline.engine.recovery import (
     recover,
 )
 from rocketstore.pipeline.engine.results import BatchPutResult, PutResult
-from rocketstore.pipeline.engine.retention import RetentionService
-from rocketstore.pipeline.engine.retentionpolicy import RUN_INTERVAL_MS, statvfs_used_ratio
-from rocketstore.pipeline.engine.retentionreport import CleanReport
+from rocketstore.pipeline.engine.retention.policy import RUN_INTERVAL_MS, statvfs_used_ratio
+from rocketstore.pipeline.engine.retention.report import CleanReport
+from rocketstore.pipeline.engine.retention.service import RetentionService
 from rocketstore.pipeline.engine.sharedopen import PublishedView
 from rocketstore.pipeline.engine.storefiles import open_files
 from rocketstore.pipeline.errors import (
@@ -79,7 +79,7 @@ from rocketstore.pipeline.errors import (
     StoreFailedError,
 )
 from rocketstore.pipeline.files import durability, failpoints, storedir
-from rocketstore.pipeline.files.consumequeue import ConsumeQueue
+from rocketstore.pipeline.files.consumequeue.queue import ConsumeQueue
 from rocketstore.pipeline.files.filecreation import free_space
 from rocketstore.pipeline.files.filesizes import check_file_sizes
 from rocketstore.pipeline.files.lock import DirectoryLock
@@ -492,7 +492,7 @@ class MessageStore(StoreReads):
         """One retention round (expired files, disk pressure, the disk-full check) under the
         store's lock, once the fence says this writer still owns the store. Run by the cleaner
         thread every 10 s, and by ``rocketstore clean`` (``force_expired``: a manual clean; see
-        :meth:`~rocketstore.pipeline.engine.retention.RetentionService.run`)."""
+        :meth:`~rocketstore.pipeline.engine.retention.service.RetentionService.run`)."""
         self._check_open(write=True)
         assert self.retention is not None
         with self._mutex:

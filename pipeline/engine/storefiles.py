@@ -15,9 +15,10 @@ from pathlib import Path
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.queueset import QueueSet
-from rocketstore.pipeline.files import consumequeue, filesystem, indexfile, mappedfile, mappings
+from rocketstore.pipeline.files import filesystem, indexfile, mappedfile, mappings
 from rocketstore.pipeline.files.checkpoint import StoreCheckpoint
 from rocketstore.pipeline.files.commitlog import CommitLog
+from rocketstore.pipeline.files.consumequeue import queue as consumequeue
 from rocketstore.pipeline.files.indexservice import IndexService
 from rocketstore.pipeline.files.mappedfile import WHOLE
 from rocketstore.pipeline.files.mappings import MappingCache

@@ -48,7 +48,7 @@ from rocketstore.pipeline.format import record
 
 if TYPE_CHECKING:
     from rocketstore.pipeline.files.commitlog import CommitLog
-    from rocketstore.pipeline.files.consumequeue import ConsumeQueue
+    from rocketstore.pipeline.files.consumequeue.queue import ConsumeQueue
 
 DEFAULT_LISTEN_PORT = 10911  # RocketMQ's BrokerConfig/NettyServerConfig default
 # A root's broker b stamps listenPort + PORT_STEP * b (see the module).

@@ -9,7 +9,7 @@ run through a writable open could free the space that would let it succeed. Here
 1. the store's lock is taken (refused while any writer, a broker included, holds it); a
    writer that lost the store before and checks its fence meanwhile finds it held;
 2. a read-only view of the store plans the round as ``rocketstore clean`` would run it
-   (:meth:`~rocketstore.pipeline.engine.retention.RetentionService.plan` with ``force_expired``):
+   (:meth:`~rocketstore.pipeline.engine.retention.service.RetentionService.plan` with ``force_expired``):
    expired CommitLog segments, and the oldest ones whatever their age while the disk is over
    85 % full, never the last; then the ConsumeQueue and index files wholly below the new min
    offset;
@@ -33,13 +33,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.engine.retention import RetentionService
-from rocketstore.pipeline.engine.retentionpolicy import (
+from rocketstore.pipeline.engine.retention.policy import (
     KIND_COMMITLOG,
     statvfs_total_bytes,
     statvfs_used_ratio,
 )
-from rocketstore.pipeline.engine.retentionreport import CleanReport
+from rocketstore.pipeline.engine.retention.report import CleanReport
+from rocketstore.pipeline.engine.retention.service import RetentionService
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import FencedError, StoreLockedError
 from rocketstore.pipeline.files import durability

@@ -403,7 +403,7 @@ class SegmentQueue:
         their names must not be created anew while a writer that made them may still write,
         see rocketstore.pipeline.engine.fencing). ``written_to``: where the bytes on disk
         reach, when that is past the write positions (a ConsumeQueue whose end was taken back
-        in memory only, rocketstore.pipeline.files.consumequeue): zeroed up to there."""
+        in memory only, rocketstore.pipeline.files.consumequeue.queue): zeroed up to there."""
         dropped = 0
         if keep_later:
             for mf in self.files:

@@ -63,7 +63,7 @@ def forget_cached_tails(p: Path, *, queues: bool = True) -> None:
     segments, the index's last files and, with ``queues``, each queue's), so that a read-only
     view, or a writer taking over after an unclean end, reads them from the file system, not
     as this host saw them before (rocketstore.pipeline.files.visibility). A read-only view forgets a
-    queue's when it loads the queue instead (rocketstore.pipeline.files.consumequeue)."""
+    queue's when it loads the queue instead (rocketstore.pipeline.files.consumequeue.queue)."""
     with contextlib.suppress(OSError):
         os.listdir(p)  # refreshes the client's attributes of the checkpoint
     dirs = [p / "commitlog", p / "index"]

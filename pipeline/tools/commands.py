@@ -460,8 +460,8 @@ def cmd_clean(args: argparse.Namespace) -> int:
     would recover it first, and recovering can need the very space the clean frees): see
     :mod:`rocketstore.pipeline.engine.unclean`."""
     from rocketstore.pipeline.engine import unclean
-    from rocketstore.pipeline.engine.retention import RetentionService
-    from rocketstore.pipeline.engine.retentionreport import CleanPlan
+    from rocketstore.pipeline.engine.retention.report import CleanPlan
+    from rocketstore.pipeline.engine.retention.service import RetentionService
 
     config = StoreConfig.effective(args.config)
     report: CleanPlan

@@ -49,11 +49,11 @@ from pathlib import Path
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine import fencing
-from rocketstore.pipeline.engine.retentionpolicy import statvfs_used_ratio
+from rocketstore.pipeline.engine.retention.policy import statvfs_used_ratio
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import SegmentGoneError, StoreError
 from rocketstore.pipeline.files.checkpoint import StoreCheckpoint
-from rocketstore.pipeline.files.consumequeue import ConsumeQueue
+from rocketstore.pipeline.files.consumequeue.queue import ConsumeQueue
 from rocketstore.pipeline.files.localsegments import LocalSegments
 from rocketstore.pipeline.files.lock import is_locked_elsewhere
 from rocketstore.pipeline.files.progress import FlushProgress

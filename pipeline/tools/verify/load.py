@@ -24,7 +24,7 @@ import dataclasses
 import numpy as np
 import numpy.typing as npt
 
-from rocketstore.pipeline.files.consumequeue import ConsumeQueue
+from rocketstore.pipeline.files.consumequeue.queue import ConsumeQueue
 from rocketstore.pipeline.files.segmentread import SegmentFile, unit_index, unit_position
 from rocketstore.pipeline.files.segments import SegmentQueue
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE, PRE_BLANK_SIZE, UNIT_DTYPE

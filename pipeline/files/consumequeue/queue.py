@@ -31,17 +31,17 @@ import numpy.typing as npt
 
 from rocketstore.pipeline.errors import OffsetOutOfRangeError, SegmentGoneError, StoreError
 from rocketstore.pipeline.files import failpoints, visibility
-from rocketstore.pipeline.files.localsegments import LocalSegments
-from rocketstore.pipeline.files.mappedfile import MappedFile
-from rocketstore.pipeline.files.mappings import MappingCache
-from rocketstore.pipeline.files.queueend import (
+from rocketstore.pipeline.files.consumequeue.bytime import offset_by_time
+from rocketstore.pipeline.files.consumequeue.ends import (
     end_at,
     ends_in_file,
     scan_end,
     unit_in_file,
     valid_below,
 )
-from rocketstore.pipeline.files.queuetime import offset_by_time
+from rocketstore.pipeline.files.localsegments import LocalSegments
+from rocketstore.pipeline.files.mappedfile import MappedFile
+from rocketstore.pipeline.files.mappings import MappingCache
 from rocketstore.pipeline.files.segmentread import unit_index, unit_position
 from rocketstore.pipeline.files.segments import SegmentQueue
 from rocketstore.pipeline.layout import CQ_UNIT_SIZE, PRE_BLANK_SIZE, UNIT, UNIT_DTYPE
@@ -263,7 +263,7 @@ class ConsumeQueue:
 
         Settled: a queue whose recorded length fits its first file (``00000000000000000000``,
         then its only file with units), whose unit before that length is valid and the one at
-        it not (as :func:`~rocketstore.pipeline.files.queueend.end_at` checks), whose first unit
+        it not (as :func:`~rocketstore.pipeline.files.consumequeue.ends.end_at` checks), whose first unit
         points at a record the CommitLog still holds (as :meth:`correct_min_offset` checks) and
         whose last ends by ``log_end`` (the view's end: the writer may have appended since);
         not on shared storage, where a read-only view looks at its files as the visibility

@@ -26,7 +26,7 @@ def offset_by_time(
 ) -> int:
     """The queue offset of the unit whose message was stored at ``timestamp`` (else the nearer
     neighbour) in the queue of ``files`` holding units ``[min_offset, max_offset)``; see
-    :meth:`rocketstore.pipeline.files.consumequeue.ConsumeQueue.offset_by_time`."""
+    :meth:`rocketstore.pipeline.files.consumequeue.queue.ConsumeQueue.offset_by_time`."""
     if not files or max_offset <= min_offset:
         return 0
     chosen = None

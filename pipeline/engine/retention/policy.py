@@ -1,4 +1,4 @@
-"""When retention deletes files (:mod:`rocketstore.pipeline.engine.retention`): RocketMQ 4.9.x's
+"""When retention deletes files (:mod:`rocketstore.pipeline.engine.retention.service`): RocketMQ 4.9.x's
 thresholds and per-run limits, the policy a store's settings give, the triggers that start a
 deletion and the reasons a file goes, and the disk measures it decides by.
 

@@ -8,8 +8,8 @@ and index files left below the CommitLog's min offset, and each queue's min offs
 tier on, only segments the bucket holds. It also keeps the disk-full mark (over 90 % until back
 at 85 %). What a round deletes and in what order, with RocketMQ's names and where rocketstore
 differs: docs/operations.md ("Retention"). The thresholds, triggers and reasons are
-:mod:`rocketstore.pipeline.engine.retentionpolicy`'s, what a round reports
-:mod:`rocketstore.pipeline.engine.retentionreport`'s.
+:mod:`rocketstore.pipeline.engine.retention.policy`'s, what a round reports
+:mod:`rocketstore.pipeline.engine.retention.report`'s.
 
 Owns: the deletion of a store's files, and the disk-full mark.
 
@@ -17,7 +17,7 @@ Requires: :meth:`~RetentionService.run` and :meth:`~RetentionService.plan` under
 writer lock (they read or change its files in memory and on disk, and do not take it
 themselves); :meth:`~RetentionService.check_put` first thing in every put, before anything is
 encoded or written; :meth:`~RetentionService.run` from a background thread about every
-:data:`~rocketstore.pipeline.engine.retentionpolicy.RUN_INTERVAL_MS`, never on the put path.
+:data:`~rocketstore.pipeline.engine.retention.policy.RUN_INTERVAL_MS`, never on the put path.
 
 Thread-safety: :meth:`~RetentionService.refresh` only measures the disk;
 :meth:`~RetentionService.disk_full`, :meth:`~RetentionService.check_put` and
@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from rocketstore.pipeline.config import StoreConfig
-from rocketstore.pipeline.engine.retentionpolicy import (
+from rocketstore.pipeline.engine.retention.policy import (
     KIND_COMMITLOG,
     KIND_CONSUMEQUEUE,
     KIND_INDEX,
@@ -63,7 +63,7 @@ from rocketstore.pipeline.engine.retentionpolicy import (
     statvfs_total_bytes,
     statvfs_used_ratio,
 )
-from rocketstore.pipeline.engine.retentionreport import (
+from rocketstore.pipeline.engine.retention.report import (
     CleanPlan,
     CleanReport,
     FileDeletion,
@@ -77,7 +77,7 @@ from rocketstore.pipeline.tier.localstate import uploaded_end
 
 if TYPE_CHECKING:
     from rocketstore.pipeline.files.commitlog import CommitLog
-    from rocketstore.pipeline.files.consumequeue import ConsumeQueue
+    from rocketstore.pipeline.files.consumequeue.queue import ConsumeQueue
     from rocketstore.pipeline.files.indexservice import IndexService
 
 

@@ -15,7 +15,7 @@ them all).
 :func:`end_at` and :func:`scan_end` set the write and flush positions of the queue's files to
 the end they find and return the end of the last unit's record (``commitLogOffset + size``),
 which the queue keeps as its ``max_physic_offset``. Used by
-:class:`~rocketstore.pipeline.files.consumequeue.ConsumeQueue`; they read the queue's files and write
+:class:`~rocketstore.pipeline.files.consumequeue.queue.ConsumeQueue`; they read the queue's files and write
 nothing to them; not thread-safe (the queue's files belong to one owner).
 """
 

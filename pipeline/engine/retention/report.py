@@ -1,4 +1,4 @@
-"""What a retention round deletes or would delete (:mod:`rocketstore.pipeline.engine.retention`):
+"""What a retention round deletes or would delete (:mod:`rocketstore.pipeline.engine.retention.service`):
 each file with its reason, each queue whose min offset moved, and the round's plan (``--dry-run``)
 or report, as ``rocketstore clean`` prints them (``--json``: :meth:`CleanPlan.to_json`).
 
