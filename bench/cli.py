@@ -14,6 +14,7 @@ from bench import (
     console,
     core,
     decode,
+    firsttouch,
     latency,
     metrics,
     recovery,
@@ -37,6 +38,7 @@ from bench.common import Options, PartResult
 PARTS: dict[str, Callable[[Options], PartResult]] = {
     "store": store.run,
     "core": core.run,
+    "firsttouch": firsttouch.run,
     "recovery": recovery.run,
     "decode": decode.run,
     "segindex": segindex.run,
@@ -55,11 +57,21 @@ PARTS: dict[str, Callable[[Options], PartResult]] = {
     "tier": tier.run,
     "tierupload": tierupload.run,
 }
-# Parts that run only when named: the soak takes half an hour; the console and the metrics
+# Parts that run only when named: the first-touch part leaves 4 GiB dirty and syncs the
+# machine's page cache between its figures; the soak takes half an hour; the console and the metrics
 # write a root of ten million messages (about 3 GB); the scale part builds stores of up to
 # 40,000 queues (about 20 minutes); the S3 clients, tier and tier upload parts start a Ceph
 # (root, ../shared), and the tier part's upload run alone takes up to 10 minutes.
-ON_REQUEST = ("soak", "console", "metrics", "scale", "s3clients", "tier", "tierupload")
+ON_REQUEST = (
+    "firsttouch",
+    "soak",
+    "console",
+    "metrics",
+    "scale",
+    "s3clients",
+    "tier",
+    "tierupload",
+)
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[list[str], Options, bool]:

@@ -177,3 +177,15 @@ def test_brokers_benchmark_planning_reads_the_brokers_that_changed(
         "all": 6,
     }
     assert all(len(got[c]["seconds"]) == 3 for c in brokers.CHANGED)
+
+
+def test_firsttouch_benchmark_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = run_quick("firsttouch", tmp_path, monkeypatch)
+    assert len(data["runs"]) == 2
+    for run in data["runs"]:
+        assert set(run) == {"sync", "dirty", "populated", "floor"}
+        assert all(r["seconds"] > 0 for r in run.values())
+        assert run["populated"]["populate_seconds"] > 0
+        # what the machine held when each figure started
+        assert set(run["dirty"]) == set(run["sync"]) == {"seconds", "Dirty", "Writeback"}
+    assert data["vm"]["dirty_ratio"] > 0
