@@ -34,6 +34,17 @@ BASE = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 ORDER_DDL = "id BIGINT, customer STRING, kind STRING, amount DOUBLE, eventTime TIMESTAMP"
 
 
+def store_args(tmp_path: Path, store_config: Path, topic: str, checkpoint: str) -> list[str]:
+    """What every job here is given first: the store under ``tmp_path``, its settings, the
+    topic and a checkpoint folder of ``tmp_path``."""
+    return [
+        "--store", str(tmp_path / "store"),
+        "--store-config", str(store_config),
+        "--topic", topic,
+        "--checkpoint", str(tmp_path / checkpoint),
+    ]  # fmt: skip
+
+
 def orders(start: int, n: int) -> list[dict[str, Any]]:
     """Orders one second apart from BASE, 23 customers, three kinds."""
     return [
@@ -93,10 +104,7 @@ def store_config(tmp_path: Path) -> Path:
 
 def ingest_args(tmp_path: Path, store_config: Path, *extra: str) -> list[str]:
     return [
-        "--store", str(tmp_path / "store"),
-        "--store-config", str(store_config),
-        "--topic", "orders",
-        "--checkpoint", str(tmp_path / "ck-ingest"),
+        *store_args(tmp_path, store_config, "orders", "ck-ingest"),
         "--input", str(tmp_path / "in"),
         "--schema", ORDER_DDL,
         "--key-column", "customer",
@@ -191,10 +199,7 @@ def test_ingest_csv_with_inferred_schema(spark: Any, tmp_path: Path, store_confi
 
 def test_ingest_rate_source_until_timeout(spark: Any, tmp_path: Path, store_config: Path) -> None:
     args = [
-        "--store", str(tmp_path / "store"),
-        "--store-config", str(store_config),
-        "--topic", "load",
-        "--checkpoint", str(tmp_path / "ck"),
+        *store_args(tmp_path, store_config, "load", "ck"),
         "--source", "rate",
         "--rows-per-second", "200",
         "--body-format", "json",
@@ -257,10 +262,7 @@ def test_process_windowed_aggregation_into_a_topic(
     spark: Any, tmp_path: Path, store_config: Path, order_store: list[dict[str, Any]]
 ) -> None:
     args = [
-        "--store", str(tmp_path / "store"),
-        "--store-config", str(store_config),
-        "--topic", "orders",
-        "--checkpoint", str(tmp_path / "ck-process"),
+        *store_args(tmp_path, store_config, "orders", "ck-process"),
         "--view", "orders",
         "--watermark", "eventTime=5 seconds",
         "--sql", WINDOW_SQL,
@@ -284,10 +286,7 @@ def test_process_into_json_files(
 ) -> None:
     out = tmp_path / "out"
     args = [
-        "--store", str(tmp_path / "store"),
-        "--store-config", str(store_config),
-        "--topic", "orders",
-        "--checkpoint", str(tmp_path / "ck-process"),
+        *store_args(tmp_path, store_config, "orders", "ck-process"),
         "--sql", "SELECT id, upper(customer) AS who FROM messages WHERE tags = 'PAID'",
         "--output", str(out),
         "--format", "json",
@@ -307,10 +306,7 @@ def test_process_bad_sql_exits_2(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     args = [
-        "--store", str(tmp_path / "store"),
-        "--store-config", str(store_config),
-        "--topic", "orders",
-        "--checkpoint", str(tmp_path / "ck-process"),
+        *store_args(tmp_path, store_config, "orders", "ck-process"),
         "--sql", "SELECT nosuchcolumn FROM messages",
         "--format", "console",
     ]  # fmt: skip
@@ -327,10 +323,7 @@ def test_export_to_parquet_every_message_once(
 ) -> None:
     out = tmp_path / "out"
     args = [
-        "--store", str(tmp_path / "store"),
-        "--store-config", str(store_config),
-        "--topic", "orders",
-        "--checkpoint", str(tmp_path / "ck-export"),
+        *store_args(tmp_path, store_config, "orders", "ck-export"),
         "--output", str(out),
         "--max-messages-per-trigger", "40",
         "--with-column", "exportedAt=current_timestamp()",
@@ -360,10 +353,7 @@ def test_export_columns_and_unknown_column(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     base = [
-        "--store", str(tmp_path / "store"),
-        "--store-config", str(store_config),
-        "--topic", "orders",
-        "--checkpoint", str(tmp_path / "ck-export"),
+        *store_args(tmp_path, store_config, "orders", "ck-export"),
         "--output", str(tmp_path / "out"),
         "--format", "json",
         "--sub-expression", "SHIPPED",

@@ -108,24 +108,32 @@ def test_a_scan_holds_the_oldest_segments_it_listed(writer: MessageStore) -> Non
     assert rounds[0][0] not in segments(writer)
 
 
+def scan_with_retention_before(
+    writer: MessageStore, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """A scan during which retention runs once, just before the scan's queue loader takes
+    ``step``: the scan is whole, without starting over, and the oldest queue file is gone."""
+    original = getattr(load.QueueLoader, step)
+    rounds: list[list[str]] = []
+
+    def delete_first(self: load.QueueLoader) -> None:
+        rounds.append(delete_oldest(writer))
+        original(self)
+
+    monkeypatch.setattr(load.QueueLoader, step, delete_first)
+    report = verify_read_only(writer.path, CONFIG)
+    assert len(rounds) == 1 and not (writer.path / "consumequeue" / "T" / "0" / ("0" * 20)).exists()
+    assert report.ok, report.problems[:5]
+    assert report.restarts == 0 and report.records == MESSAGES
+
+
 def test_a_scan_whose_queue_files_retention_deleted_before_it_listed_them(
     writer: MessageStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Retention runs after the scan took hold of the oldest segments and before it listed the
     queues' files: the records of the deleted segment are still read, their units' file is
     gone with them, and that is not a missing unit."""
-    listed = load.QueueLoader.list_files
-    rounds: list[list[str]] = []
-
-    def delete_then_list(self: load.QueueLoader) -> None:
-        rounds.append(delete_oldest(writer))
-        listed(self)
-
-    monkeypatch.setattr(load.QueueLoader, "list_files", delete_then_list)
-    report = verify_read_only(writer.path, CONFIG)
-    assert len(rounds) == 1 and not (writer.path / "consumequeue" / "T" / "0" / ("0" * 20)).exists()
-    assert report.ok, report.problems[:5]
-    assert report.restarts == 0 and report.records == MESSAGES
+    scan_with_retention_before(writer, monkeypatch, "list_files")
 
 
 def test_a_scan_holds_the_queue_files_it_listed(
@@ -134,18 +142,7 @@ def test_a_scan_holds_the_queue_files_it_listed(
     """Retention runs after the scan listed the queues' files and before it read them: the
     scan holds each queue's files but its last (those retention deletes) mapped from the
     listing on, reads the deleted ones all the same, and is whole, without starting over."""
-    loaded = load.QueueLoader.load
-    rounds: list[list[str]] = []
-
-    def delete_then_load(self: load.QueueLoader) -> None:
-        rounds.append(delete_oldest(writer))
-        loaded(self)
-
-    monkeypatch.setattr(load.QueueLoader, "load", delete_then_load)
-    report = verify_read_only(writer.path, CONFIG)
-    assert len(rounds) == 1 and not (writer.path / "consumequeue" / "T" / "0" / ("0" * 20)).exists()
-    assert report.ok, report.problems[:5]
-    assert report.restarts == 0 and report.records == MESSAGES
+    scan_with_retention_before(writer, monkeypatch, "load")
 
 
 def test_a_scan_that_loses_a_file_starts_over(
