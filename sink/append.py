@@ -61,7 +61,7 @@ import pyarrow as pa
 
 from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine import storehost
-from rocketstore.pipeline.engine.retentionpolicy import RUN_INTERVAL_MS
+from rocketstore.pipeline.engine.retention.policy import RUN_INTERVAL_MS
 from rocketstore.pipeline.engine.store import MessageStore
 from rocketstore.pipeline.errors import SinkFailpoint, SinkReplayError, StoreError, StoreLockedError
 from rocketstore.pipeline.format import encode
