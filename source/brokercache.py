@@ -16,7 +16,11 @@ the file records for the query's topics was found, and (on one host) no record f
 flushed end. A stamp holds while
 
 * the progress file is the same file (``st_ino``, ``st_size``, ``st_mtime_ns``,
-  ``st_ctime_ns``): a writer that flushed since replaced it;
+  ``st_ctime_ns``), or, when those changed, it still records the same progress: a writer that
+  flushed since replaced it with a newer record (its flush time at least differs), while a FUSE
+  client may answer a ``stat`` from attributes it cached before the file was whole and later
+  give the true ones (a GlusterFS mount was seen to report a replaced file one byte short,
+  then its full size, same inode and times), which changes nothing a read would find;
 * the first CommitLog segment is still there: retention deletes it first, which moves the
   queues' earliest offsets;
 * on one host (not shared storage), the last record still ends at the flushed end and
@@ -36,7 +40,8 @@ whose writer is appending (records past the flushed end), is read at every plan,
 What a check costs: on one host two ``stat`` calls and one small read (the last record's
 header and the 8 bytes after it), on shared storage a listing of ``config/`` (it refreshes a
 FUSE client's entry of the renamed file) and two ``stat`` calls; :class:`PlanWork` counts
-checks and reads. A replaced file always has a new inode (the new one is created while the
+checks and reads (reading the progress file again, when its attributes changed, is part of a
+check). A replaced file always has a new inode (the new one is created while the
 old one still exists); only two rewrites between plans could bring an inode number back, and
 with it an equal size and time, and on one host the check of the log's tail still sees the
 records they flushed.
@@ -77,13 +82,14 @@ class PlanWork:
         return dataclasses.asdict(self)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Stamp:
     """What a broker's files were when its bounds were read (see the module docstring). Paths
     are kept as strings: a check is a few system calls, and building paths would cost more."""
 
     progress_path: str
     progress: FileId
+    recorded: FlushProgress  # what the progress file said, read after ``progress`` was taken
     log: str  # the CommitLog's directory
     first_segment: int  # the base of its first segment
     # The last flushed record: the base of the segment it is in, where, and its size; then
@@ -166,6 +172,7 @@ def take_stamp(view: BrokerView) -> tuple[Stamp, FlushProgress] | None:
     stamp = Stamp(
         path,
         before,
+        progress,
         log.location,
         segments[0],
         record_base,
@@ -179,16 +186,27 @@ def take_stamp(view: BrokerView) -> tuple[Stamp, FlushProgress] | None:
     return stamp, progress
 
 
-def holds(view: BrokerView, stamp: Stamp) -> bool:
-    """Whether ``stamp`` still describes ``view``'s files (see the module docstring)."""
+def holds(view: BrokerView, stamp: Stamp) -> Stamp | None:
+    """``stamp`` if it still describes ``view``'s files (see the module docstring), with the
+    progress file's attributes as they are now; None when it does not."""
+    config = os.path.dirname(stamp.progress_path)
     if view.shared:
         with contextlib.suppress(OSError):
-            os.listdir(os.path.dirname(stamp.progress_path))
-    if _file_id(stamp.progress_path) != stamp.progress:
-        return False
+            os.listdir(config)
+    now = _file_id(stamp.progress_path)
+    if now is None:
+        return None
+    if now != stamp.progress:
+        # Replaced (a newer record), or the same record with attributes the file system now
+        # reports differently: only reading it tells which.
+        if FlushProgress.read(Path(config)) != stamp.recorded:
+            return None
+        stamp = dataclasses.replace(stamp, progress=now)
     if LocalSegments(stamp.log).size_of(stamp.first_segment) < 0:
-        return False
-    return view.shared or _ends_at_flushed(stamp)
+        return None
+    if not view.shared and not _ends_at_flushed(stamp):
+        return None
+    return stamp
 
 
 def described(bounds: TopicBounds, progress: FlushProgress) -> bool:
@@ -227,7 +245,9 @@ class BoundsCache:
         kept = self._kept.get(view.name)
         if kept is not None:
             self.work.checked += 1
-            if kept.bounds.keys() >= set(topics) and holds(view, kept.stamp):
+            stamp = holds(view, kept.stamp) if kept.bounds.keys() >= set(topics) else None
+            if stamp is not None:
+                kept.stamp = stamp
                 return {t: kept.bounds[t] for t in topics}
         self._kept.pop(view.name, None)
         # Taken before the read: what the read finds is at least as new as the stamp, so a

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import tempfile
 import time
 from collections.abc import Iterator
@@ -174,6 +175,36 @@ def test_shared_storage_reads_a_broker_again_until_this_host_sees_what_was_publi
     for k in range(3):
         assert p.latest() == {("orders", "broker-0", 0): 5}
         assert reads(p) == k + 1
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["one-host", "shared"])
+def test_progress_attributes_changing_alone_keep_the_bounds(tmp_path: Path, shared: bool) -> None:
+    """A FUSE client may answer a ``stat`` of the progress file from attributes it cached
+    before the file was whole, then give the true ones: the same record, so the broker's bounds
+    stay kept. The same inode with another record in it is read again."""
+    make_root(tmp_path, "orders", brokers=2, queues=2, count=40, config=QUIET)
+    p = planner(tmp_path, shared=shared)
+    first = p.latest()
+    assert reads(p) == 2
+    path = tmp_path / "broker-0" / "config" / "rocketstore.json"
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns - 5_000_000_000))
+    for k in range(2):
+        assert p.latest() == first
+        assert (reads(p), p.work.checked) == (2, 2 + 2 * k)
+    progress = FlushProgress.read(path.parent)
+    assert progress is not None
+    other = dataclasses.replace(progress, store_timestamp=progress.store_timestamp + 1)
+    inode = path.stat().st_ino
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    other.write(scratch)
+    with open(path, "r+b") as f:
+        f.write((scratch / path.name).read_bytes())
+        f.truncate()
+    assert path.stat().st_ino == inode
+    assert p.latest() == first
+    assert reads(p) == 3
 
 
 # -- against plans from scratch ------------------------------------------------------------------
