@@ -154,3 +154,52 @@ def test_a_queue_whose_files_changed_since_the_last_flush_is_refused_when_it_loa
         with pytest.raises(CorruptRecordError, match=r"T0042/1 holds 1 unit\(s\), but the last"):
             s.put(Message("T0042", b"after", queue_id=1))
         s.put(Message("T0043", b"other queues go on", queue_id=1))
+
+
+def test_a_first_batch_over_new_queues_makes_their_directories_and_lists_none(
+    tmp_path: Path,
+) -> None:
+    """A queue the store did not find when it opened has no directory until its writer makes
+    it: made, it holds no file, so nothing is listed or scanned; a reader opened beside the
+    writer before the queues existed finds them after the flush, and so does a reopen after a
+    crash that came before any flush."""
+    path = tmp_path / "store"
+    with MessageStore(path, CONFIG, background=False) as s:
+        s.put(Message("T0000", b"first", queue_id=0))
+        s.flush()
+        with MessageStore(path, CONFIG, read_only=True) as before:
+            s.work.reset()
+            s.put_batch(batch(0, QUEUES))
+            assert (s.work.queues_made, s.work.queues_loaded) == (QUEUES - 1, 0)
+            s.flush()
+            assert before.get_messages("T0001", 0, 0, 1).messages == []  # fixed at its open
+        with MessageStore(path, CONFIG, read_only=True) as after:
+            assert len(after.queues) == QUEUES
+            assert after.get_messages("T0001", 0, 0, 1).messages[0].body == b"m1"
+            assert after.get_messages("T0000", 0, 0, 2).messages[1].body == b"m0"
+    s = MessageStore(path, CONFIG, background=False)
+    s.work.reset()
+    s.put_batch([Message("N0000", b"new topic", queue_id=q) for q in range(3)])
+    s.put(Message("T0001", b"old queue", queue_id=0))
+    assert (s.work.queues_made, s.work.queues_loaded) == (3, 1)
+    abandon(s)  # no flush, no close: what kill -9 leaves
+    with MessageStore(path, CONFIG, background=False) as again:
+        assert again.recovery.abort_file_found
+        for q in range(3):
+            assert again.queues[("N0000", q)].max_offset == 1
+            assert again.get_messages("N0000", q, 0, 1).messages[0].body == b"new topic"
+        assert again.get_messages("T0001", 0, 1, 1).messages[0].body == b"old queue"
+        again.put(Message("N0000", b"after", queue_id=0))
+        assert again.queues[("N0000", 0)].max_offset == 2
+
+
+def test_a_queue_directory_made_since_the_open_is_listed_as_before(tmp_path: Path) -> None:
+    """Only a directory this load made vouches for an empty queue: one already there (a load
+    that failed after making it) is listed."""
+    path = tmp_path / "store"
+    with MessageStore(path, CONFIG, background=False) as s:
+        (path / "consumequeue" / "T0003" / "2").mkdir(parents=True)
+        s.work.reset()
+        s.put(Message("T0003", b"x", queue_id=2))
+        assert (s.work.queues_made, s.work.queues_loaded) == (0, 1)
+        assert s.get_messages("T0003", 2, 0, 1).messages[0].body == b"x"

@@ -70,6 +70,7 @@ class WorkCounts:
     synced: int = 0  # msync / fsync / fdatasync calls on segment files
     synced_all: int = 0  # syncfs calls (one makes every dirty file of the file system durable)
     queues_loaded: int = 0  # ConsumeQueues whose directory was listed and files looked at
+    queues_made: int = 0  # a writer's new queues, whose directory it made (nothing to list)
     queues_listed: int = 0  # ConsumeQueue directories listed without loading the queue
     queues_peeked: int = 0  # queues whose bounds were read from one file without loading it
 

@@ -22,6 +22,7 @@ dispatcher re-creates any unit missing after a crash from the CommitLog.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -30,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rocketstore.pipeline.errors import OffsetOutOfRangeError, SegmentGoneError, StoreError
-from rocketstore.pipeline.files import failpoints, visibility
+from rocketstore.pipeline.files import durability, failpoints, visibility
 from rocketstore.pipeline.files.consumequeue.bytime import offset_by_time
 from rocketstore.pipeline.files.consumequeue.ends import (
     end_at,
@@ -80,7 +81,8 @@ class ConsumeQueue:
     A store with tens of thousands of queues must not list, stat and read each of them to
     open: :meth:`defer` takes the queue's length as the last flush recorded it (what a writer
     appends after), and the directory is only listed, and the files looked at, when something
-    reads or writes the queue (:attr:`segments`). ``on_load`` then runs once (the store checks
+    reads or writes the queue (:attr:`segments`); a writer's queue the open did not find is
+    made by its first write, with nothing to list. ``on_load`` then runs once (the store checks
     the queue against the CommitLog there and hides what a read-only view must not see), and
     ``on_dirty`` whenever the queue gets something to flush after a flush, so that a flush
     visits only the queues written since the last one.
@@ -114,6 +116,9 @@ class ConsumeQueue:
         # (see defer); None once loaded, or for a queue that was never deferred.
         self._recorded: int | None = None
         self.expected_length: int | None = None
+        # Whether the store found the queue's directory when it opened (see defer): a writer's
+        # queue it did not find may have no directory yet (see _made_here).
+        self._found = False
         self._on_load = on_load
         self._on_dirty = on_dirty
         self._dirty = False
@@ -155,6 +160,17 @@ class ConsumeQueue:
             assert seg is not None
         return seg
 
+    def _for_write(self) -> SegmentQueue:
+        """:attr:`segments`, for a write: a writer's queue the store did not find when it
+        opened gets its directory made here instead of listed (see :meth:`_made_here`); a
+        read of a queue that does not exist makes nothing."""
+        seg = self._segments
+        if seg is None:
+            self._load(self._recorded, write=True)
+            seg = self._segments
+            assert seg is not None
+        return seg
+
     def _segment_queue(self, *, read_only: bool) -> SegmentQueue:
         cache, ahead, wait_ms = self._segment_args
         return SegmentQueue(
@@ -169,8 +185,6 @@ class ConsumeQueue:
 
     def _new_segments(self) -> SegmentQueue:
         self._segments = self._segment_queue(read_only=self.read_only)
-        if self._segments.cache is not None:
-            self._segments.cache.work.queues_loaded += 1
         return self._segments
 
     def listing(self) -> SegmentQueue:
@@ -191,6 +205,7 @@ class ConsumeQueue:
         end as :meth:`load` does; until then :attr:`max_offset` of a writer's queue is
         ``length`` itself, and nothing of the queue's directory is read. ``expected_length``
         keeps ``length`` for the checks made when the queue loads."""
+        self._found = True
         if self._segments is None:
             self._recorded = self.expected_length = length
 
@@ -201,7 +216,7 @@ class ConsumeQueue:
             self._segments = None
         self._load(length)
 
-    def _load(self, length: int | None) -> SegmentQueue:
+    def _load(self, length: int | None, *, write: bool = False) -> SegmentQueue:
         """List the files and find the end of the queue: the first invalid unit of the last file
         that has any (RocketMQ scans the last three files the same way).
 
@@ -215,9 +230,9 @@ class ConsumeQueue:
                 return self._load_listed(length)
             except SegmentGoneError:
                 continue
-        return self._load_listed(length)
+        return self._load_listed(length, write)
 
-    def _load_listed(self, length: int | None) -> SegmentQueue:
+    def _load_listed(self, length: int | None, write: bool = False) -> SegmentQueue:
         self._recorded = None
         seg = self._new_segments()
         try:
@@ -225,6 +240,18 @@ class ConsumeQueue:
                 # A read-only view on shared storage: read the tails from the servers, not as
                 # this host cached them (rocketstore.pipeline.files.visibility).
                 visibility.forget_last_files(self.directory)
+            made = write and self._made_here(seg)
+            if seg.cache is not None:
+                if made:
+                    seg.cache.work.queues_made += 1
+                else:
+                    seg.cache.work.queues_loaded += 1
+            if made:
+                # Nothing to list or scan: the queue is new and empty.
+                self.min_logic_offset = 0
+                if self._on_load is not None:
+                    self._on_load(self)
+                return seg
             seg.load()
             # Most queues have one file: finding the end and the checks below read a few of
             # its units through one descriptor.
@@ -246,6 +273,26 @@ class ConsumeQueue:
                 self._segments, self._recorded = None, length
             raise
         return seg
+
+    def _made_here(self, seg: SegmentQueue) -> bool:
+        """Whether this load made the queue's directory, which so holds no file: a writer's
+        queue the store did not find when it opened (the first batch over 40,000 new queues
+        then lists none of them). Only the one writer of a store creates its files, and it
+        holds the store's lock; the directories made are left to the next flush to make
+        durable, as a new file's are."""
+        if self.read_only or self._found:
+            return False
+        directory = self.directory
+        parents = durability.make_dirs(directory.parent, sync=False)
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            # Made since the open, so by this writer: by a load that failed after making it,
+            # whose flush never came. Its name and its topic's are made durable with the queue.
+            seg.new_dirs += [directory.parent, directory]
+            return False
+        seg.new_dirs += [*parents, directory]
+        return True
 
     def units_past(self, length: int) -> bool:
         """Whether a valid unit lies at queue offset ``length`` (written after the flush that
@@ -481,7 +528,7 @@ class ConsumeQueue:
         consumer would read holes as the end of the queue.
         """
         failpoints.hit("consumequeue-append")
-        seg = self.segments
+        seg = self._for_write()
         files = seg.files
         if files:
             # The usual case, kept short (a batch over 40,000 queues comes here 40,000
@@ -530,7 +577,7 @@ class ConsumeQueue:
         of them creates nothing and touches no page without a block. Raises ``OSError`` or
         :class:`SegmentCreateError` having written nothing."""
         end = (start + count) * CQ_UNIT_SIZE
-        seg = self.segments
+        seg = self._for_write()
         if seg.files:
             # The usual case: the units fit the last file's blocks as they are.
             last = seg.files[-1]
@@ -550,7 +597,7 @@ class ConsumeQueue:
     def tail_for(self, queue_offset: int) -> MappedFile | None:
         """The last file, if unit ``queue_offset`` is the next one and fits it as it is (the
         single-put path writes the unit there itself), else None."""
-        last = self.segments.last
+        last = self._for_write().last
         if (
             last is None
             or last.base + last.wrote_position != queue_offset * CQ_UNIT_SIZE
