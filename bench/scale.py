@@ -170,18 +170,22 @@ def measure(queues: int, work: Path, options: Options, classes: Path | None) -> 
     total = QUICK_TOTAL if options.quick else TOTAL
     batch = QUICK_BATCH if options.quick else BATCH
     rng = random.Random(options.seed + queues)
-    store = work / f"store-{queues}"
     out: dict[str, Any] = {"queues": queues, "messages": total}
     log(f"scale: {queues:,} queues: put + close, and its floor")
     # The floor and the put alternate, each after a sync: what the file system still has to
-    # write of the step before (40,000 files deleted, say) must not fall on either.
+    # write of the step before must not fall on either. Each run writes a directory of its
+    # own, and nothing is deleted before the part ends: ext4 hands out no inode freed in the
+    # last minute or more, and its allocator reads the inode table to skip each of them
+    # (recently_deleted), so a step that creates 40,000 files right after 40,000 were deleted
+    # pays several times the system time (see bench/README.md).
     floors, puts = [], []
-    for _ in range(options.runs):
+    for k in range(options.runs):
         os.sync()
-        floors.append(_step("floor-create", str(work / "floor"), str(queues))["seconds"])
-        out["floor_disk_bytes"] = _disk_bytes(work / "floor")
-        subprocess.run(["rm", "-rf", str(work / "floor")], check=True)
+        floor = work / f"floor-{queues}-{k}"
+        floors.append(_step("floor-create", str(floor), str(queues))["seconds"])
+        out["floor_disk_bytes"] = _disk_bytes(floor)
         os.sync()
+        store = work / f"store-{queues}-{k}"
         puts.append(_step("put", str(store), str(queues), str(total), str(batch)))
     out["floor_create_s"] = spread(floors)
     out["put_close_s"] = spread([p["put_close_s"] for p in puts])
@@ -220,15 +224,15 @@ def measure(queues: int, work: Path, options: Options, classes: Path | None) -> 
     )
     log(f"scale: {queues:,} queues: kill -9 during puts")
     crashes = []
-    for _ in range(options.runs):
-        _crash(store, queues, total, batch, rng)
-        crashes.append(_step("open", str(store)))
+    for k in range(options.runs):
+        crashed = work / f"crashed-{queues}-{k}"
+        _crash(crashed, queues, total, batch, rng)
+        crashes.append(_step("open", str(crashed)))
     out["crash_open_s"] = spread([c["open_s"] for c in crashes])
     out["crash_work"] = crashes[-1]["work"]
     # Whether each open met a crashed writer (abort left), and what it dispatched again.
     out["crash_abort_found"] = [c["abort_found"] for c in crashes]
     out["crash_redispatched"] = [c["records_redispatched"] for c in crashes]
-    subprocess.run(["rm", "-rf", str(store)], check=True)
     return out
 
 
