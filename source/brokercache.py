@@ -148,10 +148,10 @@ def _progress_file(view: BrokerView) -> str:
     return os.path.join(config, PROGRESS_FILE)
 
 
-def take_stamp(view: BrokerView) -> tuple[Stamp, FlushProgress] | None:
-    """The stamp of ``view``'s files now, with the progress file it rests on; None when the
-    broker has no usable progress file, or (on one host) a writer has appended past its
-    flushed end."""
+def take_stamp(view: BrokerView) -> Stamp | None:
+    """The stamp of ``view``'s files now (``recorded``: the progress file it rests on); None
+    when the broker has no usable progress file, or (on one host) a writer has appended past
+    its flushed end."""
     path = _progress_file(view)
     before = _file_id(path)
     if before is None:
@@ -183,7 +183,7 @@ def take_stamp(view: BrokerView) -> tuple[Stamp, FlushProgress] | None:
     )
     if not view.shared and not _ends_at_flushed(stamp):
         return None
-    return stamp, progress
+    return stamp
 
 
 def holds(view: BrokerView, stamp: Stamp) -> Stamp | None:
@@ -256,10 +256,10 @@ class BoundsCache:
         self.work.read += 1
         point = None
         if taken is not None and view.shared:
-            point = visibility.Published(taken[1].flushed_offset, taken[1].queues)
+            point = visibility.Published(taken.recorded.flushed_offset, taken.recorded.queues)
         found = {t: view.all_bounds(t, tails, point) for t in topics}
-        if taken is not None and described(found, taken[1]):
-            self._kept[view.name] = _Kept(taken[0], found)
+        if taken is not None and described(found, taken.recorded):
+            self._kept[view.name] = _Kept(taken, found)
         return found
 
     def keep_only(self, names: Collection[str]) -> None:

@@ -151,22 +151,20 @@ class ConsumeQueue:
     @property
     def segments(self) -> SegmentQueue:
         """The queue's files, listed (and the queue's end found) now if they were not yet."""
-        seg = self._segments
-        if seg is None:
-            self._load(self._recorded)
-            # The load's own checks may have listed the directory once more (a view meeting
-            # retention): the files are the ones it ended with.
-            seg = self._segments
-            assert seg is not None
-        return seg
+        return self._loaded(write=False)
 
     def _for_write(self) -> SegmentQueue:
         """:attr:`segments`, for a write: a writer's queue the store did not find when it
         opened gets its directory made here instead of listed (see :meth:`_made_here`); a
         read of a queue that does not exist makes nothing."""
+        return self._loaded(write=True)
+
+    def _loaded(self, *, write: bool) -> SegmentQueue:
         seg = self._segments
         if seg is None:
-            self._load(self._recorded, write=True)
+            self._load(self._recorded, write=write)
+            # The load's own checks may have listed the directory once more (a view meeting
+            # retention): the files are the ones it ended with.
             seg = self._segments
             assert seg is not None
         return seg
@@ -240,18 +238,16 @@ class ConsumeQueue:
                 # A read-only view on shared storage: read the tails from the servers, not as
                 # this host cached them (rocketstore.pipeline.files.visibility).
                 visibility.forget_last_files(self.directory)
-            made = write and self._made_here(seg)
-            if seg.cache is not None:
-                if made:
-                    seg.cache.work.queues_made += 1
-                else:
-                    seg.cache.work.queues_loaded += 1
-            if made:
+            if write and self._made_here(seg):
                 # Nothing to list or scan: the queue is new and empty.
+                if seg.cache is not None:
+                    seg.cache.work.queues_made += 1
                 self.min_logic_offset = 0
                 if self._on_load is not None:
                     self._on_load(self)
                 return seg
+            if seg.cache is not None:
+                seg.cache.work.queues_loaded += 1
             seg.load()
             # Most queues have one file: finding the end and the checks below read a few of
             # its units through one descriptor.
