@@ -29,7 +29,7 @@ from rocketstore.pipeline.config import StoreConfig
 from rocketstore.pipeline.engine.groups import broker_offsets, require_group
 from rocketstore.pipeline.errors import ConfigError, DataLossError, NotFoundError
 from rocketstore.pipeline.tier.manifest import tier_prefix
-from rocketstore.pipeline.tier.objects import ObjectStore
+from rocketstore.pipeline.tier.objects import ObjectStore, shared_store
 from rocketstore.pipeline.tier.remote import RemoteSegments
 from rocketstore.source.brokercache import BoundsCache, PlanWork
 from rocketstore.source.brokerview import BrokerView, QueueBounds, Tails
@@ -392,7 +392,7 @@ class Planner:
             objects = self._bucket.objects
         else:
             if self._objects is None:
-                self._objects = ObjectStore(config)
+                self._objects = shared_store(config)
             objects = self._objects
             found = [(v.name, tier_prefix(v.path, config)) for v in self.brokers()]
         tiers: dict[str, TierView] = {}

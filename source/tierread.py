@@ -6,12 +6,14 @@ A partition reads, chunk by chunk:
 
 1. the queue's units ``[start, end)`` from the segment indexes
    (:class:`rocketstore.pipeline.tier.remote.RemoteQueue`: one ranged GET of units per
-   segment, the index heads fetched once);
+   segment, the index heads fetched once; a partition of one segment's ranges asks for all
+   its queues' units at once, :meth:`RemoteSegments.units_of`, one GET for rows side by side);
 2. drops the units whose tags code is not a subscribed tag's hash (no record read for them);
 3. fetches the records the rest name with ranged GETs of the CommitLog objects, records close
    together sharing one (:meth:`RemoteSegments.read_records`), so that one queue among many
    costs little more than its own bytes; decodes them with the native decoder (every record
-   checked, CRC included) and checks each is its unit's;
+   checked, CRC included; each range's records of a GET decoded apart, so no batch is
+   regrouped afterwards) and checks each is its unit's;
 4. builds the batches as the local read does (:class:`rocketstore.source.read.BatchBuilder`).
 
 Offsets the tier's own retention removed (below its first segment, or a segment removed while
@@ -35,7 +37,7 @@ from rocketstore.pipeline.errors import OffsetOutOfRangeError, SegmentGoneError
 from rocketstore.pipeline.files.localsegments import LocalSegments
 from rocketstore.pipeline.files.segmentread import locate
 from rocketstore.pipeline.format import native
-from rocketstore.pipeline.format.segmentindex import UNIT_SIZE
+from rocketstore.pipeline.format.segmentindex import UNIT_DTYPE, UNIT_SIZE
 from rocketstore.pipeline.tier.remote import RemoteQueue, RemoteSegments
 from rocketstore.source.planning import KeyRange, QueueRange
 from rocketstore.source.read import (
@@ -106,8 +108,11 @@ def read_tier_segment(
     index = tier.index(base)
     sub = ctx.subscription
     phys_parts, size_parts, offset_parts, owner_parts = [], [], [], []
-    for k, rng in enumerate(pieces):
-        units = RemoteQueue(tier, rng.topic, rng.queue_id).units(rng.start, rng.end)
+    rows = [index.row(rng.topic, rng.queue_id) for rng in pieces]
+    asks = [(row, rng.start, rng.end) for row, rng in zip(rows, pieces, strict=True) if row]
+    found = iter(tier.units_of(base, asks))
+    for k, (rng, row) in enumerate(zip(pieces, rows, strict=True)):
+        units = next(found) if row is not None else np.empty(0, dtype=UNIT_DTYPE)
         if len(units) != rng.count:
             raise OffsetOutOfRangeError(
                 f"{tier.location}: {rng.topic}/{rng.queue_id} offsets [{rng.start}, {rng.end}) "
@@ -136,12 +141,14 @@ def read_tier_segment(
 
     try:
         for start, raw, run in tier.read_records(base, rel, sizes):
-            recs = _decode_run(tier, base, start, raw, rel[run], sizes[run], ctx)
+            # Each range's records of the run decoded on their own (in CommitLog order): the
+            # decoder makes each range's batch directly, where decoding the run at once and
+            # grouping its rows by range afterwards copied every record a second time.
             mine = owners[run]
-            for k in np.unique(mine).tolist():
-                take = mine == k
-                part = recs.filter(pa.array(take))
-                at = offsets[run][take]
+            for k in np.flatnonzero(np.bincount(mine, minlength=len(pieces))).tolist():
+                idx = run[mine == k]
+                part = _decode_run(tier, base, start, raw, rel[idx], sizes[idx], ctx)
+                at = offsets[idx]
                 check_owner(part, pieces[k], at, unit_at(k))
                 read_to[k] = int(at[-1]) + 1
                 batch = builder.build(part, pieces[k].topic)

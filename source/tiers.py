@@ -24,7 +24,6 @@ reader's :class:`StoreConfig` (the bucket, the endpoint; credentials from the AW
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -33,7 +32,7 @@ from rocketstore.pipeline.errors import ConfigError
 from rocketstore.pipeline.files.topicmeta import SCHEMAS_DIR
 from rocketstore.pipeline.tier.catalog import BucketCatalog
 from rocketstore.pipeline.tier.manifest import manifest_key
-from rocketstore.pipeline.tier.objects import ObjectStore
+from rocketstore.pipeline.tier.objects import ObjectStore, shared_store
 from rocketstore.pipeline.tier.remote import RemoteQueue, RemoteSegments
 from rocketstore.source.brokerview import QueueBounds
 
@@ -147,7 +146,7 @@ class BucketRoot:
         bucket, self.prefix = parsed
         self.path = path
         self.config = bucket_config(config, bucket)
-        self.objects = ObjectStore(self.config)
+        self.objects = shared_store(self.config)
         self.single = self.objects.head(manifest_key(self.prefix)) is not None
 
     @property
@@ -185,25 +184,10 @@ class BucketRoot:
         return found
 
 
-_clients: dict[tuple[str | None, ...], ObjectStore] = {}
-_clients_lock = threading.Lock()
-
-
 def objects_for(config: StoreConfig) -> ObjectStore:
-    """This process's client for the bucket ``config`` names (made without the open check:
-    the driver made it when the query started)."""
-    key = (
-        config.object_store_bucket,
-        config.object_store_endpoint,
-        config.object_store_region,
-        config.object_store_access_key,
-        config.object_store_secret_key,
-    )
-    with _clients_lock:
-        got = _clients.get(key)
-        if got is None:
-            got = _clients[key] = ObjectStore(config, check=False)
-        return got
+    """This process's client for the bucket ``config`` names (without the open check: the
+    driver made it when the query started)."""
+    return shared_store(config, check=False)
 
 
 def bucket_catalog(url: str, config: StoreConfig) -> BucketCatalog:

@@ -18,7 +18,7 @@ from rocketstore.pipeline.errors import (
     TierError,
     TierUnavailableError,
 )
-from rocketstore.pipeline.tier.objects import PART_SIZE, ObjectStore, content_md5
+from rocketstore.pipeline.tier.objects import PART_SIZE, ObjectStore, content_md5, shared_store
 
 
 def store_of(ceph: Any, bucket: str, *, check: bool = True, **more: Any) -> ObjectStore:
@@ -107,6 +107,34 @@ def test_credentials_from_the_environment(
     monkeypatch.setenv("AWS_ENDPOINT_URL", ceph.endpoint)
     s3 = ObjectStore(StoreConfig().with_overrides(settings))
     assert s3.put("env", b"x") == hashlib.md5(b"x").hexdigest()
+
+
+def test_shared_store_is_made_once_and_still_checks_at_open(
+    ceph: Any, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Readers share one client per settings and AWS environment; an open asks the bucket
+    every time, so a bucket gone since the client was made is still an error at open."""
+    config = StoreConfig().with_overrides(ceph.settings(bucket))
+    first = shared_store(config)
+    assert shared_store(config) is first
+    assert shared_store(config, check=False) is first
+    assert first.put("shared", b"x") == hashlib.md5(b"x").hexdigest()
+    # Another AWS environment (a profile, keys, an endpoint) is another client: here a
+    # profile that does not exist, an error naming it rather than the first client.
+    monkeypatch.setenv("AWS_PROFILE", "someone-else")
+    with pytest.raises(TierConfigError, match="someone-else") as caught:
+        shared_store(config, check=False)
+    assert caught.value.setting == "AWS_PROFILE"
+    monkeypatch.delenv("AWS_PROFILE")
+    assert shared_store(config) is first
+    # A client made without the check, for a bucket that does not exist: the check at open
+    # fails as it does for a new client, naming the setting.
+    missing = StoreConfig().with_overrides(ceph.settings("no-such-bucket-shared"))
+    shared_store(missing, check=False)
+    for _ in range(2):
+        with pytest.raises(TierConfigError, match="no such bucket") as caught:
+            shared_store(missing)
+        assert caught.value.setting == "objectStoreBucket"
 
 
 def test_an_endpoint_that_does_not_answer(bucket: str, ceph: Any) -> None:

@@ -288,3 +288,26 @@ def test_a_head_longer_than_the_first_get_is_fetched_in_steps(
             if m.topic == "T0" and "k0" in m.keys:
                 stored.append(m.commit_log_offset)
     assert len(stored) > 1 and sorted(m.commit_log_offset for m in found) == sorted(stored)
+
+
+def test_units_of_several_rows_share_a_get(
+    tier: Tier,
+) -> None:
+    """All the rows of a segment asked together: one GET of units (they sit side by side),
+    each row's units what it alone reads, in the order asked; rows that may not share a GET
+    (the read-ahead smaller than a row) are each read on their own, same units."""
+    _, objects, put = tier
+    base = put[1][0]
+    remote = RemoteSegments(objects, PREFIX)
+    index = remote.index(base)
+    rows = list(index.rows)[::-1]  # not in the object's order
+    assert len(rows) == 6
+    asks = [(row, row.first + 1, row.end) for row in rows]
+    alone = [remote.units(base, row, lo, hi) for row, lo, hi in asks]
+    gets = objects.gets
+    together = remote.units_of(base, asks)
+    assert objects.gets - gets == 1
+    assert [u.tobytes() for u in together] == [u.tobytes() for u in alone]
+    assert all(len(u) == row.units - 1 for u, row in zip(together, rows, strict=True))
+    apart = RemoteSegments(objects, PREFIX, read_ahead=1).units_of(base, asks)
+    assert [u.tobytes() for u in apart] == [u.tobytes() for u in alone]

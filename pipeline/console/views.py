@@ -69,9 +69,9 @@ TOPIC_SAMPLE = 240  # units read per queue for a topic's messages-per-minute cha
 @functools.cache
 def _objects(config: StoreConfig) -> ObjectStore:
     """The console's S3 client for the bucket ``config`` names, made once."""
-    from rocketstore.pipeline.tier.objects import ObjectStore
+    from rocketstore.pipeline.tier.objects import shared_store
 
-    return ObjectStore(config)
+    return shared_store(config)
 
 
 def now_ms() -> int:

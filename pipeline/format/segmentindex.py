@@ -455,7 +455,9 @@ class SegmentIndex:
         hi = min(max(hi, lo), row.end)
         return row.start + UNIT_SIZE * (lo - row.first), row.start + UNIT_SIZE * (hi - row.first)
 
-    def units(self, row: QueueRow, raw: bytes | None = None, at: int | None = None) -> Units:
+    def units(
+        self, row: QueueRow, raw: bytes | memoryview | None = None, at: int | None = None
+    ) -> Units:
         """The row's units as a read-only array (fields ``offset``, ``size``, ``tags_code``,
         ``store_ts``): from ``raw``, the bytes at byte ``at`` that :meth:`unit_range` named,
         or from the whole object. Checked: each record inside the segment, offsets rising (a

@@ -399,6 +399,47 @@ class RemoteSegments:
         start, end = index.unit_range(row, lo, hi)
         return index.units(row, self.fetch(self.index_key(base), start, end, base), start)
 
+    def units_of(self, base: int, asks: list[tuple[QueueRow, int, int]]) -> list[Units]:
+        """The units of several rows of the segment at ``base`` (each ``(row, lo, hi)`` as
+        :meth:`units` takes it), in the order asked. Rows less than ``gap`` bytes apart share
+        a GET (a segment's queues of one topic sit side by side, so reading all of them is
+        one or a few GETs rather than one a queue), no GET longer than the read-ahead, and
+        several GETs go out at once."""
+        index = self.index(base)
+        key = self.index_key(base)
+        spans = [index.unit_range(row, lo, hi) for row, lo, hi in asks]
+        groups: list[list[int]] = []  # indexes into asks, each group one GET
+        for i in sorted(range(len(asks)), key=lambda i: spans[i][0]):
+            if groups:
+                g = groups[-1]
+                g_start, g_end = spans[g[0]][0], max(spans[j][1] for j in g)
+                a, b = spans[i]
+                if a - g_end <= GAP and max(b, g_end) - g_start <= self.read_ahead:
+                    g.append(i)
+                    continue
+            groups.append([i])
+
+        def fetch(g: list[int]) -> tuple[int, bytes]:
+            start = spans[g[0]][0]
+            return start, self.fetch(key, start, max(spans[j][1] for j in g), base)
+
+        if len(groups) == 1:
+            got = [fetch(groups[0])]
+        else:
+            with ThreadPoolExecutor(PREFETCH, thread_name_prefix="tier-units") as pool:
+                got = list(pool.map(fetch, groups))
+        out: list[Units | None] = [None] * len(asks)
+        for g, (start, raw) in zip(groups, got, strict=True):
+            view = memoryview(raw)
+            for j in g:
+                a, b = spans[j]
+                out[j] = index.units(asks[j][0], view[a - start : b - start], a)
+        done: list[Units] = []
+        for u in out:
+            assert u is not None  # every ask is in one group
+            done.append(u)
+        return done
+
     def read_records(
         self, base: int, rel: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64], gap: int = GAP
     ) -> Iterator[tuple[int, bytes, npt.NDArray[np.int64]]]:
