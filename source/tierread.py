@@ -144,9 +144,13 @@ def read_tier_segment(
             # Each range's records of the run decoded on their own (in CommitLog order): the
             # decoder makes each range's batch directly, where decoding the run at once and
             # grouping its rows by range afterwards copied every record a second time.
-            mine = owners[run]
-            for k in np.flatnonzero(np.bincount(mine, minlength=len(pieces))).tolist():
-                idx = run[mine == k]
+            # Grouped with one stable sort (a radix sort for 16-bit keys), not a mask a range:
+            # a segment's partition may hold thousands of ranges.
+            mine = owners[run].astype(np.uint16 if len(pieces) <= 1 << 16 else np.int64)
+            order = np.argsort(mine, kind="stable")
+            cuts = np.flatnonzero(np.diff(mine[order])) + 1
+            for idx in np.split(run[order], cuts):
+                k = int(owners[idx[0]])
                 part = _decode_run(tier, base, start, raw, rel[idx], sizes[idx], ctx)
                 at = offsets[idx]
                 check_owner(part, pieces[k], at, unit_at(k))

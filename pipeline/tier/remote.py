@@ -401,27 +401,26 @@ class RemoteSegments:
 
     def units_of(self, base: int, asks: list[tuple[QueueRow, int, int]]) -> list[Units]:
         """The units of several rows of the segment at ``base`` (each ``(row, lo, hi)`` as
-        :meth:`units` takes it), in the order asked. Rows less than ``gap`` bytes apart share
-        a GET (a segment's queues of one topic sit side by side, so reading all of them is
-        one or a few GETs rather than one a queue), no GET longer than the read-ahead, and
+        :meth:`units` takes it), in the order asked. Rows less than :data:`GAP` bytes apart
+        share a GET (a segment's queues of one topic sit side by side, so reading all of them
+        is one or a few GETs rather than one a queue), no GET longer than the read-ahead, and
         several GETs go out at once."""
         index = self.index(base)
         key = self.index_key(base)
         spans = [index.unit_range(row, lo, hi) for row, lo, hi in asks]
-        groups: list[list[int]] = []  # indexes into asks, each group one GET
+        groups: list[tuple[int, int, list[int]]] = []  # (start, end, asks): one GET each
         for i in sorted(range(len(asks)), key=lambda i: spans[i][0]):
+            a, b = spans[i]
             if groups:
-                g = groups[-1]
-                g_start, g_end = spans[g[0]][0], max(spans[j][1] for j in g)
-                a, b = spans[i]
+                g_start, g_end, members = groups[-1]
                 if a - g_end <= GAP and max(b, g_end) - g_start <= self.read_ahead:
-                    g.append(i)
+                    members.append(i)
+                    groups[-1] = (g_start, max(b, g_end), members)
                     continue
-            groups.append([i])
+            groups.append((a, b, [i]))
 
-        def fetch(g: list[int]) -> tuple[int, bytes]:
-            start = spans[g[0]][0]
-            return start, self.fetch(key, start, max(spans[j][1] for j in g), base)
+        def fetch(group: tuple[int, int, list[int]]) -> bytes:
+            return self.fetch(key, group[0], group[1], base)
 
         if len(groups) == 1:
             got = [fetch(groups[0])]
@@ -429,9 +428,9 @@ class RemoteSegments:
             with ThreadPoolExecutor(PREFETCH, thread_name_prefix="tier-units") as pool:
                 got = list(pool.map(fetch, groups))
         out: list[Units | None] = [None] * len(asks)
-        for g, (start, raw) in zip(groups, got, strict=True):
+        for (start, _, members), raw in zip(groups, got, strict=True):
             view = memoryview(raw)
-            for j in g:
+            for j in members:
                 a, b = spans[j]
                 out[j] = index.units(asks[j][0], view[a - start : b - start], a)
         done: list[Units] = []
