@@ -403,23 +403,20 @@ class RemoteSegments:
         """The units of several rows of the segment at ``base`` (each ``(row, lo, hi)`` as
         :meth:`units` takes it), in the order asked. Rows less than :data:`GAP` bytes apart
         share a GET (a segment's queues of one topic sit side by side, so reading all of them
-        is one or a few GETs rather than one a queue), no GET longer than the read-ahead, and
-        several GETs go out at once."""
+        is one or a few GETs rather than one a queue), cut as :meth:`read_records` cuts
+        records (:func:`_get_runs`), and several GETs go out at once."""
         index = self.index(base)
         key = self.index_key(base)
-        spans = [index.unit_range(row, lo, hi) for row, lo, hi in asks]
-        groups: list[tuple[int, int, list[int]]] = []  # (start, end, asks): one GET each
-        for i in sorted(range(len(asks)), key=lambda i: spans[i][0]):
-            a, b = spans[i]
-            if groups:
-                g_start, g_end, members = groups[-1]
-                if a - g_end <= GAP and max(b, g_end) - g_start <= self.read_ahead:
-                    members.append(i)
-                    groups[-1] = (g_start, max(b, g_end), members)
-                    continue
-            groups.append((a, b, [i]))
+        spans = np.array(
+            [index.unit_range(row, lo, hi) for row, lo, hi in asks], dtype=np.int64
+        ).reshape(-1, 2)
+        order = np.argsort(spans[:, 0], kind="stable")
+        groups = [
+            (start, end, order[idx])
+            for start, end, idx in _get_runs(spans[order, 0], spans[order, 1], GAP, self.read_ahead)
+        ]
 
-        def fetch(group: tuple[int, int, list[int]]) -> bytes:
+        def fetch(group: tuple[int, int, npt.NDArray[np.int64]]) -> bytes:
             return self.fetch(key, group[0], group[1], base)
 
         if len(groups) == 1:
@@ -430,8 +427,8 @@ class RemoteSegments:
         out: list[Units | None] = [None] * len(asks)
         for (start, _, members), raw in zip(groups, got, strict=True):
             view = memoryview(raw)
-            for j in members:
-                a, b = spans[j]
+            for j in members.tolist():
+                a, b = int(spans[j, 0]), int(spans[j, 1])
                 out[j] = index.units(asks[j][0], view[a - start : b - start], a)
         done: list[Units] = []
         for u in out:
@@ -460,16 +457,7 @@ class RemoteSegments:
                 f"a unit names {int(sizes[bad])} bytes at {int(rel[bad])}, past the "
                 f"object's {entry.length}",
             )
-        reach = np.maximum.accumulate(ends)
-        # A new GET where the gap is wide, and at least every read-ahead's worth of bytes, so
-        # that records packed close together are not fetched as one object-sized body.
-        wide = rel[1:] - reach[:-1] > gap
-        window = (rel - rel[0]) // max(self.read_ahead, 1)
-        cuts = np.flatnonzero(wide | (window[1:] != window[:-1])) + 1
-        runs = [
-            (int(rel[idx[0]]), int(reach[idx[-1]]), idx)
-            for idx in np.split(np.arange(len(rel), dtype=np.int64), cuts)
-        ]
+        runs = _get_runs(rel, ends, gap, self.read_ahead)
         # The next GETs go out while the caller decodes this one's records: a cold read is
         # then bound by the slower of the two rather than by their sum. At most PREFETCH
         # bodies wait (2 x the read-ahead); errors come out in order, at their run.
@@ -593,6 +581,26 @@ class RemoteSegments:
         if magic != record.MAGIC and field != phys:
             return None
         return self._decode(entry, phys, raw)
+
+
+def _get_runs(
+    starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], gap: int, read_ahead: int
+) -> list[tuple[int, int, npt.NDArray[np.int64]]]:
+    """Byte ranges ``[starts, ends)`` of one object (``starts`` ascending) cut into GETs:
+    ``(first byte, end, indexes of the ranges)`` each. A new GET where the gap to what came
+    before is wider than ``gap`` (a gap costs less than a request), and at least every
+    read-ahead's worth of bytes, so that ranges packed close together are not fetched as one
+    object-sized body."""
+    if not len(starts):
+        return []
+    reach = np.maximum.accumulate(ends)
+    wide = starts[1:] - reach[:-1] > gap
+    window = (starts - starts[0]) // max(read_ahead, 1)
+    cuts = np.flatnonzero(wide | (window[1:] != window[:-1])) + 1
+    return [
+        (int(starts[idx[0]]), int(reach[idx[-1]]), idx)
+        for idx in np.split(np.arange(len(starts), dtype=np.int64), cuts)
+    ]
 
 
 class RemoteQueue:
